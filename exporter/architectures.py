@@ -1,0 +1,98 @@
+"""What the exporter supports, per task, and each architecture's quirks.
+
+Decoders hook in through transformers' attention interface (kernels/portable.py), so a new
+architecture needs an entry here and a parity test, not a new graph. Quirks that live outside the
+attention function (final-logit soft-capping, non-standard attention scaling) are recorded here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ortinf.errors import UnsupportedArchitectureError
+from ortinf.manifest import FEATURE_EXTRACTION, TEXT_CLASSIFICATION, TEXT_GENERATION
+
+
+def _inverse_sqrt(module: torch.nn.Module, head_dim: int) -> float:
+    return head_dim**-0.5
+
+
+def _gpt2_scaling(module: torch.nn.Module, head_dim: int) -> float:
+    # GPT-2 passes no `scaling` to the attention function; its eager path divides by sqrt(d) when
+    # scale_attn_weights is set, and by (layer_idx + 1) when scale_attn_by_inverse_layer_idx is.
+    scale = head_dim**-0.5 if module.scale_attn_weights else 1.0
+    if module.scale_attn_by_inverse_layer_idx:
+        scale /= float(module.layer_idx + 1)
+    return scale
+
+
+@dataclass(frozen=True, slots=True)
+class DecoderArch:
+    """One supported decoder architecture."""
+
+    model_type: str
+    example: str
+    default_scaling: Callable[[torch.nn.Module, int], float] = _inverse_sqrt
+
+
+DECODERS: dict[str, DecoderArch] = {
+    arch.model_type: arch
+    for arch in (
+        DecoderArch("llama", "Llama 2/3, TinyLlama, SmolLM"),
+        DecoderArch("mistral", "Mistral 7B (sliding window)"),
+        DecoderArch("qwen2", "Qwen2, Qwen2.5"),
+        DecoderArch("qwen3", "Qwen3 (qk-norm)"),
+        DecoderArch("phi3", "Phi-3, Phi-3.5 mini (fused qkv)"),
+        DecoderArch("gemma2", "Gemma 2 (soft-capping, alternating sliding window)"),
+        DecoderArch("gpt2", "GPT-2, DistilGPT2 (learned positions, Conv1D qkv)", _gpt2_scaling),
+    )
+}
+
+# Encoders are traced whole (no paged KV): these are the ones covered by parity tests.
+ENCODERS: dict[str, str] = {
+    "bert": "BERT, all-MiniLM-L6-v2, BGE",
+    "roberta": "RoBERTa, all-distilroberta-v1",
+    "xlm-roberta": "XLM-RoBERTa, multilingual-e5",
+    "distilbert": "DistilBERT",
+}
+
+SUPPORTED: dict[str, tuple[str, ...]] = {
+    TEXT_GENERATION: tuple(DECODERS),
+    FEATURE_EXTRACTION: tuple(ENCODERS),
+    TEXT_CLASSIFICATION: tuple(ENCODERS),
+}
+
+
+def describe_supported() -> str:
+    """A table of what is supported per task, for `ortinf export --list-architectures`."""
+    lines = []
+    for task, names in SUPPORTED.items():
+        lines.append(f"{task}:")
+        table = DECODERS if task == TEXT_GENERATION else ENCODERS
+        for name in names:
+            entry = table[name]
+            lines.append(f"  {name:<12} {entry.example if isinstance(entry, DecoderArch) else entry}")
+    return "\n".join(lines)
+
+
+def resolve_task(model_type: str, architectures: list[str] | None, requested: str) -> str:
+    """Picks the task: the requested one, or from the config's architectures when 'auto'."""
+    archs = architectures or []
+    if requested == "auto":
+        if model_type in DECODERS:
+            task = TEXT_GENERATION
+        elif any(a.endswith("ForSequenceClassification") for a in archs):
+            task = TEXT_CLASSIFICATION
+        else:
+            task = FEATURE_EXTRACTION
+    else:
+        task = requested
+    if model_type not in SUPPORTED[task]:
+        raise UnsupportedArchitectureError(
+            f"model_type '{model_type}' is not supported for {task}; supported: "
+            f"{', '.join(SUPPORTED[task])} (see `ortinf export --list-architectures`)"
+        )
+    return task

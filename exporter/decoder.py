@@ -1,0 +1,154 @@
+"""Decoder export: a wrapper whose inputs are the paged graph contract, traced to ONNX.
+
+The wrapper runs the Hugging Face base model on the flattened tokens of all scheduled sequences
+(as one batch row), with the paged attention function from kernels/ in every layer, and applies the
+LM head only to the `logits_indices` rows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from transformers import AttentionInterface, PreTrainedModel
+
+from ortinf.exporter.architectures import DECODERS
+from ortinf.kernels.portable import ATTENTION_NAME, KERNEL_NAME, PagedBatch, paged_attention
+from ortinf.manifest import DecoderSpec
+
+OPSET = 17
+
+INPUTS_HEAD = ("input_ids", "positions", "block_tables", "context_lens", "query_lens", "logits_indices")
+
+
+def cache_names(num_layers: int) -> tuple[list[str], list[str]]:
+    """Input names of the per-layer pools and output names of the per-layer new K/V."""
+    inputs = [f"{kind}_cache.{i}" for i in range(num_layers) for kind in ("key", "value")]
+    outputs = [f"new_{kind}.{i}" for i in range(num_layers) for kind in ("key", "value")]
+    return inputs, outputs
+
+
+class PagedDecoder(torch.nn.Module):
+    """The traced module: graph inputs in, `logits [num_seqs, vocab]` and new K/V per layer out."""
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        super().__init__()
+        self.model = model
+        self.base = model.base_model
+        self.lm_head = model.get_output_embeddings()
+        self.final_softcap = getattr(model.config, "final_logit_softcapping", None)
+        self.num_layers = model.config.num_hidden_layers
+        self.default_scaling = DECODERS[model.config.model_type].default_scaling
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        block_tables: torch.Tensor,
+        context_lens: torch.Tensor,
+        query_lens: torch.Tensor,
+        logits_indices: torch.Tensor,
+        *caches: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
+        batch = PagedBatch(
+            block_tables=block_tables,
+            context_lens=context_lens,
+            query_lens=query_lens,
+            key_caches=list(caches[0::2]),
+            value_caches=list(caches[1::2]),
+            default_scaling=self.default_scaling,
+        )
+        hidden = self.base(
+            input_ids=input_ids[None],
+            position_ids=positions[None],
+            use_cache=False,
+            ortinf_paged=batch,
+        ).last_hidden_state[0]
+        logits = self.lm_head(hidden[logits_indices])
+        if self.final_softcap:
+            logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
+        new_kv = [t for pair in zip(batch.new_keys, batch.new_values) for t in pair]
+        assert len(new_kv) == 2 * self.num_layers, "every layer must go through the paged kernel"
+        return (logits, *new_kv)
+
+
+@contextlib.contextmanager
+def paged_attention_enabled(model: PreTrainedModel) -> Iterator[None]:
+    """Switches the model to the paged attention function for the duration of tracing."""
+    AttentionInterface.register(ATTENTION_NAME, paged_attention)
+    previous = model.config._attn_implementation
+    model.config._attn_implementation = ATTENTION_NAME
+    try:
+        yield
+    finally:
+        model.config._attn_implementation = previous
+
+
+def decoder_spec(model: PreTrainedModel, kv_dtype: str) -> DecoderSpec:
+    """Shape facts of the model, read from its config."""
+    config = model.config
+    num_heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
+    windows = [getattr(config, "sliding_window", None)]
+    return DecoderSpec(
+        num_layers=config.num_hidden_layers,
+        num_heads=num_heads,
+        num_kv_heads=getattr(config, "num_key_value_heads", None) or num_heads,
+        head_dim=head_dim,
+        hidden_size=config.hidden_size,
+        vocab_size=config.vocab_size,
+        max_model_len=int(getattr(config, "max_position_embeddings", None) or config.n_positions),
+        kernel=KERNEL_NAME,
+        kv_dtype=kv_dtype,
+        sliding_window=windows[0] if isinstance(windows[0], int) else None,
+    )
+
+
+def example_inputs(spec: DecoderSpec, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """Tracing inputs: 2 sequences (a 3-token prefill after 2 cached tokens, and a decode)."""
+    block_size, num_blocks = 4, 6
+    query_lens = torch.tensor([3, 1])
+    context_lens = torch.tensor([2, 5])
+    positions = torch.tensor([2, 3, 4, 5])
+    input_ids = torch.tensor([1, 2, 3, 4]) % spec.vocab_size
+    block_tables = torch.tensor([[3, 1], [0, 5]])
+    logits_indices = torch.tensor([2, 3])
+    shape = (num_blocks, block_size, spec.num_kv_heads, spec.head_dim)
+    caches = [torch.randn(shape, dtype=dtype) for _ in range(2 * spec.num_layers)]
+    return (input_ids, positions, block_tables, context_lens, query_lens, logits_indices, *caches)
+
+
+def trace_decoder(model: PreTrainedModel, spec: DecoderSpec, path: Path, dtype: torch.dtype) -> tuple[list[str], list[str]]:
+    """Traces the paged decoder to `path`; returns the graph's input and output names."""
+    cache_inputs, kv_outputs = cache_names(spec.num_layers)
+    inputs = [*INPUTS_HEAD, *cache_inputs]
+    outputs = ["logits", *kv_outputs]
+    dynamic_axes: dict[str, dict[int, str]] = {
+        "input_ids": {0: "num_tokens"},
+        "positions": {0: "num_tokens"},
+        "block_tables": {0: "num_seqs", 1: "max_blocks"},
+        "context_lens": {0: "num_seqs"},
+        "query_lens": {0: "num_seqs"},
+        "logits_indices": {0: "num_seqs"},
+        "logits": {0: "num_seqs"},
+    }
+    for name in cache_inputs:
+        dynamic_axes[name] = {0: "num_blocks", 1: "block_size"}
+    for name in kv_outputs:
+        dynamic_axes[name] = {0: "num_tokens"}
+    wrapper = PagedDecoder(model).eval()
+    with paged_attention_enabled(model), torch.no_grad():
+        torch.onnx.export(
+            wrapper,
+            example_inputs(spec, dtype),
+            str(path),
+            dynamo=False,
+            input_names=inputs,
+            output_names=outputs,
+            dynamic_axes=dynamic_axes,
+            opset_version=OPSET,
+            do_constant_folding=True,
+        )
+    return inputs, outputs

@@ -1,0 +1,21 @@
+"""ortinf: a hardware-agnostic LLM inference runtime over ONNX Runtime.
+
+The top-level package stays light on purpose: `import ortinf` must not pull torch (exporting) or the
+engine in. Heavy entry points are resolved lazily by attribute access.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+
+__all__ = ["__version__", "export"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "export":
+        from ortinf.exporter.api import export
+
+        return export
+    raise AttributeError(f"module 'ortinf' has no attribute {name!r}")

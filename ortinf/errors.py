@@ -1,0 +1,27 @@
+"""The typed error hierarchy. Every message says what to change; serve/ maps these onto HTTP."""
+
+from __future__ import annotations
+
+
+class OrtinfError(Exception):
+    """Base class of every error ortinf raises on purpose (a user error, not a bug)."""
+
+
+class ConfigError(OrtinfError):
+    """A configuration value, a config file or a model package is wrong or unreadable."""
+
+
+class ExportError(OrtinfError):
+    """A model cannot be exported (missing, unsupported, or it failed verification)."""
+
+
+class UnsupportedArchitectureError(ExportError):
+    """The model's architecture or task is not one the exporter supports."""
+
+
+class ProviderUnavailableError(OrtinfError):
+    """The requested ONNX Runtime execution provider is not available in this install."""
+
+
+class RequestError(OrtinfError):
+    """A request carries invalid parameters."""

@@ -1,0 +1,134 @@
+"""The package manifest (`ortinf.json`): what the runtime knows about an exported model.
+
+Torch-free on purpose: the exporter writes it, the runtime reads it, and the runtime never guesses
+anything from the graph itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ortinf.errors import ConfigError
+
+MANIFEST_NAME = "ortinf.json"
+MODEL_NAME = "model.onnx"
+FORMAT_VERSION = 1
+
+TEXT_GENERATION = "text-generation"
+FEATURE_EXTRACTION = "feature-extraction"
+TEXT_CLASSIFICATION = "text-classification"
+TASKS = (TEXT_GENERATION, FEATURE_EXTRACTION, TEXT_CLASSIFICATION)
+
+
+@dataclass(frozen=True, slots=True)
+class DecoderSpec:
+    """Shape facts of a decoder graph with paged-KV I/O (see DESIGN.md, "The exported graph")."""
+
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    vocab_size: int
+    max_model_len: int
+    kernel: str
+    kv_dtype: str
+    sliding_window: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EncoderSpec:
+    """Facts of an encoder graph: its inputs, pooling and labels."""
+
+    hidden_size: int
+    max_model_len: int
+    input_names: tuple[str, ...]
+    pooling: str | None = None
+    normalize: bool = False
+    embedding_dim: int | None = None
+    labels: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Parity:
+    """What export-time verification measured: ORT vs the PyTorch model on a fixed prompt."""
+
+    max_abs_diff: float
+    tolerance: float
+    description: str
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    """Everything the runtime reads about a package."""
+
+    task: str
+    architecture: str
+    model_type: str
+    dtype: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    eos_token_ids: tuple[int, ...] = ()
+    bos_token_id: int | None = None
+    pad_token_id: int | None = None
+    decoder: DecoderSpec | None = None
+    encoder: EncoderSpec | None = None
+    parity: Parity | None = None
+    has_tokenizer: bool = False
+    has_chat_template: bool = False
+    source: str = ""
+    versions: dict[str, str] = field(default_factory=dict)
+    format_version: int = FORMAT_VERSION
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=False) + "\n"
+
+    def save(self, folder: Path) -> None:
+        (folder / MANIFEST_NAME).write_text(self.to_json(), encoding="utf-8")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Manifest:
+        data = dict(data)
+        version = data.get("format_version")
+        if version != FORMAT_VERSION:
+            raise ConfigError(
+                f"manifest format_version {version!r} is not {FORMAT_VERSION}: re-export the package "
+                "with this version of ortinf"
+            )
+        for key, kind in (("decoder", DecoderSpec), ("encoder", EncoderSpec), ("parity", Parity)):
+            if data.get(key) is not None:
+                data[key] = _build(kind, data[key])
+        return _build(cls, data)
+
+    @classmethod
+    def load(cls, folder: str | Path) -> Manifest:
+        """Reads `folder/ortinf.json`; every failure is a ConfigError that says what to do."""
+        path = Path(folder) / MANIFEST_NAME
+        if not Path(folder).is_dir():
+            raise ConfigError(f"{folder} is not a folder: pass the folder written by `ortinf export`")
+        if not path.is_file():
+            raise ConfigError(f"{folder} has no {MANIFEST_NAME}: it is not an ortinf package (make one with `ortinf export`)")
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"{path} is unreadable ({exc}): re-export the package") from exc
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path} does not hold a JSON object: re-export the package")
+        return cls.from_dict(data)
+
+
+def _build(kind: type, data: dict[str, Any]) -> Any:
+    """Builds a manifest dataclass from JSON, turning lists back into tuples."""
+    names = {f.name for f in dataclasses.fields(kind)}
+    unknown = set(data) - names
+    if unknown:
+        raise ConfigError(f"manifest has unknown fields {sorted(unknown)}: re-export the package with this ortinf")
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+    try:
+        return kind(**values)
+    except TypeError as exc:
+        raise ConfigError(f"manifest is incomplete ({exc}): re-export the package") from exc

@@ -1,0 +1,73 @@
+"""ModelInput: the flat arrays one call of the decoder graph takes, built from per-sequence chunks.
+
+    sequence s: | cached (context_lens[s]) | scheduled now (query_lens[s]) |
+    slot of absolute position p = block_table[p // block_size] * block_size + p % block_size
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceChunk:
+    """The tokens of one sequence scheduled in a step, after `num_computed_tokens` cached ones."""
+
+    token_ids: Sequence[int]
+    num_computed_tokens: int
+    block_table: Sequence[int]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInput:
+    """Graph inputs of one step (int64 numpy arrays) plus the slots where the new K/V go."""
+
+    input_ids: np.ndarray  # [num_tokens]
+    positions: np.ndarray  # [num_tokens]
+    block_tables: np.ndarray  # [num_seqs, max_blocks], padded with block 0
+    context_lens: np.ndarray  # [num_seqs]
+    query_lens: np.ndarray  # [num_seqs]
+    logits_indices: np.ndarray  # [num_seqs], the last scheduled token of each sequence
+    slot_mapping: np.ndarray  # [num_tokens], pool slot of each scheduled token
+
+    @property
+    def num_seqs(self) -> int:
+        return int(self.query_lens.shape[0])
+
+    def feeds(self) -> dict[str, np.ndarray]:
+        return {
+            "input_ids": self.input_ids,
+            "positions": self.positions,
+            "block_tables": self.block_tables,
+            "context_lens": self.context_lens,
+            "query_lens": self.query_lens,
+            "logits_indices": self.logits_indices,
+        }
+
+
+def build_model_input(chunks: Sequence[SequenceChunk], block_size: int) -> ModelInput:
+    """Flattens per-sequence chunks into one ModelInput; each chunk's table must cover its tokens."""
+    query_lens = np.array([len(c.token_ids) for c in chunks], dtype=np.int64)
+    context_lens = np.array([c.num_computed_tokens for c in chunks], dtype=np.int64)
+    max_blocks = max(len(c.block_table) for c in chunks)
+    block_tables = np.zeros((len(chunks), max_blocks), dtype=np.int64)
+    for row, chunk in zip(block_tables, chunks):
+        row[: len(chunk.block_table)] = chunk.block_table
+        assert (chunk.num_computed_tokens + len(chunk.token_ids)) <= len(chunk.block_table) * block_size
+    input_ids = np.concatenate([np.asarray(c.token_ids, dtype=np.int64) for c in chunks])
+    seq_of = np.repeat(np.arange(len(chunks)), query_lens)
+    starts = np.cumsum(query_lens) - query_lens
+    positions = context_lens[seq_of] + (np.arange(len(input_ids)) - starts[seq_of])
+    slot_mapping = block_tables[seq_of, positions // block_size] * block_size + positions % block_size
+    return ModelInput(
+        input_ids=input_ids,
+        positions=positions,
+        block_tables=block_tables,
+        context_lens=context_lens,
+        query_lens=query_lens,
+        logits_indices=starts + query_lens - 1,
+        slot_mapping=slot_mapping,
+    )
