@@ -1,2 +1,105 @@
-"""placeholder"""
-def main() -> None: ...
+"""The `ortinf` command line. User errors print one line and exit 2; they never show a traceback."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import click
+
+import ortinf
+from ortinf.errors import OrtinfError
+from ortinf.manifest import TASKS, Manifest
+
+EXIT_USER_ERROR = 2
+
+
+def _list_architectures(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    from ortinf.exporter.architectures import describe_supported
+
+    click.echo(describe_supported())
+    ctx.exit(0)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(ortinf.__version__, "--version", "-V", prog_name="ortinf")
+@click.option("-v", "--verbose", is_flag=True, help="Log what ortinf decides (provider, sizes, figures).")
+def cli(verbose: bool) -> None:
+    """ortinf: export Hugging Face models to ONNX packages and serve them on any ONNX Runtime provider."""
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+
+
+@cli.command()
+@click.argument("model", required=False)
+@click.option("-o", "--output", "out", type=click.Path(path_type=Path), help="Package folder to write (required).")
+@click.option(
+    "--task",
+    type=click.Choice(["auto", *TASKS]),
+    default="auto",
+    show_default=True,
+    help="What the package does; auto reads it from the model's config.",
+)
+@click.option("--dtype", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True, help="Weights, activations and KV-cache precision.")
+@click.option("--overwrite", is_flag=True, help="Replace OUT if it exists (only once the new export has verified).")
+@click.option("--tolerance", type=float, default=None, help="Max abs logit difference vs PyTorch allowed at verification [fp32: 1e-3, fp16: 5e-2].")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
+@click.option(
+    "--list-architectures",
+    is_flag=True,
+    is_eager=True,
+    expose_value=False,
+    callback=_list_architectures,
+    help="Print the supported architectures per task and exit.",
+)
+def export(model: str | None, out: Path | None, task: str, dtype: str, overwrite: bool, tolerance: float | None, quiet: bool) -> None:
+    """Export MODEL (a local Hugging Face folder, or a hub id already in the local HF cache) to an ONNX package.
+
+    The export is verified against PyTorch before it is written; a failed export leaves nothing behind.
+    """
+    if model is None:
+        raise click.UsageError("missing MODEL: pass a Hugging Face model folder (or see --list-architectures)")
+    if out is None:
+        raise click.UsageError("missing -o/--output: pass the package folder to write")
+    from ortinf.exporter.api import export as run_export
+
+    manifest = run_export(model, out, task=task, dtype=dtype, overwrite=overwrite, tolerance=tolerance, progress=not quiet)
+    parity = manifest.parity
+    assert parity is not None
+    click.echo(f"exported {manifest.architecture} ({manifest.task}, {manifest.dtype}) to {out}: max abs diff vs PyTorch {parity.max_abs_diff:.2e}")
+
+
+@cli.command()
+@click.argument("package", type=click.Path(path_type=Path))
+def inspect(package: Path) -> None:
+    """Print the manifest of an exported PACKAGE as a table."""
+    from ortinf.inspect_table import manifest_rows
+
+    manifest = Manifest.load(package)
+    rows = manifest_rows(manifest, package)
+    width = max(len(key) for key, _ in rows)
+    for key, value in rows:
+        click.echo(f"{key:<{width}}  {value}")
+
+
+def main() -> None:
+    """Console entry point: runs the CLI and turns ortinf errors into one line and exit code 2."""
+    try:
+        code = cli.main(standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except OrtinfError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_USER_ERROR)
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)

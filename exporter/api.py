@@ -1,0 +1,168 @@
+"""`export()`: a Hugging Face model folder in, a verified ortinf package folder out.
+
+    load -> trace -> save (tokenizer, chat template, generation config, manifest) -> verify -> rename
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+import ortinf
+from ortinf.errors import ExportError
+from ortinf.exporter.architectures import resolve_task
+from ortinf.exporter.decoder import decoder_spec, trace_decoder
+from ortinf.exporter.encoder import EncoderGraph, encoder_inputs, encoder_spec, read_pooling, trace_encoder
+from ortinf.exporter.package import staging, token_ids, write_generation_config, write_tokenizer
+from ortinf.exporter.source import ModelSource, resolve_model
+from ortinf.exporter.verify import verify_decoder, verify_encoder
+from ortinf.manifest import MODEL_NAME, TASKS, TEXT_GENERATION, Manifest
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
+DEFAULT_TOLERANCE = {"fp32": 1e-3, "fp16": 5e-2}
+# Above this many bytes of weights the graph keeps them in model.onnx.data (protobuf stops at 2 GiB).
+EXTERNAL_DATA_THRESHOLD = 1 << 30
+STAGES = ("loading", "tracing", "saving", "verifying")
+
+
+def export(
+    model: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    task: str = "auto",
+    dtype: str = "fp32",
+    overwrite: bool = False,
+    tolerance: float | None = None,
+    progress: bool = True,
+    external_data_threshold: int = EXTERNAL_DATA_THRESHOLD,
+) -> Manifest:
+    """Exports MODEL (a local folder or a cached hub id) to the package folder OUT and verifies it.
+
+    Raises ExportError (or a subclass) with a message that says what to change.
+    """
+    if task != "auto" and task not in TASKS:
+        raise ExportError(f"unknown task '{task}': choose auto, {', '.join(TASKS)}")
+    if dtype not in DTYPES:
+        raise ExportError(f"unknown dtype '{dtype}': choose {', '.join(DTYPES)}")
+    tolerance = DEFAULT_TOLERANCE[dtype] if tolerance is None else tolerance
+    out_path = Path(out).expanduser()
+    source = resolve_model(str(model))
+    task = resolve_task(source.model_type, source.config.get("architectures"), task)
+    if task != TEXT_GENERATION:
+        read_pooling(source)  # refuse unsupported sentence-transformers modules before loading weights
+
+    bar = tqdm(total=len(STAGES), desc=STAGES[0], disable=not progress, bar_format="{desc:<10} {bar} {n}/{total} [{elapsed}]")
+    with staging(out_path, overwrite) as stage, bar:
+        hf_model = _load(source, task)
+        bar.update()
+        bar.set_description_str(STAGES[1])
+        trace_dir = stage / ".trace"
+        trace_dir.mkdir()
+        if task == TEXT_GENERATION:
+            spec = decoder_spec(hf_model, dtype)
+            inputs, outputs = trace_decoder(hf_model.to(DTYPES[dtype]), spec, trace_dir / MODEL_NAME, DTYPES[dtype])
+            hf_model.float()  # the reference for verification: same weights, fp32 arithmetic
+            kind = {"decoder": spec}
+        else:
+            input_names = encoder_inputs(hf_model)
+            kind = {"encoder": encoder_spec(hf_model, source, task, input_names)}
+            encoder = EncoderGraph(hf_model, task, kind["encoder"].pooling or "", kind["encoder"].normalize, input_names)
+            inputs, outputs = trace_encoder(encoder.to(DTYPES[dtype]), trace_dir / MODEL_NAME, hf_model.config.vocab_size)
+            encoder.float()
+        bar.update()
+        bar.set_description_str(STAGES[2])
+        _place_graph(trace_dir, stage, external_data_threshold)
+        has_tokenizer, has_template = write_tokenizer(source, stage)
+        generation = write_generation_config(source, stage)
+        manifest = Manifest(
+            task=task,
+            architecture=(source.config.get("architectures") or [type(hf_model).__name__])[0],
+            model_type=source.model_type,
+            dtype=dtype,
+            inputs=tuple(inputs),
+            outputs=tuple(outputs),
+            eos_token_ids=token_ids(generation.get("eos_token_id", source.config.get("eos_token_id"))),
+            bos_token_id=generation.get("bos_token_id", source.config.get("bos_token_id")),
+            pad_token_id=generation.get("pad_token_id", source.config.get("pad_token_id")),
+            has_tokenizer=has_tokenizer,
+            has_chat_template=has_template,
+            source=str(source.name),
+            versions=_versions(),
+            **kind,
+        )
+        manifest.save(stage)
+        bar.update()
+        bar.set_description_str(STAGES[3])
+        if task == TEXT_GENERATION:
+            parity = verify_decoder(hf_model, stage, tolerance, progress)
+        else:
+            parity = verify_encoder(encoder, stage, tolerance, hf_model.config.vocab_size)
+        if not parity.max_abs_diff <= tolerance:
+            raise ExportError(
+                f"verification failed: max abs difference {parity.max_abs_diff:.3g} vs PyTorch is above the "
+                f"tolerance {tolerance:g} ({parity.description}); nothing was written"
+            )
+        manifest = replace(manifest, parity=parity)
+        manifest.save(stage)
+        bar.update()
+    log.info("exported %s to %s (max abs diff %.3g)", source.name, out_path, parity.max_abs_diff)
+    return manifest
+
+
+def _load(source: ModelSource, task: str) -> torch.nn.Module:
+    """Loads the PyTorch model at fp32 with eager attention."""
+    import transformers
+
+    loader = {
+        TEXT_GENERATION: transformers.AutoModelForCausalLM,
+        "text-classification": transformers.AutoModelForSequenceClassification,
+        "feature-extraction": transformers.AutoModel,
+    }[task]
+    try:
+        model = loader.from_pretrained(source.path, dtype=torch.float32, attn_implementation="eager")
+    except Exception as exc:  # noqa: BLE001 - weights may fail in many ways; all are user-facing
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ExportError(f"cannot load the weights in {source.path}: {first_line}") from exc
+    return model.eval()
+
+
+def _place_graph(trace_dir: Path, stage: Path, threshold: int) -> None:
+    """Moves the traced graph into the package, keeping weights in model.onnx.data when large."""
+    traced = trace_dir / MODEL_NAME
+    others = [p for p in trace_dir.iterdir() if p != traced]
+    if not others and traced.stat().st_size <= threshold:
+        os.replace(traced, stage / MODEL_NAME)
+    else:
+        import onnx
+
+        graph = onnx.load(str(traced), load_external_data=True)
+        onnx.save_model(
+            graph,
+            str(stage / MODEL_NAME),
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            location=MODEL_NAME + ".data",
+            size_threshold=1024,
+        )
+    shutil.rmtree(trace_dir)
+
+
+def _versions() -> dict[str, str]:
+    import onnx
+    import onnxruntime
+    import transformers
+
+    return {
+        "ortinf": ortinf.__version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "onnx": onnx.__version__,
+        "onnxruntime": onnxruntime.__version__,
+    }

@@ -1,0 +1,137 @@
+"""Encoder export: BERT-style models for feature extraction (with sentence-transformers pooling and
+normalisation inside the graph) and text classification (logits and labels)."""
+
+from __future__ import annotations
+
+import inspect
+import json
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedModel
+
+from ortinf.errors import UnsupportedArchitectureError
+from ortinf.exporter.source import ModelSource
+from ortinf.manifest import FEATURE_EXTRACTION, EncoderSpec
+
+OPSET = 17
+POOLING_MODES = ("mean", "cls", "max", "lasttoken", "mean_sqrt_len")
+_ST_POOLING_KEYS = {
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_lasttoken": "lasttoken",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len",
+}
+
+
+def read_pooling(source: ModelSource) -> tuple[str, bool]:
+    """(pooling mode, normalize) as the folder's sentence-transformers modules configure them.
+
+    A plain transformers folder (no modules.json) gets mean pooling without normalisation.
+    """
+    modules_path = source.path / "modules.json"
+    if not modules_path.is_file():
+        return "mean", False
+    modules = json.loads(modules_path.read_text(encoding="utf-8"))
+    pooling, normalize = "mean", False
+    for module in modules:
+        kind = module.get("type", "").rsplit(".", 1)[-1]
+        if kind == "Pooling":
+            config = json.loads((source.path / module["path"] / "config.json").read_text(encoding="utf-8"))
+            modes = [mode for key, mode in _ST_POOLING_KEYS.items() if config.get(key)]
+            if len(modes) != 1:
+                raise UnsupportedArchitectureError(
+                    f"pooling {modes or 'none'} in {module['path']}: ortinf supports exactly one of {', '.join(POOLING_MODES)}"
+                )
+            pooling = modes[0]
+        elif kind == "Normalize":
+            normalize = True
+        elif kind != "Transformer":
+            raise UnsupportedArchitectureError(
+                f"sentence-transformers module '{kind}' is not supported; supported: Transformer, Pooling, Normalize"
+            )
+    return pooling, normalize
+
+
+def pool(hidden: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
+    """Pools token states [B, L, H] under attention mask [B, L] as sentence-transformers does."""
+    weights = mask.to(hidden.dtype)[:, :, None]
+    if mode == "cls":
+        return hidden[:, 0]
+    if mode == "max":
+        return torch.where(weights > 0, hidden, torch.full_like(hidden, -1e9)).max(dim=1).values
+    if mode == "lasttoken":
+        last = mask.to(torch.int64).sum(1) - 1
+        return hidden[torch.arange(hidden.shape[0]), last]
+    summed = (hidden * weights).sum(1)
+    counts = weights.sum(1).clamp(min=1e-9)
+    return summed / (counts.sqrt() if mode == "mean_sqrt_len" else counts)
+
+
+class EncoderGraph(torch.nn.Module):
+    """The traced module: token ids and mask in, embeddings or logits out."""
+
+    def __init__(self, model: PreTrainedModel, task: str, pooling: str, normalize: bool, input_names: list[str]) -> None:
+        super().__init__()
+        self.model, self.task, self.pooling, self.normalize = model, task, pooling, normalize
+        self.input_names = input_names
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        kwargs = dict(zip(self.input_names, inputs))
+        out = self.model(**kwargs)
+        if self.task != FEATURE_EXTRACTION:
+            return out.logits
+        embeddings = pool(out.last_hidden_state, kwargs["attention_mask"], self.pooling)
+        if self.normalize:
+            embeddings = torch.nn.functional.normalize(embeddings, p=2, dim=1)
+        return embeddings
+
+
+def encoder_inputs(model: PreTrainedModel) -> list[str]:
+    """The graph inputs: ids and mask, plus token_type_ids where the model takes them."""
+    names = ["input_ids", "attention_mask"]
+    if "token_type_ids" in inspect.signature(model.forward).parameters:
+        names.append("token_type_ids")
+    return names
+
+
+def encoder_spec(model: PreTrainedModel, source: ModelSource, task: str, input_names: list[str]) -> EncoderSpec:
+    config = model.config
+    max_len = int(config.max_position_embeddings)
+    if config.model_type in ("roberta", "xlm-roberta"):
+        max_len -= config.pad_token_id + 1  # positions start after the padding index
+    if task == FEATURE_EXTRACTION:
+        pooling, normalize = read_pooling(source)
+        return EncoderSpec(config.hidden_size, max_len, tuple(input_names), pooling, normalize, config.hidden_size)
+    labels = tuple(config.id2label[i] for i in range(config.num_labels))
+    return EncoderSpec(config.hidden_size, max_len, tuple(input_names), labels=labels)
+
+
+def example_batch(input_names: list[str], vocab_size: int, batch: int = 2, length: int = 7) -> tuple[torch.Tensor, ...]:
+    """A padded batch: the second row is shorter, so masking is exercised."""
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, vocab_size, (batch, length), generator=generator)
+    mask = torch.ones(batch, length, dtype=torch.int64)
+    mask[1:, length - 3 :] = 0
+    tensors = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
+    return tuple(tensors[name] for name in input_names)
+
+
+def trace_encoder(graph: EncoderGraph, path: Path, vocab_size: int) -> tuple[list[str], list[str]]:
+    """Traces the encoder to `path`; returns the graph's input and output names."""
+    output = "embeddings" if graph.task == FEATURE_EXTRACTION else "logits"
+    axes = {name: {0: "batch", 1: "sequence"} for name in graph.input_names}
+    axes[output] = {0: "batch"}
+    with torch.no_grad():
+        torch.onnx.export(
+            graph.eval(),
+            example_batch(graph.input_names, vocab_size),
+            str(path),
+            dynamo=False,
+            input_names=graph.input_names,
+            output_names=[output],
+            dynamic_axes=axes,
+            opset_version=OPSET,
+        )
+    return list(graph.input_names), [output]

@@ -1,0 +1,93 @@
+"""Writing the package folder atomically, with its tokenizer, chat template and generation config.
+
+Everything is written into a hidden staging folder beside OUT, renamed onto OUT only once the export
+has verified; a failed or interrupted export leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ortinf.errors import ExportError
+from ortinf.exporter.source import ModelSource
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "tokenizer.model")
+CHAT_TEMPLATE = "chat_template.jinja"
+GENERATION_CONFIG = "generation_config.json"
+
+
+def check_output(out: Path, overwrite: bool) -> None:
+    """Refuses an existing OUT unless --overwrite; refuses OUT that is a file either way."""
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"{out} exists and is a file: choose another output folder")
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise ExportError(f"{out} already exists: pass --overwrite to replace it, or choose another folder")
+
+
+@contextlib.contextmanager
+def staging(out: Path, overwrite: bool) -> Iterator[Path]:
+    """Yields a staging folder; on success it replaces `out`, on any failure it is removed."""
+    check_output(out, overwrite)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        yield stage
+        if out.exists():
+            trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+            os.replace(out, trash / "old")
+            os.replace(stage, out)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            os.replace(stage, out)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def write_tokenizer(source: ModelSource, stage: Path) -> tuple[bool, bool]:
+    """Saves the tokenizer (as tokenizer.json) and its chat template; returns (has_tokenizer, has_template)."""
+    if not any((source.path / name).exists() for name in TOKENIZER_FILES):
+        return False, False
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source.path)
+    except Exception as exc:  # noqa: BLE001 - any tokenizer failure is reported, not raised through
+        raise ExportError(f"the tokenizer in {source.path} cannot be loaded ({exc}); fix or remove its files") from exc
+    tokenizer.save_pretrained(stage)
+    if not (stage / "tokenizer.json").exists():
+        raise ExportError(f"the tokenizer in {source.path} has no fast (tokenizer.json) form, which the runtime needs")
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, str) and not (stage / CHAT_TEMPLATE).exists():
+        (stage / CHAT_TEMPLATE).write_text(template, encoding="utf-8")
+    return True, (stage / CHAT_TEMPLATE).exists()
+
+
+def write_generation_config(source: ModelSource, stage: Path) -> dict[str, Any]:
+    """Copies generation_config.json (or derives one from config.json); returns its content."""
+    src = source.path / GENERATION_CONFIG
+    if src.is_file():
+        try:
+            data = json.loads(src.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise ExportError(f"{src} is not valid JSON ({exc.msg}); fix or delete it") from exc
+    else:
+        keys = ("bos_token_id", "eos_token_id", "pad_token_id")
+        data = {k: source.config[k] for k in keys if source.config.get(k) is not None}
+    (stage / GENERATION_CONFIG).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    return data
+
+
+def token_ids(value: Any) -> tuple[int, ...]:
+    """An id field that may be missing, an int or a list, as a tuple of ints."""
+    if value is None:
+        return ()
+    if isinstance(value, int):
+        return (value,)
+    return tuple(int(v) for v in value)

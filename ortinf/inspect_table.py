@@ -1,0 +1,53 @@
+"""Rows of `ortinf inspect`: a package's manifest as readable key/value pairs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ortinf.manifest import MODEL_NAME, Manifest
+
+
+def _size(folder: Path) -> str:
+    total = sum(p.stat().st_size for p in folder.iterdir() if p.is_file() and p.name.startswith(MODEL_NAME))
+    return f"{total / 2**20:.1f} MiB"
+
+
+def manifest_rows(manifest: Manifest, folder: Path) -> list[tuple[str, str]]:
+    """(key, value) rows, most useful first."""
+    rows = [
+        ("task", manifest.task),
+        ("architecture", f"{manifest.architecture} ({manifest.model_type})"),
+        ("dtype", manifest.dtype),
+        ("graph size", _size(folder)),
+    ]
+    if manifest.decoder is not None:
+        d = manifest.decoder
+        rows += [
+            ("layers", str(d.num_layers)),
+            ("heads / kv heads", f"{d.num_heads} / {d.num_kv_heads} (head dim {d.head_dim})"),
+            ("hidden size", str(d.hidden_size)),
+            ("vocab size", str(d.vocab_size)),
+            ("max model len", str(d.max_model_len)),
+            ("sliding window", str(d.sliding_window or "none")),
+            ("attention kernel", d.kernel),
+            ("kv cache dtype", d.kv_dtype),
+        ]
+    if manifest.encoder is not None:
+        e = manifest.encoder
+        rows += [("hidden size", str(e.hidden_size)), ("max model len", str(e.max_model_len))]
+        if e.pooling:
+            rows += [("pooling", f"{e.pooling}{', normalized' if e.normalize else ''}"), ("embedding dim", str(e.embedding_dim))]
+        if e.labels:
+            rows.append(("labels", ", ".join(e.labels)))
+    rows += [
+        ("eos token ids", ", ".join(map(str, manifest.eos_token_ids)) or "none"),
+        ("tokenizer", "yes" if manifest.has_tokenizer else "no (token ids only)"),
+        ("chat template", "yes" if manifest.has_chat_template else "no"),
+        ("inputs", ", ".join(manifest.inputs[:6]) + (f", ... ({len(manifest.inputs)} in all)" if len(manifest.inputs) > 6 else "")),
+        ("outputs", ", ".join(manifest.outputs[:3]) + (f", ... ({len(manifest.outputs)} in all)" if len(manifest.outputs) > 3 else "")),
+    ]
+    if manifest.parity is not None:
+        p = manifest.parity
+        rows.append(("parity vs PyTorch", f"max abs diff {p.max_abs_diff:.2e} (tolerance {p.tolerance:g}; {p.description})"))
+    rows += [("source", manifest.source), ("exported with", ", ".join(f"{k} {v}" for k, v in manifest.versions.items()))]
+    return rows

@@ -1,0 +1,60 @@
+"""Tiny random-weight models built from transformers config classes (no downloads)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import transformers
+
+COMMON = dict(vocab_size=256, max_position_embeddings=512, initializer_range=0.1, bos_token_id=1, eos_token_id=2)
+DECODER = dict(COMMON, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+
+# model_type -> (config class, model class, config kwargs). Sizes are small but keep GQA (4 heads
+# over 2 KV heads), and the quirks each architecture is here for: sliding windows short enough for
+# the test prompts to cross them, soft-capping, qk-norm, learned positions.
+DECODERS = {
+    "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM, DECODER),
+    "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM, dict(DECODER, sliding_window=24)),
+    "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM, DECODER),
+    "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM, dict(DECODER, head_dim=16)),
+    "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM, dict(DECODER, pad_token_id=0)),
+    "gemma2": (
+        transformers.Gemma2Config,
+        transformers.Gemma2ForCausalLM,
+        dict(DECODER, head_dim=16, sliding_window=16, query_pre_attn_scalar=16, attn_logit_softcapping=5.0,
+             final_logit_softcapping=3.0, pad_token_id=0),
+    ),
+    "gpt2": (
+        transformers.GPT2Config,
+        transformers.GPT2LMHeadModel,
+        dict(COMMON, n_embd=64, n_layer=2, n_head=4, n_positions=512, n_inner=128),
+    ),
+}
+
+
+def build_decoder(model_type: str, folder: Path, seed: int = 0) -> transformers.PreTrainedModel:
+    """Saves a tiny random `model_type` decoder to `folder` and returns it (fp32, eval, eager)."""
+    config_class, model_class, kwargs = DECODERS[model_type]
+    torch.manual_seed(seed)
+    config = config_class(**kwargs)
+    config._attn_implementation = "eager"
+    model = model_class(config).eval()
+    model.save_pretrained(folder)
+    return model
+
+
+def build_classifier(model_type: str, folder: Path, seed: int = 0) -> transformers.PreTrainedModel:
+    """Saves a tiny random sequence classifier with 3 labels to `folder`."""
+    torch.manual_seed(seed)
+    config_class = transformers.AutoConfig.for_model(model_type).__class__
+    kwargs = dict(vocab_size=256, max_position_embeddings=128, num_labels=3,
+                  id2label={0: "neg", 1: "neu", 2: "pos"}, label2id={"neg": 0, "neu": 1, "pos": 2})
+    if model_type == "distilbert":
+        kwargs.update(dim=64, hidden_dim=128, n_layers=2, n_heads=4)
+    else:
+        kwargs.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, pad_token_id=1)
+    config = config_class(**kwargs)
+    model = transformers.AutoModelForSequenceClassification.from_config(config).eval()
+    model.save_pretrained(folder)
+    return model
