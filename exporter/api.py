@@ -18,7 +18,7 @@ import ortinf
 from ortinf.errors import ExportError
 from ortinf.exporter.architectures import resolve_task
 from ortinf.exporter.decoder import decoder_spec, trace_decoder
-from ortinf.exporter.encoder import EncoderGraph, encoder_inputs, encoder_spec, read_pooling, trace_encoder
+from ortinf.exporter.encoder import TracedEncoder, encoder_inputs, encoder_spec, read_pooling, trace_encoder
 from ortinf.exporter.package import staging, token_ids, write_generation_config, write_tokenizer
 from ortinf.exporter.source import ModelSource, resolve_model
 from ortinf.exporter.verify import verify_decoder, verify_encoder
@@ -73,7 +73,7 @@ def export(
         else:
             input_names = encoder_inputs(hf_model)
             kind = {"encoder": encoder_spec(hf_model, source, task, input_names)}
-            encoder = EncoderGraph(hf_model, task, kind["encoder"].pooling or "", kind["encoder"].normalize, input_names)
+            encoder = TracedEncoder(hf_model, task, kind["encoder"].pooling or "", kind["encoder"].normalize, input_names)
             inputs, outputs = trace_encoder(encoder.to(DTYPES[dtype]), trace_dir / MODEL_NAME, hf_model.config.vocab_size)
             encoder.float()
         bar.update()

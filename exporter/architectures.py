@@ -81,6 +81,11 @@ def describe_supported() -> str:
 def resolve_task(model_type: str, architectures: list[str] | None, requested: str) -> str:
     """Picks the task: the requested one, or from the config's architectures when 'auto'."""
     archs = architectures or []
+    if requested == "auto" and model_type not in DECODERS and model_type not in ENCODERS:
+        raise UnsupportedArchitectureError(
+            f"model_type '{model_type}' is not supported; supported: text-generation: {', '.join(DECODERS)}; "
+            f"feature-extraction and text-classification: {', '.join(ENCODERS)}"
+        )
     if requested == "auto":
         if model_type in DECODERS:
             task = TEXT_GENERATION

@@ -11,6 +11,7 @@ import torch
 from transformers import PreTrainedModel
 
 from ortinf.errors import UnsupportedArchitectureError
+from ortinf.exporter.decoder import quiet_tracing
 from ortinf.exporter.source import ModelSource
 from ortinf.manifest import FEATURE_EXTRACTION, EncoderSpec
 
@@ -69,7 +70,7 @@ def pool(hidden: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
     return summed / (counts.sqrt() if mode == "mean_sqrt_len" else counts)
 
 
-class EncoderGraph(torch.nn.Module):
+class TracedEncoder(torch.nn.Module):
     """The traced module: token ids and mask in, embeddings or logits out."""
 
     def __init__(self, model: PreTrainedModel, task: str, pooling: str, normalize: bool, input_names: list[str]) -> None:
@@ -101,6 +102,9 @@ def encoder_spec(model: PreTrainedModel, source: ModelSource, task: str, input_n
     max_len = int(config.max_position_embeddings)
     if config.model_type in ("roberta", "xlm-roberta"):
         max_len -= config.pad_token_id + 1  # positions start after the padding index
+    st_config = source.path / "sentence_bert_config.json"
+    if st_config.is_file():  # sentence-transformers truncates at its own max_seq_length
+        max_len = min(max_len, int(json.loads(st_config.read_text(encoding="utf-8")).get("max_seq_length") or max_len))
     if task == FEATURE_EXTRACTION:
         pooling, normalize = read_pooling(source)
         return EncoderSpec(config.hidden_size, max_len, tuple(input_names), pooling, normalize, config.hidden_size)
@@ -118,12 +122,12 @@ def example_batch(input_names: list[str], vocab_size: int, batch: int = 2, lengt
     return tuple(tensors[name] for name in input_names)
 
 
-def trace_encoder(graph: EncoderGraph, path: Path, vocab_size: int) -> tuple[list[str], list[str]]:
+def trace_encoder(graph: TracedEncoder, path: Path, vocab_size: int) -> tuple[list[str], list[str]]:
     """Traces the encoder to `path`; returns the graph's input and output names."""
     output = "embeddings" if graph.task == FEATURE_EXTRACTION else "logits"
     axes = {name: {0: "batch", 1: "sequence"} for name in graph.input_names}
     axes[output] = {0: "batch"}
-    with torch.no_grad():
+    with torch.no_grad(), quiet_tracing():
         torch.onnx.export(
             graph.eval(),
             example_batch(graph.input_names, vocab_size),

@@ -15,7 +15,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
-from ortinf.exporter.encoder import EncoderGraph, example_batch
+from ortinf.exporter.encoder import TracedEncoder, example_batch
 from ortinf.manifest import MODEL_NAME, Parity
 from ortinf.runtime.decoder_graph import DecoderGraph
 from ortinf.runtime.model_input import SequenceChunk, build_model_input
@@ -48,7 +48,7 @@ def verify_decoder(model: PreTrainedModel, package: Path, tolerance: float, prog
     num_needed = -(-len(tokens) // BLOCK_SIZE)
     block_table = rng.permutation(NUM_BLOCKS)[:num_needed].tolist()  # shuffled, non-contiguous
 
-    calls = [(0, PROMPT_LEN)] + [(p, p + 1) for p in range(PROMPT_LEN, len(tokens) - 1)]
+    calls = [(0, PROMPT_LEN)] + [(p, p + 1) for p in range(PROMPT_LEN, len(tokens))]
     worst = 0.0
     for start, end in tqdm(calls, desc="verifying", disable=not progress, leave=False):
         chunk = SequenceChunk(tokens[start:end], start, block_table)
@@ -58,7 +58,7 @@ def verify_decoder(model: PreTrainedModel, package: Path, tolerance: float, prog
     return Parity(max_abs_diff=worst, tolerance=tolerance, description=description)
 
 
-def verify_encoder(graph: EncoderGraph, package: Path, tolerance: float, vocab_size: int) -> Parity:
+def verify_encoder(graph: TracedEncoder, package: Path, tolerance: float, vocab_size: int) -> Parity:
     """A padded batch through ORT and PyTorch; the max abs difference of the graph's output."""
     batch = example_batch(graph.input_names, vocab_size, batch=3, length=19)
     with torch.no_grad():

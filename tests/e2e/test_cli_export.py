@@ -1,0 +1,141 @@
+"""The `ortinf` command line, run as a real subprocess: exports, inspect, and every user error."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tiny_models import build_decoder
+
+ORTINF = [str(Path(sys.executable).with_name("ortinf"))]
+
+
+def ortinf(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
+    return subprocess.run([*ORTINF, *map(str, args)], capture_output=True, text=True, env=full_env, timeout=300)
+
+
+def assert_user_error(result: subprocess.CompletedProcess[str], *fragments: str) -> None:
+    """Exit code 2, one line on stderr that names the problem, and no traceback."""
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+@pytest.fixture(scope="module")
+def llama_folder(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("cli") / "tiny-llama"
+    build_decoder("llama", folder)
+    return folder
+
+
+def test_version_and_help_everywhere():
+    version = ortinf("--version")
+    assert version.returncode == 0 and "ortinf" in version.stdout and "0.1.0" in version.stdout
+    for command in ([], ["export"], ["inspect"]):
+        result = ortinf(*command, "--help")
+        assert result.returncode == 0 and "Usage:" in result.stdout, command
+    export_help = ortinf("export", "--help").stdout
+    for option in ("--output", "--task", "--dtype", "--overwrite", "--list-architectures"):
+        assert option in export_help
+
+
+def test_list_architectures():
+    result = ortinf("export", "--list-architectures")
+    assert result.returncode == 0
+    for name in ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gpt2", "bert"):
+        assert f"  {name}" in result.stdout
+    assert "text-generation:" in result.stdout and "feature-extraction:" in result.stdout
+
+
+def test_export_then_inspect(llama_folder, tmp_path):
+    out = tmp_path / "pkg"
+    result = ortinf("export", llama_folder, "-o", out)
+    assert result.returncode == 0, result.stderr
+    assert "max abs diff" in result.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["generation_config.json", "model.onnx", "ortinf.json"]
+    assert [p.name for p in tmp_path.iterdir()] == ["pkg"]  # no staging folder left behind
+    table = ortinf("inspect", out)
+    assert table.returncode == 0
+    assert "LlamaForCausalLM" in table.stdout and "heads / kv heads" in table.stdout and "4 / 2" in table.stdout
+    assert "parity vs PyTorch" in table.stdout
+
+
+def test_existing_output_needs_overwrite(llama_folder, tmp_path):
+    out = tmp_path / "pkg"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    assert_user_error(ortinf("export", llama_folder, "-o", out, "-q"), "already exists", "--overwrite")
+    assert (out / "keep.txt").read_text() == "mine"
+    result = ortinf("export", llama_folder, "-o", out, "-q", "--overwrite")
+    assert result.returncode == 0, result.stderr
+    assert not (out / "keep.txt").exists() and (out / "ortinf.json").exists()
+
+
+def test_missing_model(tmp_path):
+    assert_user_error(ortinf("export", "./no/such/model", "-o", tmp_path / "pkg"), "no such folder")
+    result = ortinf("export", "someorg/not-downloaded", "-o", tmp_path / "pkg", env={"HF_HUB_CACHE": str(tmp_path / "cache")})
+    assert_user_error(result, "not in the Hugging Face cache", "huggingface-cli download")
+    assert not (tmp_path / "pkg").exists()
+
+
+def test_hub_id_from_local_cache(llama_folder, tmp_path):
+    """A hub id already in the HF cache exports with no network."""
+    cache = tmp_path / "cache"
+    snapshot = cache / "models--someorg--tiny-llama" / "snapshots" / "0123abcd"
+    shutil.copytree(llama_folder, snapshot)
+    (cache / "models--someorg--tiny-llama" / "refs").mkdir()
+    (cache / "models--someorg--tiny-llama" / "refs" / "main").write_text("0123abcd")
+    result = ortinf("export", "someorg/tiny-llama", "-o", tmp_path / "pkg", "-q", env={"HF_HUB_CACHE": str(cache)})
+    assert result.returncode == 0, result.stderr
+    assert json.loads((tmp_path / "pkg" / "ortinf.json").read_text())["source"] == "someorg/tiny-llama"
+
+
+def test_unsupported_architecture(tmp_path):
+    folder = tmp_path / "t5"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "t5", "architectures": ["T5ForConditionalGeneration"]}))
+    assert_user_error(ortinf("export", folder, "-o", tmp_path / "pkg"), "'t5' is not supported", "llama", "gpt2")
+    assert_user_error(ortinf("export", folder, "-o", tmp_path / "pkg", "--task", "text-generation"), "'t5'", "llama")
+
+
+def test_corrupt_config(llama_folder, tmp_path):
+    folder = tmp_path / "broken"
+    shutil.copytree(llama_folder, folder)
+    (folder / "config.json").write_text('{"model_type": "llama", ')
+    assert_user_error(ortinf("export", folder, "-o", tmp_path / "pkg"), "config.json is not valid JSON")
+    (folder / "config.json").write_text('{"hidden_size": 4}')
+    assert_user_error(ortinf("export", folder, "-o", tmp_path / "pkg"), "has no model_type")
+    os.remove(folder / "config.json")
+    assert_user_error(ortinf("export", folder, "-o", tmp_path / "pkg"), "has no config.json")
+    assert not (tmp_path / "pkg").exists()
+
+
+def test_corrupt_weights_leave_nothing(llama_folder, tmp_path):
+    folder = tmp_path / "bad-weights"
+    shutil.copytree(llama_folder, folder)
+    (folder / "model.safetensors").write_bytes(b"not a safetensors file")
+    assert_user_error(ortinf("export", folder, "-o", tmp_path / "out" / "pkg", "-q"), "cannot load the weights")
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_failed_verification_reports_figure_and_leaves_nothing(llama_folder, tmp_path):
+    result = ortinf("export", llama_folder, "-o", tmp_path / "pkg", "-q", "--tolerance", "1e-12")
+    assert_user_error(result, "verification failed: max abs difference", "above the tolerance 1e-12")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_inspect_errors(tmp_path):
+    assert_user_error(ortinf("inspect", tmp_path / "nope"), "is not a folder")
+    assert_user_error(ortinf("inspect", tmp_path), "has no ortinf.json")
+    (tmp_path / "ortinf.json").write_text("{oops")
+    assert_user_error(ortinf("inspect", tmp_path), "ortinf.json is unreadable")
