@@ -53,8 +53,9 @@ class PagedBatch:
     _window_masks: dict[int, torch.Tensor] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        num_tokens = self.query_lens.sum()
-        starts = torch.cumsum(self.query_lens, 0) - self.query_lens  # [S]
+        ends = torch.cumsum(self.query_lens, 0)  # [S]
+        starts = ends - self.query_lens
+        num_tokens = ends[-1]  # not ReduceSum: OpenVINO's provider has no int64 ReduceSum
         max_query_len = self.query_lens.max()
         offsets = torch.arange(max_query_len, dtype=torch.int64)  # [Q]
         pad = starts[:, None] + offsets[None, :]  # [S, Q]
