@@ -7,6 +7,7 @@ neither torch nor transformers: it is also the proof that serving needs no expor
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -18,11 +19,15 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 OV_PYTHON = ROOT / ".venv-openvino" / "bin" / "python"
-WORKER = Path(__file__).with_name("openvino_worker.py")
+WORKER = ROOT / "hardware_matrix" / "replay.py"
 TOLERANCE = 1e-4
-BLOCK_SIZE = 4
 
 pytestmark = pytest.mark.openvino
+
+# hardware_matrix/ is a folder of scripts, not part of the ortinf package.
+_spec = importlib.util.spec_from_file_location("replay", WORKER)
+replay = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(replay)
 
 
 @pytest.fixture(scope="module")
@@ -36,15 +41,7 @@ def ov_python() -> Path:
 
 def test_llama_package_under_openvino(ov_python, decoder_package, tmp_path):
     model, package = decoder_package("llama")
-    rng = np.random.default_rng(7)
-    a, b = rng.integers(3, 256, 29).tolist(), rng.integers(3, 256, 12).tolist()
-    table_a, table_b = [9, 2, 14, 5, 11, 0, 7, 3], [13, 1, 8, 6]  # shuffled, non-contiguous
-    calls = [
-        [[a[:20], 0, table_a]],  # prefill
-        [[a[20:25], 20, table_a], [b, 0, table_b]],  # a prefill chunk beside a fresh prefill
-        *[[[a[p : p + 1], p, table_a]] for p in range(25, 29)],  # decodes
-    ]
-    spec = {"block_size": BLOCK_SIZE, "num_blocks": 16, "calls": calls}
+    spec, sequences, rows = replay.scenario(vocab_size=256)
     (tmp_path / "calls.json").write_text(json.dumps(spec))
     out = tmp_path / "logits.npz"
     result = subprocess.run(
@@ -58,9 +55,8 @@ def test_llama_package_under_openvino(ov_python, decoder_package, tmp_path):
     assert report["torch_loaded"] is False
 
     with torch.no_grad():
-        ref_a = model(torch.tensor([a])).logits[0].numpy()
-        ref_b = model(torch.tensor([b])).logits[0].numpy()
-    expected = [[ref_a[19]], [ref_a[24], ref_b[-1]], *[[ref_a[p]] for p in range(25, 29)]]
+        reference = [model(torch.tensor([seq])).logits[0].numpy() for seq in sequences]
+    expected = [[reference[seq][pos] for seq, pos in call_rows] for call_rows in rows]
     got = np.load(out)
     worst = max(float(np.abs(got[f"call{i}"] - np.array(rows)).max()) for i, rows in enumerate(expected))
     assert worst <= TOLERANCE, worst

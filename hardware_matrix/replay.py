@@ -1,6 +1,7 @@
-"""Runs inside .venv-openvino (no torch, no transformers): replays decoder calls on a provider.
+"""Replays decoder calls on one provider and saves the logits; needs only the serving install
+(no torch, no transformers), so it runs in .venv-openvino too.
 
-usage: python openvino_worker.py PACKAGE CALLS.json OUT.npz PROVIDER
+usage: python hardware_matrix/replay.py PACKAGE CALLS.json OUT.npz PROVIDER
 CALLS.json: {"block_size": int, "num_blocks": int, "calls": [[[token_ids, num_computed, block_table], ...], ...]}
 """
 
@@ -14,6 +15,25 @@ import onnxruntime as ort
 
 from ortinf.runtime.decoder_graph import DecoderGraph
 from ortinf.runtime.model_input import SequenceChunk, build_model_input
+
+
+def scenario(vocab_size: int, seed: int = 7) -> tuple[dict, list[list[int]], list[list[tuple[int, int]]]]:
+    """A fixed replay: prefill, a prefill chunk beside a fresh prefill, then 4 decodes, all through
+    shuffled, non-contiguous blocks of 4 tokens.
+
+    Returns (calls spec, the token sequences, and per call the (sequence, position) of each logits
+    row), so a caller can compute the expected logits with any reference.
+    """
+    rng = np.random.default_rng(seed)
+    a, b = rng.integers(3, vocab_size, 29).tolist(), rng.integers(3, vocab_size, 12).tolist()
+    table_a, table_b = [9, 2, 14, 5, 11, 0, 7, 3], [13, 1, 8, 6]
+    calls = [
+        [[a[:20], 0, table_a]],
+        [[a[20:25], 20, table_a], [b, 0, table_b]],
+        *[[[a[p : p + 1], p, table_a]] for p in range(25, 29)],
+    ]
+    rows = [[(0, 19)], [(0, 24), (1, 11)], *[[(0, p)] for p in range(25, 29)]]
+    return {"block_size": 4, "num_blocks": 16, "calls": calls}, [a, b], rows
 
 
 def main() -> None:
