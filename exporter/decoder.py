@@ -8,7 +8,6 @@ LM head only to the `logits_indices` rows.
 from __future__ import annotations
 
 import contextlib
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,10 +15,9 @@ import torch
 from transformers import AttentionInterface, PreTrainedModel
 
 from ortinf.exporter.architectures import DECODERS
+from ortinf.exporter.tracing import OPSET, quiet_tracing
 from ortinf.kernels.portable import ATTENTION_NAME, KERNEL_NAME, PagedBatch, paged_attention
 from ortinf.manifest import DecoderSpec
-
-OPSET = 17
 
 INPUTS_HEAD = ("input_ids", "positions", "block_tables", "context_lens", "query_lens", "logits_indices")
 
@@ -87,20 +85,12 @@ def paged_attention_enabled(model: PreTrainedModel) -> Iterator[None]:
         model.config._attn_implementation = previous
 
 
-@contextlib.contextmanager
-def quiet_tracing() -> Iterator[None]:
-    """Silences the tracer's warnings: export verification checks the graph, not the warnings."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
-
-
 def decoder_spec(model: PreTrainedModel, kv_dtype: str) -> DecoderSpec:
     """Shape facts of the model, read from its config."""
     config = model.config
     num_heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
-    windows = [getattr(config, "sliding_window", None)]
+    window = getattr(config, "sliding_window", None)  # informative: the graph applies it per layer
     return DecoderSpec(
         num_layers=config.num_hidden_layers,
         num_heads=num_heads,
@@ -111,7 +101,7 @@ def decoder_spec(model: PreTrainedModel, kv_dtype: str) -> DecoderSpec:
         max_model_len=int(getattr(config, "max_position_embeddings", None) or config.n_positions),
         kernel=KERNEL_NAME,
         kv_dtype=kv_dtype,
-        sliding_window=windows[0] if isinstance(windows[0], int) else None,
+        sliding_window=window if isinstance(window, int) else None,
     )
 
 

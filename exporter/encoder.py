@@ -11,11 +11,10 @@ import torch
 from transformers import PreTrainedModel
 
 from ortinf.errors import UnsupportedArchitectureError
-from ortinf.exporter.decoder import quiet_tracing
+from ortinf.exporter.tracing import OPSET, quiet_tracing
 from ortinf.exporter.source import ModelSource
 from ortinf.manifest import FEATURE_EXTRACTION, EncoderSpec
 
-OPSET = 17
 POOLING_MODES = ("mean", "cls", "max", "lasttoken", "mean_sqrt_len")
 _ST_POOLING_KEYS = {
     "pooling_mode_mean_tokens": "mean",
