@@ -1,0 +1,30 @@
+"""The serving side imports neither torch nor transformers (DESIGN.md: an edge box installs only it)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+SERVING_MODULES = [
+    "ortinf",
+    "ortinf.cli",
+    "ortinf.manifest",
+    "ortinf.inspect_table",
+    "ortinf.runtime.decoder_graph",
+    "ortinf.runtime.encoder_graph",
+    "ortinf.runtime.model_input",
+    "ortinf.providers.registry",
+    "ortinf.providers.session",
+]
+
+
+def test_serving_modules_do_not_import_torch_or_transformers():
+    code = (
+        "import sys\n"
+        + "".join(f"import {name}\n" for name in SERVING_MODULES)
+        + "heavy = sorted(m for m in ('torch', 'transformers', 'optimum') if m in sys.modules)\n"
+        + "print(','.join(heavy))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "", f"serving imports pulled in: {result.stdout.strip()}"
