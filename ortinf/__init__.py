@@ -10,7 +10,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "export"]
+__all__ = ["LLM", "SamplingParams", "__version__", "export"]
 
 
 def __getattr__(name: str) -> Any:
@@ -18,4 +18,12 @@ def __getattr__(name: str) -> Any:
         from ortinf.exporter.api import export
 
         return export
+    if name == "LLM":
+        from ortinf.llm import LLM
+
+        return LLM
+    if name == "SamplingParams":
+        from ortinf.runtime.sampling_params import SamplingParams
+
+        return SamplingParams
     raise AttributeError(f"module 'ortinf' has no attribute {name!r}")

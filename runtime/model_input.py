@@ -48,8 +48,12 @@ class ModelInput:
         }
 
 
-def build_model_input(chunks: Sequence[SequenceChunk], block_size: int) -> ModelInput:
-    """Flattens per-sequence chunks into one ModelInput; each chunk's table must cover its tokens."""
+def build_model_input(chunks: Sequence[SequenceChunk], block_size: int, all_logits: Sequence[bool] | None = None) -> ModelInput:
+    """Flattens per-sequence chunks into one ModelInput; each chunk's table must cover its tokens.
+
+    Logits come for the last token of each chunk, or for all its tokens where `all_logits[i]` is set
+    (prompt logprobs); rows come in chunk order.
+    """
     query_lens = np.array([len(c.token_ids) for c in chunks], dtype=np.int64)
     context_lens = np.array([c.num_computed_tokens for c in chunks], dtype=np.int64)
     max_blocks = max(len(c.block_table) for c in chunks)
@@ -68,6 +72,14 @@ def build_model_input(chunks: Sequence[SequenceChunk], block_size: int) -> Model
         block_tables=block_tables,
         context_lens=context_lens,
         query_lens=query_lens,
-        logits_indices=starts + query_lens - 1,
+        logits_indices=_logits_indices(starts, query_lens, all_logits),
         slot_mapping=slot_mapping,
     )
+
+
+def _logits_indices(starts: np.ndarray, query_lens: np.ndarray, all_logits: Sequence[bool] | None) -> np.ndarray:
+    last = starts + query_lens - 1
+    if all_logits is None or not any(all_logits):
+        return last
+    parts = [np.arange(s, s + n) if full else last[i : i + 1] for i, (s, n, full) in enumerate(zip(starts, query_lens, all_logits))]
+    return np.concatenate(parts).astype(np.int64)

@@ -1,0 +1,120 @@
+"""The offline Python API: `LLM(package).generate(prompts, SamplingParams(...))` and `.embed(texts)`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from ortinf.errors import ConfigError, RequestError
+from ortinf.manifest import TEXT_GENERATION, Manifest
+from ortinf.runtime.config import EngineConfig
+from ortinf.runtime.outputs import RequestOutput
+from ortinf.runtime.sampling_params import SamplingParams
+
+Prompt = str | Sequence[int]
+
+
+class LLM:
+    """An exported package, ready to generate (decoders) or embed (encoders).
+
+    Keyword options are EngineConfig's fields: block_size, num_blocks, kv_cache_memory,
+    max_num_seqs, max_num_batched_tokens, max_model_len, enable_prefix_caching, intra_op_threads, seed.
+    """
+
+    def __init__(self, package_dir: str | Path, provider: str = "auto", **options: Any) -> None:
+        self.manifest = Manifest.load(package_dir)
+        self.engine = None
+        self.encoder = None
+        if self.manifest.task == TEXT_GENERATION:
+            from ortinf.runtime.engine import LLMEngine
+
+            try:
+                config = EngineConfig(package_dir=Path(package_dir), provider=provider, **options)
+            except TypeError as exc:
+                raise ConfigError(f"unknown engine option: {exc}") from exc
+            self.engine = LLMEngine(config)
+        else:
+            from ortinf.runtime.encoder_graph import EncoderGraph
+
+            self.encoder = EncoderGraph(package_dir, provider=provider, intra_op_threads=options.get("intra_op_threads", 0))
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        """Generates for every prompt (text or token ids), all batched together; outputs in prompt order.
+
+        An invalid request raises RequestError before anything runs.
+        """
+        if self.engine is None:
+            raise ConfigError(f"this package is a {self.manifest.task} model: use embed(), not generate()")
+        batch = _as_batch(prompts)
+        params = _params_for(batch, sampling_params)
+        engine = self.engine
+        children: dict[str, tuple[int, int]] = {}  # engine request id -> (prompt index, sample index)
+        added = []
+        try:
+            for i, (prompt, p) in enumerate(zip(batch, params)):
+                for j in range(p.n):
+                    child = replace(p, n=1, seed=None if p.seed is None else p.seed + j)
+                    request_id = engine.add_request(prompt, child)
+                    added.append(request_id)
+                    children[request_id] = (i, j)
+        except RequestError:
+            for request_id in added:
+                engine.abort(request_id)
+            raise
+        finished: dict[str, RequestOutput] = {}
+        bar = tqdm(total=len(children), desc="generating", disable=not use_tqdm)
+        while engine.has_unfinished_requests():
+            for output in engine.step():
+                if output.finished:
+                    finished[output.request_id] = output
+                    bar.update()
+        bar.close()
+        return _merge(finished, children, len(batch))
+
+    def embed(self, texts: str | Sequence[str]) -> np.ndarray:
+        """Embeddings [len(texts), dim] of a feature-extraction package."""
+        if self.encoder is None or self.manifest.encoder is None or self.manifest.encoder.pooling is None:
+            raise ConfigError(f"this package is a {self.manifest.task} model: embed() needs a feature-extraction package")
+        return self.encoder.embed([texts] if isinstance(texts, str) else list(texts))
+
+
+def _as_batch(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
+    if isinstance(prompts, str):
+        return [prompts]
+    prompts = list(prompts)
+    if prompts and all(isinstance(t, (int, np.integer)) for t in prompts):
+        return [prompts]  # one prompt of token ids
+    return prompts
+
+
+def _params_for(batch: list[Prompt], params: SamplingParams | Sequence[SamplingParams] | None) -> list[SamplingParams]:
+    if params is None or isinstance(params, SamplingParams):
+        return [params or SamplingParams()] * len(batch)
+    params = list(params)
+    if len(params) != len(batch):
+        raise RequestError(f"got {len(params)} SamplingParams for {len(batch)} prompts: pass one, or one per prompt")
+    return params
+
+
+def _merge(finished: dict[str, RequestOutput], children: dict[str, tuple[int, int]], count: int) -> list[RequestOutput]:
+    """Folds the n samples of each prompt into one RequestOutput, in prompt order."""
+    merged: list[RequestOutput | None] = [None] * count
+    for request_id, (i, j) in sorted(children.items(), key=lambda item: item[1]):
+        output = finished[request_id]
+        completion = output.outputs[0]
+        completion.index = j
+        if merged[i] is None:
+            merged[i] = replace(output, request_id=str(i), outputs=[completion])
+        else:
+            merged[i].outputs.append(completion)
+    return merged  # type: ignore[return-value]

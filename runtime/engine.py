@@ -1,0 +1,116 @@
+"""LLMEngine: the synchronous engine. One step is three calls: schedule, execute, update."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+
+from ortinf.errors import ConfigError, RequestError
+from ortinf.manifest import TEXT_GENERATION, Manifest
+from ortinf.runtime.config import EngineConfig, resolve_num_blocks
+from ortinf.runtime.decoder_graph import DecoderGraph
+from ortinf.runtime.kv_cache_manager import KVCacheManager
+from ortinf.runtime.model_runner import ModelRunner
+from ortinf.runtime.output_processor import OutputProcessor
+from ortinf.runtime.outputs import RequestOutput
+from ortinf.runtime.request import FinishReason, Request
+from ortinf.runtime.sampling_params import SamplingParams
+from ortinf.runtime.scheduler import Scheduler, SchedulerConfig
+from ortinf.runtime.tokenizer import load_tokenizer
+
+log = logging.getLogger(__name__)
+
+
+class LLMEngine:
+    """Owns the scheduler, the KV cache manager, the model runner and the output processor."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        manifest = Manifest.load(config.package_dir)
+        if manifest.task != TEXT_GENERATION or manifest.decoder is None:
+            raise ConfigError(f"{config.package_dir} holds a {manifest.task} model; generation needs a text-generation package")
+        self.manifest = manifest
+        spec = manifest.decoder
+        self.max_model_len = min(config.max_model_len or spec.max_model_len, spec.max_model_len)
+        num_blocks = resolve_num_blocks(config, spec, self.max_model_len)
+        self.graph = DecoderGraph(config.package_dir, num_blocks, config.block_size, config.provider, config.intra_op_threads)
+        self.kv_cache = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        scheduler_config = SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len)
+        self.scheduler = Scheduler(scheduler_config, self.kv_cache)
+        self.runner = ModelRunner(self.graph, seed=config.seed)
+        self.tokenizer = load_tokenizer(config.package_dir) if manifest.has_tokenizer else None
+        self.outputs = OutputProcessor(self.tokenizer)
+        self._ids = itertools.count()
+
+    def tokenize(self, prompt: str | Sequence[int]) -> tuple[str | None, list[int]]:
+        """(prompt text or None, token ids); token ids are checked against the vocabulary."""
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise RequestError("this package has no tokenizer: pass token ids instead of text")
+            return prompt, self.tokenizer.encode(prompt).ids
+        ids = [int(t) for t in prompt]
+        vocab = self.manifest.decoder.vocab_size
+        if any(t < 0 or t >= vocab for t in ids):
+            raise RequestError(f"token ids must be in [0, {vocab})")
+        return None, ids
+
+    def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None, request_id: str | None = None) -> str:
+        """Queues a request; raises RequestError (nothing queued) when it is invalid."""
+        params = params or SamplingParams()
+        text, token_ids = self.tokenize(prompt)
+        if params.max_tokens is None:  # as many as the context length leaves
+            if len(token_ids) >= self.max_model_len:
+                raise RequestError(f"the prompt has {len(token_ids)} tokens; the context length is {self.max_model_len}")
+            params = replace(params, max_tokens=self.max_model_len - len(token_ids))
+        request = Request(
+            request_id=request_id if request_id is not None else str(next(self._ids)),
+            prompt_token_ids=token_ids,
+            sampling_params=params,
+            eos_token_ids=self.manifest.eos_token_ids,
+            arrival_time=time.monotonic(),
+        )
+        self.scheduler.add_request(request)
+        self.outputs.add_request(request, text)
+        return request.request_id
+
+    def step(self) -> list[RequestOutput]:
+        """Runs one engine step; returns outputs of the requests that advanced or finished."""
+        scheduler_output = self.scheduler.schedule()
+        runner_output = self.runner.execute(scheduler_output)
+        changed = self.scheduler.update_from_output(scheduler_output, runner_output)
+        now = time.monotonic()
+        results = []
+        for request in changed:
+            stop = self.outputs.record_step(request, runner_output, now)
+            if stop is not None:
+                self.scheduler.finish_request(request.request_id, FinishReason.STOP, stop_reason=stop)
+            results.append(self._emit(request))
+        return results
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Ends a request now and frees its KV blocks; returns its last output."""
+        request = self.scheduler.requests.get(request_id)
+        if request is None:
+            return None
+        self.scheduler.finish_request(request_id, FinishReason.ABORT)
+        return self._emit(request)
+
+    def _emit(self, request: Request) -> RequestOutput:
+        output = self.outputs.make_output(request)
+        if request.is_finished:
+            self.outputs.remove(request.request_id)
+            self.scheduler.release(request.request_id)
+        return output
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.num_unfinished > 0
+
+    def check_invariants(self) -> None:
+        """Pool invariants plus: every running request owns the blocks its computed tokens need."""
+        self.kv_cache.check_invariants()
+        for request in self.scheduler.running:
+            blocks = self.kv_cache.req_to_blocks.get(request.request_id, [])
+            assert len(blocks) * self.config.block_size >= request.num_computed_tokens, request.request_id

@@ -1,0 +1,101 @@
+"""ModelRunner: runs one SchedulerOutput through the decoder graph and samples.
+
+It sees only the scheduler's output (never Request objects): it builds ModelInput, runs the graph
+(which writes the new K/V into the pool in place), samples, and computes logprobs where asked.
+
+A step that mixes long prefill chunks with single-token decodes runs as two graph calls: the
+portable kernel pads every sequence to the longest query in the call, so one 256-token chunk would
+make 31 decodes cost 256 query rows each (benchmarks/decode_step.py: ~460 ms instead of ~70 ms).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from ortinf.runtime.decoder_graph import DecoderGraph
+from ortinf.runtime.model_input import SequenceChunk, build_model_input
+from ortinf.runtime.sampler import Sampler, log_softmax
+from ortinf.runtime.scheduler_output import ModelRunnerOutput, ScheduledRequest, SchedulerOutput, TokenLogprobs, top_logprobs
+
+
+class ModelRunner:
+    """Executes steps on a DecoderGraph; keeps one RNG per seeded request."""
+
+    def __init__(self, graph: DecoderGraph, seed: int | None = None, split_mixed_steps: bool = True) -> None:
+        self.graph = graph
+        self.sampler = Sampler()
+        self.split_mixed_steps = split_mixed_steps
+        self.shared_generator = np.random.default_rng(seed)
+        self.generators: dict[str, np.random.Generator] = {}
+        self.num_graph_calls = 0
+
+    def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        for request_id in scheduler_output.finished_request_ids:
+            self.generators.pop(request_id, None)
+        scheduled = scheduler_output.scheduled
+        if not scheduled:
+            return ModelRunnerOutput()
+        last_rows: list[np.ndarray | None] = [None] * len(scheduled)
+        prompt_rows: dict[int, np.ndarray] = {}
+        for group in self._groups(scheduled):
+            self._run_group(scheduled, group, last_rows, prompt_rows)
+
+        output = ModelRunnerOutput()
+        sampling = [i for i, s in enumerate(scheduled) if s.sample]
+        if sampling:
+            self._sample([scheduled[i] for i in sampling], np.stack([last_rows[i] for i in sampling]), output)
+        for index, rows in prompt_rows.items():
+            output.prompt_logprobs[scheduled[index].request_id] = prompt_logprobs(scheduled[index], rows)
+        return output
+
+    def _groups(self, scheduled: Sequence[ScheduledRequest]) -> list[list[int]]:
+        decodes = [i for i, s in enumerate(scheduled) if len(s.token_ids) == 1]
+        if not self.split_mixed_steps or not decodes or len(decodes) == len(scheduled):
+            return [list(range(len(scheduled)))]
+        return [[i for i, s in enumerate(scheduled) if len(s.token_ids) > 1], decodes]
+
+    def _run_group(self, scheduled: Sequence[ScheduledRequest], group: list[int], last_rows: list, prompt_rows: dict[int, np.ndarray]) -> None:
+        chunks = [SequenceChunk(scheduled[i].token_ids, scheduled[i].num_computed_tokens, scheduled[i].block_ids) for i in group]
+        all_logits = [scheduled[i].wants_prompt_logprobs for i in group]
+        logits = self.graph.run(build_model_input(chunks, self.graph.block_size, all_logits))
+        self.num_graph_calls += 1
+        row = 0
+        for index, full in zip(group, all_logits):
+            count = len(scheduled[index].token_ids) if full else 1
+            if full:
+                prompt_rows[index] = logits[row : row + count]
+            last_rows[index] = logits[row + count - 1]
+            row += count
+
+    def _sample(self, requests: list[ScheduledRequest], logits: np.ndarray, output: ModelRunnerOutput) -> None:
+        params = [s.sampling_params for s in requests]
+        histories = [
+            (s.all_token_ids[: s.num_prompt_tokens], s.all_token_ids[s.num_prompt_tokens :]) if s.sampling_params.has_penalties else ((), ())
+            for s in requests
+        ]
+        generators = [self._generator(s) for s in requests]
+        tokens, logprobs = self.sampler(logits, params, histories, generators)
+        for row, (s, token) in enumerate(zip(requests, tokens.tolist())):
+            output.sampled_token_ids[s.request_id] = token
+            if s.sampling_params.logprobs is not None:
+                assert logprobs is not None
+                output.logprobs[s.request_id] = top_logprobs(logprobs[row], token, s.sampling_params.logprobs)
+
+    def _generator(self, scheduled: ScheduledRequest) -> np.random.Generator:
+        seed = scheduled.sampling_params.seed
+        if seed is None:
+            return self.shared_generator
+        if scheduled.request_id not in self.generators:
+            self.generators[scheduled.request_id] = np.random.default_rng(seed)
+        return self.generators[scheduled.request_id]
+
+
+def prompt_logprobs(scheduled: ScheduledRequest, rows: np.ndarray) -> list[TokenLogprobs]:
+    """Logprobs of the prompt tokens this chunk predicts (row j at position p predicts token p + 1)."""
+    logprobs = log_softmax(rows.astype(np.float32))
+    k = scheduled.sampling_params.prompt_logprobs or 0
+    start = scheduled.num_computed_tokens
+    end = min(start + len(rows), scheduled.num_prompt_tokens - 1)
+    return [top_logprobs(logprobs[pos - start], scheduled.all_token_ids[pos + 1], k) for pos in range(start, end)]

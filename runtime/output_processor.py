@@ -1,0 +1,99 @@
+"""OutputProcessor: per-request text, logprobs and timing; turns engine steps into RequestOutputs."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from tokenizers import Tokenizer
+
+from ortinf.runtime.detokenizer import IncrementalDetokenizer
+from ortinf.runtime.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from ortinf.runtime.request import Request
+from ortinf.runtime.scheduler_output import ModelRunnerOutput, TokenLogprobs
+
+
+@dataclass(slots=True)
+class RequestState:
+    """What the processor keeps for one live request."""
+
+    prompt: str | None
+    detokenizer: IncrementalDetokenizer | None
+    metrics: RequestMetrics
+    logprobs: list[TokenLogprobs] | None = None
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
+    num_detokenized: int = 0
+
+
+class OutputProcessor:
+    """Detokenises, finds stop strings and collects logprobs for each request."""
+
+    def __init__(self, tokenizer: Tokenizer | None) -> None:
+        self.tokenizer = tokenizer
+        self.states: dict[str, RequestState] = {}
+
+    def add_request(self, request: Request, prompt: str | None) -> None:
+        params = request.sampling_params
+        detokenizer = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, params) if self.tokenizer else None
+        self.states[request.request_id] = RequestState(
+            prompt=prompt,
+            detokenizer=detokenizer,
+            metrics=RequestMetrics(arrival_time=request.arrival_time),
+            logprobs=[] if params.logprobs is not None else None,
+            prompt_logprobs=[None] if params.prompt_logprobs is not None else None,
+        )
+
+    def record_step(self, request: Request, runner_output: ModelRunnerOutput, now: float) -> str | None:
+        """Takes one step's results for a request; returns a stop string that ends it, if any."""
+        state = self.states[request.request_id]
+        if state.metrics.first_scheduled_time is None:
+            state.metrics.first_scheduled_time = now
+        chunk = runner_output.prompt_logprobs.get(request.request_id)
+        if chunk is not None and state.prompt_logprobs is not None:
+            state.prompt_logprobs.extend(chunk)
+        new_tokens = request.output_token_ids[state.num_detokenized :]
+        if not new_tokens:
+            return None
+        if state.metrics.first_token_time is None:
+            state.metrics.first_token_time = now
+        if state.logprobs is not None and request.request_id in runner_output.logprobs:
+            state.logprobs.append(runner_output.logprobs[request.request_id])
+        state.num_detokenized = request.num_output_tokens
+        if state.detokenizer is None:
+            return None
+        return state.detokenizer.add_tokens(self._text_tokens(request, new_tokens))
+
+    @staticmethod
+    def _text_tokens(request: Request, new_tokens: list[int]) -> list[int]:
+        # An EOS that ended the request is not part of the text (its id is kept in token_ids).
+        if request.is_finished and request.finish_reason == "stop" and request.stop_reason is None and new_tokens and new_tokens[-1] in request.eos_token_ids:
+            return new_tokens[:-1]
+        return new_tokens
+
+    def make_output(self, request: Request) -> RequestOutput:
+        state = self.states[request.request_id]
+        finished = request.is_finished
+        if finished and state.metrics.finished_time is None:
+            state.metrics.finished_time = time.monotonic()
+        text = state.detokenizer.visible_text(finished) if state.detokenizer else ""
+        completion = CompletionOutput(
+            index=0,
+            text=text,
+            token_ids=list(request.output_token_ids),
+            finish_reason=request.finish_reason.value if finished and request.finish_reason else None,
+            stop_reason=request.stop_reason,
+            logprobs=list(state.logprobs) if state.logprobs is not None else None,
+        )
+        return RequestOutput(
+            request_id=request.request_id,
+            prompt=state.prompt,
+            prompt_token_ids=request.prompt_token_ids,
+            outputs=[completion],
+            finished=finished,
+            prompt_logprobs=state.prompt_logprobs,
+            num_cached_tokens=request.num_cached_tokens,
+            metrics=state.metrics,
+        )
+
+    def remove(self, request_id: str) -> None:
+        self.states.pop(request_id, None)

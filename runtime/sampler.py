@@ -1,0 +1,102 @@
+"""Sampler: penalties -> temperature -> top-k / top-p / min-p -> sample, vectorised over the batch.
+
+Randomness: a request with a seed draws exactly one uniform number per sampled token from its own
+generator, so its samples do not depend on what else is in the batch; requests without a seed share
+the runner's generator. Logprobs are those of the model's distribution (before penalties and
+temperature), as OpenAI and vLLM report them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from ortinf.runtime.sampling_params import SamplingParams
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """Row-wise log-softmax in float32."""
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def apply_penalties(logits: np.ndarray, params: SamplingParams, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> None:
+    """vLLM's penalties, in place on one row: repetition over prompt + output, presence and
+    frequency over output tokens only."""
+    vocab = logits.shape[-1]
+    output_counts = np.bincount(np.asarray(output_ids, dtype=np.int64), minlength=vocab)[:vocab]
+    if params.repetition_penalty != 1.0:
+        seen = output_counts > 0
+        seen[np.asarray(prompt_ids, dtype=np.int64)] = True
+        logits[seen] = np.where(logits[seen] > 0, logits[seen] / params.repetition_penalty, logits[seen] * params.repetition_penalty)
+    if params.frequency_penalty:
+        logits -= params.frequency_penalty * output_counts
+    if params.presence_penalty:
+        logits -= params.presence_penalty * (output_counts > 0)
+
+
+def filter_sorted(sorted_logits: np.ndarray, top_k: np.ndarray, top_p: np.ndarray, min_p: np.ndarray) -> np.ndarray:
+    """Masks (-inf) the tail of rows sorted in descending order by top-k, top-p and min-p.
+
+    The first (most likely) token of a row is never masked.
+    """
+    rows, vocab = sorted_logits.shape
+    position = np.arange(vocab)[None, :]
+    k = np.where(top_k > 0, top_k, vocab)[:, None]
+    probs = np.exp(sorted_logits - sorted_logits[:, :1])
+    probs /= probs.sum(axis=1, keepdims=True)
+    before = np.cumsum(probs, axis=1) - probs  # mass of the tokens ranked above each one
+    drop = (position >= k) | (before > top_p[:, None]) | (probs < min_p[:, None] * probs[:, :1])
+    drop[:, 0] = False
+    return np.where(drop, -np.inf, sorted_logits)
+
+
+class Sampler:
+    """Samples one token per row of logits."""
+
+    def __call__(
+        self,
+        logits: np.ndarray,
+        params: Sequence[SamplingParams],
+        histories: Sequence[tuple[Sequence[int], Sequence[int]]],
+        generators: Sequence[np.random.Generator],
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """Returns (token ids [rows], model logprobs [rows, vocab] or None when nobody asked).
+
+        histories[i] is (prompt token ids, output token ids) of row i; generators[i] its RNG.
+        """
+        logits = np.array(logits, dtype=np.float32)  # a copy: penalties and filters work in place
+        wants_logprobs = any(p.logprobs is not None for p in params)
+        logprobs = log_softmax(logits) if wants_logprobs else None
+        for row, (p, (prompt_ids, output_ids)) in enumerate(zip(params, histories)):
+            if p.has_penalties:
+                apply_penalties(logits[row], p, prompt_ids, output_ids)
+
+        tokens = logits.argmax(axis=1)
+        sampled = np.array([not p.greedy for p in params])
+        if sampled.any():
+            rows = np.flatnonzero(sampled)
+            temperature = np.array([params[r].temperature for r in rows], dtype=np.float32)
+            scaled = logits[rows] / temperature[:, None]
+            uniforms = np.array([generators[r].random() for r in rows])
+            tokens[rows] = self._draw(scaled, [params[r] for r in rows], uniforms)
+        return tokens, logprobs
+
+    @staticmethod
+    def _draw(scaled: np.ndarray, params: Sequence[SamplingParams], uniforms: np.ndarray) -> np.ndarray:
+        top_k = np.array([p.top_k for p in params])
+        top_p = np.array([p.top_p for p in params])
+        min_p = np.array([p.min_p for p in params])
+        if (top_k > 0).any() or (top_p < 1.0).any() or (min_p > 0).any():
+            order = np.argsort(-scaled, axis=1, kind="stable")
+            candidates = filter_sorted(np.take_along_axis(scaled, order, axis=1), top_k, top_p, min_p)
+        else:
+            order, candidates = None, scaled
+        probs = np.exp(candidates - candidates.max(axis=1, keepdims=True))
+        cdf = np.cumsum(probs, axis=1)
+        index = (cdf < uniforms[:, None] * cdf[:, -1:]).sum(axis=1)
+        index = np.minimum(index, probs.shape[1] - 1)
+        if order is None:
+            return index
+        return order[np.arange(len(index)), index]

@@ -1,0 +1,189 @@
+"""Scheduler: continuous batching under a token budget, with chunked prefill and preemption.
+
+There is no prefill or decode phase. Each request has `num_computed_tokens` and catches up to its
+`num_tokens` within the step's budget (`max_num_batched_tokens`), running requests first, then
+waiting ones in arrival order. When blocks run out, the most recently admitted running request is
+preempted: its blocks are freed and it goes back to the front of the queue to be recomputed later,
+keeping the tokens it has generated (and often hitting its own blocks in the prefix cache).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from ortinf.errors import RequestError
+from ortinf.runtime.kv_cache_manager import KVCacheManager
+from ortinf.runtime.request import FinishReason, Request, RequestStatus
+from ortinf.runtime.scheduler_output import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """Limits of one step."""
+
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 2048
+
+
+@dataclass(slots=True)
+class SchedulerStats:
+    num_preemptions: int = 0
+    num_steps: int = 0
+
+
+class Scheduler:
+    """Owns the waiting queue and the running list; talks only to the KV cache manager."""
+
+    def __init__(self, config: SchedulerConfig, kv_cache: KVCacheManager) -> None:
+        self.config = config
+        self.kv_cache = kv_cache
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.finished_ids: set[str] = set()
+        self.stats = SchedulerStats()
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def add_request(self, request: Request) -> None:
+        """Queues a request; one that can never fit the context length is rejected now."""
+        if request.request_id in self.requests:
+            raise RequestError(f"request id '{request.request_id}' is already in use")
+        if request.num_prompt_tokens == 0:
+            raise RequestError("the prompt is empty: pass at least one token")
+        max_tokens = request.sampling_params.max_tokens or 0
+        if request.num_prompt_tokens + max_tokens > self.config.max_model_len:
+            raise RequestError(
+                f"prompt ({request.num_prompt_tokens} tokens) + max_tokens ({max_tokens}) is "
+                f"{request.num_prompt_tokens + max_tokens}, beyond the context length {self.config.max_model_len}"
+            )
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def schedule(self) -> SchedulerOutput:
+        """Picks this step's requests and token counts and allocates their blocks."""
+        budget = self.config.max_num_batched_tokens
+        chosen: list[tuple[Request, int]] = []
+        preempted: list[str] = []
+
+        index = 0
+        while index < len(self.running) and budget > 0:
+            request = self.running[index]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if self.kv_cache.allocate_slots(request, num_new) is not None:
+                chosen.append((request, num_new))
+                budget -= num_new
+                index += 1
+                continue
+            victim = self.running.pop()  # the most recently admitted request gives way
+            self._preempt(victim)
+            preempted.append(victim.request_id)
+
+        while not preempted and self.waiting and len(self.running) < self.config.max_num_seqs and budget > 0:
+            request = self.waiting[0]
+            hits, num_hit_tokens = self.kv_cache.get_computed_blocks(request)
+            num_new = min(request.num_tokens - num_hit_tokens, budget)
+            if self.kv_cache.allocate_slots(request, num_new, hits) is None:
+                break
+            self.waiting.popleft()
+            self.kv_cache.record_prefix_lookup(request.num_tokens, num_hit_tokens)
+            if request.num_preemptions == 0:
+                request.num_cached_tokens = num_hit_tokens
+            request.num_computed_tokens = num_hit_tokens
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            chosen.append((request, num_new))
+            budget -= num_new
+
+        finished, self.finished_ids = frozenset(self.finished_ids), set()
+        self.stats.num_steps += 1
+        return SchedulerOutput(
+            scheduled=tuple(self._scheduled(request, num_new) for request, num_new in chosen),
+            num_scheduled_tokens=self.config.max_num_batched_tokens - budget,
+            finished_request_ids=finished,
+            preempted_request_ids=tuple(preempted),
+        )
+
+    def _scheduled(self, request: Request, num_new: int) -> ScheduledRequest:
+        start = request.num_computed_tokens
+        return ScheduledRequest(
+            request_id=request.request_id,
+            token_ids=request.all_token_ids[start : start + num_new],
+            num_computed_tokens=start,
+            block_ids=self.kv_cache.block_ids(request.request_id),
+            sample=start + num_new == request.num_tokens,
+            sampling_params=request.sampling_params,
+            all_token_ids=request.all_token_ids,
+            num_prompt_tokens=request.num_prompt_tokens,
+            num_output_tokens=request.num_output_tokens,
+        )
+
+    def _preempt(self, request: Request) -> None:
+        self.kv_cache.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.stats.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    def update_from_output(self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput) -> list[Request]:
+        """Advances the scheduled requests, appends sampled tokens, applies stop rules, frees the
+        finished. Returns the requests that produced a token or finished this step."""
+        changed = []
+        for scheduled in scheduler_output.scheduled:
+            request = self.requests.get(scheduled.request_id)
+            if request is None or request.is_finished:
+                continue  # aborted while the step ran
+            if scheduled.num_computed_tokens < request.num_prompt_tokens:
+                request.num_prefill_chunks += 1
+            request.num_computed_tokens += len(scheduled.token_ids)
+            self.kv_cache.cache_blocks(request)
+            if not scheduled.sample:
+                continue
+            if request.sampling_params.max_tokens == 0:  # prompt logprobs only (echo)
+                self.finish_request(request.request_id, FinishReason.LENGTH)
+            else:
+                token_id = runner_output.sampled_token_ids[scheduled.request_id]
+                request.append_output_token(token_id)
+                self._check_stop(request, token_id)
+            changed.append(request)
+        return changed
+
+    def _check_stop(self, request: Request, token_id: int) -> None:
+        params = request.sampling_params
+        if request.num_output_tokens >= params.min_tokens:
+            if not params.ignore_eos and token_id in request.eos_token_ids:
+                self.finish_request(request.request_id, FinishReason.STOP)
+                return
+            if token_id in params.stop_token_ids:
+                self.finish_request(request.request_id, FinishReason.STOP, stop_reason=token_id)
+                return
+        if params.max_tokens is not None and request.num_output_tokens >= params.max_tokens:
+            self.finish_request(request.request_id, FinishReason.LENGTH)
+        elif request.num_tokens >= self.config.max_model_len:
+            self.finish_request(request.request_id, FinishReason.LENGTH)
+
+    def finish_request(self, request_id: str, reason: FinishReason, stop_reason: int | str | None = None) -> None:
+        """Ends a request (stop rule, stop string or abort) and frees its blocks at once."""
+        request = self.requests.get(request_id)
+        if request is None or request.is_finished:
+            return
+        if request.status == RequestStatus.RUNNING:
+            self.running.remove(request)
+        else:
+            self.waiting.remove(request)
+        self.kv_cache.free(request)
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        request.stop_reason = stop_reason
+        self.finished_ids.add(request_id)
+
+    def release(self, request_id: str) -> None:
+        """Forgets a finished request once its output has been delivered."""
+        request = self.requests.get(request_id)
+        if request is not None and request.is_finished:
+            del self.requests[request_id]
