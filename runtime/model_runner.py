@@ -76,12 +76,21 @@ class ModelRunner:
             for s in requests
         ]
         generators = [self._generator(s) for s in requests]
-        tokens, logprobs = self.sampler(logits, params, histories, generators)
+        banned = [self._banned(s) for s in requests]
+        tokens, logprobs = self.sampler(logits, params, histories, generators, banned)
         for row, (s, token) in enumerate(zip(requests, tokens.tolist())):
             output.sampled_token_ids[s.request_id] = token
             if s.sampling_params.logprobs is not None:
                 assert logprobs is not None
                 output.logprobs[s.request_id] = top_logprobs(logprobs[row], token, s.sampling_params.logprobs)
+
+    def _banned(self, scheduled: ScheduledRequest) -> tuple[int, ...]:
+        """EOS and stop token ids may not be sampled before min_tokens (vLLM's semantics)."""
+        params = scheduled.sampling_params
+        if scheduled.num_output_tokens >= params.min_tokens:
+            return ()
+        eos = () if params.ignore_eos else self.graph.manifest.eos_token_ids
+        return (*eos, *params.stop_token_ids)
 
     def _generator(self, scheduled: ScheduledRequest) -> np.random.Generator:
         seed = scheduled.sampling_params.seed

@@ -61,10 +61,12 @@ class Sampler:
         params: Sequence[SamplingParams],
         histories: Sequence[tuple[Sequence[int], Sequence[int]]],
         generators: Sequence[np.random.Generator],
+        banned: Sequence[Sequence[int]] = (),
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """Returns (token ids [rows], model logprobs [rows, vocab] or None when nobody asked).
 
-        histories[i] is (prompt token ids, output token ids) of row i; generators[i] its RNG.
+        histories[i] is (prompt token ids, output token ids) of row i; generators[i] its RNG;
+        banned[i] the token ids row i may not produce now (EOS and stop ids before min_tokens).
         """
         logits = np.array(logits, dtype=np.float32)  # a copy: penalties and filters work in place
         wants_logprobs = any(p.logprobs is not None for p in params)
@@ -72,6 +74,9 @@ class Sampler:
         for row, (p, (prompt_ids, output_ids)) in enumerate(zip(params, histories)):
             if p.has_penalties:
                 apply_penalties(logits[row], p, prompt_ids, output_ids)
+        for row, ids in enumerate(banned):
+            if ids:
+                logits[row, list(ids)] = -np.inf
 
         tokens = logits.argmax(axis=1)
         sampled = np.array([not p.greedy for p in params])

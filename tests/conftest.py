@@ -8,7 +8,7 @@ import pytest
 import transformers
 
 import ortinf
-from tiny_models import build_decoder
+from tiny_models import add_tokenizer, build_decoder
 
 
 @pytest.fixture(scope="session")
@@ -20,6 +20,7 @@ def decoder_package(tmp_path_factory: pytest.TempPathFactory):
         if model_type not in made:
             root = tmp_path_factory.mktemp(model_type)
             model = build_decoder(model_type, root / "hf")
+            add_tokenizer(root / "hf")
             ortinf.export(root / "hf", root / "pkg", progress=False)
             made[model_type] = (model, root / "pkg")
         return made[model_type]

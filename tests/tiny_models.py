@@ -58,3 +58,26 @@ def build_classifier(model_type: str, folder: Path, seed: int = 0) -> transforme
     model = transformers.AutoModelForSequenceClassification.from_config(config).eval()
     model.save_pretrained(folder)
     return model
+
+
+TOKENIZER_TEXT = (
+    "the quick brown fox jumps over the lazy dog while a small cat watches from the warm window. "
+    "paged attention keeps keys and values in fixed blocks; continuous batching lets requests join "
+    "and leave a running batch. numbers like 12, 345 and 6789 appear too, with punctuation: (a) [b] {c}!"
+)
+
+
+def add_tokenizer(folder: Path, vocab_size: int = 256) -> None:
+    """Trains a small SentencePiece-style BPE (ids < vocab_size; <unk>=0, <s>=1, </s>=2) into `folder`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    tokenizer.decoder = decoders.Metaspace()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False)
+    tokenizer.train_from_iterator([TOKENIZER_TEXT] * 4, trainer)
+    assert tokenizer.get_vocab_size() <= vocab_size
+    tokenizer.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(
+        '{"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}'
+    )
