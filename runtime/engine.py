@@ -81,6 +81,7 @@ class LLMEngine:
         scheduler_output = self.scheduler.schedule()
         runner_output = self.runner.execute(scheduler_output)
         changed = self.scheduler.update_from_output(scheduler_output, runner_output)
+        self.outputs.record_prompt_logprobs(runner_output)
         now = time.monotonic()
         results = []
         for request in changed:

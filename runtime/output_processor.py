@@ -43,14 +43,16 @@ class OutputProcessor:
             prompt_logprobs=[None] if params.prompt_logprobs is not None else None,
         )
 
+    def record_prompt_logprobs(self, runner_output: ModelRunnerOutput) -> None:
+        """Keeps the prompt logprobs of every prompt chunk, sampled or not."""
+        for request_id, chunk in runner_output.prompt_logprobs.items():
+            state = self.states.get(request_id)
+            if state is not None and state.prompt_logprobs is not None:
+                state.prompt_logprobs.extend(chunk)
+
     def record_step(self, request: Request, runner_output: ModelRunnerOutput, now: float) -> str | None:
-        """Takes one step's results for a request; returns a stop string that ends it, if any."""
+        """Takes one step's new token for a request; returns a stop string that ends it, if any."""
         state = self.states[request.request_id]
-        if state.metrics.first_scheduled_time is None:
-            state.metrics.first_scheduled_time = now
-        chunk = runner_output.prompt_logprobs.get(request.request_id)
-        if chunk is not None and state.prompt_logprobs is not None:
-            state.prompt_logprobs.extend(chunk)
         new_tokens = request.output_token_ids[state.num_detokenized :]
         if not new_tokens:
             return None
