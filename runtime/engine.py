@@ -6,7 +6,7 @@ import itertools
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from ortinf.errors import ConfigError, RequestError
 from ortinf.manifest import TEXT_GENERATION, Manifest
@@ -18,10 +18,19 @@ from ortinf.runtime.output_processor import OutputProcessor
 from ortinf.runtime.outputs import RequestOutput
 from ortinf.runtime.request import FinishReason, Request
 from ortinf.runtime.sampling_params import SamplingParams
-from ortinf.runtime.scheduler import Scheduler, SchedulerConfig
+from ortinf.runtime.scheduler import Scheduler, SchedulerConfig, check_fits
 from ortinf.runtime.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedRequest:
+    """A tokenised, validated request, ready for add_request."""
+
+    text: str | None
+    token_ids: list[int]
+    params: SamplingParams
 
 
 class LLMEngine:
@@ -57,23 +66,29 @@ class LLMEngine:
             raise RequestError(f"token ids must be in [0, {vocab})")
         return None, ids
 
-    def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None, request_id: str | None = None) -> str:
-        """Queues a request; raises RequestError (nothing queued) when it is invalid."""
+    def prepare(self, prompt: str | Sequence[int], params: SamplingParams | None = None) -> PreparedRequest:
+        """Tokenises and validates a request without touching engine state (safe from any thread)."""
         params = params or SamplingParams()
         text, token_ids = self.tokenize(prompt)
         if params.max_tokens is None:  # as many as the context length leaves
             if len(token_ids) >= self.max_model_len:
                 raise RequestError(f"the prompt has {len(token_ids)} tokens; the context length is {self.max_model_len}")
             params = replace(params, max_tokens=self.max_model_len - len(token_ids))
+        check_fits(len(token_ids), params.max_tokens, self.max_model_len)
+        return PreparedRequest(text, token_ids, params)
+
+    def add_request(self, prompt: str | Sequence[int] | PreparedRequest, params: SamplingParams | None = None, request_id: str | None = None) -> str:
+        """Queues a request; raises RequestError (nothing queued) when it is invalid."""
+        prepared = prompt if isinstance(prompt, PreparedRequest) else self.prepare(prompt, params)
         request = Request(
             request_id=request_id if request_id is not None else str(next(self._ids)),
-            prompt_token_ids=token_ids,
-            sampling_params=params,
+            prompt_token_ids=prepared.token_ids,
+            sampling_params=prepared.params,
             eos_token_ids=self.manifest.eos_token_ids,
             arrival_time=time.monotonic(),
         )
         self.scheduler.add_request(request)
-        self.outputs.add_request(request, text)
+        self.outputs.add_request(request, prepared.text)
         return request.request_id
 
     def step(self) -> list[RequestOutput]:

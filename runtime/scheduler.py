@@ -33,6 +33,17 @@ class SchedulerStats:
     num_steps: int = 0
 
 
+def check_fits(num_prompt_tokens: int, max_tokens: int, max_model_len: int) -> None:
+    """Raises RequestError for a request that can never run: empty, or longer than the context."""
+    if num_prompt_tokens == 0:
+        raise RequestError("the prompt is empty: pass at least one token")
+    if num_prompt_tokens + max_tokens > max_model_len:
+        raise RequestError(
+            f"prompt ({num_prompt_tokens} tokens) + max_tokens ({max_tokens}) is "
+            f"{num_prompt_tokens + max_tokens}, beyond the context length {max_model_len}"
+        )
+
+
 class Scheduler:
     """Owns the waiting queue and the running list; talks only to the KV cache manager."""
 
@@ -53,14 +64,7 @@ class Scheduler:
         """Queues a request; one that can never fit the context length is rejected now."""
         if request.request_id in self.requests:
             raise RequestError(f"request id '{request.request_id}' is already in use")
-        if request.num_prompt_tokens == 0:
-            raise RequestError("the prompt is empty: pass at least one token")
-        max_tokens = request.sampling_params.max_tokens or 0
-        if request.num_prompt_tokens + max_tokens > self.config.max_model_len:
-            raise RequestError(
-                f"prompt ({request.num_prompt_tokens} tokens) + max_tokens ({max_tokens}) is "
-                f"{request.num_prompt_tokens + max_tokens}, beyond the context length {self.config.max_model_len}"
-            )
+        check_fits(request.num_prompt_tokens, request.sampling_params.max_tokens or 0, self.config.max_model_len)
         self.requests[request.request_id] = request
         self.waiting.append(request)
 
