@@ -84,6 +84,43 @@ def inspect(package: Path) -> None:
         click.echo(f"{key:<{width}}  {value}")
 
 
+@cli.command()
+@click.argument("package", type=click.Path(path_type=Path))
+@click.option("-p", "--prompt", help="Prompt text.")
+@click.option("--prompt-ids", help="Prompt as comma-separated token ids (for packages without a tokenizer).")
+@click.option("-n", "--max-tokens", type=int, default=64, show_default=True, help="Most tokens to generate.")
+@click.option("-t", "--temperature", type=float, default=0.0, show_default=True, help="0 is greedy.")
+@click.option("--top-p", type=float, default=1.0, show_default=True, help="Nucleus sampling mass.")
+@click.option("--top-k", type=int, default=0, show_default=True, help="Sample among the k most likely tokens (0: all).")
+@click.option("--min-p", type=float, default=0.0, show_default=True, help="Drop tokens below min_p x the top probability.")
+@click.option("--repetition-penalty", type=float, default=1.0, show_default=True, help="vLLM's repetition penalty.")
+@click.option("--seed", type=int, default=None, help="Makes sampling reproducible.")
+@click.option("--stop", multiple=True, help="Stop string (repeatable).")
+@click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-sequence tokens.")
+@click.option("--provider", default="auto", show_default=True, help="Execution provider: auto, cpu, openvino, cuda, ...")
+@click.option("--kv-cache-memory", default=None, help="KV cache size, e.g. 512MiB [default: a share of free RAM].")
+def generate(package: Path, prompt: str | None, prompt_ids: str | None, max_tokens: int, temperature: float, top_p: float,
+             top_k: int, min_p: float, repetition_penalty: float, seed: int | None, stop: tuple[str, ...], ignore_eos: bool,
+             provider: str, kv_cache_memory: str | None) -> None:
+    """Generate a continuation of a prompt with a text-generation PACKAGE, streaming it to the terminal."""
+    from ortinf.runtime.generate_cli import stream_generation
+
+    if (prompt is None) == (prompt_ids is None):
+        raise click.UsageError("pass exactly one of --prompt and --prompt-ids")
+    stream_generation(
+        package, prompt if prompt is not None else _parse_ids(prompt_ids or ""), provider, kv_cache_memory,
+        dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+             repetition_penalty=repetition_penalty, seed=seed, stop=stop, ignore_eos=ignore_eos),
+    )
+
+
+def _parse_ids(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.replace(" ", "").split(",") if part]
+    except ValueError as exc:
+        raise click.BadParameter("write token ids as comma-separated integers, e.g. 1,15,2043", param_hint="--prompt-ids") from exc
+
+
 def main() -> None:
     """Console entry point: runs the CLI and turns ortinf errors into one line and exit code 2."""
     try:

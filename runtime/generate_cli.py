@@ -1,0 +1,41 @@
+"""`ortinf generate`: one request through the engine, its text streamed to the terminal."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ortinf.runtime.config import EngineConfig, parse_size
+from ortinf.runtime.engine import LLMEngine
+from ortinf.runtime.sampling_params import SamplingParams
+
+
+def stream_generation(package: Path, prompt: str | list[int], provider: str, kv_cache_memory: str | None, params: dict[str, Any]) -> None:
+    """Prints the continuation as it is generated, then one line of figures on stderr."""
+    sampling = SamplingParams(**params)
+    memory = parse_size(kv_cache_memory) if kv_cache_memory else None
+    config = EngineConfig(package_dir=package, provider=provider, kv_cache_memory=memory, max_num_seqs=1)
+    engine = LLMEngine(config)
+    engine.add_request(prompt, sampling)
+    start = time.monotonic()
+    printed = 0
+    output = None
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            completion = output.outputs[0]
+            text = completion.text if engine.tokenizer else " ".join(map(str, completion.token_ids))
+            sys.stdout.write(text[printed:])
+            sys.stdout.flush()
+            printed = len(text)
+    sys.stdout.write("\n")
+    if output is not None:
+        completion = output.outputs[0]
+        elapsed = time.monotonic() - start
+        ttft = (output.metrics.first_token_time or start) - output.metrics.arrival_time
+        print(
+            f"[{len(completion.token_ids)} tokens in {elapsed:.2f}s, {len(completion.token_ids) / max(elapsed, 1e-9):.1f} tok/s, "
+            f"first token {ttft * 1000:.0f} ms, finish: {completion.finish_reason}]",
+            file=sys.stderr,
+        )

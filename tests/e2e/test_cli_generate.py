@@ -1,0 +1,27 @@
+"""`ortinf generate` as a real subprocess: streamed text equals the Python API's, errors are one line."""
+
+from __future__ import annotations
+
+from test_cli_export import assert_user_error, ortinf
+
+from ortinf import LLM, SamplingParams
+
+
+def test_generate_streams_the_same_text_as_the_api(decoder_package):
+    _, package = decoder_package("llama")
+    result = ortinf("generate", package, "--prompt", "the quick brown fox", "--max-tokens", "16", "--provider", "cpu")
+    assert result.returncode == 0, result.stderr
+    expected = LLM(package, provider="cpu", num_blocks=64).generate("the quick brown fox", SamplingParams(temperature=0, max_tokens=16))
+    assert result.stdout == expected[0].outputs[0].text + "\n"
+    assert "tokens in" in result.stderr and "finish:" in result.stderr
+
+
+def test_generate_errors(decoder_package, tmp_path):
+    _, package = decoder_package("llama")
+    assert_user_error(ortinf("generate", package, "-p", "x", "--temperature", "-1"), "temperature must be >= 0")
+    assert_user_error(ortinf("generate", package, "--prompt-ids", "1,2", "-n", "100000"), "beyond the context length 512")
+    assert_user_error(ortinf("generate", tmp_path, "-p", "x"), "has no ortinf.json")
+    assert_user_error(ortinf("generate", package, "-p", "x", "--provider", "tpu"), "unknown provider 'tpu'")
+    assert_user_error(ortinf("generate", package, "-p", "x", "--kv-cache-memory", "lots"), "cannot read the size")
+    missing = ortinf("generate", package)
+    assert missing.returncode == 2 and "exactly one of --prompt and --prompt-ids" in missing.stderr
