@@ -114,7 +114,7 @@ def example_inputs(spec: DecoderSpec, dtype: torch.dtype) -> tuple[torch.Tensor,
     input_ids = torch.tensor([1, 2, 3, 4]) % spec.vocab_size
     block_tables = torch.tensor([[3, 1], [0, 5]])
     logits_indices = torch.tensor([2, 3])
-    shape = (num_blocks, block_size, spec.num_kv_heads, spec.head_dim)
+    shape = (spec.num_kv_heads, num_blocks, block_size, spec.head_dim)
     caches = [torch.randn(shape, dtype=dtype) for _ in range(2 * spec.num_layers)]
     return (input_ids, positions, block_tables, context_lens, query_lens, logits_indices, *caches)
 
@@ -134,7 +134,7 @@ def trace_decoder(model: PreTrainedModel, spec: DecoderSpec, path: Path, dtype: 
         "logits": {0: "num_seqs"},
     }
     for name in cache_inputs:
-        dynamic_axes[name] = {0: "num_blocks", 1: "block_size"}
+        dynamic_axes[name] = {1: "num_blocks", 2: "block_size"}
     for name in kv_outputs:
         dynamic_axes[name] = {0: "num_tokens"}
     wrapper = PagedDecoder(model).eval()

@@ -17,8 +17,10 @@ Attention is computed per sequence on a padded layout [num_seqs, max_query_len]:
     key slot j < P  : valid when j < context_lens[s]               (absolute position j)
     key slot P + j' : valid when j' <= i and j' < query_lens[s]    (absolute position context_lens[s] + j')
 
-Grouped-query attention folds each KV group into the query rows ([S, kv_heads, group * Q, D]), so
-K/V are never repeated per query head, neither in the pool nor in the graph. The masks and indices
+The pool is [kv_heads, num_blocks, block_size, head_dim] per layer, so gathering a step's blocks
+along axis 1 yields [kv_heads, S, P, head_dim], the layout MatMul wants: the gather is the only copy
+of the cached K/V in the graph. Grouped-query attention folds each KV group into the query rows
+([kv_heads, S, group * Q, D]), so K/V are never repeated per query head, in the pool or the graph. The masks and indices
 depend only on the batch layout, so they are built once per step and shared by all layers.
 """
 
@@ -40,7 +42,7 @@ class PagedBatch:
     block_tables: torch.Tensor  # [S, max_blocks] int64
     context_lens: torch.Tensor  # [S] int64, tokens already in the pool
     query_lens: torch.Tensor  # [S] int64, tokens scheduled in this call
-    key_caches: list[torch.Tensor]  # per layer [num_blocks, block_size, kv_heads, head_dim]
+    key_caches: list[torch.Tensor]  # per layer [kv_heads, num_blocks, block_size, head_dim]
     value_caches: list[torch.Tensor]
     default_scaling: Callable[[torch.nn.Module, int], float]
     pad_index: torch.Tensor = field(init=False)  # [S, Q] flat token index of each padded row
@@ -67,7 +69,7 @@ class PagedBatch:
         self.unpad_index = seq_of * max_query_len + (tokens - starts[seq_of])
 
         num_blocks_per_seq = self.block_tables.shape[1]
-        block_size = self.key_caches[0].shape[1]
+        block_size = self.key_caches[0].shape[2]
         past = torch.arange(num_blocks_per_seq * block_size, dtype=torch.int64)  # [P]
         ctx = self.context_lens[:, None]  # [S, 1]
         qlen = self.query_lens[:, None]
@@ -125,27 +127,32 @@ def paged_attention(
     group = num_heads // num_kv_heads
     num_seqs, max_query_len = batch.pad_index.shape[0], batch.pad_index.shape[1]
 
+    # One gather along the block axis gives [KVH, S, P, D]: ready for MatMul, no transpose, no copy
+    # beyond the gather itself.
     key_cache, value_cache = batch.key_caches[layer], batch.value_caches[layer]
-    past_k = key_cache[batch.block_tables].flatten(1, 2)  # [S, P, KVH, D]
-    past_v = value_cache[batch.block_tables].flatten(1, 2)
-    keys = torch.cat([past_k, k_new[batch.pad_index]], dim=1).permute(0, 2, 3, 1)  # [S, KVH, D, L]
-    values = torch.cat([past_v, v_new[batch.pad_index]], dim=1).transpose(1, 2)  # [S, KVH, L, D]
+    past_k = key_cache[:, batch.block_tables].flatten(2, 3)  # [KVH, S, P, D]
+    past_v = value_cache[:, batch.block_tables].flatten(2, 3)
+    new_k = k_new[batch.pad_index].permute(2, 0, 1, 3)  # [KVH, S, Q, D] (small: this step's tokens)
+    new_v = v_new[batch.pad_index].permute(2, 0, 1, 3)
 
-    # Fold each KV group into the query rows: [S, Q, H, D] -> [S, KVH, G * Q, D].
+    # Fold each KV group into the query rows: [S, Q, H, D] -> [KVH, S, G * Q, D].
     q_pad = q[batch.pad_index].reshape(num_seqs, max_query_len, num_kv_heads, group, head_dim)
-    q_pad = q_pad.permute(0, 2, 3, 1, 4).reshape(num_seqs, num_kv_heads, group * max_query_len, head_dim)
+    q_pad = q_pad.permute(2, 0, 3, 1, 4).reshape(num_kv_heads, num_seqs, group * max_query_len, head_dim) * scaling
 
-    scores = torch.matmul(q_pad * scaling, keys)  # [S, KVH, G * Q, L]
+    # Past and new keys are scored separately and only the scores are concatenated: K/V themselves
+    # are never concatenated (that copy cost as much as the gather).
+    scores = torch.cat([torch.matmul(q_pad, past_k.transpose(2, 3)), torch.matmul(q_pad, new_k.transpose(2, 3))], dim=3)
     if softcap:
         scores = torch.tanh(scores / softcap) * softcap
-    scores = scores.reshape(num_seqs, num_kv_heads, group, max_query_len, -1)
-    mask = batch.mask(sliding_window)[:, None, None, :, :]
+    scores = scores.reshape(num_kv_heads, num_seqs, group, max_query_len, -1)
+    mask = batch.mask(sliding_window)[None, :, None, :, :]
     # Where on float inputs (ORT's CPU provider has no Where on bool); a finite fill keeps fully
     # masked padding rows free of NaN.
     scores = torch.where(mask, scores, torch.tensor(torch.finfo(scores.dtype).min, dtype=scores.dtype))
-    probs = torch.softmax(scores, dim=-1).reshape(num_seqs, num_kv_heads, group * max_query_len, -1)
-    out = torch.matmul(probs, values)  # [S, KVH, G * Q, D]
+    probs = torch.softmax(scores, dim=-1).reshape(num_kv_heads, num_seqs, group * max_query_len, -1)
+    num_past = past_k.shape[2]
+    out = torch.matmul(probs[..., :num_past], past_v) + torch.matmul(probs[..., num_past:], new_v)  # [KVH, S, G * Q, D]
 
-    out = out.reshape(num_seqs, num_kv_heads, group, max_query_len, head_dim).permute(0, 3, 1, 2, 4)
+    out = out.reshape(num_kv_heads, num_seqs, group, max_query_len, head_dim).permute(1, 3, 0, 2, 4)
     out = out.reshape(num_seqs * max_query_len, num_heads, head_dim)[batch.unpad_index]  # [T, H, D]
     return out[None], None

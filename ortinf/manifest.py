@@ -16,12 +16,14 @@ from ortinf.errors import ConfigError
 
 MANIFEST_NAME = "ortinf.json"
 MODEL_NAME = "model.onnx"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 TEXT_GENERATION = "text-generation"
 FEATURE_EXTRACTION = "feature-extraction"
 TEXT_CLASSIFICATION = "text-classification"
 TASKS = (TEXT_GENERATION, FEATURE_EXTRACTION, TEXT_CLASSIFICATION)
+# The per-layer KV pool's layout (key_cache.{i} / value_cache.{i}).
+KV_LAYOUT = "kv_heads,num_blocks,block_size,head_dim"
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +40,7 @@ class DecoderSpec:
     kernel: str
     kv_dtype: str
     sliding_window: int | None = None
+    kv_layout: str = KV_LAYOUT
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from ortinf.errors import ConfigError
-from ortinf.manifest import MODEL_NAME, TEXT_GENERATION, DecoderSpec, Manifest
+from ortinf.manifest import KV_LAYOUT, MODEL_NAME, TEXT_GENERATION, DecoderSpec, Manifest
 from ortinf.providers.registry import resolve
 from ortinf.providers.session import create_session
 from ortinf.runtime.model_input import ModelInput
@@ -34,10 +34,12 @@ class DecoderGraph:
         if self.manifest.task != TEXT_GENERATION or self.manifest.decoder is None:
             raise ConfigError(f"{package_dir} holds a {self.manifest.task} model, not a text-generation decoder")
         self.spec: DecoderSpec = self.manifest.decoder
+        if self.spec.kv_layout != KV_LAYOUT:
+            raise ConfigError(f"{package_dir} uses KV layout {self.spec.kv_layout}; re-export it with this ortinf")
         self.provider = resolve(provider)
         self.session = create_session(Path(package_dir) / MODEL_NAME, self.provider, intra_op_threads)
         self.block_size = block_size
-        shape = (num_blocks, block_size, self.spec.num_kv_heads, self.spec.head_dim)
+        shape = (self.spec.num_kv_heads, num_blocks, block_size, self.spec.head_dim)
         dtype = NUMPY_DTYPES[self.spec.kv_dtype]
         self.key_caches = [np.zeros(shape, dtype=dtype) for _ in range(self.spec.num_layers)]
         self.value_caches = [np.zeros(shape, dtype=dtype) for _ in range(self.spec.num_layers)]
@@ -51,7 +53,7 @@ class DecoderGraph:
         outputs = self.session.run(None, {**model_input.feeds(), **self._cache_feeds})
         slots = model_input.slot_mapping
         kv_heads, head_dim = self.spec.num_kv_heads, self.spec.head_dim
-        for i in range(self.spec.num_layers):
-            self.key_caches[i].reshape(-1, kv_heads, head_dim)[slots] = outputs[1 + 2 * i]
-            self.value_caches[i].reshape(-1, kv_heads, head_dim)[slots] = outputs[2 + 2 * i]
+        for i in range(self.spec.num_layers):  # new K/V are [num_tokens, kv_heads, head_dim]
+            self.key_caches[i].reshape(kv_heads, -1, head_dim)[:, slots] = outputs[1 + 2 * i].swapaxes(0, 1)
+            self.value_caches[i].reshape(kv_heads, -1, head_dim)[:, slots] = outputs[2 + 2 * i].swapaxes(0, 1)
         return outputs[0]

@@ -1,0 +1,176 @@
+"""Offline throughput: ortinf's engine beside transformers and Optimum, in the same run.
+
+usage: .venv/bin/python benchmarks/offline.py [--record] [--skip-baselines] [--profile]
+
+Workload (issue 3): 32 requests with distinct random-token prompts of 64 + 4i tokens (i = 0..31),
+128 new tokens each, ignore_eos, greedy, on the 33.6M llama (hidden 512, 8 layers, 8 heads, 4 KV
+heads, vocab 8192) at fp32, 2 threads everywhere. A second workload gives all prompts a shared
+64-token prefix and runs ortinf with prefix caching on and off.
+
+Reported: output tokens/s (all output tokens / wall time), mean TTFT (from a request's submission
+to its first token; for one-at-a-time runs, from that request's own start) and mean TPOT (time per
+output token after the first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from export_llama import build  # noqa: E402
+
+import ortinf  # noqa: E402
+from ortinf import LLM, SamplingParams  # noqa: E402
+
+RESULTS = Path(__file__).with_name("RESULTS.md")
+NUM_REQUESTS, NEW_TOKENS, THREADS = 32, 128, 2
+
+
+@dataclass
+class Row:
+    name: str
+    tokens: int
+    seconds: float
+    ttft: float
+    tpot: float
+
+    @property
+    def throughput(self) -> float:
+        return self.tokens / self.seconds
+
+
+def workload(shared_prefix: int = 0, seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    prefix = rng.integers(3, 8192, shared_prefix).tolist()
+    return [prefix + rng.integers(3, 8192, 64 + 4 * i - shared_prefix).tolist() for i in range(NUM_REQUESTS)]
+
+
+def run_ortinf(package: Path, prompts: list[list[int]], name: str, **options) -> Row:
+    llm = LLM(package, provider="cpu", intra_op_threads=THREADS, max_num_seqs=64, **options)
+    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))  # warm-up
+    start = time.monotonic()
+    outputs = llm.generate(prompts, params)
+    seconds = time.monotonic() - start
+    ttfts = [o.metrics.first_token_time - o.metrics.arrival_time for o in outputs]
+    tpots = [(o.metrics.finished_time - o.metrics.first_token_time) / (NEW_TOKENS - 1) for o in outputs]
+    tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    assert tokens == NUM_REQUESTS * NEW_TOKENS if len(prompts) == NUM_REQUESTS else True
+    return Row(name, tokens, seconds, statistics.mean(ttfts), statistics.mean(tpots))
+
+
+class StepClock:
+    """A transformers StoppingCriteria that only records when each generation step ends."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def __call__(self, input_ids, scores, **kwargs):
+        self.times.append(time.monotonic())
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+
+def hf_generate(model, prompts: list[list[int]], pad_id: int = 0) -> tuple[int, float, float, float]:
+    """One padded (left) batch through model.generate: (tokens, seconds, ttft, tpot)."""
+    from transformers import StoppingCriteriaList
+
+    longest = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), longest), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, prompt in enumerate(prompts):
+        ids[row, longest - len(prompt) :] = torch.tensor(prompt)
+        mask[row, longest - len(prompt) :] = 1
+    clock = StepClock()
+    start = time.monotonic()
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
+                             pad_token_id=pad_id, stopping_criteria=StoppingCriteriaList([clock]))
+    seconds = time.monotonic() - start
+    tokens = (out.shape[1] - longest) * len(prompts)
+    ttft = clock.times[0] - start
+    tpot = (clock.times[-1] - clock.times[0]) / max(len(clock.times) - 1, 1)
+    return tokens, seconds, ttft, tpot
+
+
+def run_hf_one_at_a_time(model, prompts) -> Row:
+    results = [hf_generate(model, [p]) for p in prompts]
+    return Row("transformers generate, one at a time", sum(r[0] for r in results), sum(r[1] for r in results),
+               statistics.mean(r[2] for r in results), statistics.mean(r[3] for r in results))
+
+
+def run_hf_batch(model, prompts, name: str) -> Row:
+    tokens, seconds, ttft, tpot = hf_generate(model, prompts)
+    return Row(name, tokens, seconds, ttft, tpot)
+
+
+def load_optimum(hf_dir: Path, out_dir: Path):
+    import onnxruntime as ort
+    from optimum.onnxruntime import ORTModelForCausalLM
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = THREADS
+    ORTModelForCausalLM.from_pretrained(hf_dir, export=True).save_pretrained(out_dir)
+    return ORTModelForCausalLM.from_pretrained(out_dir, session_options=options, provider="CPUExecutionProvider")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--record", action="store_true", help="append the tables to benchmarks/RESULTS.md")
+    parser.add_argument("--skip-baselines", action="store_true", help="run ortinf only (for quick iterations)")
+    args = parser.parse_args()
+    torch.set_num_threads(THREADS)
+    prompts = workload()
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        build(root / "hf")
+        ortinf.export(root / "hf", root / "pkg", progress=False)
+        rows.append(run_ortinf(root / "pkg", prompts, "ortinf, 32 concurrent requests"))
+        single = run_ortinf(root / "pkg", prompts[16:17], "ortinf, 1 request")
+        if not args.skip_baselines:
+            import transformers
+
+            model = transformers.AutoModelForCausalLM.from_pretrained(root / "hf").eval()
+            optimum = load_optimum(root / "hf", root / "optimum")
+            rows.append(run_hf_batch(optimum, prompts, "Optimum ORTModelForCausalLM, padded batch of 32"))
+            optimum_single = run_hf_batch(optimum, prompts[16:17], "Optimum ORTModelForCausalLM, 1 request")
+            rows.append(run_hf_batch(model, prompts, "transformers generate, padded batch of 32"))
+            rows.append(run_hf_one_at_a_time(model, prompts))
+        prefix_rows = [
+            run_ortinf(root / "pkg", workload(shared_prefix=64), "ortinf, shared 64-token prefix, caching on", enable_prefix_caching=True),
+            run_ortinf(root / "pkg", workload(shared_prefix=64), "ortinf, shared 64-token prefix, caching off", enable_prefix_caching=False),
+        ]
+    ratio = {}
+    if not args.skip_baselines:
+        ratio = {"Optimum padded batch": rows[0].throughput / rows[1].throughput,
+                 "transformers one at a time": rows[0].throughput / rows[3].throughput}
+    lines = [
+        f"### Offline: 32 requests x 128 new tokens, 33.6M llama fp32, {THREADS} threads ({platform.machine()}, {platform.python_version()})",
+        "",
+        "| engine | output tok/s | mean TTFT ms | mean TPOT ms | wall s |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    table_rows = rows + [single] + ([optimum_single] if not args.skip_baselines else []) + prefix_rows
+    lines += [f"| {r.name} | {r.throughput:,.0f} | {r.ttft * 1e3:,.0f} | {r.tpot * 1e3:.1f} | {r.seconds:.1f} |" for r in table_rows]
+    if ratio:
+        lines += ["", "ortinf's output tokens/s over: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratio.items()),
+                  f"single-request TPOT: ortinf {single.tpot * 1e3:.1f} ms vs Optimum {optimum_single.tpot * 1e3:.1f} ms"]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.record:
+        with RESULTS.open("a", encoding="utf-8") as fh:
+            fh.write("\n" + text)
+
+
+if __name__ == "__main__":
+    main()
