@@ -1,0 +1,101 @@
+"""Block pool and KV-cache manager on their own: free queue order, lazy eviction, prefix hits."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from ortinf.errors import ConfigError
+from ortinf.manifest import DecoderSpec
+from ortinf.runtime.block_pool import BlockPool
+from ortinf.runtime.config import EngineConfig, parse_size, resolve_num_blocks
+from ortinf.runtime.kv_cache_manager import KVCacheManager
+from ortinf.runtime.request import Request
+from ortinf.runtime.sampling_params import SamplingParams
+
+
+def request(request_id: str, tokens: list[int]) -> Request:
+    return Request(request_id, tokens, SamplingParams())
+
+
+def test_free_queue_hands_out_in_order_and_frees_to_the_tail():
+    pool = BlockPool(6)
+    first = pool.get_new_blocks(3)
+    assert [b.block_id for b in first] == [0, 1, 2] and pool.num_free_blocks == 3
+    pool.free_blocks(reversed(first))  # tail first: block 2 is evicted before block 0
+    assert [b.block_id for b in pool.free_queue] == [3, 4, 5, 2, 1, 0]
+    pool.check_invariants({})
+
+
+def test_cached_free_blocks_are_revived_or_lazily_evicted():
+    pool = BlockPool(3)
+    (block,) = pool.get_new_blocks(1)
+    pool.cache_full_block(block, 111, (None, (1, 2)))
+    pool.free_blocks([block])
+    assert pool.get_cached_block(111, (None, (1, 2))) is block  # still cached while free
+    pool.touch([block])
+    assert block.ref_cnt == 1 and pool.num_free_blocks == 2
+    pool.free_blocks([block])
+    pool.get_new_blocks(3)  # the queue reaches the cached block: now it is evicted
+    assert pool.get_cached_block(111, (None, (1, 2))) is None and pool.num_evictions == 1
+
+
+def test_a_hash_hit_is_checked_against_the_tokens():
+    pool = BlockPool(2)
+    (block,) = pool.get_new_blocks(1)
+    pool.cache_full_block(block, 42, (None, (1, 2, 3, 4)))
+    assert pool.get_cached_block(42, (None, (9, 9, 9, 9))) is None  # same hash, other tokens
+    assert pool.get_cached_block(42, (7, (1, 2, 3, 4))) is None  # same tokens, other parent
+
+
+def test_manager_prefix_hits_chain_over_full_blocks():
+    kv = KVCacheManager(num_blocks=10, block_size=4)
+    a = request("a", list(range(10)))  # 2 full blocks + 2 tokens
+    assert kv.allocate_slots(a, 10) is not None
+    a.num_computed_tokens = 10
+    kv.cache_blocks(a)
+    b = request("b", list(range(8)) + [50, 51, 52])
+    hits, num_tokens = kv.get_computed_blocks(b)
+    assert num_tokens == 8 and hits == kv.req_to_blocks["a"][:2]
+    c = request("c", [0, 1, 2, 99] + list(range(4, 8)))  # differs in the first block: no hit at all
+    assert kv.get_computed_blocks(c) == ([], 0)
+    kv.allocate_slots(b, 3, hits)
+    assert [blk.ref_cnt for blk in kv.req_to_blocks["a"][:2]] == [2, 2]
+    kv.free(a)
+    kv.free(b)
+    kv.check_invariants()
+    assert kv.num_free_blocks == 10
+
+
+def test_allocation_failure_changes_nothing():
+    kv = KVCacheManager(num_blocks=4, block_size=4)
+    big = request("big", list(range(20)))
+    assert kv.allocate_slots(big, 20) is None
+    assert kv.num_free_blocks == 4 and "big" not in kv.req_to_blocks
+
+
+def test_pool_size_from_memory_and_its_log(caplog):
+    spec = DecoderSpec(num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, hidden_size=64, vocab_size=256,
+                       max_model_len=512, kernel="portable", kv_dtype="fp32")
+    per_block = 2 * 2 * 16 * 2 * 16 * 4  # K and V, layers, tokens, kv heads, head dim, bytes
+    config = EngineConfig(package_dir=".", kv_cache_memory=100 * per_block, max_num_seqs=1000)
+    with caplog.at_level(logging.INFO):
+        assert resolve_num_blocks(config, spec, 512) == 100
+    assert "100 blocks x 16 tokens = 1600 tokens" in caplog.text
+    capped = EngineConfig(package_dir=".", kv_cache_memory=10**9, max_num_seqs=2)
+    assert resolve_num_blocks(capped, spec, 512) == 2 * 32 + 1  # no more than 2 full-length sequences use
+    with pytest.raises(ConfigError, match="fewer than one sequence"):
+        resolve_num_blocks(EngineConfig(package_dir=".", num_blocks=8), spec, 512)
+
+
+@pytest.mark.parametrize("text, size", [("4GiB", 4 * 2**30), ("512MB", 512 * 10**6), ("1024", 1024), ("1.5 GiB", 3 * 2**29)])
+def test_parse_size(text, size):
+    assert parse_size(text) == size
+
+
+def test_bad_sizes_and_options():
+    with pytest.raises(ConfigError, match="cannot read the size"):
+        parse_size("lots")
+    with pytest.raises(ConfigError, match="max_num_seqs"):
+        EngineConfig(package_dir=".", max_num_seqs=0)
