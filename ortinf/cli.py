@@ -121,6 +121,72 @@ def _parse_ids(text: str) -> list[int]:
         raise click.BadParameter("write token ids as comma-separated integers, e.g. 1,15,2043", param_hint="--prompt-ids") from exc
 
 
+def _load_yaml_config(ctx: click.Context, _param: click.Parameter, value: Path | None) -> None:
+    """--config FILE: its keys (option names, e.g. port, api_key, packages) become the defaults, so
+    the command line and environment variables still win."""
+    if value is None or ctx.resilient_parsing:
+        return
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(value).read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise click.BadParameter(f"cannot read {value}: {exc}", param_hint="--config") from exc
+    if not isinstance(data, dict):
+        raise click.BadParameter(f"{value} must hold a mapping of option names to values", param_hint="--config")
+    known = {p.name for p in ctx.command.params if p.name}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise click.BadParameter(f"unknown keys in {value}: {', '.join(unknown)}", param_hint="--config")
+    ctx.default_map = {**(ctx.default_map or {}), **data}
+
+
+@cli.command()
+@click.argument("packages", nargs=-1, type=click.Path(path_type=Path))
+@click.option("--config", type=click.Path(path_type=Path, dir_okay=False), is_eager=True, expose_value=False,
+              callback=_load_yaml_config, help="YAML file of options (keys as the option names, e.g. port: 8000).")
+@click.option("--host", default="127.0.0.1", show_default=True, envvar="ORTINF_HOST", help="Address to listen on.")
+@click.option("--port", type=int, default=8000, show_default=True, envvar="ORTINF_PORT", help="Port to listen on.")
+@click.option("--provider", default="auto", show_default=True, envvar="ORTINF_PROVIDER", help="Execution provider: auto, cpu, openvino, cuda, ...")
+@click.option("--served-model-name", "served_model_names", multiple=True, envvar="ORTINF_SERVED_MODEL_NAME",
+              help="Name clients use in `model` (one per package) [default: the package folder's name].")
+@click.option("--api-key", envvar="ORTINF_API_KEY", help="Require `Authorization: Bearer KEY` on /v1 routes.")
+@click.option("--max-num-seqs", type=int, default=64, show_default=True, envvar="ORTINF_MAX_NUM_SEQS", help="Most sequences in one batch.")
+@click.option("--max-queued-requests", type=int, default=256, show_default=True, envvar="ORTINF_MAX_QUEUED_REQUESTS",
+              help="Requests that may wait beyond the running batch; past that the server answers 429.")
+@click.option("--max-num-batched-tokens", type=int, default=2048, show_default=True, envvar="ORTINF_MAX_NUM_BATCHED_TOKENS",
+              help="Token budget of one engine step.")
+@click.option("--kv-cache-memory", envvar="ORTINF_KV_CACHE_MEMORY", help="KV cache size, e.g. 2GiB [default: 20% of free RAM].")
+@click.option("--shutdown-timeout", type=float, default=30.0, show_default=True, envvar="ORTINF_SHUTDOWN_TIMEOUT",
+              help="On SIGTERM, seconds to let in-flight requests finish.")
+@click.option("--max-body-size", default="16MiB", show_default=True, envvar="ORTINF_MAX_BODY_SIZE", help="Largest request body accepted (413 beyond).")
+@click.option("--intra-op-threads", type=int, default=0, show_default=True, envvar="ORTINF_INTRA_OP_THREADS", help="ORT threads per session (0: all cores).")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info", show_default=True, envvar="ORTINF_LOG_LEVEL")
+@click.option("--debug-fail-after-steps", type=int, hidden=True, envvar="ORTINF_DEBUG_FAIL_AFTER_STEPS")
+def serve(packages: tuple[Path, ...], host: str, port: int, provider: str, served_model_names: tuple[str, ...], api_key: str | None,
+          max_num_seqs: int, max_queued_requests: int, max_num_batched_tokens: int, kv_cache_memory: str | None,
+          shutdown_timeout: float, max_body_size: str, intra_op_threads: int, log_level: str, debug_fail_after_steps: int | None) -> None:
+    """Serve PACKAGES behind an OpenAI-compatible API (/v1/completions, /v1/chat/completions, /v1/embeddings)."""
+    from ortinf.runtime.config import parse_size
+    from ortinf.serve.server import run
+    from ortinf.serve.state import ServerConfig
+
+    if not packages:
+        raise click.UsageError("pass at least one package folder (made by `ortinf export`)")
+    for package in packages:
+        Manifest.load(package)  # a wrong path fails now, in one line, before the server starts
+    if served_model_names and len(served_model_names) != len(packages):
+        raise click.UsageError(f"pass one --served-model-name per package ({len(packages)}), or none")
+    config = ServerConfig(
+        packages=tuple(packages), host=host, port=port, provider=provider, served_model_names=served_model_names,
+        api_key=api_key, max_num_seqs=max_num_seqs, max_queued_requests=max_queued_requests,
+        max_num_batched_tokens=max_num_batched_tokens, kv_cache_memory=parse_size(kv_cache_memory) if kv_cache_memory else None,
+        shutdown_timeout=shutdown_timeout, max_body_size=parse_size(max_body_size), intra_op_threads=intra_op_threads,
+        debug_fail_after_steps=debug_fail_after_steps,
+    )
+    run(config, log_level)
+
+
 def main() -> None:
     """Console entry point: runs the CLI and turns ortinf errors into one line and exit code 2."""
     try:

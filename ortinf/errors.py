@@ -24,4 +24,8 @@ class ProviderUnavailableError(OrtinfError):
 
 
 class RequestError(OrtinfError):
-    """A request carries invalid parameters."""
+    """A request carries invalid parameters; `param` names the offending one where there is one."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param

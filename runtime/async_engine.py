@@ -13,7 +13,7 @@ import itertools
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from ortinf.runtime.engine import LLMEngine, PreparedRequest
@@ -36,8 +36,14 @@ class _Stream:
 class AsyncEngine:
     """Runs an LLMEngine in a thread; `generate` yields cumulative RequestOutputs."""
 
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(self, engine: LLMEngine, on_step: Callable[[LLMEngine, list[RequestOutput]], None] | None = None,
+                 fail_after_steps: int | None = None) -> None:
+        """`on_step` runs in the engine thread after every step (metrics); `fail_after_steps` injects
+        an engine failure for fault tests (ORTINF_DEBUG_FAIL_AFTER_STEPS)."""
         self.engine = engine
+        self._on_step = on_step
+        self._fail_after_steps = fail_after_steps
+        self._num_steps = 0
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._streams: dict[str, _Stream] = {}
@@ -119,6 +125,8 @@ class AsyncEngine:
             elif kind == "abort":
                 output = self.engine.abort(request_id)
                 if output is not None:
+                    if self._on_step is not None:
+                        self._on_step(self.engine, [output])
                     self._deliver(request_id, output)
                 else:
                     self._streams.pop(request_id, None)
@@ -131,7 +139,13 @@ class AsyncEngine:
                     self._wake.wait(0.5)
                     self._wake.clear()
                     continue
-                for output in self.engine.step():
+                outputs = self.engine.step()
+                self._num_steps += 1
+                if self._fail_after_steps is not None and self._num_steps >= self._fail_after_steps:
+                    raise RuntimeError(f"injected engine failure after {self._num_steps} steps")
+                if self._on_step is not None:
+                    self._on_step(self.engine, outputs)
+                for output in outputs:
                     self._deliver(output.request_id, output)
         except BaseException as exc:  # noqa: BLE001 - a failed step must reach every waiting client
             log.exception("engine loop failed")

@@ -77,6 +77,7 @@ class OutputProcessor:
         finished = request.is_finished
         if finished and state.metrics.finished_time is None:
             state.metrics.finished_time = time.monotonic()
+        state.metrics.first_scheduled_time = request.first_scheduled_time
         text = state.detokenizer.visible_text(finished) if state.detokenizer else ""
         completion = CompletionOutput(
             index=0,

@@ -28,6 +28,7 @@ class RequestMetrics:
     """Wall-clock times (time.monotonic) of a request's life."""
 
     arrival_time: float
+    first_scheduled_time: float | None = None
     first_token_time: float | None = None
     finished_time: float | None = None
 

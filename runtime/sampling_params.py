@@ -46,36 +46,36 @@ class SamplingParams:
         _finite("temperature", self.temperature, low=0.0)
         _finite("top_p", self.top_p)
         if not 0.0 < self.top_p <= 1.0:
-            raise RequestError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise RequestError(f"top_p must be in (0, 1], got {self.top_p}", param='top_p')
         if not isinstance(self.top_k, int) or self.top_k < -1:
-            raise RequestError(f"top_k must be -1, 0 (disabled) or a positive integer, got {self.top_k}")
+            raise RequestError(f"top_k must be -1, 0 (disabled) or a positive integer, got {self.top_k}", param='top_k')
         _finite("min_p", self.min_p)
         if not 0.0 <= self.min_p <= 1.0:
-            raise RequestError(f"min_p must be in [0, 1], got {self.min_p}")
+            raise RequestError(f"min_p must be in [0, 1], got {self.min_p}", param='min_p')
         _finite("repetition_penalty", self.repetition_penalty)
         if self.repetition_penalty <= 0:
-            raise RequestError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+            raise RequestError(f"repetition_penalty must be > 0, got {self.repetition_penalty}", param='repetition_penalty')
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             _finite(name, value)
             if not -2.0 <= value <= 2.0:
-                raise RequestError(f"{name} must be in [-2, 2], got {value}")
+                raise RequestError(f"{name} must be in [-2, 2], got {value}", param=name)
         if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 0):
-            raise RequestError(f"max_tokens must be a non-negative integer, got {self.max_tokens}")
+            raise RequestError(f"max_tokens must be a non-negative integer, got {self.max_tokens}", param='max_tokens')
         if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
-            raise RequestError(f"min_tokens must be a non-negative integer, got {self.min_tokens}")
+            raise RequestError(f"min_tokens must be a non-negative integer, got {self.min_tokens}", param='min_tokens')
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise RequestError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
+            raise RequestError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})", param='min_tokens')
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or not 0 <= value <= MAX_LOGPROBS):
-                raise RequestError(f"{name} must be an integer in [0, {MAX_LOGPROBS}], got {value}")
+                raise RequestError(f"{name} must be an integer in [0, {MAX_LOGPROBS}], got {value}", param=name)
         if not isinstance(self.n, int) or self.n < 1:
-            raise RequestError(f"n must be a positive integer, got {self.n}")
+            raise RequestError(f"n must be a positive integer, got {self.n}", param='n')
         if self.seed is not None and not isinstance(self.seed, int):
-            raise RequestError(f"seed must be an integer, got {self.seed!r}")
+            raise RequestError(f"seed must be an integer, got {self.seed!r}", param='seed')
         if any(not s for s in self.stop):
-            raise RequestError("stop strings must not be empty")
+            raise RequestError("stop strings must not be empty", param='stop')
 
     @property
     def greedy(self) -> bool:
@@ -88,6 +88,6 @@ class SamplingParams:
 
 def _finite(name: str, value: float, low: float | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise RequestError(f"{name} must be a finite number, got {value!r}")
+        raise RequestError(f"{name} must be a finite number, got {value!r}", param=name)
     if low is not None and value < low:
-        raise RequestError(f"{name} must be >= {low}, got {value}")
+        raise RequestError(f"{name} must be >= {low}, got {value}", param=name)

@@ -9,6 +9,7 @@ keeping the tokens it has generated (and often hitting its own blocks in the pre
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -95,7 +96,8 @@ class Scheduler:
                 break
             self.waiting.popleft()
             self.kv_cache.record_prefix_lookup(request.num_tokens, num_hit_tokens)
-            if request.num_preemptions == 0:
+            if request.first_scheduled_time is None:
+                request.first_scheduled_time = time.monotonic()
                 request.num_cached_tokens = num_hit_tokens
             request.num_computed_tokens = num_hit_tokens
             request.status = RequestStatus.RUNNING

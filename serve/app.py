@@ -1,0 +1,164 @@
+"""The FastAPI app: middleware (body size, API key), routes, and background model loading."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import time
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+import ortinf
+from ortinf.manifest import TEXT_GENERATION, Manifest
+from ortinf.runtime.async_engine import AsyncEngine
+from ortinf.runtime.config import EngineConfig
+from ortinf.runtime.encoder_graph import EncoderGraph
+from ortinf.runtime.engine import LLMEngine
+from ortinf.runtime.sampling_params import SamplingParams
+from ortinf.serve import chat, completions, embeddings
+from ortinf.serve.chat_template import ChatTemplate
+from ortinf.serve.errors import error_body, error_response, install_error_handlers
+from ortinf.serve.models import ServedModel
+from ortinf.serve.state import ServerConfig, ServerState
+
+log = logging.getLogger(__name__)
+
+
+class BodyLimit:
+    """Pure ASGI middleware: a body over `limit` bytes gets 413 before any route sees it.
+
+    The body is read here (bounded by the limit) and replayed to the app.
+    """
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD"):
+            return await self.app(scope, receive, send)
+        too_large = error_response(413, f"the request body is larger than {self.limit} bytes")
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            return await too_large(scope, receive, send)
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away before sending its body
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.limit:
+                return await too_large(scope, receive, send)
+            if not message.get("more_body", False):
+                break
+        body, replayed = b"".join(chunks), False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+def load_model(package: Path, name: str, config: ServerConfig, state: ServerState) -> ServedModel:
+    """Builds one served model (blocking: runs in a worker thread) and warms it up."""
+    manifest = Manifest.load(package)
+    model = ServedModel(name=name, package_dir=package, manifest=manifest, created=int(time.time()))
+    if manifest.task == TEXT_GENERATION:
+        engine = LLMEngine(EngineConfig(
+            package_dir=package, provider=config.provider, kv_cache_memory=config.kv_cache_memory,
+            max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
+            intra_op_threads=config.intra_op_threads,
+        ))
+        engine.add_request([manifest.bos_token_id or 0] * 4, SamplingParams(max_tokens=2, ignore_eos=True), request_id="warmup")
+        while engine.has_unfinished_requests():
+            engine.step()
+        model.engine = AsyncEngine(engine, on_step=state.metrics.hook(name), fail_after_steps=config.debug_fail_after_steps)
+        model.chat_template = ChatTemplate.load(package)
+    else:
+        model.encoder = EncoderGraph(package, provider=config.provider, intra_op_threads=config.intra_op_threads)
+        model.encoder.run([[0, 1]])  # warm-up
+    return model
+
+
+def model_names(config: ServerConfig) -> list[str]:
+    names = list(config.served_model_names) or [p.resolve().name for p in config.packages]
+    return names
+
+
+async def _load_all(state: ServerState) -> None:
+    config = state.config
+    try:
+        for package, name in zip(config.packages, model_names(config)):
+            state.registry.add(await asyncio.to_thread(load_model, package, name, config, state))
+        state.ready = True
+        log.info("ready: serving %s on http://%s:%d", ", ".join(state.registry.models), config.host, config.port)
+    except Exception as exc:  # noqa: BLE001 - reported by /health and the log
+        state.load_error = str(exc)
+        log.error("loading failed: %s", exc)
+
+
+def build_app(config: ServerConfig) -> FastAPI:
+    """The app for `config`; models load in the background while /health answers 503."""
+    state = ServerState(config)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        loader = asyncio.create_task(_load_all(state))
+        yield
+        loader.cancel()
+        for model in state.registry.models.values():
+            if model.engine is not None:
+                model.engine.shutdown()
+
+    app = FastAPI(title="ortinf", version=ortinf.__version__, lifespan=lifespan,
+                  description="OpenAI-compatible API over ONNX Runtime with a paged KV cache.")
+    app.state.ortinf = state
+    install_error_handlers(app)
+    app.include_router(completions.router)
+    app.include_router(chat.router)
+    app.include_router(embeddings.router)
+
+    @app.middleware("http")
+    async def api_key(request: Request, call_next):
+        if config.api_key and request.url.path.startswith("/v1/"):
+            given = request.headers.get("authorization", "")
+            expected = f"Bearer {config.api_key}"
+            if not hmac.compare_digest(given.encode(), expected.encode()):
+                return error_response(401, "missing or wrong API key: send `Authorization: Bearer <key>`", code="invalid_api_key")
+        if not state.ready and request.url.path.startswith("/v1/"):
+            return error_response(503, "the model is loading; retry shortly", code="model_loading", headers={"Retry-After": "1"})
+        return await call_next(request)
+
+    app.add_middleware(BodyLimit, limit=config.max_body_size)
+
+    @app.get("/v1/models")
+    async def list_models():
+        data = [{"id": m.name, "object": "model", "created": m.created, "owned_by": "ortinf", "task": m.manifest.task,
+                 "max_model_len": (m.manifest.decoder or m.manifest.encoder).max_model_len} for m in state.registry.models.values()]
+        return {"object": "list", "data": data}
+
+    @app.get("/health")
+    async def health():
+        ok, message = state.healthy()
+        if ok:
+            return {"status": "ok"}
+        return JSONResponse(error_body(503, message, code="unhealthy"), status_code=503)
+
+    @app.get("/version")
+    async def version():
+        return {"version": ortinf.__version__}
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    return app

@@ -1,0 +1,55 @@
+"""Rendering a package's chat template (Jinja, sandboxed, with transformers' conventions)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from ortinf.errors import RequestError
+
+
+class TemplateError(RequestError):
+    """The template refused the conversation (its raise_exception) or failed to render."""
+
+
+def _raise_exception(message: str) -> None:
+    raise TemplateError(f"the chat template refused the conversation: {message}", param="messages")
+
+
+class ChatTemplate:
+    """A compiled chat template plus the special tokens it may refer to."""
+
+    def __init__(self, source: str, bos_token: str = "", eos_token: str = "") -> None:
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+        env.globals["raise_exception"] = _raise_exception
+        env.filters["tojson"] = lambda value, indent=None: json.dumps(value, ensure_ascii=False, indent=indent)
+        self.template = env.from_string(source)
+        self.bos_token, self.eos_token = bos_token, eos_token
+
+    @classmethod
+    def load(cls, package_dir: Path) -> ChatTemplate | None:
+        path = package_dir / "chat_template.jinja"
+        if not path.is_file():
+            return None
+        config_path = package_dir / "tokenizer_config.json"
+        config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
+        return cls(path.read_text(encoding="utf-8"), _token(config, "bos_token"), _token(config, "eos_token"))
+
+    def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        try:
+            return self.template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                        bos_token=self.bos_token, eos_token=self.eos_token)
+        except TemplateError:
+            raise
+        except jinja2.TemplateError as exc:
+            raise TemplateError(f"the chat template failed to render: {exc}", param="messages") from exc
+
+
+def _token(config: dict, key: str) -> str:
+    value = config.get(key)
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else ""

@@ -1,0 +1,126 @@
+"""POST /v1/completions."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import replace
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from ortinf.runtime.engine import PreparedRequest
+from ortinf.runtime.outputs import RequestOutput
+from ortinf.serve.errors import APIError
+from ortinf.serve.logprobs import completion_logprobs, echo_logprobs
+from ortinf.serve.models import ServedModel
+from ortinf.serve.protocol import CompletionRequest
+from ortinf.serve.state import ServerState
+from ortinf.serve.streaming import SSE_DONE, final_outputs, merged, sse, sse_error, until_disconnected
+
+router = APIRouter()
+
+
+def prepare_samples(model: ServedModel, prompts: list, body_params, n: int) -> list[PreparedRequest]:
+    """One PreparedRequest per prompt x sample (prompt-major); validation happens here, before any runs."""
+    engine = model.require_engine().engine
+    prepared = []
+    for prompt in prompts:
+        if (isinstance(prompt, str) and not prompt) or (isinstance(prompt, list) and not prompt):
+            raise APIError(400, "the prompt is empty", param="prompt")
+        for j in range(n):
+            params = body_params if body_params.seed is None else replace(body_params, seed=body_params.seed + j)
+            prepared.append(engine.prepare(prompt, params))
+    return prepared
+
+
+def usage(prepared: list[PreparedRequest], n: int, completion_tokens: int) -> dict:
+    prompt_tokens = sum(len(p.token_ids) for p in prepared[::n])
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
+
+
+@router.post("/v1/completions")
+async def create_completion(body: CompletionRequest, request: Request):
+    state: ServerState = request.app.state.ortinf
+    model = state.registry.get(body.model)
+    engine = model.require_engine()
+    if body.suffix:
+        raise APIError(400, "suffix is not supported", param="suffix")
+    prompt_logprobs = body.logprobs if body.echo else None  # echo shows the prompt's logprobs too
+    params = body.sampling_params(body.max_tokens, body.logprobs, prompt_logprobs)
+    prompts = body.prompts()
+    if not prompts:
+        raise APIError(400, "the prompt is empty", param="prompt")
+    prepared = prepare_samples(model, prompts, params, body.n)
+    state.admission.acquire(len(prepared))
+    request_id = f"cmpl-{uuid.uuid4().hex}"
+    created = int(time.time())
+    if body.stream:
+        return StreamingResponse(_stream(state, model, body, prepared, request_id, created), media_type="text/event-stream")
+    try:
+        outputs = await until_disconnected(request, final_outputs(engine, prepared, request_id))
+    finally:
+        state.admission.release(len(prepared))
+    choices = [_choice(model, body, p, o, i) for i, (p, o) in enumerate(zip(prepared, outputs))]
+    completion_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    return JSONResponse({
+        "id": request_id, "object": "text_completion", "created": created, "model": model.name,
+        "choices": choices, "usage": usage(prepared, body.n, completion_tokens),
+    })
+
+
+def _prompt_text(model: ServedModel, prepared: PreparedRequest) -> str:
+    if prepared.text is not None:
+        return prepared.text
+    tokenizer = model.tokenizer
+    return tokenizer.decode(prepared.token_ids, skip_special_tokens=False) if tokenizer else ""
+
+
+def _choice(model: ServedModel, body: CompletionRequest, prepared: PreparedRequest, output: RequestOutput, index: int) -> dict:
+    completion = output.outputs[0]
+    prefix = _prompt_text(model, prepared) if body.echo else ""
+    logprobs = None
+    if body.logprobs is not None:
+        entries = completion.logprobs or []
+        if body.echo:
+            logprobs = echo_logprobs(model, prepared.token_ids, output.prompt_logprobs, entries)
+        else:
+            logprobs = completion_logprobs(model, entries)
+    return {"index": index, "text": prefix + completion.text, "logprobs": logprobs, "finish_reason": completion.finish_reason}
+
+
+async def _stream(state: ServerState, model: ServedModel, body: CompletionRequest, prepared: list[PreparedRequest],
+                  request_id: str, created: int) -> AsyncIterator[str]:
+    sent_text = [0] * len(prepared)
+    sent_logprobs = [0] * len(prepared)
+    started = [False] * len(prepared)
+    completion_tokens = [0] * len(prepared)
+    head = {"id": request_id, "object": "text_completion", "created": created, "model": model.name}
+    try:
+        async for index, output in merged(model.require_engine(), prepared, request_id):
+            completion = output.outputs[0]
+            text = completion.text[sent_text[index]:]
+            logprobs = None
+            if body.logprobs is not None:
+                entries = (completion.logprobs or [])[sent_logprobs[index]:]
+                if body.echo and not started[index]:
+                    logprobs = echo_logprobs(model, prepared[index].token_ids, output.prompt_logprobs, entries)
+                else:
+                    logprobs = completion_logprobs(model, entries)
+                sent_logprobs[index] += len(entries)
+            if body.echo and not started[index]:
+                text = _prompt_text(model, prepared[index]) + text
+            started[index] = True
+            sent_text[index] = len(completion.text)
+            completion_tokens[index] = len(completion.token_ids)
+            if text or completion.finish_reason or logprobs:
+                choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": completion.finish_reason}
+                yield sse({**head, "choices": [choice]})
+        if body.include_usage():
+            yield sse({**head, "choices": [], "usage": usage(prepared, body.n, sum(completion_tokens))})
+    except Exception as exc:  # noqa: BLE001 - reported in the stream, whose headers are already sent
+        yield sse_error(exc)
+    finally:
+        state.admission.release(len(prepared))
+    yield SSE_DONE

@@ -1,0 +1,95 @@
+"""OpenAI-shaped errors: `{"error": {"message", "type", "param", "code"}}`. The only place that maps
+ortinf's errors onto HTTP statuses."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ortinf.errors import ConfigError, OrtinfError, RequestError
+from ortinf.runtime.async_engine import EngineDeadError
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE = 300  # messages never echo huge inputs back
+
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 413: "invalid_request_error",
+          429: "rate_limit_error", 500: "server_error", 503: "service_unavailable"}
+
+
+class APIError(Exception):
+    """An error the server answers with, raised from route code."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.headers = status, message, param, code, headers
+
+
+def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
+    if len(message) > MAX_MESSAGE:
+        message = message[: MAX_MESSAGE - 3] + "..."
+    return {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"), "param": param, "code": code}}
+
+
+def error_response(status: int, message: str, param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message, param, code), status_code=status, headers=headers)
+
+
+def from_exception(exc: BaseException) -> APIError:
+    """The APIError for any exception raised while serving a request."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, RequestError):
+        return APIError(400, str(exc), param=exc.param)
+    if isinstance(exc, (ConfigError, OrtinfError)):
+        return APIError(400, str(exc))
+    if isinstance(exc, EngineDeadError):
+        return APIError(500, str(exc), code="engine_failed")
+    log.exception("unexpected error while serving a request", exc_info=exc)
+    return APIError(500, f"internal error: {type(exc).__name__}", code="internal_error")
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    errors = exc.errors()
+    if not errors:
+        return "invalid request body", None
+    first = errors[0]
+    if first.get("type") == "json_invalid":
+        return "the request body is not valid JSON", None
+    if tuple(first.get("loc", ())) == ("body",):
+        return "the request body must be a JSON object (send it with Content-Type: application/json)", None
+    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+    param = ".".join(loc) or None
+    message = first.get("msg", "invalid value")
+    return (f"{param}: {message}" if param else message), param
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Every error leaves the server in OpenAI's shape (never FastAPI's default 422 shape)."""
+
+    @app.exception_handler(APIError)
+    async def _api_error(_request: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc.status, exc.message, exc.param, exc.code, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc)
+        return error_response(400, message, param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(OrtinfError)
+    async def _ortinf(_request: Request, exc: OrtinfError) -> JSONResponse:
+        err = from_exception(exc)
+        return error_response(err.status, err.message, err.param, err.code)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
+        err = from_exception(exc)
+        return error_response(err.status, err.message, err.param, err.code)

@@ -1,0 +1,90 @@
+"""Prometheus metrics with vLLM's names under an `ortinf:` prefix, so vLLM dashboards map 1:1.
+
+Updated from the engine thread after every step; each server has its own registry (no global state).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from ortinf.runtime.engine import LLMEngine
+from ortinf.runtime.outputs import RequestOutput
+
+LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+
+
+@dataclass(slots=True)
+class _Live:
+    num_tokens: int = 0
+    last_token_time: float = 0.0
+
+
+class EngineMetrics:
+    """The metrics of one server; `observe_step` is the AsyncEngine's on_step hook."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        labels = ["model_name"]
+        r = self.registry
+        self.running = Gauge("ortinf:num_requests_running", "Requests in the running batch.", labels, registry=r)
+        self.waiting = Gauge("ortinf:num_requests_waiting", "Requests waiting to be scheduled.", labels, registry=r)
+        self.kv_usage = Gauge("ortinf:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (1 = full).", labels, registry=r)
+        self.prefix_queries = Counter("ortinf:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", labels, registry=r)
+        self.prefix_hits = Counter("ortinf:prefix_cache_hits", "Prompt tokens found in the prefix cache.", labels, registry=r)
+        self.preemptions = Counter("ortinf:num_preemptions", "Requests preempted for lack of KV blocks.", labels, registry=r)
+        self.prompt_tokens = Counter("ortinf:prompt_tokens", "Prompt tokens processed.", labels, registry=r)
+        self.generation_tokens = Counter("ortinf:generation_tokens", "Tokens generated.", labels, registry=r)
+        self.success = Counter("ortinf:request_success", "Finished requests.", [*labels, "finished_reason"], registry=r)
+        self.ttft = Histogram("ortinf:time_to_first_token_seconds", "Time to first token.", labels, buckets=LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram("ortinf:inter_token_latency_seconds", "Time between output tokens.", labels, buckets=LATENCY_BUCKETS, registry=r)
+        self.e2e = Histogram("ortinf:e2e_request_latency_seconds", "Request latency, arrival to finish.", labels, buckets=LATENCY_BUCKETS, registry=r)
+        self.queue = Histogram("ortinf:request_queue_time_seconds", "Time waiting before first scheduled.", labels, buckets=LATENCY_BUCKETS, registry=r)
+        self._live: dict[str, _Live] = {}
+        self._seen_prefix = (0, 0)
+        self._seen_preemptions = 0
+
+    def hook(self, model_name: str):
+        """The on_step callback for the engine serving `model_name`."""
+        return lambda engine, outputs: self.observe_step(model_name, engine, outputs)
+
+    def observe_step(self, model: str, engine: LLMEngine, outputs: list[RequestOutput]) -> None:
+        now = time.monotonic()
+        for output in outputs:
+            self._observe_output(model, output, now)
+        scheduler, kv = engine.scheduler, engine.kv_cache
+        self.running.labels(model).set(len(scheduler.running))
+        self.waiting.labels(model).set(len(scheduler.waiting))
+        self.kv_usage.labels(model).set(kv.usage())
+        queries, hits = kv.stats.num_queries, kv.stats.num_hits
+        self.prefix_queries.labels(model).inc(queries - self._seen_prefix[0])
+        self.prefix_hits.labels(model).inc(hits - self._seen_prefix[1])
+        self._seen_prefix = (queries, hits)
+        self.preemptions.labels(model).inc(scheduler.stats.num_preemptions - self._seen_preemptions)
+        self._seen_preemptions = scheduler.stats.num_preemptions
+
+    def _observe_output(self, model: str, output: RequestOutput, now: float) -> None:
+        live = self._live.setdefault(output.request_id, _Live())
+        num_tokens = len(output.outputs[0].token_ids)
+        metrics = output.metrics
+        if num_tokens > live.num_tokens:
+            self.generation_tokens.labels(model).inc(num_tokens - live.num_tokens)
+            if live.num_tokens == 0 and metrics is not None:
+                self.prompt_tokens.labels(model).inc(len(output.prompt_token_ids))
+                self.ttft.labels(model).observe((metrics.first_token_time or now) - metrics.arrival_time)
+                if metrics.first_scheduled_time is not None:
+                    self.queue.labels(model).observe(metrics.first_scheduled_time - metrics.arrival_time)
+            else:
+                self.itl.labels(model).observe(now - live.last_token_time)
+            live.num_tokens, live.last_token_time = num_tokens, now
+        if output.finished:
+            self._live.pop(output.request_id, None)
+            reason = output.outputs[0].finish_reason or "abort"
+            self.success.labels(model, reason).inc()
+            if metrics is not None:
+                self.e2e.labels(model).observe((metrics.finished_time or now) - metrics.arrival_time)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,79 @@
+"""The models a server serves, by name: a generating engine or an encoder, each with its tokenizer."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+from ortinf.manifest import FEATURE_EXTRACTION, TEXT_GENERATION, Manifest
+from ortinf.runtime.async_engine import AsyncEngine
+from ortinf.runtime.encoder_graph import EncoderGraph
+from ortinf.serve.chat_template import ChatTemplate
+from ortinf.serve.errors import APIError
+
+
+@dataclass(slots=True)
+class ServedModel:
+    """One package behind the API."""
+
+    name: str
+    package_dir: Path
+    manifest: Manifest
+    engine: AsyncEngine | None = None
+    encoder: EncoderGraph | None = None
+    chat_template: ChatTemplate | None = None
+    created: int = 0
+
+    @property
+    def tokenizer(self) -> Tokenizer | None:
+        if self.engine is not None:
+            return self.engine.engine.tokenizer
+        return self.encoder.tokenizer if self.encoder is not None else None
+
+    def token_text(self, token_id: int) -> str:
+        """How a token is shown in logprobs: its text, or `token_id:N` without a tokenizer."""
+        tokenizer = self.tokenizer
+        if tokenizer is None:
+            return f"token_id:{token_id}"
+        return tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def require_engine(self) -> AsyncEngine:
+        if self.engine is None:
+            raise APIError(400, f"model '{self.name}' is a {self.manifest.task} model: use /v1/embeddings", param="model")
+        return self.engine
+
+    def require_embeddings(self) -> EncoderGraph:
+        if self.encoder is None or self.manifest.task != FEATURE_EXTRACTION:
+            raise APIError(400, f"model '{self.name}' is a {self.manifest.task} model and does not embed", param="model")
+        return self.encoder
+
+    async def embed(self, token_ids: list[list[int]]):
+        encoder = self.require_embeddings()
+        return await asyncio.to_thread(encoder.run, token_ids)
+
+
+class ModelRegistry:
+    """Models by served name; requests are routed by their `model` field."""
+
+    def __init__(self) -> None:
+        self.models: dict[str, ServedModel] = {}
+
+    def add(self, model: ServedModel) -> None:
+        self.models[model.name] = model
+
+    def get(self, name: str | None) -> ServedModel:
+        if name is None:
+            if len(self.models) == 1:
+                return next(iter(self.models.values()))
+            raise APIError(400, f"pass `model`: this server serves {', '.join(sorted(self.models))}", param="model")
+        model = self.models.get(name)
+        if model is None:
+            raise APIError(404, f"the model '{name[:100]}' does not exist; available: {', '.join(sorted(self.models))}",
+                           param="model", code="model_not_found")
+        return model
+
+    def first_generator(self) -> ServedModel | None:
+        return next((m for m in self.models.values() if m.manifest.task == TEXT_GENERATION), None)

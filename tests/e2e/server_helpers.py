@@ -1,0 +1,82 @@
+"""Starting and stopping real `ortinf serve` processes on 127.0.0.1 for tests."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+ORTINF = str(Path(sys.executable).with_name("ortinf"))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Server:
+    process: subprocess.Popen
+    port: int
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+
+@contextlib.contextmanager
+def running_server(args: list[str], log_dir: Path, env: dict[str, str] | None = None, wait_healthy: bool = True,
+                   timeout: float = 120.0) -> Iterator[Server]:
+    """Runs `ortinf serve ARGS --port P`, waits for /health, and stops it (SIGTERM, then kill)."""
+    port = free_port()
+    log_path = log_dir / f"server-{port}.log"
+    with log_path.open("w") as log:
+        process = subprocess.Popen([ORTINF, "serve", *args, "--host", "127.0.0.1", "--port", str(port)],
+                                   stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+    server = Server(process, port, log_path)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            assert process.poll() is None, f"server exited early:\n{server.log()}"
+            try:
+                status = httpx.get(f"{server.url}/health", timeout=2).status_code
+                if status == 200 or (not wait_healthy and status in (200, 503)):
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, f"server not healthy in {timeout}s:\n{server.log()}"
+            time.sleep(0.1)
+        yield server
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def metric(text: str, name: str) -> float:
+    """The sum of a metric's samples in Prometheus text (all label sets)."""
+    total, found = 0.0, False
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            total += float(line.rsplit(" ", 1)[1])
+            found = True
+    assert found, f"{name} not in /metrics"
+    return total
