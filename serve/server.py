@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import logging
+import signal
+from types import FrameType
 
 import uvicorn
 
@@ -11,10 +13,21 @@ from ortinf.serve.app import build_app
 from ortinf.serve.state import ServerConfig
 
 
+class _Server(uvicorn.Server):
+    """uvicorn re-raises a captured SIGTERM after its graceful shutdown, so the process dies by the
+    signal (exit -15); a drained SIGTERM is a clean stop here, and exits 0."""
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        captured = getattr(self, "_captured_signals", None)
+        if sig == signal.SIGTERM and captured and captured[-1] == sig:
+            captured.pop()
+
+
 def run(config: ServerConfig, log_level: str = "info") -> None:
     logging.getLogger("ortinf").setLevel(log_level.upper())
     app = build_app(config)
-    server = uvicorn.Server(uvicorn.Config(
+    server = _Server(uvicorn.Config(
         app, host=config.host, port=config.port, log_level=log_level,
         timeout_graceful_shutdown=config.shutdown_timeout, access_log=False,
     ))
