@@ -9,7 +9,7 @@ import logging
 import time
 from pathlib import Path
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -66,6 +66,28 @@ class BodyLimit:
             return await receive()
 
         await self.app(scope, replay, send)
+
+
+class Gate:
+    """Pure ASGI middleware (BaseHTTPMiddleware would hide client disconnects from the routes):
+    the API key on /v1 routes, compared in constant time, and 503 while the models load."""
+
+    def __init__(self, app: ASGIApp, state: ServerState) -> None:
+        self.app, self.state = app, state
+        key = state.config.api_key
+        self.expected = f"Bearer {key}".encode() if key else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+            if self.expected is not None:
+                given = dict(scope.get("headers") or []).get(b"authorization", b"")
+                if not hmac.compare_digest(given, self.expected):
+                    response = error_response(401, "missing or wrong API key: send `Authorization: Bearer <key>`", code="invalid_api_key")
+                    return await response(scope, receive, send)
+            if not self.state.ready:
+                response = error_response(503, "the model is loading; retry shortly", code="model_loading", headers={"Retry-After": "1"})
+                return await response(scope, receive, send)
+        await self.app(scope, receive, send)
 
 
 def load_model(package: Path, name: str, config: ServerConfig, state: ServerState) -> ServedModel:
@@ -127,17 +149,7 @@ def build_app(config: ServerConfig) -> FastAPI:
     app.include_router(chat.router)
     app.include_router(embeddings.router)
 
-    @app.middleware("http")
-    async def api_key(request: Request, call_next):
-        if config.api_key and request.url.path.startswith("/v1/"):
-            given = request.headers.get("authorization", "")
-            expected = f"Bearer {config.api_key}"
-            if not hmac.compare_digest(given.encode(), expected.encode()):
-                return error_response(401, "missing or wrong API key: send `Authorization: Bearer <key>`", code="invalid_api_key")
-        if not state.ready and request.url.path.startswith("/v1/"):
-            return error_response(503, "the model is loading; retry shortly", code="model_loading", headers={"Retry-After": "1"})
-        return await call_next(request)
-
+    app.add_middleware(Gate, state=state)
     app.add_middleware(BodyLimit, limit=config.max_body_size)
 
     @app.get("/v1/models")
