@@ -79,13 +79,14 @@ async def _stream(state: ServerState, model: ServedModel, body: ChatCompletionRe
             completion = output.outputs[0]
             delta_text = completion.text[sent_text[index]:]
             sent_text[index] = len(completion.text)
+            new_tokens = len(completion.token_ids) - completion_tokens[index]
             completion_tokens[index] = len(completion.token_ids)
             logprobs = None
             if body.logprobs:
                 entries = (completion.logprobs or [])[sent_logprobs[index]:]
                 sent_logprobs[index] += len(entries)
                 logprobs = chat_logprobs(model, entries) if entries else None
-            if delta_text or logprobs:
+            if delta_text or logprobs or (new_tokens and not completion.finish_reason):
                 yield sse({**head, "choices": [{"index": index, "delta": {"content": delta_text}, "logprobs": logprobs, "finish_reason": None}]})
             if completion.finish_reason:
                 yield sse({**head, "choices": [{"index": index, "delta": {}, "logprobs": None, "finish_reason": completion.finish_reason}]})

@@ -113,8 +113,11 @@ async def _stream(state: ServerState, model: ServedModel, body: CompletionReques
                 text = _prompt_text(model, prepared[index]) + text
             started[index] = True
             sent_text[index] = len(completion.text)
+            new_tokens = len(completion.token_ids) - completion_tokens[index]
             completion_tokens[index] = len(completion.token_ids)
-            if text or completion.finish_reason or logprobs:
+            # one chunk per step with new tokens, even when they add no text yet (a held-back stop
+            # string prefix, an incomplete character, a package without tokenizer)
+            if text or new_tokens or completion.finish_reason or logprobs:
                 choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": completion.finish_reason}
                 yield sse({**head, "choices": [choice]})
         if body.include_usage():

@@ -129,3 +129,18 @@ def test_sigterm_drains_in_flight_requests(chat_package, tmp_path):
         assert server.process.wait(30) == 0
         with pytest.raises(httpx.TransportError):
             httpx.get(f"{server.url}/health", timeout=2)
+
+
+def test_bench_serve_reports_and_saves(llama_server, tmp_path):
+    from test_cli_export import ortinf
+
+    out = tmp_path / "bench.json"
+    result = ortinf("bench", "serve", "--url", llama_server.url, "--num-prompts", "12", "--input-len", "16", "--output-len", "9",
+                    "--max-concurrency", "4", "--vocab-size", "256", "--save-result", out)
+    assert result.returncode == 0, result.stderr
+    for label in ("request throughput", "output throughput", "TTFT", "TPOT", "ITL", "E2E latency"):
+        assert label in result.stdout
+    summary = json.loads(out.read_text())
+    assert summary["completed"] == 12 and summary["failed"] == 0 and summary["total_output_tokens"] == 12 * 9
+    assert 0 < summary["ttft_ms"]["mean"] <= summary["e2el_ms"]["mean"]
+    assert summary["ttft_ms"]["mean"] < summary["e2el_ms"]["mean"]  # tokens arrive as a stream, not at the end
