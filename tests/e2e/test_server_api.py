@@ -117,6 +117,9 @@ def test_embeddings_float_and_base64(embed_server, minilm_package):
         got = np.array([d.embedding for d in response.data], dtype=np.float32)
         np.testing.assert_allclose(got, expected, atol=1e-5)
     assert as_float.usage.prompt_tokens > 0
+    ids = EncoderGraph(minilm_package, provider="cpu").encode([texts[0]])[0]
+    by_ids = client.embeddings.create(model="minilm", input=[ids], encoding_format="float")
+    np.testing.assert_allclose(by_ids.data[0].embedding, expected[0], atol=1e-5)
     assert [m.id for m in client.models.list().data] == ["minilm"]
     with pytest.raises(openai.BadRequestError, match="does not embed|embeddings"):
         openai.OpenAI(base_url=f"{embed_server.url}/v1", api_key="x", max_retries=0).completions.create(model="minilm", prompt="x")

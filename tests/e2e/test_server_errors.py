@@ -138,3 +138,20 @@ def test_fuzzing_the_openapi_schema_finds_no_500(llama_server):
     )
     assert result.returncode == 0, result.stdout[-3000:]
     assert httpx.get(f"{llama_server.url}/health").status_code == 200
+
+
+def test_missing_chat_template_and_version(decoder_package):
+    """In-process app with its real lifespan: the package without a chat template refuses chat."""
+    import time
+
+    _, package = decoder_package("llama")  # exported without a chat template
+    with TestClient(build_app(ServerConfig(packages=(package,)))) as client:
+        deadline = time.monotonic() + 60
+        while client.get("/health").status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        response = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+        assert_error(response, 400, "no chat template", param="messages")
+        import ortinf
+
+        assert client.get("/version").json() == {"version": ortinf.__version__}
