@@ -166,13 +166,21 @@ def _load_yaml_config(ctx: click.Context, _param: click.Parameter, value: Path |
 def serve(packages: tuple[Path, ...], host: str, port: int, provider: str, served_model_names: tuple[str, ...], api_key: str | None,
           max_num_seqs: int, max_queued_requests: int, max_num_batched_tokens: int, kv_cache_memory: str | None,
           shutdown_timeout: float, max_body_size: str, intra_op_threads: int, log_level: str, debug_fail_after_steps: int | None) -> None:
-    """Serve PACKAGES behind an OpenAI-compatible API (/v1/completions, /v1/chat/completions, /v1/embeddings)."""
+    """Serve PACKAGES behind an OpenAI-compatible API (/v1/completions, /v1/chat/completions, /v1/embeddings).
+
+    With no PACKAGES, serves the bundled demo language model and embedding model (exported on first use
+    into ~/.cache/ortinf, or $ORTINF_CACHE). Requests are routed to a model by their `model` field.
+    """
     from ortinf.runtime.config import parse_size
     from ortinf.serve.server import run
     from ortinf.serve.state import ServerConfig
 
     if not packages:
-        raise click.UsageError("pass at least one package folder (made by `ortinf export`)")
+        from ortinf.bundled import ensure_exported
+
+        bundled = ensure_exported()
+        packages = tuple(path for _, path in bundled)
+        served_model_names = served_model_names or tuple(name for name, _ in bundled)
     for package in packages:
         Manifest.load(package)  # a wrong path fails now, in one line, before the server starts
     if served_model_names and len(served_model_names) != len(packages):
@@ -185,6 +193,15 @@ def serve(packages: tuple[Path, ...], host: str, port: int, provider: str, serve
         debug_fail_after_steps=debug_fail_after_steps,
     )
     run(config, log_level)
+
+
+@cli.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=int, default=8000, show_default=True, help="Port to listen on.")
+@click.pass_context
+def demo(ctx: click.Context, host: str, port: int) -> None:
+    """Serve the bundled demo models (the same as `ortinf serve` with no package)."""
+    ctx.invoke(serve, packages=(), host=host, port=port)
 
 
 @cli.group()

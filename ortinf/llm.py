@@ -63,8 +63,7 @@ class LLM:
         try:
             for i, (prompt, p) in enumerate(zip(batch, params)):
                 for j in range(p.n):
-                    child = replace(p, n=1, seed=None if p.seed is None else p.seed + j)
-                    request_id = engine.add_request(prompt, child)
+                    request_id = engine.add_request(prompt, p.for_sample(j))
                     added.append(request_id)
                     children[request_id] = (i, j)
         except RequestError:

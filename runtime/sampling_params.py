@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ortinf.errors import RequestError
 
@@ -76,6 +76,10 @@ class SamplingParams:
             raise RequestError(f"seed must be an integer, got {self.seed!r}", param='seed')
         if any(not s for s in self.stop):
             raise RequestError("stop strings must not be empty", param='stop')
+
+    def for_sample(self, index: int) -> SamplingParams:
+        """The parameters of sample `index` of n: one sample each, seeded seed + index when seeded."""
+        return replace(self, n=1, seed=None if self.seed is None else self.seed + index)
 
     @property
     def greedy(self) -> bool:

@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$py" -m venv .venv
-.venv/bin/pip install -q --disable-pip-version-check -c constraints.txt -e ".[export,test]"
+.venv/bin/pip install -q --disable-pip-version-check -c constraints.txt -e ".[export,demo,test]"
 if [ "${ORTINF_SKIP_OPENVINO:-0}" != 1 ]; then
   bash scripts/setup_openvino_env.sh
 fi

@@ -27,11 +27,10 @@ def prepare_samples(model: ServedModel, prompts: list, body_params, n: int) -> l
     engine = model.require_engine().engine
     prepared = []
     for prompt in prompts:
-        if (isinstance(prompt, str) and not prompt) or (isinstance(prompt, list) and not prompt):
+        if not prompt:
             raise APIError(400, "the prompt is empty", param="prompt")
-        for j in range(n):
-            params = body_params if body_params.seed is None else replace(body_params, seed=body_params.seed + j)
-            prepared.append(engine.prepare(prompt, params))
+        first = engine.prepare(prompt, body_params)  # tokenised and checked once per prompt
+        prepared += [replace(first, params=first.params.for_sample(j)) for j in range(n)]
     return prepared
 
 

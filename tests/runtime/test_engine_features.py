@@ -61,7 +61,7 @@ def test_stop_string_across_token_boundary(llama):
     assert text.find(stop) == cut - 2, "pick a stop string that first occurs at the boundary"
 
     engine = make_engine(package)
-    request_id = engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, stop=[stop]))
+    engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, stop=[stop]))
     seen = []
     while engine.has_unfinished_requests():
         for output in engine.step():
