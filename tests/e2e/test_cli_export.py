@@ -41,7 +41,7 @@ def llama_folder(tmp_path_factory) -> Path:
 def test_version_and_help_everywhere():
     version = ortinf("--version")
     assert version.returncode == 0 and "ortinf" in version.stdout and "0.1.0" in version.stdout
-    for command in ([], ["export"], ["inspect"], ["generate"]):
+    for command in ([], ["export"], ["inspect"], ["generate"], ["serve"], ["demo"], ["bench"], ["bench", "serve"]):
         result = ortinf(*command, "--help")
         assert result.returncode == 0 and "Usage:" in result.stdout, command
     export_help = ortinf("export", "--help").stdout
