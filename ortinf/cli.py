@@ -172,6 +172,7 @@ def serve(packages: tuple[Path, ...], host: str, port: int, provider: str, serve
     into ~/.cache/ortinf, or $ORTINF_CACHE). Requests are routed to a model by their `model` field.
     """
     from ortinf.runtime.config import parse_size
+    from ortinf.serve.app import model_names
     from ortinf.serve.server import run
     from ortinf.serve.state import ServerConfig
 
@@ -192,6 +193,10 @@ def serve(packages: tuple[Path, ...], host: str, port: int, provider: str, serve
         shutdown_timeout=shutdown_timeout, max_body_size=parse_size(max_body_size), intra_op_threads=intra_op_threads,
         debug_fail_after_steps=debug_fail_after_steps,
     )
+    names = model_names(config)
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise click.UsageError(f"two packages would both be served as {duplicates[0]!r}: name them with --served-model-name")
     run(config, log_level)
 
 

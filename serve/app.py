@@ -112,8 +112,8 @@ def load_model(package: Path, name: str, config: ServerConfig, state: ServerStat
 
 
 def model_names(config: ServerConfig) -> list[str]:
-    names = list(config.served_model_names) or [p.resolve().name for p in config.packages]
-    return names
+    """Served names: --served-model-name, else each package folder's name."""
+    return list(config.served_model_names) or [p.resolve().name for p in config.packages]
 
 
 async def _load_all(state: ServerState) -> None:

@@ -126,6 +126,13 @@ def test_serve_cli_errors(tmp_path):
     bad = ortinf("serve", tmp_path, "--config", tmp_path / "bad.yaml")
     assert bad.returncode == 2 and "unknown keys" in bad.stderr and "prot" in bad.stderr
     assert ortinf("serve", "--help").returncode == 0
+    (tmp_path / "a" / "pkg").mkdir(parents=True)
+    (tmp_path / "b" / "pkg").mkdir(parents=True)
+    for folder in (tmp_path / "a" / "pkg", tmp_path / "b" / "pkg"):
+        (folder / "ortinf.json").write_text('{"format_version": 2, "task": "text-generation", "architecture": "x", '
+                                            '"model_type": "llama", "dtype": "fp32", "inputs": [], "outputs": []}')
+    same = ortinf("serve", tmp_path / "a" / "pkg", tmp_path / "b" / "pkg")
+    assert same.returncode == 2 and "both be served as 'pkg'" in same.stderr
 
 
 def test_fuzzing_the_openapi_schema_finds_no_500(llama_server):
