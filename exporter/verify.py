@@ -50,7 +50,7 @@ def verify_decoder(model: PreTrainedModel, package: Path, tolerance: float, prog
 
     calls = [(0, PROMPT_LEN)] + [(p, p + 1) for p in range(PROMPT_LEN, len(tokens))]
     worst = 0.0
-    for start, end in tqdm(calls, desc="verifying", disable=not progress, leave=False):
+    for start, end in tqdm(calls, desc="verifying", disable=not progress, leave=False, position=1):
         chunk = SequenceChunk(tokens[start:end], start, block_table)
         logits = graph.run(build_model_input([chunk], BLOCK_SIZE))
         worst = max(worst, float(np.abs(logits[0].astype(np.float32) - reference[end - 1]).max()))
