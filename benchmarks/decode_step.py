@@ -23,7 +23,6 @@ import ortinf
 from ortinf.runtime.decoder_graph import DecoderGraph
 from ortinf.runtime.model_input import SequenceChunk, build_model_input
 
-RESULTS = Path(__file__).with_name("RESULTS.md")
 BLOCK_SIZE = 16
 
 
@@ -54,7 +53,7 @@ def main() -> None:
     import sys
 
     sys.path.insert(0, str(Path(__file__).with_name("export_llama.py").parent))
-    from export_llama import build
+    from export_llama import build, report
 
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as tmp:
@@ -79,10 +78,7 @@ def main() -> None:
     table = ["| step | tokens | ms per call | graph ms | tokens/s |", "|---|---:|---:|---:|---:|"]
     table += [f"| {n} | {t} | {a:.1f} | {g:.1f} | {r:,.0f} |" for n, t, a, g, r in rows]
     text = "\n".join(["### One graph call, portable kernel, 33.6M llama fp32, 2 threads", "", *table, ""])
-    print(text)
-    if args.record:
-        with RESULTS.open("a", encoding="utf-8") as fh:
-            fh.write(f"\n{text}")
+    report(text, args.record)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,14 @@ def build(folder: Path) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def report(text: str, record: bool) -> None:
+    """Prints a results table and, with --record, appends it to benchmarks/RESULTS.md."""
+    print(text)
+    if record:
+        with RESULTS.open("a", encoding="utf-8") as fh:
+            fh.write("\n" + text)
+
+
 def size_mib(folder: Path) -> float:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 2**20
 
@@ -60,11 +68,7 @@ def main() -> None:
     header = f"Export of a {params / 1e6:.1f}M-parameter llama (fp32), {platform.processor() or platform.machine()}, torch threads 2"
     table = ["| exporter | seconds | package MiB | max abs diff vs PyTorch |", "|---|---:|---:|---|"]
     table += [f"| {name} | {secs:.1f} | {mib:.1f} | {diff} |" for name, secs, mib, diff in rows]
-    text = "\n".join([f"### {header}", "", *table, ""])
-    print(text)
-    if args.record:
-        with RESULTS.open("a", encoding="utf-8") as fh:
-            fh.write(f"\n{text}")
+    report("\n".join([f"### {header}", "", *table, ""]), args.record)
 
 
 if __name__ == "__main__":

@@ -31,12 +31,11 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from export_llama import build  # noqa: E402
+from export_llama import build, report  # noqa: E402
 
 import ortinf  # noqa: E402
 from ortinf import LLM, SamplingParams  # noqa: E402
 
-RESULTS = Path(__file__).with_name("RESULTS.md")
 NUM_REQUESTS, NEW_TOKENS, THREADS = 32, 128, 2
 REPEATS = 3
 
@@ -179,10 +178,7 @@ def main() -> None:
         lines += ["", "ortinf's output tokens/s over: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratio.items()),
                   f"single-request TPOT: ortinf {single.tpot * 1e3:.1f} ms vs Optimum {optimum_single.tpot * 1e3:.1f} ms"]
     text = "\n".join(lines) + "\n"
-    print(text)
-    if args.record:
-        with RESULTS.open("a", encoding="utf-8") as fh:
-            fh.write("\n" + text)
+    report(text, args.record)
 
 
 if __name__ == "__main__":

@@ -23,12 +23,11 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from export_llama import build  # noqa: E402
+from export_llama import build, report  # noqa: E402
 
 import ortinf  # noqa: E402
 from ortinf.serve.bench import BenchConfig, run_bench  # noqa: E402
 
-RESULTS = Path(__file__).with_name("RESULTS.md")
 LEVELS = (1, 8, 32, 64)
 
 
@@ -84,10 +83,7 @@ def main() -> None:
             f"{s['itl_ms']['mean']:.1f} / {s['itl_ms']['p99']:.1f} | {s['e2el_ms']['mean']:,.0f} / {s['e2el_ms']['p99']:,.0f} |"
         )
     text = "\n".join(lines) + "\n"
-    print(text)
-    if args.record:
-        with RESULTS.open("a", encoding="utf-8") as fh:
-            fh.write("\n" + text)
+    report(text, args.record)
 
 
 if __name__ == "__main__":

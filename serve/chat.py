@@ -7,7 +7,7 @@ import uuid
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 
 from ortinf.runtime.engine import PreparedRequest
 from ortinf.serve.completions import prepare_samples, usage
@@ -16,7 +16,7 @@ from ortinf.serve.logprobs import chat_logprobs
 from ortinf.serve.models import ServedModel
 from ortinf.serve.protocol import ChatCompletionRequest
 from ortinf.serve.state import ServerState
-from ortinf.serve.streaming import SSE_DONE, final_outputs, merged, sse, sse_error, until_disconnected
+from ortinf.serve.streaming import SSE_DONE, admit_and_run, merged, sse, sse_error
 
 router = APIRouter()
 
@@ -41,15 +41,12 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
     logprobs = body.logprobs_count()
     params = body.sampling_params(body.max_new_tokens(), logprobs)
     prepared = prepare_samples(model, [render_prompt(model, body)], params, body.n)
-    state.admission.acquire(len(prepared))
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
+    stream = _stream(state, model, body, prepared, request_id, created) if body.stream else None
+    outputs = await admit_and_run(request, state.admission, engine, prepared, request_id, stream)
     if body.stream:
-        return StreamingResponse(_stream(state, model, body, prepared, request_id, created), media_type="text/event-stream")
-    try:
-        outputs = await until_disconnected(request, final_outputs(engine, prepared, request_id))
-    finally:
-        state.admission.release(len(prepared))
+        return outputs
     choices = []
     for index, output in enumerate(outputs):
         completion = output.outputs[0]

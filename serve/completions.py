@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 
 from ortinf.runtime.engine import PreparedRequest
 from ortinf.runtime.outputs import RequestOutput
@@ -17,7 +17,7 @@ from ortinf.serve.logprobs import completion_logprobs, echo_logprobs
 from ortinf.serve.models import ServedModel
 from ortinf.serve.protocol import CompletionRequest
 from ortinf.serve.state import ServerState
-from ortinf.serve.streaming import SSE_DONE, final_outputs, merged, sse, sse_error, until_disconnected
+from ortinf.serve.streaming import SSE_DONE, admit_and_run, merged, sse, sse_error
 
 router = APIRouter()
 
@@ -52,15 +52,12 @@ async def create_completion(body: CompletionRequest, request: Request):
     if not prompts:
         raise APIError(400, "the prompt is empty", param="prompt")
     prepared = prepare_samples(model, prompts, params, body.n)
-    state.admission.acquire(len(prepared))
     request_id = f"cmpl-{uuid.uuid4().hex}"
     created = int(time.time())
+    stream = _stream(state, model, body, prepared, request_id, created) if body.stream else None
+    outputs = await admit_and_run(request, state.admission, engine, prepared, request_id, stream)
     if body.stream:
-        return StreamingResponse(_stream(state, model, body, prepared, request_id, created), media_type="text/event-stream")
-    try:
-        outputs = await until_disconnected(request, final_outputs(engine, prepared, request_id))
-    finally:
-        state.admission.release(len(prepared))
+        return outputs
     choices = [_choice(model, body, p, o, i) for i, (p, o) in enumerate(zip(prepared, outputs))]
     completion_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     return JSONResponse({

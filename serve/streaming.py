@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Awaitable, Sequence
 from typing import Any, TypeVar
 
 from starlette.requests import Request
+from starlette.responses import StreamingResponse
 
 from ortinf.runtime.async_engine import AsyncEngine
 from ortinf.runtime.engine import PreparedRequest
@@ -88,6 +89,19 @@ async def until_disconnected(request: Request, work: Awaitable[T], poll: float =
     finally:
         if not task.done():
             task.cancel()
+
+
+async def admit_and_run(request: Request, admission: Admission, engine: AsyncEngine, prepared: Sequence[PreparedRequest],
+                        request_id: str, stream: AsyncIterator[str] | None) -> list[RequestOutput] | StreamingResponse:
+    """Admits the samples (429 past capacity), then returns a StreamingResponse over `stream` (whose
+    own `finally` releases them) or runs them to the end and returns their final outputs."""
+    admission.acquire(len(prepared))
+    if stream is not None:
+        return StreamingResponse(stream, media_type="text/event-stream")
+    try:
+        return await until_disconnected(request, final_outputs(engine, prepared, request_id))
+    finally:
+        admission.release(len(prepared))
 
 
 def sse(data: Any) -> str:
