@@ -135,13 +135,13 @@ def test_serve_cli_errors(tmp_path):
     assert same.returncode == 2 and "both be served as 'pkg'" in same.stderr
 
 
-def test_fuzzing_the_openapi_schema_finds_no_500(llama_server):
+def test_fuzzing_the_openapi_schema_finds_no_500(llama_server, tmp_path):
     """schemathesis generates requests from the published schema: none may get a 500."""
     schemathesis = str(__import__("pathlib").Path(__import__("sys").executable).with_name("schemathesis"))
     result = subprocess.run(
         [schemathesis, "run", f"{llama_server.url}/openapi.json", "--checks", "not_a_server_error", "--max-examples", "25",
          "--seed", "1", "--request-timeout", "30", "--generation-database", "none"],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,  # schemathesis writes a cache in its cwd
     )
     assert result.returncode == 0, result.stdout[-3000:]
     assert httpx.get(f"{llama_server.url}/health").status_code == 200
