@@ -16,7 +16,7 @@ from ortinf.serve.logprobs import chat_logprobs
 from ortinf.serve.models import ServedModel
 from ortinf.serve.protocol import ChatCompletionRequest
 from ortinf.serve.state import ServerState
-from ortinf.serve.streaming import SSE_DONE, admit_and_run, merged, sse, sse_error
+from ortinf.serve.streaming import admit_and_run, merged, sse_stream
 
 router = APIRouter()
 
@@ -63,15 +63,19 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
     })
 
 
-async def _stream(state: ServerState, model: ServedModel, body: ChatCompletionRequest, prepared: list[PreparedRequest],
-                  request_id: str, created: int) -> AsyncIterator[str]:
+def _stream(state: ServerState, model: ServedModel, body: ChatCompletionRequest, prepared: list[PreparedRequest],
+            request_id: str, created: int) -> AsyncIterator[str]:
     head = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model.name}
-    sent_text = [0] * len(prepared)
-    sent_logprobs = [0] * len(prepared)
     completion_tokens = [0] * len(prepared)
-    try:
+
+    def choice(index: int, delta: dict, logprobs: dict | None = None, finish_reason: str | None = None) -> dict:
+        return {**head, "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}]}
+
+    async def chunks() -> AsyncIterator[dict]:
+        sent_text = [0] * len(prepared)
+        sent_logprobs = [0] * len(prepared)
         for index in range(len(prepared)):  # the role comes first, before any content
-            yield sse({**head, "choices": [{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]})
+            yield choice(index, {"role": "assistant", "content": ""})
         async for index, output in merged(model.require_engine(), prepared, request_id):
             completion = output.outputs[0]
             delta_text = completion.text[sent_text[index]:]
@@ -84,13 +88,13 @@ async def _stream(state: ServerState, model: ServedModel, body: ChatCompletionRe
                 sent_logprobs[index] += len(entries)
                 logprobs = chat_logprobs(model, entries) if entries else None
             if delta_text or logprobs or (new_tokens and not completion.finish_reason):
-                yield sse({**head, "choices": [{"index": index, "delta": {"content": delta_text}, "logprobs": logprobs, "finish_reason": None}]})
+                yield choice(index, {"content": delta_text}, logprobs)
             if completion.finish_reason:
-                yield sse({**head, "choices": [{"index": index, "delta": {}, "logprobs": None, "finish_reason": completion.finish_reason}]})
-        if body.include_usage():
-            yield sse({**head, "choices": [], "usage": usage(prepared, body.n, sum(completion_tokens))})
-    except Exception as exc:  # noqa: BLE001 - reported in the stream, whose headers are already sent
-        yield sse_error(exc)
-    finally:
-        state.admission.release(len(prepared))
-    yield SSE_DONE
+                yield choice(index, {}, finish_reason=completion.finish_reason)
+
+    def last() -> dict | None:
+        if not body.include_usage():
+            return None
+        return {**head, "choices": [], "usage": usage(prepared, body.n, sum(completion_tokens))}
+
+    return sse_stream(chunks(), state.admission, len(prepared), last)

@@ -17,7 +17,7 @@ from ortinf.serve.logprobs import completion_logprobs, echo_logprobs
 from ortinf.serve.models import ServedModel
 from ortinf.serve.protocol import CompletionRequest
 from ortinf.serve.state import ServerState
-from ortinf.serve.streaming import SSE_DONE, admit_and_run, merged, sse, sse_error
+from ortinf.serve.streaming import admit_and_run, merged, sse_stream
 
 router = APIRouter()
 
@@ -86,14 +86,15 @@ def _choice(model: ServedModel, body: CompletionRequest, prepared: PreparedReque
     return {"index": index, "text": prefix + completion.text, "logprobs": logprobs, "finish_reason": completion.finish_reason}
 
 
-async def _stream(state: ServerState, model: ServedModel, body: CompletionRequest, prepared: list[PreparedRequest],
-                  request_id: str, created: int) -> AsyncIterator[str]:
-    sent_text = [0] * len(prepared)
-    sent_logprobs = [0] * len(prepared)
-    started = [False] * len(prepared)
-    completion_tokens = [0] * len(prepared)
+def _stream(state: ServerState, model: ServedModel, body: CompletionRequest, prepared: list[PreparedRequest],
+            request_id: str, created: int) -> AsyncIterator[str]:
     head = {"id": request_id, "object": "text_completion", "created": created, "model": model.name}
-    try:
+    completion_tokens = [0] * len(prepared)
+
+    async def chunks() -> AsyncIterator[dict]:
+        sent_text = [0] * len(prepared)
+        sent_logprobs = [0] * len(prepared)
+        started = [False] * len(prepared)
         async for index, output in merged(model.require_engine(), prepared, request_id):
             completion = output.outputs[0]
             text = completion.text[sent_text[index]:]
@@ -114,12 +115,11 @@ async def _stream(state: ServerState, model: ServedModel, body: CompletionReques
             # one chunk per step with new tokens, even when they add no text yet (a held-back stop
             # string prefix, an incomplete character, a package without tokenizer)
             if text or new_tokens or completion.finish_reason or logprobs:
-                choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": completion.finish_reason}
-                yield sse({**head, "choices": [choice]})
-        if body.include_usage():
-            yield sse({**head, "choices": [], "usage": usage(prepared, body.n, sum(completion_tokens))})
-    except Exception as exc:  # noqa: BLE001 - reported in the stream, whose headers are already sent
-        yield sse_error(exc)
-    finally:
-        state.admission.release(len(prepared))
-    yield SSE_DONE
+                yield {**head, "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": completion.finish_reason}]}
+
+    def last() -> dict | None:
+        if not body.include_usage():
+            return None
+        return {**head, "choices": [], "usage": usage(prepared, body.n, sum(completion_tokens))}
+
+    return sse_stream(chunks(), state.admission, len(prepared), last)

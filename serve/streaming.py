@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from starlette.requests import Request
@@ -102,6 +102,23 @@ async def admit_and_run(request: Request, admission: Admission, engine: AsyncEng
         return await until_disconnected(request, final_outputs(engine, prepared, request_id))
     finally:
         admission.release(len(prepared))
+
+
+async def sse_stream(chunks: AsyncIterator[dict], admission: Admission, count: int, last: Callable[[], dict | None]) -> AsyncIterator[str]:
+    """Frames a route's chunks as server-sent events: the chunks, then `last()` (the usage chunk, if
+    asked for), an error event if anything failed (headers are already sent), and [DONE]. Releases
+    the `count` admitted samples however it ends."""
+    try:
+        async for chunk in chunks:
+            yield sse(chunk)
+        final = last()
+        if final is not None:
+            yield sse(final)
+    except Exception as exc:  # noqa: BLE001 - reported in the stream, whose headers are already sent
+        yield sse_error(exc)
+    finally:
+        admission.release(count)
+    yield SSE_DONE
 
 
 def sse(data: Any) -> str:
