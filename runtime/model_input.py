@@ -27,7 +27,7 @@ class ModelInput:
 
     input_ids: np.ndarray  # [num_tokens]
     positions: np.ndarray  # [num_tokens]
-    block_tables: np.ndarray  # [num_seqs, max_blocks], padded with block 0
+    block_tables: np.ndarray  # [num_seqs, max_blocks] over the cached tokens only, padded with block 0
     context_lens: np.ndarray  # [num_seqs]
     query_lens: np.ndarray  # [num_seqs]
     logits_indices: np.ndarray  # [num_seqs], the last scheduled token of each sequence
@@ -57,19 +57,23 @@ def build_model_input(chunks: Sequence[SequenceChunk], block_size: int, all_logi
     query_lens = np.array([len(c.token_ids) for c in chunks], dtype=np.int64)
     context_lens = np.array([c.num_computed_tokens for c in chunks], dtype=np.int64)
     max_blocks = max(len(c.block_table) for c in chunks)
-    block_tables = np.zeros((len(chunks), max_blocks), dtype=np.int64)
-    for row, chunk in zip(block_tables, chunks):
+    tables = np.zeros((len(chunks), max_blocks), dtype=np.int64)
+    for row, chunk in zip(tables, chunks):
         row[: len(chunk.block_table)] = chunk.block_table
         assert (chunk.num_computed_tokens + len(chunk.token_ids)) <= len(chunk.block_table) * block_size
     input_ids = np.concatenate([np.asarray(c.token_ids, dtype=np.int64) for c in chunks])
     seq_of = np.repeat(np.arange(len(chunks)), query_lens)
     starts = np.cumsum(query_lens) - query_lens
     positions = context_lens[seq_of] + (np.arange(len(input_ids)) - starts[seq_of])
-    slot_mapping = block_tables[seq_of, positions // block_size] * block_size + positions % block_size
+    slot_mapping = tables[seq_of, positions // block_size] * block_size + positions % block_size
+    # The graph reads only cached tokens from the pool (this step's K/V are written after it runs),
+    # so it gets only the blocks that hold them: a fresh prompt would otherwise be scored against a
+    # whole masked block table. At least one block keeps every shape non-empty.
+    cached_blocks = max(1, -(-int(context_lens.max()) // block_size))
     return ModelInput(
         input_ids=input_ids,
         positions=positions,
-        block_tables=block_tables,
+        block_tables=np.ascontiguousarray(tables[:, :cached_blocks]),
         context_lens=context_lens,
         query_lens=query_lens,
         logits_indices=_logits_indices(starts, query_lens, all_logits),
