@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from transformers import AttentionInterface, PreTrainedModel
+from transformers import AttentionInterface, PretrainedConfig, PreTrainedModel
 
 from ortinf.exporter.architectures import DECODERS
 from ortinf.exporter.tracing import OPSET, quiet_tracing
@@ -40,6 +40,7 @@ class PagedDecoder(torch.nn.Module):
         self.final_softcap = getattr(model.config, "final_logit_softcapping", None)
         self.num_layers = model.config.num_hidden_layers
         self.default_scaling = DECODERS[model.config.model_type].default_scaling
+        self.num_heads, self.num_kv_heads, self.head_dim = head_shape(model.config)
 
     def forward(
         self,
@@ -57,6 +58,9 @@ class PagedDecoder(torch.nn.Module):
             query_lens=query_lens,
             key_caches=list(caches[0::2]),
             value_caches=list(caches[1::2]),
+            num_kv_heads=self.num_kv_heads,
+            group=self.num_heads // self.num_kv_heads,
+            head_dim=self.head_dim,
             default_scaling=self.default_scaling,
         )
         hidden = self.base(
@@ -85,16 +89,22 @@ def paged_attention_enabled(model: PreTrainedModel) -> Iterator[None]:
         model.config._attn_implementation = previous
 
 
+def head_shape(config: PretrainedConfig) -> tuple[int, int, int]:
+    """(num_heads, num_kv_heads, head_dim) of a decoder config."""
+    num_heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
+    return num_heads, getattr(config, "num_key_value_heads", None) or num_heads, head_dim
+
+
 def decoder_spec(model: PreTrainedModel, kv_dtype: str) -> DecoderSpec:
     """Shape facts of the model, read from its config."""
     config = model.config
-    num_heads = config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
+    num_heads, num_kv_heads, head_dim = head_shape(config)
     window = getattr(config, "sliding_window", None)  # informative: the graph applies it per layer
     return DecoderSpec(
         num_layers=config.num_hidden_layers,
         num_heads=num_heads,
-        num_kv_heads=getattr(config, "num_key_value_heads", None) or num_heads,
+        num_kv_heads=num_kv_heads,
         head_dim=head_dim,
         hidden_size=config.hidden_size,
         vocab_size=config.vocab_size,
