@@ -3,9 +3,10 @@
 It sees only the scheduler's output (never Request objects): it builds ModelInput, runs the graph
 (which writes the new K/V into the pool in place), samples, and computes logprobs where asked.
 
-A step that mixes long prefill chunks with single-token decodes runs as two graph calls: the
-portable kernel pads every sequence to the longest query in the call, so one 256-token chunk would
-make 31 decodes cost 256 query rows each (benchmarks/decode_step.py: ~460 ms instead of ~70 ms).
+A step may run as several graph calls (runtime/call_planner.py): the portable kernel pads every
+sequence to the longest query in the call, so one 256-token chunk would make 31 decodes cost 256
+query rows each (benchmarks/decode_step.py: ~460 ms instead of ~70 ms), and prompts of very
+different lengths are cheaper in separate calls.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ortinf.runtime.call_planner import plan_calls
 from ortinf.runtime.decoder_graph import DecoderGraph
 from ortinf.runtime.model_input import SequenceChunk, build_model_input
 from ortinf.runtime.sampler import Sampler, log_softmax
@@ -23,10 +25,9 @@ from ortinf.runtime.scheduler_output import ModelRunnerOutput, ScheduledRequest,
 class ModelRunner:
     """Executes steps on a DecoderGraph; keeps one RNG per seeded request."""
 
-    def __init__(self, graph: DecoderGraph, seed: int | None = None, split_mixed_steps: bool = True) -> None:
+    def __init__(self, graph: DecoderGraph, seed: int | None = None) -> None:
         self.graph = graph
         self.sampler = Sampler()
-        self.split_mixed_steps = split_mixed_steps
         self.shared_generator = np.random.default_rng(seed)
         self.generators: dict[str, np.random.Generator] = {}
         self.num_graph_calls = 0
@@ -39,7 +40,8 @@ class ModelRunner:
             return ModelRunnerOutput()
         last_rows: list[np.ndarray | None] = [None] * len(scheduled)
         prompt_rows: dict[int, np.ndarray] = {}
-        for group in self._groups(scheduled):
+        query_lens = [len(s.token_ids) for s in scheduled]
+        for group in plan_calls(query_lens, [s.num_computed_tokens for s in scheduled], self.graph.block_size):
             self._run_group(scheduled, group, last_rows, prompt_rows)
 
         output = ModelRunnerOutput()
@@ -49,12 +51,6 @@ class ModelRunner:
         for index, rows in prompt_rows.items():
             output.prompt_logprobs[scheduled[index].request_id] = prompt_logprobs(scheduled[index], rows)
         return output
-
-    def _groups(self, scheduled: Sequence[ScheduledRequest]) -> list[list[int]]:
-        decodes = [i for i, s in enumerate(scheduled) if len(s.token_ids) == 1]
-        if not self.split_mixed_steps or not decodes or len(decodes) == len(scheduled):
-            return [list(range(len(scheduled)))]
-        return [[i for i, s in enumerate(scheduled) if len(s.token_ids) > 1], decodes]
 
     def _run_group(self, scheduled: Sequence[ScheduledRequest], group: list[int], last_rows: list, prompt_rows: dict[int, np.ndarray]) -> None:
         chunks = [SequenceChunk(scheduled[i].token_ids, scheduled[i].num_computed_tokens, scheduled[i].block_ids) for i in group]
