@@ -41,8 +41,8 @@ class DecoderGraph:
         self.block_size = block_size
         shape = (self.spec.num_kv_heads, num_blocks, block_size, self.spec.head_dim)
         dtype = NUMPY_DTYPES[self.spec.kv_dtype]
-        self.key_caches = [np.zeros(shape, dtype=dtype) for _ in range(self.spec.num_layers)]
-        self.value_caches = [np.zeros(shape, dtype=dtype) for _ in range(self.spec.num_layers)]
+        self.key_caches = [_touched_zeros(shape, dtype) for _ in range(self.spec.num_layers)]
+        self.value_caches = [_touched_zeros(shape, dtype) for _ in range(self.spec.num_layers)]
         self._cache_feeds = {}
         for i in range(self.spec.num_layers):
             self._cache_feeds[f"key_cache.{i}"] = self.key_caches[i]
@@ -57,3 +57,15 @@ class DecoderGraph:
             self.key_caches[i].reshape(kv_heads, -1, head_dim)[:, slots] = outputs[1 + 2 * i].swapaxes(0, 1)
             self.value_caches[i].reshape(kv_heads, -1, head_dim)[:, slots] = outputs[2 + 2 * i].swapaxes(0, 1)
         return outputs[0]
+
+
+def _touched_zeros(shape: tuple[int, ...], dtype: type) -> np.ndarray:
+    """A zeroed array whose pages are all mapped now (~0.4 s per GiB, once at start-up).
+
+    np.zeros maps pages lazily, so without this the first write into each fresh block page-faults
+    on the request path: ~80 ms of a 2.3 s benchmark run, and latency jitter while serving. It also
+    makes the pool's memory really reserved at start-up, as the size logged says.
+    """
+    array = np.zeros(shape, dtype=dtype)
+    array.fill(0)
+    return array
