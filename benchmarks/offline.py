@@ -8,8 +8,10 @@ heads, vocab 8192) at fp32, 2 threads everywhere. A second workload gives all pr
 64-token prefix and runs ortinf with prefix caching on and off.
 
 The machines are noisy (a shared VM; run-to-run spread of 10-15% seen), so the fast runs (ortinf and
-Optimum) are repeated REPEATS times and the run with the median throughput is reported; the slow
-transformers baselines run once (their ratios are far from the targets).
+Optimum) are repeated REPEATS times, interleaved (ortinf, Optimum, ortinf, Optimum, ...: a drift in
+the machine's speed moves both), and the run with the median throughput is reported, with the ratio
+of each interleaved pair; the slow transformers baselines run once (their ratios are far from the
+targets).
 
 Reported: output tokens/s (all output tokens / wall time), mean TTFT (from a request's submission
 to its first token; for one-at-a-time runs, from that request's own start) and mean TPOT (time per
@@ -37,13 +39,12 @@ import ortinf  # noqa: E402
 from ortinf import LLM, SamplingParams  # noqa: E402
 
 NUM_REQUESTS, NEW_TOKENS, THREADS = 32, 128, 2
-REPEATS = 3
+REPEATS = 5
 
 
-def median_run(run, *args, **kwargs) -> Row:
-    """The run with the median throughput of REPEATS runs."""
-    rows = sorted((run(*args, **kwargs) for _ in range(REPEATS)), key=lambda row: row.throughput)
-    return rows[len(rows) // 2]
+def median_row(rows: list[Row]) -> Row:
+    """The run with the median throughput."""
+    return sorted(rows, key=lambda row: row.throughput)[len(rows) // 2]
 
 
 @dataclass
@@ -145,18 +146,35 @@ def main() -> None:
         root = Path(tmp)
         build(root / "hf")
         ortinf.export(root / "hf", root / "pkg", progress=False)
-        rows.append(median_run(run_ortinf, root / "pkg", prompts, "ortinf, 32 concurrent requests"))
-        single = median_run(run_ortinf, root / "pkg", prompts[16:17], "ortinf, 1 request")
+        runs: dict[str, list[Row]] = {}
+        contenders = {
+            "ortinf, 32 concurrent requests": lambda: run_ortinf(root / "pkg", prompts, "ortinf, 32 concurrent requests"),
+            "ortinf, 1 request": lambda: run_ortinf(root / "pkg", prompts[16:17], "ortinf, 1 request"),
+        }
         if not args.skip_baselines:
             import transformers
 
             model = transformers.AutoModelForCausalLM.from_pretrained(root / "hf").eval()
             optimum = load_optimum(root / "hf", root / "optimum")
             run_hf_batch(optimum, prompts[:2], "warm-up")
-            rows.append(median_run(run_hf_batch, optimum, prompts, "Optimum ORTModelForCausalLM, padded batch of 32"))
-            optimum_single = median_run(run_hf_batch, optimum, prompts[16:17], "Optimum ORTModelForCausalLM, 1 request")
+            contenders["Optimum ORTModelForCausalLM, padded batch of 32"] = lambda: run_hf_batch(
+                optimum, prompts, "Optimum ORTModelForCausalLM, padded batch of 32")
+            contenders["Optimum ORTModelForCausalLM, 1 request"] = lambda: run_hf_batch(
+                optimum, prompts[16:17], "Optimum ORTModelForCausalLM, 1 request")
+        # Interleaved repeats: a machine that speeds up or slows down during the run moves both sides.
+        for _ in range(REPEATS):
+            for name, run in contenders.items():
+                runs.setdefault(name, []).append(run())
+        median = {name: median_row(rows_of) for name, rows_of in runs.items()}
+        rows.append(median["ortinf, 32 concurrent requests"])
+        single = median["ortinf, 1 request"]
+        if not args.skip_baselines:
+            rows.append(median["Optimum ORTModelForCausalLM, padded batch of 32"])
+            optimum_single = median["Optimum ORTModelForCausalLM, 1 request"]
             rows.append(run_hf_batch(model, prompts, "transformers generate, padded batch of 32"))
             rows.append(run_hf_one_at_a_time(model, prompts))
+            pair_ratios = [a.throughput / b.throughput for a, b in zip(runs["ortinf, 32 concurrent requests"],
+                                                                       runs["Optimum ORTModelForCausalLM, padded batch of 32"])]
         prefix_rows = [
             run_ortinf(root / "pkg", workload(shared_prefix=64), "ortinf, shared 64-token prefix, caching on", enable_prefix_caching=True),
             run_ortinf(root / "pkg", workload(shared_prefix=64), "ortinf, shared 64-token prefix, caching off", enable_prefix_caching=False),
@@ -176,6 +194,7 @@ def main() -> None:
     lines += [f"| {r.name} | {r.throughput:,.0f} | {r.ttft * 1e3:,.0f} | {r.tpot * 1e3:.1f} | {r.seconds:.1f} |" for r in table_rows]
     if ratio:
         lines += ["", "ortinf's output tokens/s over: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratio.items()),
+                  "ortinf over Optimum's padded batch in each interleaved pair of runs: " + ", ".join(f"{r:.2f}x" for r in pair_ratios),
                   f"single-request TPOT: ortinf {single.tpot * 1e3:.1f} ms vs Optimum {optimum_single.tpot * 1e3:.1f} ms"]
     text = "\n".join(lines) + "\n"
     report(text, args.record)
