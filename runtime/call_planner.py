@@ -43,17 +43,16 @@ def plan_calls(query_lens: Sequence[int], context_lens: Sequence[int], block_siz
 def _cheapest_runs(order: list[int], query_lens: Sequence[int], past_lens: Sequence[int]) -> list[list[int]]:
     """Splits `order` into contiguous runs minimising sum(CALL_COST + padded cells)."""
     n = len(order)
-    best = [0] + [0] * n  # best[j]: cheapest cost of order[:j]
+    best = [0] * (n + 1)  # best[j]: cheapest cost of order[:j]
     cut = [0] * (n + 1)  # cut[j]: start of the last run in that plan
     for end in range(1, n + 1):
         longest_query = longest_past = 0
-        best[end] = -1
+        options = []
         for start in range(end - 1, -1, -1):
             longest_query = max(longest_query, query_lens[order[start]])
             longest_past = max(longest_past, past_lens[order[start]])
-            cost = best[start] + CALL_COST + (end - start) * longest_query * (longest_past + longest_query)
-            if best[end] < 0 or cost < best[end]:
-                best[end], cut[end] = cost, start
+            options.append((best[start] + CALL_COST + (end - start) * longest_query * (longest_past + longest_query), start))
+        best[end], cut[end] = min(options)
     runs, end = [], n
     while end > 0:
         runs.append(order[cut[end] : end])

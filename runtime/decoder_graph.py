@@ -63,7 +63,7 @@ def _touched_zeros(shape: tuple[int, ...], dtype: type) -> np.ndarray:
     """A zeroed array whose pages are all mapped now (~0.4 s per GiB, once at start-up).
 
     np.zeros maps pages lazily, so without this the first write into each fresh block page-faults
-    on the request path: ~80 ms of a 2.3 s benchmark run, and latency jitter while serving. It also
+    on the request path: ~90 ms of a 2.5 s benchmark run, and latency jitter while serving. It also
     makes the pool's memory really reserved at start-up, as the size logged says.
     """
     array = np.zeros(shape, dtype=dtype)

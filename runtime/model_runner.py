@@ -30,7 +30,6 @@ class ModelRunner:
         self.sampler = Sampler()
         self.shared_generator = np.random.default_rng(seed)
         self.generators: dict[str, np.random.Generator] = {}
-        self.num_graph_calls = 0
 
     def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         for request_id in scheduler_output.finished_request_ids:
@@ -56,7 +55,6 @@ class ModelRunner:
         chunks = [SequenceChunk(scheduled[i].token_ids, scheduled[i].num_computed_tokens, scheduled[i].block_ids) for i in group]
         all_logits = [scheduled[i].wants_prompt_logprobs for i in group]
         logits = self.graph.run(build_model_input(chunks, self.graph.block_size, all_logits))
-        self.num_graph_calls += 1
         row = 0
         for index, full in zip(group, all_logits):
             count = len(scheduled[index].token_ids) if full else 1
