@@ -52,7 +52,7 @@ def export(
     if dtype not in DTYPES:
         raise ExportError(f"unknown dtype '{dtype}': choose {', '.join(DTYPES)}")
     tolerance = DEFAULT_TOLERANCE[dtype] if tolerance is None else tolerance
-    out_path = Path(out).expanduser()
+    out_path = Path(out).expanduser().resolve()
     source = resolve_model(str(model))
     task = resolve_task(source.model_type, source.config.get("architectures"), task)
     if task != TEXT_GENERATION:
@@ -60,6 +60,8 @@ def export(
 
     bar = tqdm(total=len(STAGES), desc=STAGES[0], disable=not progress, bar_format="{desc:<10} {bar} {n}/{total} [{elapsed}]")
     with staging(out_path, overwrite) as stage, bar:
+        # the tokenizer first: one that does not fit the vocabulary is refused before the slow part
+        has_tokenizer, has_template = write_tokenizer(source, stage, source.config.get("vocab_size"))
         hf_model = _load(source, task)
         bar.update()
         bar.set_description_str(STAGES[1])
@@ -79,7 +81,6 @@ def export(
         bar.update()
         bar.set_description_str(STAGES[2])
         _place_graph(trace_dir, stage, external_data_threshold)
-        has_tokenizer, has_template = write_tokenizer(source, stage)
         generation = write_generation_config(source, stage)
         manifest = Manifest(
             task=task,

@@ -106,9 +106,10 @@ def encoder_spec(model: PreTrainedModel, source: ModelSource, task: str, input_n
         max_len = min(max_len, int(json.loads(st_config.read_text(encoding="utf-8")).get("max_seq_length") or max_len))
     if task == FEATURE_EXTRACTION:
         pooling, normalize = read_pooling(source)
-        return EncoderSpec(config.hidden_size, max_len, tuple(input_names), pooling, normalize, config.hidden_size)
+        return EncoderSpec(config.hidden_size, max_len, tuple(input_names), pooling, normalize, config.hidden_size,
+                           vocab_size=config.vocab_size)
     labels = tuple(config.id2label[i] for i in range(config.num_labels))
-    return EncoderSpec(config.hidden_size, max_len, tuple(input_names), labels=labels)
+    return EncoderSpec(config.hidden_size, max_len, tuple(input_names), labels=labels, vocab_size=config.vocab_size)
 
 
 def example_batch(input_names: list[str], vocab_size: int, batch: int = 2, length: int = 7) -> tuple[torch.Tensor, ...]:

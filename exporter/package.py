@@ -17,6 +17,7 @@ from typing import Any
 
 from ortinf.errors import ExportError
 from ortinf.exporter.source import ModelSource
+from ortinf.manifest import MANIFEST_NAME
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "tokenizer.model")
 CHAT_TEMPLATE = "chat_template.jinja"
@@ -24,11 +25,21 @@ GENERATION_CONFIG = "generation_config.json"
 
 
 def check_output(out: Path, overwrite: bool) -> None:
-    """Refuses an existing OUT unless --overwrite; refuses OUT that is a file either way."""
+    """Refuses an existing, non-empty OUT unless --overwrite, and even then unless it holds an ortinf
+    package (--overwrite never deletes anything else); refuses a file, and the current folder or a
+    folder holding it (the package is renamed into place, which would move the working directory)."""
+    out = out.resolve()
     if out.exists() and not out.is_dir():
         raise ExportError(f"{out} exists and is a file: choose another output folder")
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise ExportError(f"{out} already exists: pass --overwrite to replace it, or choose another folder")
+    cwd = Path.cwd().resolve()
+    if out == cwd or out in cwd.parents:
+        raise ExportError(f"{out} is the current folder or holds it: write the package into a new folder, e.g. -o pkg")
+    if out.exists() and any(out.iterdir()):
+        if not overwrite:
+            raise ExportError(f"{out} already exists: pass --overwrite to replace it, or choose another folder")
+        if not (out / MANIFEST_NAME).is_file():
+            raise ExportError(f"{out} is not an ortinf package (it has no {MANIFEST_NAME}): --overwrite replaces only "
+                              "packages; choose another folder")
 
 
 @contextlib.contextmanager
@@ -50,8 +61,10 @@ def staging(out: Path, overwrite: bool) -> Iterator[Path]:
         shutil.rmtree(stage, ignore_errors=True)
 
 
-def write_tokenizer(source: ModelSource, stage: Path) -> tuple[bool, bool]:
-    """Saves the tokenizer (as tokenizer.json) and its chat template; returns (has_tokenizer, has_template)."""
+def write_tokenizer(source: ModelSource, stage: Path, vocab_size: int | None) -> tuple[bool, bool]:
+    """Saves the tokenizer (as tokenizer.json) and its chat template; returns (has_tokenizer, has_template).
+
+    A tokenizer whose ids do not fit the model's `vocab_size` is refused."""
     if not any((source.path / name).exists() for name in TOKENIZER_FILES):
         return False, False
     from transformers import AutoTokenizer
@@ -63,6 +76,13 @@ def write_tokenizer(source: ModelSource, stage: Path) -> tuple[bool, bool]:
     tokenizer.save_pretrained(stage)
     if not (stage / "tokenizer.json").exists():
         raise ExportError(f"the tokenizer in {source.path} has no fast (tokenizer.json) form, which the runtime needs")
+    from tokenizers import Tokenizer
+
+    from ortinf.runtime.tokenizer import vocab_mismatch
+
+    mismatch = None if vocab_size is None else vocab_mismatch(Tokenizer.from_file(str(stage / "tokenizer.json")), int(vocab_size))
+    if mismatch is not None:
+        raise ExportError(f"{source.path}: {mismatch}; nothing was written")
     template = getattr(tokenizer, "chat_template", None)
     if isinstance(template, str) and not (stage / CHAT_TEMPLATE).exists():
         (stage / CHAT_TEMPLATE).write_text(template, encoding="utf-8")

@@ -29,3 +29,13 @@ class RequestError(OrtinfError):
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.param = param
+
+
+class StepFailedError(OrtinfError):
+    """An engine step failed while running this request: the request ended, the engine goes on.
+
+    Not the user's fault (the server answers 500); `cause` is the original exception."""
+
+    def __init__(self, message: str, cause: BaseException | None = None) -> None:
+        super().__init__(message)
+        self.cause = cause

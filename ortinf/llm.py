@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -28,6 +29,8 @@ class LLM:
 
     def __init__(self, package_dir: str | Path, provider: str = "auto", **options: Any) -> None:
         self.manifest = Manifest.load(package_dir)
+        # generate() drives the engine's steps itself: calls from several threads take turns
+        self._lock = threading.Lock()
         self.engine = None
         self.encoder = None
         if self.manifest.task == TEXT_GENERATION:
@@ -51,10 +54,17 @@ class LLM:
     ) -> list[RequestOutput]:
         """Generates for every prompt (text or token ids), all batched together; outputs in prompt order.
 
-        An invalid request raises RequestError before anything runs.
+        An invalid request raises RequestError before anything runs. Thread-safe: concurrent calls
+        run one after the other (batch the prompts in one call to run them together).
         """
         if self.engine is None:
             raise ConfigError(f"this package is a {self.manifest.task} model: use embed(), not generate()")
+        with self._lock:
+            return self._generate(prompts, sampling_params, use_tqdm)
+
+    def _generate(self, prompts: Prompt | Sequence[Prompt], sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+                  use_tqdm: bool) -> list[RequestOutput]:
+        assert self.engine is not None
         batch = _as_batch(prompts)
         params = _params_for(batch, sampling_params)
         engine = self.engine
@@ -74,6 +84,11 @@ class LLM:
         bar = tqdm(total=len(children), desc="generating", disable=not use_tqdm)
         while engine.has_unfinished_requests():
             for output in engine.step():
+                if output.error is not None:  # a failed step: end the batch, keep the engine usable
+                    for request_id in children:
+                        engine.abort(request_id)
+                    bar.close()
+                    raise output.error
                 if output.finished:
                     finished[output.request_id] = output
                     bar.update()

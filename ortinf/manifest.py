@@ -54,6 +54,7 @@ class EncoderSpec:
     normalize: bool = False
     embedding_dim: int | None = None
     labels: tuple[str, ...] = ()
+    vocab_size: int | None = None  # None in packages written before it was recorded
 
 
 @dataclass(frozen=True, slots=True)

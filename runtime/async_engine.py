@@ -1,9 +1,17 @@
 """AsyncEngine: the engine's step loop in a background thread, an async stream per request.
 
 Only the engine thread touches the LLMEngine. Callers validate their request in their own thread
-(`LLMEngine.prepare` is pure), then hand it over through a command queue; outputs come back through
-each request's asyncio queue with `call_soon_threadsafe`. Closing a stream before it finishes (a
-client that went away) aborts the request, which frees its KV blocks before the next step.
+(`LLMEngine.prepare` is pure), then hand it over through a command queue; outputs come back to each
+request's stream with `call_soon_threadsafe`. Closing a stream before it finishes (a client that
+went away) aborts the request, which frees its KV blocks before the next step.
+
+Bounded memory: outputs are cumulative, so a stream keeps only the latest one (a reader that stalls
+for a thousand steps finds one output, not a thousand copies of a growing token list).
+
+Failure isolation: a step that fails ends only its own requests (LLMEngine.step); the loop goes on.
+Only when `MAX_FAILED_STEPS` steps in a row fail (each with different requests, since a failed
+request is gone) is the failure no request's fault: the engine is declared dead, every open stream
+gets EngineDeadError, and `on_dead` runs (the server exits non-zero so a supervisor restarts it).
 """
 
 from __future__ import annotations
@@ -14,7 +22,6 @@ import logging
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
 
 from ortinf.runtime.engine import LLMEngine, PreparedRequest
 from ortinf.runtime.outputs import RequestOutput
@@ -22,30 +29,54 @@ from ortinf.runtime.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 
+MAX_FAILED_STEPS = 3  # failing steps in a row after which the engine, not a request, is at fault
+
 
 class EngineDeadError(RuntimeError):
-    """The engine loop failed; no request can run until the process restarts."""
+    """The engine loop failed for a reason no request explains; the process must restart."""
 
 
-@dataclass(slots=True)
 class _Stream:
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue
+    """One request's mailbox: the latest cumulative output (or an exception), set from the engine
+    thread through the caller's event loop."""
+
+    __slots__ = ("loop", "latest", "ready")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.latest: RequestOutput | BaseException | None = None
+        self.ready = asyncio.Event()
+
+    def put(self, item: RequestOutput | BaseException) -> None:
+        if isinstance(self.latest, BaseException):
+            return  # an error is final
+        self.latest = item
+        self.ready.set()
+
+    async def take(self) -> RequestOutput | BaseException:
+        await self.ready.wait()
+        self.ready.clear()
+        item, self.latest = self.latest, None
+        assert item is not None
+        return item
 
 
 class AsyncEngine:
     """Runs an LLMEngine in a thread; `generate` yields cumulative RequestOutputs."""
 
     def __init__(self, engine: LLMEngine, on_step: Callable[[LLMEngine, list[RequestOutput]], None] | None = None,
-                 fail_after_steps: int | None = None) -> None:
-        """`on_step` runs in the engine thread after every step (metrics); `fail_after_steps` injects
-        an engine failure for fault tests (ORTINF_DEBUG_FAIL_AFTER_STEPS)."""
+                 fail_after_steps: int | None = None, on_dead: Callable[[BaseException], None] | None = None) -> None:
+        """`on_step` runs in the engine thread after every step (metrics); `on_dead` once, in the
+        engine thread, when the engine is declared dead; `fail_after_steps` makes every step from
+        that one on fail inside the model runner, for fault tests (ORTINF_DEBUG_FAIL_AFTER_STEPS)."""
         self.engine = engine
         self._on_step = on_step
+        self._on_dead = on_dead
         self._fail_after_steps = fail_after_steps
         self._num_steps = 0
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
+        self._lock = threading.Lock()  # guards _streams and error: a stream is registered before death or sees it
         self._streams: dict[str, _Stream] = {}
         self._ids = itertools.count()
         self._stopping = False
@@ -61,20 +92,26 @@ class AsyncEngine:
     def num_unfinished(self) -> int:
         return len(self._streams)
 
-    async def generate(self, prompt: str | Sequence[int] | PreparedRequest, params: SamplingParams | None = None, request_id: str | None = None) -> AsyncIterator[RequestOutput]:
-        """Streams the request's outputs until it finishes; RequestError is raised before anything runs."""
-        if self.error is not None:
-            raise EngineDeadError(f"the engine has failed: {self.error}")
+    async def generate(self, prompt: str | Sequence[int] | PreparedRequest, params: SamplingParams | None = None,
+                       request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+        """Streams the request's outputs until it finishes; RequestError is raised before anything runs,
+        StepFailedError when a step fails it, EngineDeadError when the engine dies."""
         prepared = prompt if isinstance(prompt, PreparedRequest) else self.engine.prepare(prompt, params)
         request_id = request_id or f"req-{next(self._ids)}"
-        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
-        self._streams[request_id] = stream
+        stream = _Stream(asyncio.get_running_loop())
+        with self._lock:
+            if self.error is not None or not self._thread.is_alive():
+                raise EngineDeadError(f"the engine has failed: {self.error or 'its thread has stopped'}")
+            if request_id in self._streams:
+                raise EngineDeadError(f"request id {request_id!r} is already in use")  # an internal bug, never a user's
+            self._streams[request_id] = stream
         self._send(("add", request_id, prepared))
         finished = False
         try:
             while True:
-                item = await stream.queue.get()
+                item = await stream.take()
                 if isinstance(item, BaseException):
+                    finished = True  # the engine has already forgotten the request
                     raise item
                 finished = item.finished
                 yield item
@@ -98,16 +135,18 @@ class AsyncEngine:
         self._wake.set()
 
     def _deliver(self, request_id: str, item: RequestOutput | BaseException) -> None:
-        stream = self._streams.get(request_id)
+        if isinstance(item, RequestOutput) and item.error is not None:
+            item = item.error
+        done = isinstance(item, BaseException) or item.finished
+        with self._lock:
+            stream = self._streams.pop(request_id, None) if done else self._streams.get(request_id)
         if stream is None:
             return
-        done = isinstance(item, BaseException) or item.finished
-        if done:
-            del self._streams[request_id]
         try:
-            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
+            stream.loop.call_soon_threadsafe(stream.put, item)
         except RuntimeError:  # the caller's event loop is closed: nobody is listening any more
-            self._streams.pop(request_id, None)
+            with self._lock:
+                self._streams.pop(request_id, None)
             if not done:
                 self.engine.abort(request_id)
 
@@ -117,19 +156,48 @@ class AsyncEngine:
                 kind, request_id, payload = self._commands.get_nowait()
             except queue.Empty:
                 return
-            if kind == "add":
-                try:
+            try:
+                if kind == "add":
                     self.engine.add_request(payload, request_id=request_id)
-                except Exception as exc:  # noqa: BLE001 - handed to the caller's stream
-                    self._deliver(request_id, exc)
-            elif kind == "abort":
-                output = self.engine.abort(request_id)
-                if output is not None:
-                    if self._on_step is not None:
-                        self._on_step(self.engine, [output])
-                    self._deliver(request_id, output)
-                else:
-                    self._streams.pop(request_id, None)
+                elif kind == "abort":
+                    output = self.engine.abort(request_id)
+                    if output is None:
+                        with self._lock:
+                            self._streams.pop(request_id, None)
+                        continue
+                    self._report([output])
+            except Exception as exc:  # noqa: BLE001 - handed to the caller's stream; the loop goes on
+                if kind == "abort":
+                    log.exception("aborting request %s failed", request_id)
+                self._deliver(request_id, exc)
+
+    def _report(self, outputs: list[RequestOutput]) -> None:
+        if self._on_step is not None:
+            try:
+                self._on_step(self.engine, outputs)
+            except Exception:  # noqa: BLE001 - metrics must never stop the engine
+                log.exception("the on_step hook failed")
+        for output in outputs:
+            self._deliver(output.request_id, output)
+
+    def _step(self) -> list[RequestOutput]:
+        self._num_steps += 1
+        if self._fail_after_steps is not None and self._num_steps >= self._fail_after_steps:
+            self._inject_failure()
+        return self.engine.step()
+
+    def _inject_failure(self) -> None:
+        runner = self.engine.runner
+        if getattr(runner, "_injected", False):
+            return
+        original = runner.execute
+
+        def failing(scheduler_output):
+            if scheduler_output.scheduled:
+                raise RuntimeError(f"injected engine failure (step {self._num_steps})")
+            return original(scheduler_output)
+
+        runner.execute, runner._injected = failing, True
 
     def _loop(self) -> None:
         try:
@@ -139,16 +207,22 @@ class AsyncEngine:
                     self._wake.wait(0.5)
                     self._wake.clear()
                     continue
-                outputs = self.engine.step()
-                self._num_steps += 1
-                if self._fail_after_steps is not None and self._num_steps >= self._fail_after_steps:
-                    raise RuntimeError(f"injected engine failure after {self._num_steps} steps")
-                if self._on_step is not None:
-                    self._on_step(self.engine, outputs)
-                for output in outputs:
-                    self._deliver(output.request_id, output)
-        except BaseException as exc:  # noqa: BLE001 - a failed step must reach every waiting client
-            log.exception("engine loop failed")
-            self.error = exc
-            for request_id in list(self._streams):
-                self._deliver(request_id, EngineDeadError(f"the engine failed: {exc}"))
+                self._report(self._step())
+                if self.engine.num_failed_steps_in_a_row >= MAX_FAILED_STEPS:
+                    raise EngineDeadError(f"{self.engine.num_failed_steps_in_a_row} engine steps in a row failed, "
+                                          "each with different requests: the engine, not a request, is at fault")
+        except BaseException as exc:  # noqa: BLE001 - a dead loop must reach every waiting client
+            log.critical("engine loop failed: %s", exc, exc_info=exc)
+            self._die(exc, EngineDeadError(f"the engine failed: {exc}"))
+            if self._on_dead is not None:
+                self._on_dead(exc)
+            return
+        self._die(EngineDeadError("the engine has shut down"), EngineDeadError("the engine has shut down"))
+
+    def _die(self, cause: BaseException, error: EngineDeadError) -> None:
+        """No stream may wait forever: each open one gets `error`, and no new one registers."""
+        with self._lock:
+            self.error = cause
+            streams = list(self._streams)
+        for request_id in streams:
+            self._deliver(request_id, error)

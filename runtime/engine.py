@@ -8,18 +8,20 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from ortinf.errors import ConfigError, RequestError
+import numpy as np
+
+from ortinf.errors import ConfigError, RequestError, StepFailedError
 from ortinf.manifest import TEXT_GENERATION, Manifest
 from ortinf.runtime.config import EngineConfig, resolve_num_blocks
 from ortinf.runtime.decoder_graph import DecoderGraph
 from ortinf.runtime.kv_cache_manager import KVCacheManager
 from ortinf.runtime.model_runner import ModelRunner
 from ortinf.runtime.output_processor import OutputProcessor
-from ortinf.runtime.outputs import RequestOutput
+from ortinf.runtime.outputs import CompletionOutput, RequestOutput
 from ortinf.runtime.request import FinishReason, Request
 from ortinf.runtime.sampling_params import SamplingParams
 from ortinf.runtime.scheduler import Scheduler, SchedulerConfig, check_fits
-from ortinf.runtime.tokenizer import load_tokenizer
+from ortinf.runtime.tokenizer import load_tokenizer, vocab_mismatch
 
 log = logging.getLogger(__name__)
 
@@ -51,24 +53,37 @@ class LLMEngine:
         self.scheduler = Scheduler(scheduler_config, self.kv_cache)
         self.runner = ModelRunner(self.graph, seed=config.seed)
         self.tokenizer = load_tokenizer(config.package_dir) if manifest.has_tokenizer else None
+        if self.tokenizer is not None and (mismatch := vocab_mismatch(self.tokenizer, spec.vocab_size)) is not None:
+            raise ConfigError(f"{config.package_dir}: {mismatch}, then re-export the package")
+        self.num_failed_steps_in_a_row = 0
         self.outputs = OutputProcessor(self.tokenizer)
         self._ids = itertools.count()
 
     def tokenize(self, prompt: str | Sequence[int]) -> tuple[str | None, list[int]]:
-        """(prompt text or None, token ids); token ids are checked against the vocabulary."""
+        """(prompt text or None, token ids); every id is checked against the graph's vocabulary."""
+        vocab = self.manifest.decoder.vocab_size
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise RequestError("this package has no tokenizer: pass token ids instead of text")
-            return prompt, self.tokenizer.encode(prompt).ids
+            ids = self.tokenizer.encode(prompt).ids
+            if ids and max(ids) >= vocab:  # a package checked at load cannot get here; a defence in depth
+                raise RequestError(f"the prompt encodes to token id {max(ids)}, beyond the model's vocabulary of {vocab}")
+            return prompt, ids
+        if any(isinstance(t, bool) or not isinstance(t, (int, np.integer)) for t in prompt):
+            raise RequestError("a token-id prompt must hold integers", param="prompt")
         ids = [int(t) for t in prompt]
-        vocab = self.manifest.decoder.vocab_size
-        if any(t < 0 or t >= vocab for t in ids):
-            raise RequestError(f"token ids must be in [0, {vocab})")
+        bad = next((t for t in ids if t < 0 or t >= vocab), None)
+        if bad is not None:
+            raise RequestError(f"token id {bad} is out of range: token ids must be in [0, {vocab})", param="prompt")
         return None, ids
 
     def prepare(self, prompt: str | Sequence[int], params: SamplingParams | None = None) -> PreparedRequest:
         """Tokenises and validates a request without touching engine state (safe from any thread)."""
         params = params or SamplingParams()
+        vocab = self.manifest.decoder.vocab_size
+        bad = next((t for t in params.stop_token_ids if t >= vocab), None)
+        if bad is not None:
+            raise RequestError(f"stop token id {bad} is out of range: token ids must be in [0, {vocab})", param="stop_token_ids")
         text, token_ids = self.tokenize(prompt)
         if params.max_tokens is None:  # as many as the context length leaves
             if len(token_ids) >= self.max_model_len:
@@ -92,18 +107,63 @@ class LLMEngine:
         return request.request_id
 
     def step(self) -> list[RequestOutput]:
-        """Runs one engine step; returns outputs of the requests that advanced or finished."""
-        scheduler_output = self.scheduler.schedule()
-        runner_output = self.runner.execute(scheduler_output)
-        changed = self.scheduler.update_from_output(scheduler_output, runner_output)
-        self.outputs.record_prompt_logprobs(runner_output)
+        """Runs one engine step; returns outputs of the requests that advanced or finished.
+
+        Failure isolation: an exception while scheduling, running or sampling fails only the
+        requests it can be blamed on (a finished output carrying `error`; their blocks are freed)
+        and the engine stays usable. `num_failed_steps_in_a_row` lets the caller decide when
+        failures are no longer explained by requests (see AsyncEngine).
+        """
+        try:
+            scheduler_output = self.scheduler.schedule()
+        except Exception as exc:  # noqa: BLE001 - nothing was scheduled: every unfinished request is a suspect
+            return self._fail_step([r.request_id for r in (*self.scheduler.running, *self.scheduler.waiting)], exc, "scheduling")
+        try:
+            runner_output = self.runner.execute(scheduler_output)
+            changed = self.scheduler.update_from_output(scheduler_output, runner_output)
+            self.outputs.record_prompt_logprobs(runner_output)
+        except Exception as exc:  # noqa: BLE001 - the step's requests end; the engine goes on
+            return self._fail_step([s.request_id for s in scheduler_output.scheduled], exc, "running")
         now = time.monotonic()
         results = []
         for request in changed:
-            stop = self.outputs.record_step(request, runner_output, now)
-            if stop is not None:
-                self.scheduler.finish_request(request.request_id, FinishReason.STOP, stop_reason=stop)
-            results.append(self._emit(request))
+            try:
+                stop = self.outputs.record_step(request, runner_output, now)
+                if stop is not None:
+                    self._finish_by_stop_string(request, stop)
+                results.append(self._emit(request))
+            except Exception as exc:  # noqa: BLE001 - detokenising one request must not fail the others
+                results += self._fail_requests([request.request_id], exc, "detokenizing")
+        self.num_failed_steps_in_a_row = 0
+        return results
+
+    def _finish_by_stop_string(self, request: Request, stop: str) -> None:
+        """A stop string wins over the length limit reached in the same step (finish_reason "stop")."""
+        if request.is_finished:
+            request.finish_reason, request.stop_reason = FinishReason.STOP, stop
+        else:
+            self.scheduler.finish_request(request.request_id, FinishReason.STOP, stop_reason=stop)
+
+    def _fail_step(self, request_ids: list[str], exc: Exception, stage: str) -> list[RequestOutput]:
+        self.num_failed_steps_in_a_row += 1
+        return self._fail_requests(request_ids, exc, stage)
+
+    def _fail_requests(self, request_ids: list[str], exc: Exception, stage: str) -> list[RequestOutput]:
+        """Ends the requests with an error output each and frees their blocks."""
+        log.error("engine step failed while %s requests %s: %s: %s", stage, ", ".join(request_ids[:8]), type(exc).__name__, exc,
+                  exc_info=exc)
+        error = exc if isinstance(exc, RequestError) else StepFailedError(
+            f"the engine failed while {stage} this request ({type(exc).__name__}: {str(exc)[:200]}); other requests are unaffected", exc)
+        results = []
+        for request_id in request_ids:
+            request = self.scheduler.requests.get(request_id)
+            if request is None:
+                continue
+            self.scheduler.finish_request(request_id, FinishReason.ABORT)
+            self.outputs.remove(request_id)
+            self.scheduler.release(request_id)
+            completion = CompletionOutput(0, "", list(request.output_token_ids), FinishReason.ABORT.value)
+            results.append(RequestOutput(request_id, None, request.prompt_token_ids, [completion], finished=True, error=error))
         return results
 
     def abort(self, request_id: str) -> RequestOutput | None:

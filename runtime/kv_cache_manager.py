@@ -24,6 +24,11 @@ class PrefixCacheStats:
     num_hits: int = 0
 
 
+def needs_prompt_logprobs(request: Request) -> bool:
+    """Prompt logprobs are computed while the prompt is computed before the first output token."""
+    return request.sampling_params.prompt_logprobs is not None and request.num_output_tokens == 0
+
+
 class KVCacheManager:
     """Allocates, caches and frees the blocks of each request."""
 
@@ -57,8 +62,11 @@ class KVCacheManager:
         return keys
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
-        """Cached blocks holding a prefix of the request, and how many tokens they cover."""
-        if not self.enable_caching:
+        """Cached blocks holding a prefix of the request, and how many tokens they cover.
+
+        A request that still needs its prompt logprobs gets no hits (vLLM's rule): the logits of
+        every prompt position must be computed, and a hit would skip them."""
+        if not self.enable_caching or needs_prompt_logprobs(request):
             return [], 0
         max_blocks = (request.num_tokens - 1) // self.block_size  # leave at least one token to compute
         hits = []

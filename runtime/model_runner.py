@@ -48,7 +48,7 @@ class ModelRunner:
         if sampling:
             self._sample([scheduled[i] for i in sampling], np.stack([last_rows[i] for i in sampling]), output)
         for index, rows in prompt_rows.items():
-            output.prompt_logprobs[scheduled[index].request_id] = prompt_logprobs(scheduled[index], rows)
+            output.prompt_logprobs[scheduled[index].request_id] = (scheduled[index].num_computed_tokens + 1, prompt_logprobs(scheduled[index], rows))
         return output
 
     def _run_group(self, scheduled: Sequence[ScheduledRequest], group: list[int], last_rows: list, prompt_rows: dict[int, np.ndarray]) -> None:

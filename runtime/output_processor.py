@@ -40,15 +40,16 @@ class OutputProcessor:
             detokenizer=detokenizer,
             metrics=RequestMetrics(arrival_time=request.arrival_time),
             logprobs=[] if params.logprobs is not None else None,
-            prompt_logprobs=[None] if params.prompt_logprobs is not None else None,
+            prompt_logprobs=[None] * request.num_prompt_tokens if params.prompt_logprobs is not None else None,
         )
 
     def record_prompt_logprobs(self, runner_output: ModelRunnerOutput) -> None:
-        """Keeps the prompt logprobs of every prompt chunk, sampled or not."""
-        for request_id, chunk in runner_output.prompt_logprobs.items():
+        """Keeps the prompt logprobs of every prompt chunk, sampled or not, by position (the first
+        prompt token has none): a chunk recomputed after a preemption overwrites, never appends."""
+        for request_id, (first, chunk) in runner_output.prompt_logprobs.items():
             state = self.states.get(request_id)
             if state is not None and state.prompt_logprobs is not None:
-                state.prompt_logprobs.extend(chunk)
+                state.prompt_logprobs[first : first + len(chunk)] = chunk
 
     def record_step(self, request: Request, runner_output: ModelRunnerOutput, now: float) -> str | None:
         """Takes one step's new token for a request; returns a stop string that ends it, if any."""

@@ -45,3 +45,4 @@ class RequestOutput:
     prompt_logprobs: list[TokenLogprobs | None] | None = None
     num_cached_tokens: int = 0
     metrics: RequestMetrics | None = field(default=None, repr=False)
+    error: Exception | None = None  # set when an engine step failed this request (it is finished)

@@ -74,9 +74,11 @@ class Sampler:
         for row, (p, (prompt_ids, output_ids)) in enumerate(zip(params, histories)):
             if p.has_penalties:
                 apply_penalties(logits[row], p, prompt_ids, output_ids)
+        vocab = logits.shape[1]
         for row, ids in enumerate(banned):
+            ids = [i for i in ids if 0 <= i < vocab]  # a package's EOS id beyond its vocabulary bans nothing
             if ids:
-                logits[row, list(ids)] = -np.inf
+                logits[row, ids] = -np.inf
 
         tokens = logits.argmax(axis=1)
         sampled = np.array([not p.greedy for p in params])

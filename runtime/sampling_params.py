@@ -5,16 +5,20 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from ortinf.errors import RequestError
 
 MAX_LOGPROBS = 20
+SEED_RANGE = 2**64  # numpy's generators take seeds in [0, 2**64); any int maps into it (vLLM's rule)
+GREEDY_BELOW = 1e-5  # a temperature below this is greedy: dividing logits by it overflows float32 (vLLM's rule)
 
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     """Per-request sampling and stopping parameters (vLLM's names and meanings).
 
-    temperature 0 is greedy. top_k 0 or -1 disables top-k. Penalties follow vLLM/OpenAI: the
+    temperature 0 (or below 1e-5) is greedy. top_k 0 or -1 disables top-k. Penalties follow vLLM/OpenAI: the
     repetition penalty applies to prompt and output tokens, presence and frequency penalties to
     output tokens only. `seed` makes the request's samples reproducible whatever else is batched.
     """
@@ -42,6 +46,8 @@ class SamplingParams:
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         object.__setattr__(self, "stop", tuple(self.stop))
+        if any(isinstance(t, bool) or not isinstance(t, (int, np.integer)) for t in self.stop_token_ids):
+            raise RequestError("stop_token_ids must be integers", param="stop_token_ids")
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
         _finite("temperature", self.temperature, low=0.0)
         _finite("top_p", self.top_p)
@@ -72,18 +78,22 @@ class SamplingParams:
                 raise RequestError(f"{name} must be an integer in [0, {MAX_LOGPROBS}], got {value}", param=name)
         if not isinstance(self.n, int) or self.n < 1:
             raise RequestError(f"n must be a positive integer, got {self.n}", param='n')
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise RequestError(f"seed must be an integer, got {self.seed!r}", param='seed')
+        if self.seed is not None:
+            if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+                raise RequestError(f"seed must be an integer, got {self.seed!r}", param='seed')
+            object.__setattr__(self, "seed", self.seed % SEED_RANGE)
+        if any(t < 0 for t in self.stop_token_ids):
+            raise RequestError("stop_token_ids must be non-negative token ids", param="stop_token_ids")
         if any(not s for s in self.stop):
             raise RequestError("stop strings must not be empty", param='stop')
 
     def for_sample(self, index: int) -> SamplingParams:
         """The parameters of sample `index` of n: one sample each, seeded seed + index when seeded."""
-        return replace(self, n=1, seed=None if self.seed is None else self.seed + index)
+        return replace(self, n=1, seed=None if self.seed is None else (self.seed + index) % SEED_RANGE)
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_BELOW
 
     @property
     def has_penalties(self) -> bool:

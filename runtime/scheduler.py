@@ -178,9 +178,10 @@ class Scheduler:
         request = self.requests.get(request_id)
         if request is None or request.is_finished:
             return
-        if request.status == RequestStatus.RUNNING:
+        # a request is in one of the two lists, except mid-admission in a step that failed
+        if request in self.running:
             self.running.remove(request)
-        else:
+        if request in self.waiting:
             self.waiting.remove(request)
         self.kv_cache.free(request)
         request.status = RequestStatus.FINISHED

@@ -65,11 +65,13 @@ class TokenLogprobs:
 
 @dataclass(frozen=True, slots=True)
 class ModelRunnerOutput:
-    """Per request id: the sampled token and its logprobs; prompt logprobs for prompt chunks."""
+    """Per request id: the sampled token and its logprobs; prompt logprobs for prompt chunks, as
+    (position of the first prompt token they score, entries): a chunk computed twice (preemption)
+    lands on the same positions again, never after them."""
 
     sampled_token_ids: dict[str, int] = field(default_factory=dict)
     logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
-    prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
+    prompt_logprobs: dict[str, tuple[int, list[TokenLogprobs]]] = field(default_factory=dict)
 
 
 def top_logprobs(logprobs_row: np.ndarray, token_id: int, k: int) -> TokenLogprobs:

@@ -25,6 +25,25 @@ def load_tokenizer(package_dir: Path) -> Tokenizer:
     return Tokenizer.from_file(str(path))
 
 
+def tokenizer_size(tokenizer: Tokenizer) -> int:
+    """One more than the largest id the tokenizer can produce (added tokens included)."""
+    ids = list(tokenizer.get_vocab(with_added_tokens=True).values())
+    return max(ids) + 1 if ids else 0
+
+
+def vocab_mismatch(tokenizer: Tokenizer, vocab_size: int) -> str | None:
+    """Why the tokenizer cannot drive a model with `vocab_size` embeddings, or None when it can.
+
+    A model's vocabulary may be larger than its tokenizer (padded embedding tables are common);
+    a tokenizer with ids beyond the vocabulary would make the graph's Gather fail on those ids.
+    """
+    size = tokenizer_size(tokenizer)
+    if size <= vocab_size:
+        return None
+    return (f"the tokenizer produces ids up to {size - 1} ({size} tokens) but the model's vocabulary has "
+            f"{vocab_size}: use the model's own tokenizer")
+
+
 def pad_token_id(package_dir: Path, tokenizer: Tokenizer) -> int:
     """The pad token's id from tokenizer_config.json, else 0."""
     config_path = package_dir / "tokenizer_config.json"
