@@ -159,13 +159,15 @@ def _load_yaml_config(ctx: click.Context, _param: click.Parameter, value: Path |
 @click.option("--kv-cache-memory", envvar="ORTINF_KV_CACHE_MEMORY", help="KV cache size, e.g. 2GiB [default: 20% of free RAM].")
 @click.option("--shutdown-timeout", type=float, default=30.0, show_default=True, envvar="ORTINF_SHUTDOWN_TIMEOUT",
               help="On SIGTERM, seconds to let in-flight requests finish.")
-@click.option("--max-body-size", default="16MiB", show_default=True, envvar="ORTINF_MAX_BODY_SIZE", help="Largest request body accepted (413 beyond).")
+@click.option("--max-body-size", default="2MiB", show_default=True, envvar="ORTINF_MAX_BODY_SIZE", help="Largest request body accepted (413 beyond).")
 @click.option("--intra-op-threads", type=int, default=0, show_default=True, envvar="ORTINF_INTRA_OP_THREADS", help="ORT threads per session (0: all cores).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info", show_default=True, envvar="ORTINF_LOG_LEVEL")
 @click.option("--debug-fail-after-steps", type=int, hidden=True, envvar="ORTINF_DEBUG_FAIL_AFTER_STEPS")
+@click.option("--debug-fail-token-id", type=int, hidden=True, envvar="ORTINF_DEBUG_FAIL_TOKEN_ID")
 def serve(packages: tuple[Path, ...], host: str, port: int, provider: str, served_model_names: tuple[str, ...], api_key: str | None,
           max_num_seqs: int, max_queued_requests: int, max_num_batched_tokens: int, kv_cache_memory: str | None,
-          shutdown_timeout: float, max_body_size: str, intra_op_threads: int, log_level: str, debug_fail_after_steps: int | None) -> None:
+          shutdown_timeout: float, max_body_size: str, intra_op_threads: int, log_level: str, debug_fail_after_steps: int | None,
+          debug_fail_token_id: int | None) -> None:
     """Serve PACKAGES behind an OpenAI-compatible API (/v1/completions, /v1/chat/completions, /v1/embeddings).
 
     With no PACKAGES, serves the bundled demo language model and embedding model (exported on first use
@@ -191,7 +193,7 @@ def serve(packages: tuple[Path, ...], host: str, port: int, provider: str, serve
         api_key=api_key, max_num_seqs=max_num_seqs, max_queued_requests=max_queued_requests,
         max_num_batched_tokens=max_num_batched_tokens, kv_cache_memory=parse_size(kv_cache_memory) if kv_cache_memory else None,
         shutdown_timeout=shutdown_timeout, max_body_size=parse_size(max_body_size), intra_op_threads=intra_op_threads,
-        debug_fail_after_steps=debug_fail_after_steps,
+        debug_fail_after_steps=debug_fail_after_steps, debug_fail_token_id=debug_fail_token_id,
     )
     names = model_names(config)
     duplicates = sorted({name for name in names if names.count(name) > 1})

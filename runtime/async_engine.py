@@ -24,6 +24,7 @@ import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 
 from ortinf.runtime.engine import LLMEngine, PreparedRequest
+from ortinf.runtime.faults import FaultInjection
 from ortinf.runtime.outputs import RequestOutput
 from ortinf.runtime.sampling_params import SamplingParams
 
@@ -65,15 +66,14 @@ class AsyncEngine:
     """Runs an LLMEngine in a thread; `generate` yields cumulative RequestOutputs."""
 
     def __init__(self, engine: LLMEngine, on_step: Callable[[LLMEngine, list[RequestOutput]], None] | None = None,
-                 fail_after_steps: int | None = None, on_dead: Callable[[BaseException], None] | None = None) -> None:
+                 faults: FaultInjection | None = None, on_dead: Callable[[BaseException], None] | None = None) -> None:
         """`on_step` runs in the engine thread after every step (metrics); `on_dead` once, in the
-        engine thread, when the engine is declared dead; `fail_after_steps` makes every step from
-        that one on fail inside the model runner, for fault tests (ORTINF_DEBUG_FAIL_AFTER_STEPS)."""
+        engine thread, when the engine is declared dead; `faults` are for fault tests only."""
         self.engine = engine
         self._on_step = on_step
         self._on_dead = on_dead
-        self._fail_after_steps = fail_after_steps
-        self._num_steps = 0
+        if faults is not None and faults.active:
+            faults.install(engine.runner)
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._lock = threading.Lock()  # guards _streams and error: a stream is registered before death or sees it
@@ -180,25 +180,6 @@ class AsyncEngine:
         for output in outputs:
             self._deliver(output.request_id, output)
 
-    def _step(self) -> list[RequestOutput]:
-        self._num_steps += 1
-        if self._fail_after_steps is not None and self._num_steps >= self._fail_after_steps:
-            self._inject_failure()
-        return self.engine.step()
-
-    def _inject_failure(self) -> None:
-        runner = self.engine.runner
-        if getattr(runner, "_injected", False):
-            return
-        original = runner.execute
-
-        def failing(scheduler_output):
-            if scheduler_output.scheduled:
-                raise RuntimeError(f"injected engine failure (step {self._num_steps})")
-            return original(scheduler_output)
-
-        runner.execute, runner._injected = failing, True
-
     def _loop(self) -> None:
         try:
             while not self._stopping:
@@ -207,7 +188,7 @@ class AsyncEngine:
                     self._wake.wait(0.5)
                     self._wake.clear()
                     continue
-                self._report(self._step())
+                self._report(self.engine.step())
                 if self.engine.num_failed_steps_in_a_row >= MAX_FAILED_STEPS:
                     raise EngineDeadError(f"{self.engine.num_failed_steps_in_a_row} engine steps in a row failed, "
                                           "each with different requests: the engine, not a request, is at fault")

@@ -21,6 +21,7 @@ from ortinf.runtime.outputs import CompletionOutput, RequestOutput
 from ortinf.runtime.request import FinishReason, Request
 from ortinf.runtime.sampling_params import SamplingParams
 from ortinf.runtime.scheduler import Scheduler, SchedulerConfig, check_fits
+from ortinf.runtime.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from ortinf.runtime.tokenizer import load_tokenizer, vocab_mismatch
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,9 @@ class LLMEngine:
             raise ConfigError(f"{config.package_dir} holds a {manifest.task} model; generation needs a text-generation package")
         self.manifest = manifest
         spec = manifest.decoder
+        self.tokenizer = load_tokenizer(config.package_dir) if manifest.has_tokenizer else None
+        if self.tokenizer is not None and (mismatch := vocab_mismatch(self.tokenizer, spec.vocab_size)) is not None:
+            raise ConfigError(f"{config.package_dir}: {mismatch}, then re-export the package")
         self.max_model_len = min(config.max_model_len or spec.max_model_len, spec.max_model_len)
         num_blocks = resolve_num_blocks(config, spec, self.max_model_len)
         self.graph = DecoderGraph(config.package_dir, num_blocks, config.block_size, config.provider, config.intra_op_threads)
@@ -52,9 +56,6 @@ class LLMEngine:
         scheduler_config = SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len)
         self.scheduler = Scheduler(scheduler_config, self.kv_cache)
         self.runner = ModelRunner(self.graph, seed=config.seed)
-        self.tokenizer = load_tokenizer(config.package_dir) if manifest.has_tokenizer else None
-        if self.tokenizer is not None and (mismatch := vocab_mismatch(self.tokenizer, spec.vocab_size)) is not None:
-            raise ConfigError(f"{config.package_dir}: {mismatch}, then re-export the package")
         self.num_failed_steps_in_a_row = 0
         self.outputs = OutputProcessor(self.tokenizer)
         self._ids = itertools.count()
@@ -118,14 +119,17 @@ class LLMEngine:
             scheduler_output = self.scheduler.schedule()
         except Exception as exc:  # noqa: BLE001 - nothing was scheduled: every unfinished request is a suspect
             return self._fail_step([r.request_id for r in (*self.scheduler.running, *self.scheduler.waiting)], exc, "scheduling")
+        results: list[RequestOutput] = []
         try:
-            runner_output = self.runner.execute(scheduler_output)
+            try:
+                runner_output = self.runner.execute(scheduler_output)
+            except Exception as exc:  # noqa: BLE001 - find the requests at fault, keep the others
+                scheduler_output, runner_output, results = self._execute_one_by_one(scheduler_output, exc)
             changed = self.scheduler.update_from_output(scheduler_output, runner_output)
             self.outputs.record_prompt_logprobs(runner_output)
         except Exception as exc:  # noqa: BLE001 - the step's requests end; the engine goes on
-            return self._fail_step([s.request_id for s in scheduler_output.scheduled], exc, "running")
+            return results + self._fail_step([s.request_id for s in scheduler_output.scheduled], exc, "running")
         now = time.monotonic()
-        results = []
         for request in changed:
             try:
                 stop = self.outputs.record_step(request, runner_output, now)
@@ -136,6 +140,31 @@ class LLMEngine:
                 results += self._fail_requests([request.request_id], exc, "detokenizing")
         self.num_failed_steps_in_a_row = 0
         return results
+
+    def _execute_one_by_one(self, scheduler_output: SchedulerOutput, exc: Exception) -> tuple[SchedulerOutput, ModelRunnerOutput, list[RequestOutput]]:
+        """After a failed graph call: runs each request of the step alone, so that only the ones
+        that fail alone are failed. Re-running is safe: nothing was committed (the K/V of the same
+        slots is written again, the scheduler has not advanced). When every request fails, the
+        step counts as failed (see `num_failed_steps_in_a_row`)."""
+        scheduled = scheduler_output.scheduled
+        merged = ModelRunnerOutput()
+        kept, failed = [], []
+        for item in scheduled if len(scheduled) > 1 else ():
+            try:
+                output = self.runner.execute(replace(scheduler_output, scheduled=(item,), finished_request_ids=frozenset()))
+            except Exception as alone:  # noqa: BLE001
+                failed.append((item.request_id, alone))
+                continue
+            kept.append(item)
+            merged.sampled_token_ids.update(output.sampled_token_ids)
+            merged.logprobs.update(output.logprobs)
+            merged.prompt_logprobs.update(output.prompt_logprobs)
+        if not kept:  # nothing ran: the step failed as a whole
+            raise exc
+        results = []
+        for request_id, alone in failed:
+            results += self._fail_requests([request_id], alone, "running")
+        return replace(scheduler_output, scheduled=tuple(kept)), merged, results
 
     def _finish_by_stop_string(self, request: Request, stop: str) -> None:
         """A stop string wins over the length limit reached in the same step (finish_reason "stop")."""

@@ -19,6 +19,7 @@ from ortinf.runtime.async_engine import AsyncEngine
 from ortinf.runtime.config import EngineConfig
 from ortinf.runtime.encoder_graph import EncoderGraph
 from ortinf.runtime.engine import LLMEngine
+from ortinf.runtime.faults import FaultInjection
 from ortinf.runtime.sampling_params import SamplingParams
 from ortinf.serve import chat, completions, embeddings
 from ortinf.serve.chat_template import ChatTemplate
@@ -103,7 +104,8 @@ def load_model(package: Path, name: str, config: ServerConfig, state: ServerStat
         engine.add_request([manifest.bos_token_id or 0] * 4, SamplingParams(max_tokens=2, ignore_eos=True), request_id="warmup")
         while engine.has_unfinished_requests():
             engine.step()
-        model.engine = AsyncEngine(engine, on_step=state.metrics.hook(name), fail_after_steps=config.debug_fail_after_steps)
+        model.engine = AsyncEngine(engine, on_step=state.metrics.hook(name), faults=FaultInjection(config.debug_fail_after_steps, config.debug_fail_token_id),
+                                   on_dead=state.engine_died)
         model.chat_template = ChatTemplate.load(package)
     else:
         model.encoder = EncoderGraph(package, provider=config.provider, intra_op_threads=config.intra_op_threads)
@@ -149,8 +151,9 @@ def build_app(config: ServerConfig) -> FastAPI:
     app.include_router(chat.router)
     app.include_router(embeddings.router)
 
-    app.add_middleware(Gate, state=state)
+    # the last added runs first: the API key is checked before a byte of the body is read
     app.add_middleware(BodyLimit, limit=config.max_body_size)
+    app.add_middleware(Gate, state=state)
 
     @app.get("/v1/models")
     async def list_models():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -40,7 +41,8 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
     engine = model.require_engine()
     logprobs = body.logprobs_count()
     params = body.sampling_params(body.max_new_tokens(), logprobs)
-    prepared = prepare_samples(model, [render_prompt(model, body)], params, body.n)
+    # rendering and tokenising are CPU work: off the event loop, which serves every other client
+    prepared = await asyncio.to_thread(lambda: prepare_samples(model, [render_prompt(model, body)], params, body.n))
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     stream = _stream(state, model, body, prepared, request_id, created) if body.stream else None
@@ -97,4 +99,4 @@ def _stream(state: ServerState, model: ServedModel, body: ChatCompletionRequest,
             return None
         return {**head, "choices": [], "usage": usage(prepared, body.n, sum(completion_tokens))}
 
-    return sse_stream(chunks(), state.admission, len(prepared), last)
+    return sse_stream(chunks(), last)

@@ -44,8 +44,9 @@ class ChatTemplate:
                                         bos_token=self.bos_token, eos_token=self.eos_token)
         except TemplateError:
             raise
-        except jinja2.TemplateError as exc:
-            raise TemplateError(f"the chat template failed to render: {exc}", param="messages") from exc
+        except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
+            # a template meets the conversation's data: odd content fails inside it, not in the server
+            raise TemplateError(f"the chat template failed to render: {type(exc).__name__}: {exc}", param="messages") from exc
 
 
 def _token(config: dict, key: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -51,7 +52,7 @@ async def create_completion(body: CompletionRequest, request: Request):
     prompts = body.prompts()
     if not prompts:
         raise APIError(400, "the prompt is empty", param="prompt")
-    prepared = prepare_samples(model, prompts, params, body.n)
+    prepared = await asyncio.to_thread(prepare_samples, model, prompts, params, body.n)  # tokenising is CPU work
     request_id = f"cmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     stream = _stream(state, model, body, prepared, request_id, created) if body.stream else None
@@ -122,4 +123,4 @@ def _stream(state: ServerState, model: ServedModel, body: CompletionRequest, pre
             return None
         return {**head, "choices": [], "usage": usage(prepared, body.n, sum(completion_tokens))}
 
-    return sse_stream(chunks(), state.admission, len(prepared), last)
+    return sse_stream(chunks(), last)

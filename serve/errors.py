@@ -4,13 +4,14 @@ ortinf's errors onto HTTP statuses."""
 from __future__ import annotations
 
 import logging
+import re
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ortinf.errors import ConfigError, OrtinfError, RequestError
+from ortinf.errors import ConfigError, OrtinfError, RequestError, StepFailedError
 from ortinf.runtime.async_engine import EngineDeadError
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,8 @@ def from_exception(exc: BaseException) -> APIError:
         return exc
     if isinstance(exc, RequestError):
         return APIError(400, str(exc), param=exc.param)
+    if isinstance(exc, StepFailedError):
+        return APIError(500, str(exc), code="request_failed")
     if isinstance(exc, (ConfigError, OrtinfError)):
         return APIError(400, str(exc))
     if isinstance(exc, EngineDeadError):
@@ -53,17 +56,26 @@ def from_exception(exc: BaseException) -> APIError:
     return APIError(500, f"internal error: {type(exc).__name__}", code="internal_error")
 
 
+# pydantic names the branch of a union it tried in the error's location: not a parameter name
+_UNION_BRANCH = re.compile(r"^(str|int|float|bool|none|constrained-\S*|function-\S*|\S*\[.*\])$")
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
-    errors = exc.errors()
+    errors = [dict(e, loc=tuple(p for p in e.get("loc", ()) if not (isinstance(p, str) and _UNION_BRANCH.match(p))))
+              for e in exc.errors()]
     if not errors:
         return "invalid request body", None
-    first = errors[0]
+    # a union field reports one error per branch: a broken bound (too long, too large) says more
+    # than "not a string" from the branches the value was never meant for
+    first = next((e for e in errors if not str(e.get("type", "")).endswith(("_type", "_parsing"))), errors[0])
     if first.get("type") == "json_invalid":
         return "the request body is not valid JSON", None
     if tuple(first.get("loc", ())) == ("body",):
         return "the request body must be a JSON object (send it with Content-Type: application/json)", None
     loc = [str(part) for part in first.get("loc", ()) if part != "body"]
     param = ".".join(loc) or None
+    if first.get("type") == "extra_forbidden":
+        return f"{param} is not supported by this server: remove it from the request", param
     message = first.get("msg", "invalid value")
     return (f"{param}: {message}" if param else message), param
 

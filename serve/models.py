@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,10 +48,6 @@ class ServedModel:
         if self.encoder is None or self.manifest.task != FEATURE_EXTRACTION:
             raise APIError(400, f"model '{self.name}' is a {self.manifest.task} model and does not embed", param="model")
         return self.encoder
-
-    async def embed(self, token_ids: list[list[int]]):
-        encoder = self.require_embeddings()
-        return await asyncio.to_thread(encoder.run, token_ids)
 
 
 class ModelRegistry:

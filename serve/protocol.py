@@ -1,5 +1,9 @@
 """OpenAI protocol request models (pydantic). Bounds live here so they appear in the OpenAPI schema;
-SamplingParams checks them again for the Python API."""
+SamplingParams checks them again for the Python API, and the engine checks what depends on the
+model (token ids below its vocabulary size, prompt + max_tokens within its context length).
+
+A field this server does not implement is refused with 400 naming it (extra="forbid"), never
+silently ignored: a client that sends `response_format` or `logit_bias` must learn they did nothing."""
 
 from __future__ import annotations
 
@@ -11,31 +15,38 @@ from ortinf.errors import RequestError
 from ortinf.runtime.sampling_params import MAX_LOGPROBS, SamplingParams
 
 MAX_N = 16
+MAX_PROMPTS = 256  # prompts in one completions request (each x n samples, within the server's capacity)
+MAX_STOP = 64  # stop strings, and stop token ids, per request
+MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit
 Finite = Annotated[float, Field(allow_inf_nan=False)]
-TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+TokenId = Annotated[int, Field(ge=0, description="a token id, below the model's vocabulary size (400 otherwise)")]
+TokenIds = Annotated[list[TokenId], Field(min_length=1)]
+STRICT = ConfigDict(extra="forbid")
 
 
 class StreamOptions(BaseModel):
+    model_config = STRICT
+
     include_usage: bool = False
 
 
 class SamplingFields(BaseModel):
     """Fields shared by completions and chat completions (OpenAI's, plus vLLM's extensions)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
 
     model: str | None = None
-    temperature: Annotated[Finite, Field(ge=0.0, le=2.0)] | None = None
+    temperature: Annotated[Finite, Field(ge=0.0, le=2.0, description="0 (or below 1e-5) is greedy")] | None = None
     top_p: Annotated[Finite, Field(gt=0.0, le=1.0)] | None = None
     top_k: Annotated[int, Field(ge=-1)] | None = None
     min_p: Annotated[Finite, Field(ge=0.0, le=1.0)] | None = None
     repetition_penalty: Annotated[Finite, Field(gt=0.0)] | None = None
     presence_penalty: Annotated[Finite, Field(ge=-2.0, le=2.0)] | None = None
     frequency_penalty: Annotated[Finite, Field(ge=-2.0, le=2.0)] | None = None
-    seed: int | None = None
+    seed: Annotated[int, Field(description="any integer; mapped into [0, 2**64) as vLLM does")] | None = None
     n: Annotated[int, Field(ge=1, le=MAX_N)] = 1
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    stop: str | Annotated[list[str], Field(max_length=MAX_STOP)] | None = None
+    stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP)] | None = None
     ignore_eos: bool = False
     min_tokens: Annotated[int, Field(ge=0)] = 0
     stream: bool = False
@@ -71,7 +82,7 @@ class SamplingFields(BaseModel):
 class CompletionRequest(SamplingFields):
     """POST /v1/completions."""
 
-    prompt: str | list[str] | TokenIds | list[TokenIds]
+    prompt: str | Annotated[list[str], Field(max_length=MAX_PROMPTS)] | TokenIds | Annotated[list[TokenIds], Field(max_length=MAX_PROMPTS)]
     max_tokens: Annotated[int, Field(ge=0)] | None = 16
     logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     echo: bool = False
@@ -87,12 +98,14 @@ class CompletionRequest(SamplingFields):
 
 
 class TextPart(BaseModel):
+    model_config = STRICT
+
     type: Literal["text"]
     text: str
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
@@ -128,10 +141,14 @@ class ChatCompletionRequest(SamplingFields):
 class EmbeddingRequest(BaseModel):
     """POST /v1/embeddings."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
 
     model: str | None = None
-    input: str | Annotated[list[str], Field(min_length=1)] | TokenIds | Annotated[list[TokenIds], Field(min_length=1)]
+    input: (str | Annotated[list[str], Field(min_length=1, max_length=MAX_EMBEDDING_INPUTS)] | TokenIds
+            | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_EMBEDDING_INPUTS)])
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Annotated[int, Field(ge=1)] | None = None
+    truncate_prompt_tokens: Annotated[int, Field(ge=1, description=(
+        "keep at most this many tokens of each input (vLLM's field); without it, an input beyond the "
+        "model's context length is a 400"))] | None = None
     user: str | None = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
 from types import FrameType
 
 import uvicorn
@@ -25,10 +26,16 @@ class _Server(uvicorn.Server):
 
 
 def run(config: ServerConfig, log_level: str = "info") -> None:
+    """Serves until SIGTERM/SIGINT (exit 0) or until an engine dies (exit 1, after a graceful stop
+    that lets the open streams receive their error events)."""
     logging.getLogger("ortinf").setLevel(log_level.upper())
     app = build_app(config)
     server = _Server(uvicorn.Config(
         app, host=config.host, port=config.port, log_level=log_level,
         timeout_graceful_shutdown=config.shutdown_timeout, access_log=False,
     ))
+    state = app.state.ortinf
+    state.request_exit = lambda: setattr(server, "should_exit", True)  # uvicorn polls the flag
     server.run()
+    if state.fatal_error is not None:
+        sys.exit(1)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ortinf.serve.metrics import EngineMetrics
 from ortinf.serve.models import ModelRegistry
 from ortinf.serve.streaming import Admission
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,9 +29,10 @@ class ServerConfig:
     max_num_batched_tokens: int = 2048
     kv_cache_memory: int | None = None
     shutdown_timeout: float = 30.0
-    max_body_size: int = 16 * 2**20
+    max_body_size: int = 2 * 2**20  # TGI's default
     intra_op_threads: int = 0
     debug_fail_after_steps: int | None = None
+    debug_fail_token_id: int | None = None
 
 
 @dataclass(slots=True)
@@ -38,9 +43,19 @@ class ServerState:
     admission: Admission | None = None
     ready: bool = False
     load_error: str | None = None
+    fatal_error: str | None = None  # an engine died: the process exits non-zero (serve/server.py)
+    request_exit: Callable[[], None] | None = None  # set by the server: begins a graceful stop
 
     def __post_init__(self) -> None:
         self.admission = Admission(self.config.max_num_seqs, self.config.max_queued_requests)
+
+    def engine_died(self, exc: BaseException) -> None:
+        """Called from a dead engine's thread: stop the server so that a supervisor restarts it (a
+        server that stays up answering 500 to everything helps nobody)."""
+        log.critical("an engine died (%s): the server stops and exits with status 1", exc)
+        self.fatal_error = str(exc)
+        if self.request_exit is not None:
+            self.request_exit()
 
     def healthy(self) -> tuple[bool, str]:
         if self.load_error is not None:

@@ -16,53 +16,93 @@ from ortinf.runtime.outputs import RequestOutput
 from ortinf.serve.errors import APIError, error_body, from_exception
 
 T = TypeVar("T")
-_DONE = object()
+
+
+class Ticket:
+    """`count` admitted samples; released exactly once, whichever path ends the request first."""
+
+    def __init__(self, admission: Admission, count: int) -> None:
+        self.admission, self.count, self.released = admission, count, False
+
+    def release(self) -> None:
+        if not self.released:
+            self.released = True
+            self.admission.in_flight -= self.count
 
 
 class Admission:
     """Bounds the requests in the server: max_num_seqs running plus max_queued_requests waiting.
 
-    Past that, a request gets 429 with Retry-After at once; nothing admitted is ever dropped.
+    Past that, a request gets 429 with Retry-After at once; nothing admitted is ever dropped. A
+    request that could never fit (more samples than the capacity) gets 400.
     """
 
     def __init__(self, max_running: int, max_queued: int) -> None:
         self.capacity = max_running + max_queued
         self.in_flight = 0
 
-    def acquire(self, count: int) -> None:
+    def acquire(self, count: int) -> Ticket:
+        if count > self.capacity:
+            raise APIError(400, f"the request asks for {count} sequences (prompts x n); this server runs at most "
+                                f"{self.capacity} at once: split it", param="n")
         if self.in_flight + count > self.capacity:
             raise APIError(429, f"the server is at capacity ({self.capacity} requests in flight); retry shortly",
                            code="server_overloaded", headers={"Retry-After": "1"})
         self.in_flight += count
+        return Ticket(self, count)
 
-    def release(self, count: int) -> None:
-        self.in_flight -= count
+
+class AdmittedStream(StreamingResponse):
+    """A streaming response that releases its admission ticket however it ends, also when the
+    client is gone before the body generator ever starts (a never-started generator's `finally`
+    never runs)."""
+
+    def __init__(self, content: AsyncIterator[str], ticket: Ticket) -> None:
+        super().__init__(content, media_type="text/event-stream")
+        self.ticket = ticket
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.ticket.release()
+            await self.body_iterator.aclose()  # type: ignore[attr-defined] - aborts the engine requests
 
 
 async def merged(engine: AsyncEngine, prepared: Sequence[PreparedRequest], request_id: str) -> AsyncIterator[tuple[int, RequestOutput]]:
-    """Yields (sample index, output) from all samples as they arrive; closing it aborts them all."""
-    queue: asyncio.Queue = asyncio.Queue()
+    """Yields (sample index, latest output) from all samples as they advance; closing it aborts them all.
+
+    Coalescing: outputs are cumulative, so only each sample's latest one is kept until the consumer
+    takes it; a slow consumer costs O(samples) memory, never O(steps).
+    """
+    latest: dict[int, RequestOutput] = {}
+    changed = asyncio.Event()
+    remaining = len(prepared)
+    failure: list[BaseException] = []
 
     async def pump(index: int, item: PreparedRequest) -> None:
+        nonlocal remaining
         try:
             async for output in engine.generate(item, request_id=f"{request_id}-{index}"):
-                await queue.put((index, output))
+                latest[index] = output
+                changed.set()
         except Exception as exc:  # noqa: BLE001 - handed to the consumer
-            await queue.put((index, exc))
+            failure.append(exc)
         finally:
-            await queue.put((index, _DONE))
+            remaining -= 1
+            changed.set()
 
     tasks = [asyncio.create_task(pump(i, item)) for i, item in enumerate(prepared)]
-    remaining = len(tasks)
     try:
-        while remaining:
-            index, item = await queue.get()
-            if item is _DONE:
-                remaining -= 1
-            elif isinstance(item, BaseException):
-                raise item
-            else:
-                yield index, item
+        while True:
+            await changed.wait()
+            changed.clear()
+            if failure:
+                raise failure[0]
+            for index in sorted(latest):
+                yield index, latest.pop(index)
+            if remaining == 0 and not latest:
+                return
     finally:
         for task in tasks:
             task.cancel()  # each task's stream closes, which aborts its request
@@ -93,21 +133,20 @@ async def until_disconnected(request: Request, work: Awaitable[T], poll: float =
 
 async def admit_and_run(request: Request, admission: Admission, engine: AsyncEngine, prepared: Sequence[PreparedRequest],
                         request_id: str, stream: AsyncIterator[str] | None) -> list[RequestOutput] | StreamingResponse:
-    """Admits the samples (429 past capacity), then returns a StreamingResponse over `stream` (whose
-    own `finally` releases them) or runs them to the end and returns their final outputs."""
-    admission.acquire(len(prepared))
+    """Admits the samples (429 past capacity), then returns a streaming response over `stream`
+    (which releases them however it ends) or runs them to the end and returns their final outputs."""
+    ticket = admission.acquire(len(prepared))
     if stream is not None:
-        return StreamingResponse(stream, media_type="text/event-stream")
+        return AdmittedStream(stream, ticket)
     try:
         return await until_disconnected(request, final_outputs(engine, prepared, request_id))
     finally:
-        admission.release(len(prepared))
+        ticket.release()
 
 
-async def sse_stream(chunks: AsyncIterator[dict], admission: Admission, count: int, last: Callable[[], dict | None]) -> AsyncIterator[str]:
+async def sse_stream(chunks: AsyncIterator[dict], last: Callable[[], dict | None]) -> AsyncIterator[str]:
     """Frames a route's chunks as server-sent events: the chunks, then `last()` (the usage chunk, if
-    asked for), an error event if anything failed (headers are already sent), and [DONE]. Releases
-    the `count` admitted samples however it ends."""
+    asked for), an error event if anything failed (headers are already sent), and [DONE]."""
     try:
         async for chunk in chunks:
             yield sse(chunk)
@@ -117,7 +156,7 @@ async def sse_stream(chunks: AsyncIterator[dict], admission: Admission, count: i
     except Exception as exc:  # noqa: BLE001 - reported in the stream, whose headers are already sent
         yield sse_error(exc)
     finally:
-        admission.release(count)
+        await chunks.aclose()  # type: ignore[attr-defined] - closing aborts the samples still running
     yield SSE_DONE
 
 

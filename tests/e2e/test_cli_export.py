@@ -70,15 +70,57 @@ def test_export_then_inspect(llama_folder, tmp_path):
     assert "parity vs PyTorch" in table.stdout
 
 
-def test_existing_output_needs_overwrite(llama_folder, tmp_path):
+def test_existing_output_needs_overwrite_and_overwrite_replaces_only_packages(llama_folder, tmp_path):
     out = tmp_path / "pkg"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
     assert_user_error(ortinf("export", llama_folder, "-o", out, "-q"), "already exists", "--overwrite")
+    assert_user_error(ortinf("export", llama_folder, "-o", out, "-q", "--overwrite"), "not an ortinf package", "replaces only packages")
     assert (out / "keep.txt").read_text() == "mine"
-    result = ortinf("export", llama_folder, "-o", out, "-q", "--overwrite")
+    package = tmp_path / "real"
+    assert ortinf("export", llama_folder, "-o", package, "-q").returncode == 0
+    (package / "stale.txt").write_text("old export")
+    result = ortinf("export", llama_folder, "-o", package, "-q", "--overwrite")
     assert result.returncode == 0, result.stderr
-    assert not (out / "keep.txt").exists() and (out / "ortinf.json").exists()
+    assert not (package / "stale.txt").exists() and (package / "ortinf.json").exists()
+
+
+def test_output_into_the_current_folder_is_refused(llama_folder, tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    for target in (".", "..", str(work)):
+        result = subprocess.run([*ORTINF, "export", str(llama_folder), "-o", target, "-q", "--overwrite"], capture_output=True,
+                                text=True, cwd=work, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300)
+        assert_user_error(result, "current folder", "-o pkg")
+    assert work.is_dir() and list(work.iterdir()) == []
+
+
+def test_tokenizer_beyond_the_vocabulary_is_refused(tmp_path):
+    """A tokenizer of 218 tokens for a model of 100: export refuses in one line naming both sizes,
+    before loading the weights; a package whose manifest vocabulary is below its tokenizer's ids is
+    refused at load (`ortinf generate`, `LLM`) instead of failing inside ORT's Gather."""
+    from tiny_models import add_tokenizer
+
+    from ortinf import LLM
+    from ortinf.errors import ConfigError
+
+    folder = tmp_path / "small-vocab"
+    model = build_decoder("llama", folder)
+    add_tokenizer(folder)  # 218 tokens
+    model.config.vocab_size = 100
+    model.config.save_pretrained(folder)  # the weights still say 256: export must stop before loading them
+    assert_user_error(ortinf("export", folder, "-o", tmp_path / "pkg", "-q"), "218 tokens", "vocabulary has 100")
+    assert not (tmp_path / "pkg").exists()
+    good = tmp_path / "good"
+    build_decoder("llama", good)
+    add_tokenizer(good)
+    assert ortinf("export", good, "-o", tmp_path / "pkg", "-q").returncode == 0
+    manifest = json.loads((tmp_path / "pkg" / "ortinf.json").read_text())
+    manifest["decoder"]["vocab_size"] = 200
+    (tmp_path / "pkg" / "ortinf.json").write_text(json.dumps(manifest))
+    assert_user_error(ortinf("generate", tmp_path / "pkg", "-p", "the lazy dog", "-n", "2"), "218 tokens", "vocabulary has 200")
+    with pytest.raises(ConfigError, match="vocabulary has 200"):
+        LLM(tmp_path / "pkg", provider="cpu", num_blocks=64)
 
 
 def test_missing_model(tmp_path):

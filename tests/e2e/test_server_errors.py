@@ -109,15 +109,6 @@ def test_api_key_body_limit_and_config_sources(chat_package, tmp_path):
         assert ok.status_code == 200
 
 
-def test_engine_failure_is_500_and_health_turns_503(chat_package, tmp_path):
-    with running_server([str(chat_package)], tmp_path, env={"ORTINF_DEBUG_FAIL_AFTER_STEPS": "3"}) as server:
-        response = httpx.post(f"{server.url}/v1/completions", json={"prompt": "fail", "max_tokens": 20, "ignore_eos": True}, timeout=30)
-        assert_error(response, 500, "engine")
-        health = httpx.get(f"{server.url}/health")
-        assert_error(health, 503, "failed")
-        assert_error(httpx.post(f"{server.url}/v1/completions", json={"prompt": "again"}, timeout=30), 500, "engine")
-
-
 def test_serve_cli_errors(tmp_path):
     from test_cli_export import assert_user_error, ortinf
 
