@@ -11,7 +11,7 @@ from ortinf.errors import ConfigError, RequestError
 from ortinf.manifest import MODEL_NAME, TEXT_GENERATION, EncoderSpec, Manifest
 from ortinf.providers.registry import resolve
 from ortinf.providers.session import create_session
-from ortinf.runtime.tokenizer import load_tokenizer, pad_token_id, vocab_mismatch
+from ortinf.runtime.tokenizer import check_unicode, load_tokenizer, pad_token_id, vocab_mismatch
 
 
 class EncoderGraph:
@@ -36,6 +36,8 @@ class EncoderGraph:
     def encode(self, texts: Sequence[str], max_length: int | None = None) -> list[list[int]]:
         """Token ids of each text, with the model's special tokens; cut to `max_length` tokens when
         given, keeping the trailing special tokens (BERT's [SEP]) as the tokenizer's own truncation does."""
+        for text in texts:
+            check_unicode(text, "input")
         ids = []
         for encoding in self.tokenizer.encode_batch(list(texts)):
             row = encoding.ids

@@ -22,7 +22,7 @@ from ortinf.runtime.request import FinishReason, Request
 from ortinf.runtime.sampling_params import SamplingParams
 from ortinf.runtime.scheduler import Scheduler, SchedulerConfig, check_fits
 from ortinf.runtime.scheduler_output import ModelRunnerOutput, SchedulerOutput
-from ortinf.runtime.tokenizer import load_tokenizer, vocab_mismatch
+from ortinf.runtime.tokenizer import check_unicode, load_tokenizer, vocab_mismatch
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ class LLMEngine:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise RequestError("this package has no tokenizer: pass token ids instead of text")
-            ids = self.tokenizer.encode(prompt).ids
+            ids = self.tokenizer.encode(check_unicode(prompt, "prompt")).ids
             if ids and max(ids) >= vocab:  # a package checked at load cannot get here; a defence in depth
                 raise RequestError(f"the prompt encodes to token id {max(ids)}, beyond the model's vocabulary of {vocab}")
             return prompt, ids

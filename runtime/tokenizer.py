@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from ortinf.errors import ConfigError
+from ortinf.errors import ConfigError, RequestError
 
 
 def _special_token(config: dict, key: str) -> str | None:
@@ -15,6 +15,16 @@ def _special_token(config: dict, key: str) -> str | None:
     if isinstance(value, dict):
         value = value.get("content")
     return value if isinstance(value, str) else None
+
+
+def check_unicode(text: str, param: str) -> str:
+    """`text`, if it can be written as UTF-8 (JSON's \\ud800 escapes decode to lone surrogates,
+    which no tokenizer takes)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise RequestError(f"{param} is not valid Unicode: {exc.reason} at character {exc.start}", param=param) from exc
+    return text
 
 
 def load_tokenizer(package_dir: Path) -> Tokenizer:

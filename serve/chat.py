@@ -11,6 +11,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from ortinf.runtime.engine import PreparedRequest
+from ortinf.runtime.tokenizer import check_unicode
 from ortinf.serve.completions import prepare_samples, usage
 from ortinf.serve.errors import APIError
 from ortinf.serve.logprobs import chat_logprobs
@@ -31,7 +32,7 @@ def render_prompt(model: ServedModel, body: ChatCompletionRequest) -> list[int]:
     messages = [{"role": m.role, "content": m.text()} for m in body.messages]
     text = model.chat_template.render(messages)
     # the template writes the special tokens (BOS, role markers) itself
-    return model.tokenizer.encode(text, add_special_tokens=False).ids
+    return model.tokenizer.encode(check_unicode(text, "messages"), add_special_tokens=False).ids
 
 
 @router.post("/v1/chat/completions")

@@ -33,6 +33,8 @@ class APIError(Exception):
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
     if len(message) > MAX_MESSAGE:
         message = message[: MAX_MESSAGE - 3] + "..."
+    # a message may quote the request (a model name): lone surrogates cannot be written as UTF-8
+    message = message.encode("utf-8", "backslashreplace").decode("utf-8")
     return {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"), "param": param, "code": code}}
 
 

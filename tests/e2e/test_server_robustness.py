@@ -189,3 +189,37 @@ def test_an_engine_that_keeps_failing_exits_non_zero(chat_package, tmp_path):
                 break  # the server may already be stopping
         assert server.process.wait(60) == 1
         assert "engine steps in a row failed" in server.log()
+
+
+def test_embeddings_beyond_the_context_are_400_unless_truncated(embed_server, minilm_package):
+    from ortinf.runtime.encoder_graph import EncoderGraph
+
+    url = f"{embed_server.url}/v1/embeddings"
+    long_text = "the quick brown fox jumps over the lazy dog " * 60  # ~540 tokens; the model takes 256
+    error = assert_error(httpx.post(url, json={"input": ["short", long_text]}), 400, "at most 256", "truncate_prompt_tokens",
+                         param="input")
+    assert "tokens" in error["message"]
+    truncated = httpx.post(url, json={"input": ["short", long_text], "truncate_prompt_tokens": 256}, timeout=60)
+    assert truncated.status_code == 200, truncated.text
+    expected = EncoderGraph(minilm_package, provider="cpu").embed(["short", long_text])  # the Python API truncates
+    got = [d["embedding"] for d in truncated.json()["data"]]
+    assert max(abs(a - b) for row, ref in zip(got, expected) for a, b in zip(row, ref)) < 1e-4
+    assert_error(httpx.post(url, json={"input": "x", "truncate_prompt_tokens": 1000}), 400, "1000", "256",
+                 param="truncate_prompt_tokens")
+    assert_error(httpx.post(url, json={"input": [[101, 999999, 102]]}), 400, "999999", param="input")
+    assert_error(httpx.post(url, json={"input": ["x"] * 2049}), 400, param="input")
+
+
+def test_many_embedding_inputs_run_in_chunks(embed_server, minilm_package):
+    """2,048 inputs, one of them long: answered in input order, equal to one-at-a-time embeddings."""
+    from ortinf.runtime.encoder_graph import EncoderGraph
+
+    texts = [f"sentence number {i} about {'cats' if i % 2 else 'dogs'}" for i in range(2047)] + ["a long one " * 40]
+    response = httpx.post(f"{embed_server.url}/v1/embeddings", json={"input": texts}, timeout=300)
+    assert response.status_code == 200, response.text
+    data = response.json()["data"]
+    assert [d["index"] for d in data] == list(range(len(texts)))
+    encoder = EncoderGraph(minilm_package, provider="cpu")
+    for index in (0, 1, 1000, 2047):
+        expected = encoder.embed([texts[index]])[0]
+        assert max(abs(a - b) for a, b in zip(data[index]["embedding"], expected)) < 1e-4
