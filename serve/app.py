@@ -174,6 +174,7 @@ def build_app(config: ServerConfig) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics():
+        state.metrics.admitted.set(state.admission.in_flight)
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
     return app

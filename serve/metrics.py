@@ -42,6 +42,8 @@ class EngineMetrics:
         self.itl = Histogram("ortinf:inter_token_latency_seconds", "Time between output tokens.", labels, buckets=LATENCY_BUCKETS, registry=r)
         self.e2e = Histogram("ortinf:e2e_request_latency_seconds", "Request latency, arrival to finish.", labels, buckets=LATENCY_BUCKETS, registry=r)
         self.queue = Histogram("ortinf:request_queue_time_seconds", "Time waiting before first scheduled.", labels, buckets=LATENCY_BUCKETS, registry=r)
+        self.admitted = Gauge("ortinf:num_requests_admitted", "Sequences admitted by the server (running, queued, or "
+                              "being tokenised); past --max-num-seqs + --max-queued-requests requests get 429.", registry=r)
         self._live: dict[str, _Live] = {}
         self._seen_prefix = (0, 0)
         self._seen_preemptions = 0
@@ -81,7 +83,7 @@ class EngineMetrics:
             live.num_tokens, live.last_token_time = num_tokens, now
         if output.finished:
             self._live.pop(output.request_id, None)
-            reason = output.outputs[0].finish_reason or "abort"
+            reason = "error" if output.error is not None else output.outputs[0].finish_reason or "abort"
             self.success.labels(model, reason).inc()
             if metrics is not None:
                 self.e2e.labels(model).observe((metrics.finished_time or now) - metrics.arrival_time)

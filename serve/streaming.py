@@ -160,8 +160,13 @@ async def sse_stream(chunks: AsyncIterator[dict], last: Callable[[], dict | None
     yield SSE_DONE
 
 
+# Characters that JSON leaves raw but that line splitters other than SSE's (Python's str.splitlines,
+# JavaScript's old JSON-in-lines readers) treat as line ends: escaped, so an event is always one line.
+_LINE_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
 def sse(data: Any) -> str:
-    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+    return f"data: {json.dumps(data, ensure_ascii=False).translate(_LINE_BREAKS)}\n\n"
 
 
 SSE_DONE = "data: [DONE]\n\n"
