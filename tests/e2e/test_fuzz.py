@@ -152,7 +152,7 @@ def check(client: httpx.Client, path: str, body: dict) -> None:
         assert set(error) == {"message", "type", "param", "code"} and error["message"], response.text
         return
     if response.headers["content-type"].startswith("text/event-stream"):
-        events = [line[6:] for line in response.text.split("\n") if line.startswith("data: ")]  # SSE splits on \\n only
+        events = [line[6:] for line in response.text.split("\n") if line.startswith("data: ")]  # SSE splits on newlines only
         assert events and events[-1] == "[DONE]", response.text[-500:]
         for event in events[:-1]:
             assert "error" not in json.loads(event), f"error event for {content[:500]}: {event[:500]}"
