@@ -184,8 +184,13 @@ def serve(packages: tuple[Path, ...], host: str, port: int, provider: str, serve
         bundled = ensure_exported()
         packages = tuple(path for _, path in bundled)
         served_model_names = served_model_names or tuple(name for name, _ in bundled)
-    for package in packages:
-        Manifest.load(package)  # a wrong path fails now, in one line, before the server starts
+    for package in packages:  # a wrong path or a broken package fails now, in one line, before the server starts
+        manifest = Manifest.load(package)
+        spec = manifest.decoder or manifest.encoder
+        if manifest.has_tokenizer and spec is not None:
+            from ortinf.runtime.tokenizer import load_checked_tokenizer
+
+            load_checked_tokenizer(package, spec.vocab_size)
     if served_model_names and len(served_model_names) != len(packages):
         raise click.UsageError(f"pass one --served-model-name per package ({len(packages)}), or none")
     config = ServerConfig(

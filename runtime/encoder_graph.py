@@ -11,7 +11,7 @@ from ortinf.errors import ConfigError, RequestError
 from ortinf.manifest import MODEL_NAME, TEXT_GENERATION, EncoderSpec, Manifest
 from ortinf.providers.registry import resolve
 from ortinf.providers.session import create_session
-from ortinf.runtime.tokenizer import check_unicode, load_tokenizer, pad_token_id, vocab_mismatch
+from ortinf.runtime.tokenizer import check_unicode, load_checked_tokenizer, pad_token_id
 
 
 class EncoderGraph:
@@ -25,12 +25,9 @@ class EncoderGraph:
         self.spec: EncoderSpec = self.manifest.encoder
         self.provider = resolve(provider)
         self.session = create_session(folder / MODEL_NAME, self.provider, intra_op_threads)
-        self.tokenizer = load_tokenizer(folder)
+        self.tokenizer = load_checked_tokenizer(folder, self.spec.vocab_size)
         self.tokenizer.no_padding()
         self.tokenizer.no_truncation()  # truncation is per call (the tokenizer is shared by threads)
-        vocab = self.spec.vocab_size
-        if vocab is not None and (mismatch := vocab_mismatch(self.tokenizer, vocab)) is not None:
-            raise ConfigError(f"{package_dir}: {mismatch}, then re-export the package")
         self.pad_id = pad_token_id(folder, self.tokenizer)
 
     def encode(self, texts: Sequence[str], max_length: int | None = None) -> list[list[int]]:

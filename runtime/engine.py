@@ -22,7 +22,7 @@ from ortinf.runtime.request import FinishReason, Request
 from ortinf.runtime.sampling_params import SamplingParams
 from ortinf.runtime.scheduler import Scheduler, SchedulerConfig, check_fits
 from ortinf.runtime.scheduler_output import ModelRunnerOutput, SchedulerOutput
-from ortinf.runtime.tokenizer import check_unicode, load_tokenizer, vocab_mismatch
+from ortinf.runtime.tokenizer import check_unicode, load_checked_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +46,7 @@ class LLMEngine:
             raise ConfigError(f"{config.package_dir} holds a {manifest.task} model; generation needs a text-generation package")
         self.manifest = manifest
         spec = manifest.decoder
-        self.tokenizer = load_tokenizer(config.package_dir) if manifest.has_tokenizer else None
-        if self.tokenizer is not None and (mismatch := vocab_mismatch(self.tokenizer, spec.vocab_size)) is not None:
-            raise ConfigError(f"{config.package_dir}: {mismatch}, then re-export the package")
+        self.tokenizer = load_checked_tokenizer(config.package_dir, spec.vocab_size) if manifest.has_tokenizer else None
         self.max_model_len = min(config.max_model_len or spec.max_model_len, spec.max_model_len)
         num_blocks = resolve_num_blocks(config, spec, self.max_model_len)
         self.graph = DecoderGraph(config.package_dir, num_blocks, config.block_size, config.provider, config.intra_op_threads)

@@ -35,6 +35,15 @@ def load_tokenizer(package_dir: Path) -> Tokenizer:
     return Tokenizer.from_file(str(path))
 
 
+def load_checked_tokenizer(package_dir: Path, vocab_size: int | None) -> Tokenizer:
+    """The package's tokenizer, refused (ConfigError naming both sizes) when its ids do not fit the
+    graph's vocabulary: the first such prompt would otherwise fail inside ORT's Gather."""
+    tokenizer = load_tokenizer(package_dir)
+    if vocab_size is not None and (mismatch := vocab_mismatch(tokenizer, vocab_size)) is not None:
+        raise ConfigError(f"{package_dir}: {mismatch}, then re-export the package")
+    return tokenizer
+
+
 def tokenizer_size(tokenizer: Tokenizer) -> int:
     """One more than the largest id the tokenizer can produce (added tokens included)."""
     ids = list(tokenizer.get_vocab(with_added_tokens=True).values())

@@ -105,7 +105,7 @@ def load_model(package: Path, name: str, config: ServerConfig, state: ServerStat
         while engine.has_unfinished_requests():
             engine.step()
         model.engine = AsyncEngine(engine, on_step=state.metrics.hook(name), faults=FaultInjection(config.debug_fail_after_steps, config.debug_fail_token_id),
-                                   on_dead=state.engine_died)
+                                   on_dead=lambda exc: state.fatal(f"the engine of '{name}' died", exc))
         model.chat_template = ChatTemplate.load(package)
     else:
         model.encoder = EncoderGraph(package, provider=config.provider, intra_op_threads=config.intra_op_threads)
@@ -125,9 +125,10 @@ async def _load_all(state: ServerState) -> None:
             state.registry.add(await asyncio.to_thread(load_model, package, name, config, state))
         state.ready = True
         log.info("ready: serving %s on http://%s:%d", ", ".join(state.registry.models), config.host, config.port)
-    except Exception as exc:  # noqa: BLE001 - reported by /health and the log
+    except Exception as exc:  # noqa: BLE001 - reported by /health and the log, then the process exits 1
         state.load_error = str(exc)
         log.error("loading failed: %s", exc)
+        state.fatal("loading failed", exc)  # a server that can never serve stops, visibly, instead of answering 503 forever
 
 
 def build_app(config: ServerConfig) -> FastAPI:

@@ -49,10 +49,11 @@ class ServerState:
     def __post_init__(self) -> None:
         self.admission = Admission(self.config.max_num_seqs, self.config.max_queued_requests)
 
-    def engine_died(self, exc: BaseException) -> None:
-        """Called from a dead engine's thread: stop the server so that a supervisor restarts it (a
-        server that stays up answering 500 to everything helps nobody)."""
-        log.critical("an engine died (%s): the server stops and exits with status 1", exc)
+    def fatal(self, what: str, exc: BaseException) -> None:
+        """A model failed to load or its engine died (called from any thread): the server stops
+        gracefully and exits 1, so a supervisor restarts it; one that stays up answering 503 or 500
+        to everything helps nobody."""
+        log.critical("%s (%s): the server stops and exits with status 1", what, exc)
         self.fatal_error = str(exc)
         if self.request_exit is not None:
             self.request_exit()

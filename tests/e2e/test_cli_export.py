@@ -119,6 +119,7 @@ def test_tokenizer_beyond_the_vocabulary_is_refused(tmp_path):
     manifest["decoder"]["vocab_size"] = 200
     (tmp_path / "pkg" / "ortinf.json").write_text(json.dumps(manifest))
     assert_user_error(ortinf("generate", tmp_path / "pkg", "-p", "the lazy dog", "-n", "2"), "218 tokens", "vocabulary has 200")
+    assert_user_error(ortinf("serve", tmp_path / "pkg", "--port", "1"), "218 tokens", "vocabulary has 200")
     with pytest.raises(ConfigError, match="vocabulary has 200"):
         LLM(tmp_path / "pkg", provider="cpu", num_blocks=64)
 

@@ -23,5 +23,7 @@ def test_generate_errors(decoder_package, tmp_path):
     assert_user_error(ortinf("generate", tmp_path, "-p", "x"), "has no ortinf.json")
     assert_user_error(ortinf("generate", package, "-p", "x", "--provider", "tpu"), "unknown provider 'tpu'")
     assert_user_error(ortinf("generate", package, "-p", "x", "--kv-cache-memory", "lots"), "cannot read the size")
+    assert_user_error(ortinf("generate", package, "--prompt-ids", "5,999999"), "token id 999999 is out of range", "[0, 256)")
+    assert ortinf("generate", package, "-p", "def ", "--seed", "-1", "-t", "1.0", "-n", "4").returncode == 0  # any seed
     missing = ortinf("generate", package)
     assert missing.returncode == 2 and "exactly one of --prompt and --prompt-ids" in missing.stderr
