@@ -8,6 +8,7 @@ import asyncio
 import json
 import socket
 import threading
+import time
 
 import httpx
 import pytest
@@ -133,9 +134,10 @@ def test_admission_is_released_when_clients_vanish(chat_package, tmp_path, refer
             with socket.create_connection(("127.0.0.1", server.port)) as sock:
                 sock.sendall(head + body)
                 sock.shutdown(socket.SHUT_WR)
-        for _ in range(50):  # the server notices the disconnects within a few polls
+        for _ in range(100):  # the server notices the disconnects within a few polls
             if complete(server.url, GREEDY).status_code == 200:
                 break
+            time.sleep(0.1)
         assert_still_serving(server.url, reference)
         statuses = set()
         for _ in range(2):  # both slots are free again: two concurrent requests are admitted
