@@ -86,7 +86,7 @@ class LLMEngine:
         text, token_ids = self.tokenize(prompt)
         if params.max_tokens is None:  # as many as the context length leaves
             if len(token_ids) >= self.max_model_len:
-                raise RequestError(f"the prompt has {len(token_ids)} tokens; the context length is {self.max_model_len}")
+                raise RequestError(f"the prompt has {len(token_ids)} tokens; the context length is {self.max_model_len}", param="prompt")
             params = replace(params, max_tokens=self.max_model_len - len(token_ids))
         check_fits(len(token_ids), params.max_tokens, self.max_model_len)
         return PreparedRequest(text, token_ids, params)

@@ -37,11 +37,11 @@ class SchedulerStats:
 def check_fits(num_prompt_tokens: int, max_tokens: int, max_model_len: int) -> None:
     """Raises RequestError for a request that can never run: empty, or longer than the context."""
     if num_prompt_tokens == 0:
-        raise RequestError("the prompt is empty: pass at least one token")
+        raise RequestError("the prompt is empty: pass at least one token", param="prompt")
     if num_prompt_tokens + max_tokens > max_model_len:
         raise RequestError(
             f"prompt ({num_prompt_tokens} tokens) + max_tokens ({max_tokens}) is "
-            f"{num_prompt_tokens + max_tokens}, beyond the context length {max_model_len}"
+            f"{num_prompt_tokens + max_tokens}, beyond the context length {max_model_len}", param="max_tokens"
         )
 
 

@@ -1,4 +1,4 @@
-"""Property-based fuzzing of /v1/completions and /v1/chat/completions on the real server.
+"""Property-based fuzzing of /v1/completions, /v1/chat/completions and /v1/embeddings on the real server.
 
 Every field is drawn across (and beyond) its schema range: extreme ints, tiny and huge floats, odd
 unicode (lone surrogates, NULs, emoji), huge lists, token ids off the vocabulary, wrong types and
@@ -128,9 +128,20 @@ CHAT = st.one_of(
 )
 
 
+EMBEDDING = st.fixed_dictionaries(
+    {"input": maybe(st.one_of(odd_text, st.lists(odd_text, min_size=1, max_size=40), token_ids,
+                              st.lists(st.lists(st.integers(0, 30_521), min_size=1, max_size=300), min_size=1, max_size=8),
+                              st.lists(token_ids, max_size=4), st.lists(st.just("x"), min_size=2040, max_size=2060)))},
+    optional={"model": st.one_of(st.just("minilm"), st.just("minilm"), st.just(MODEL), odd_text),
+              "encoding_format": maybe(st.sampled_from(["float", "base64"])), "dimensions": maybe(st.one_of(st.just(384), ints)),
+              "truncate_prompt_tokens": maybe(ints), "user": maybe(odd_text), "response_format": st.just("json")},
+)
+
+
 @pytest.fixture(scope="module")
-def fuzz_server(chat_package, tmp_path_factory):
-    args = [str(chat_package), "--kv-cache-memory", "32MiB", "--max-num-seqs", "16", "--max-queued-requests", "64"]
+def fuzz_server(chat_package, minilm_package, tmp_path_factory):
+    args = [str(chat_package), str(minilm_package), "--served-model-name", MODEL, "--served-model-name", "minilm",
+            "--kv-cache-memory", "32MiB", "--max-num-seqs", "16", "--max-queued-requests", "64"]
     with running_server(args, tmp_path_factory.mktemp("fuzz-logs")) as server:
         with httpx.Client(base_url=server.url, timeout=120) as client:
             server.client = client  # type: ignore[attr-defined]
@@ -156,6 +167,8 @@ def check(client: httpx.Client, path: str, body: dict) -> None:
         assert events and events[-1] == "[DONE]", response.text[-500:]
         for event in events[:-1]:
             assert "error" not in json.loads(event), f"error event for {content[:500]}: {event[:500]}"
+    elif path == "/v1/embeddings":
+        assert response.json()["data"], response.text[:500]
     else:
         assert response.json()["choices"], response.text[:500]
 
@@ -184,6 +197,15 @@ def test_fuzz_completions(fuzz_server, reference):
 
 def test_fuzz_chat_completions(fuzz_server, reference):
     fuzz(fuzz_server, reference, "/v1/chat/completions", CHAT, DEFAULT_EXAMPLES, derandomize=True)
+
+
+def test_fuzz_embeddings(fuzz_server, reference):
+    fuzz(fuzz_server, reference, "/v1/embeddings", EMBEDDING, DEFAULT_EXAMPLES // 3, derandomize=True)
+
+
+@pytest.mark.slow
+def test_fuzz_embeddings_thousands(fuzz_server, reference):
+    fuzz(fuzz_server, reference, "/v1/embeddings", EMBEDDING, SLOW_EXAMPLES // 2, derandomize=False)
 
 
 @pytest.mark.slow
