@@ -24,6 +24,8 @@ def stream_generation(package: Path, prompt: str | list[int], provider: str, kv_
     output = None
     while engine.has_unfinished_requests():
         for output in engine.step():
+            if output.error is not None:  # a failed step: one line from the CLI, not a traceback
+                raise output.error
             completion = output.outputs[0]
             text = completion.text if engine.tokenizer else " ".join(map(str, completion.token_ids))
             sys.stdout.write(text[printed:])
