@@ -29,7 +29,8 @@ def apply_penalties(logits: np.ndarray, params: SamplingParams, prompt_ids: Sequ
     if params.repetition_penalty != 1.0:
         seen = output_counts > 0
         seen[np.asarray(prompt_ids, dtype=np.int64)] = True
-        logits[seen] = np.where(logits[seen] > 0, logits[seen] / params.repetition_penalty, logits[seen] * params.repetition_penalty)
+        with np.errstate(divide="ignore", over="ignore"):  # a penalty near 0 or huge overflows to +-inf on purpose
+            logits[seen] = np.where(logits[seen] > 0, logits[seen] / params.repetition_penalty, logits[seen] * params.repetition_penalty)
     if params.frequency_penalty:
         logits -= params.frequency_penalty * output_counts
     if params.presence_penalty:
@@ -86,6 +87,9 @@ class Sampler:
             rows = np.flatnonzero(sampled)
             temperature = np.array([params[r].temperature for r in rows], dtype=np.float32)
             scaled = logits[rows] / temperature[:, None]
+            infinite = np.isposinf(scaled).any(axis=1)
+            if infinite.any():  # only the +inf tokens have mass (else inf - inf = NaN, and index 0 won)
+                scaled[infinite] = np.where(np.isposinf(scaled[infinite]), 0.0, -np.inf)
             uniforms = np.array([generators[r].random() for r in rows])
             tokens[rows] = self._draw(scaled, [params[r] for r in rows], uniforms)
         return tokens, logprobs

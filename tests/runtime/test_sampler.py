@@ -91,6 +91,17 @@ def test_banned_ids_are_never_sampled():
     assert greedy.tolist() == [1]
 
 
+def test_infinite_logits_share_the_mass():
+    """A repetition penalty of 5e-324 divides positive logits of seen tokens to +inf: sampling picks
+    among those tokens (it used to return token 0 from a NaN distribution)."""
+    params = SamplingParams(temperature=1.0, repetition_penalty=5e-324)
+    rows = 400
+    logits = np.tile(LOGITS, (rows, 1))
+    generators = [np.random.default_rng(seed) for seed in range(rows)]
+    tokens, _ = Sampler()(logits, [params] * rows, [((2, 3), ())] * rows, generators)
+    assert set(tokens.tolist()) == {2, 3}  # the two seen tokens with positive logits, both drawn
+
+
 def test_seeded_rows_do_not_depend_on_the_batch():
     p = SamplingParams(temperature=0.9, top_p=0.95, seed=123)
     other = SamplingParams(temperature=1.3, top_k=4)
