@@ -23,6 +23,7 @@ import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 
+from ortinf.errors import RequestError
 from ortinf.runtime.engine import LLMEngine, PreparedRequest
 from ortinf.runtime.faults import FaultInjection
 from ortinf.runtime.outputs import RequestOutput
@@ -103,7 +104,7 @@ class AsyncEngine:
             if self.error is not None or not self._thread.is_alive():
                 raise EngineDeadError(f"the engine has failed: {self.error or 'its thread has stopped'}")
             if request_id in self._streams:
-                raise EngineDeadError(f"request id {request_id!r} is already in use")  # an internal bug, never a user's
+                raise RequestError(f"request id {request_id!r} is already in use")
             self._streams[request_id] = stream
         self._send(("add", request_id, prepared))
         finished = False

@@ -64,10 +64,8 @@ class LLMEngine:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise RequestError("this package has no tokenizer: pass token ids instead of text")
-            ids = self.tokenizer.encode(check_unicode(prompt, "prompt")).ids
-            if ids and max(ids) >= vocab:  # a package checked at load cannot get here; a defence in depth
-                raise RequestError(f"the prompt encodes to token id {max(ids)}, beyond the model's vocabulary of {vocab}")
-            return prompt, ids
+            # the tokenizer's ids were checked against the vocabulary at load (load_checked_tokenizer)
+            return prompt, self.tokenizer.encode(check_unicode(prompt, "prompt")).ids
         if any(isinstance(t, bool) or not isinstance(t, (int, np.integer)) for t in prompt):
             raise RequestError("a token-id prompt must hold integers", param="prompt")
         ids = [int(t) for t in prompt]

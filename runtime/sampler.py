@@ -87,9 +87,10 @@ class Sampler:
             rows = np.flatnonzero(sampled)
             temperature = np.array([params[r].temperature for r in rows], dtype=np.float32)
             scaled = logits[rows] / temperature[:, None]
-            infinite = np.isposinf(scaled).any(axis=1)
-            if infinite.any():  # only the +inf tokens have mass (else inf - inf = NaN, and index 0 won)
-                scaled[infinite] = np.where(np.isposinf(scaled[infinite]), 0.0, -np.inf)
+            if any(params[r].has_penalties for r in rows):  # only penalties overflow (temperature >= 1e-5)
+                infinite = np.isposinf(scaled).any(axis=1)
+                if infinite.any():  # only the +inf tokens have mass (else inf - inf = NaN, and index 0 won)
+                    scaled[infinite] = np.where(np.isposinf(scaled[infinite]), 0.0, -np.inf)
             uniforms = np.array([generators[r].random() for r in rows])
             tokens[rows] = self._draw(scaled, [params[r] for r in rows], uniforms)
         return tokens, logprobs
