@@ -1,4 +1,5 @@
-"""Decoder export: a wrapper whose inputs are the paged graph contract, traced to ONNX.
+"""Decoder export: a wrapper whose inputs are the paged graph contract, traced to ONNX, then given
+its in-graph KV write (exporter/kv_write.py).
 
 The wrapper runs the Hugging Face base model on the flattened tokens of all scheduled sequences
 (as one batch row), with the paged attention function from kernels/ in every layer, and applies the
@@ -17,16 +18,10 @@ from transformers import AttentionInterface, PretrainedConfig, PreTrainedModel
 from ortinf.exporter.architectures import DECODERS
 from ortinf.exporter.tracing import OPSET, quiet_tracing
 from ortinf.kernels.portable import ATTENTION_NAME, KERNEL_NAME, PagedBatch, paged_attention
-from ortinf.manifest import DecoderSpec
+from ortinf.exporter.kv_write import add_kv_write
+from ortinf.manifest import LOGITS, DecoderSpec, cache_names
 
 INPUTS_HEAD = ("input_ids", "positions", "block_tables", "context_lens", "query_lens", "logits_indices")
-
-
-def cache_names(num_layers: int) -> tuple[list[str], list[str]]:
-    """Input names of the per-layer pools and output names of the per-layer new K/V."""
-    inputs = [f"{kind}_cache.{i}" for i in range(num_layers) for kind in ("key", "value")]
-    outputs = [f"new_{kind}.{i}" for i in range(num_layers) for kind in ("key", "value")]
-    return inputs, outputs
 
 
 class PagedDecoder(torch.nn.Module):
@@ -130,10 +125,12 @@ def example_inputs(spec: DecoderSpec, dtype: torch.dtype) -> tuple[torch.Tensor,
 
 
 def trace_decoder(model: PreTrainedModel, spec: DecoderSpec, path: Path, dtype: torch.dtype) -> tuple[list[str], list[str]]:
-    """Traces the paged decoder to `path`; returns the graph's input and output names."""
-    cache_inputs, kv_outputs = cache_names(spec.num_layers)
+    """Traces the paged decoder to `path` and adds the in-graph KV write; returns the graph's input
+    and output names."""
+    cache_inputs, _ = cache_names(spec.num_layers)
+    kv_outputs = [f"new_{kind}.{i}" for i in range(spec.num_layers) for kind in ("key", "value")]
     inputs = [*INPUTS_HEAD, *cache_inputs]
-    outputs = ["logits", *kv_outputs]
+    outputs = [LOGITS, *kv_outputs]
     dynamic_axes: dict[str, dict[int, str]] = {
         "input_ids": {0: "num_tokens"},
         "positions": {0: "num_tokens"},
@@ -160,4 +157,4 @@ def trace_decoder(model: PreTrainedModel, spec: DecoderSpec, path: Path, dtype: 
             opset_version=OPSET,
             do_constant_folding=True,
         )
-    return inputs, outputs
+    return add_kv_write(path, spec.num_layers, spec.num_kv_heads)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import ortinf
 from ortinf.errors import ConfigError
-from ortinf.manifest import MANIFEST_NAME
+from ortinf.manifest import FORMAT_VERSION, MANIFEST_NAME
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ def cache_dir() -> Path:
 
 
 def _fingerprint(folder: Path) -> str:
-    digest = hashlib.sha256(ortinf.__version__.encode())
+    digest = hashlib.sha256(f"{ortinf.__version__}/{FORMAT_VERSION}".encode())
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
         digest.update(str(path.relative_to(folder)).encode())
         digest.update(path.read_bytes())

@@ -11,6 +11,7 @@ import click
 import ortinf
 from ortinf.errors import OrtinfError
 from ortinf.manifest import TASKS, Manifest
+from ortinf.providers.registry import parse_options
 
 EXIT_USER_ERROR = 2
 
@@ -97,11 +98,15 @@ def inspect(package: Path) -> None:
 @click.option("--seed", type=int, default=None, help="Makes sampling reproducible.")
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-sequence tokens.")
-@click.option("--provider", default="auto", show_default=True, help="Execution provider: auto, cpu, openvino, cuda, ...")
+@click.option("--provider", default="auto", show_default=True, help="Execution provider: auto, cpu, webgpu, openvino, cuda, ... (see `ortinf providers`).")
+@click.option("--provider-option", "provider_options", multiple=True, metavar="KEY=VALUE", envvar="ORTINF_PROVIDER_OPTIONS",
+              help="An option of the execution provider (repeatable), e.g. device_type=GPU for OpenVINO.")
+@click.option("--allow-cpu-fallback", is_flag=True, envvar="ORTINF_ALLOW_CPU_FALLBACK",
+              help="Run on the CPU when the chosen provider runs none of the graph, instead of failing.")
 @click.option("--kv-cache-memory", default=None, help="KV cache size, e.g. 512MiB [default: a share of free RAM].")
 def generate(package: Path, prompt: str | None, prompt_ids: str | None, max_tokens: int, temperature: float, top_p: float,
              top_k: int, min_p: float, repetition_penalty: float, seed: int | None, stop: tuple[str, ...], ignore_eos: bool,
-             provider: str, kv_cache_memory: str | None) -> None:
+             provider: str, provider_options: tuple[str, ...], allow_cpu_fallback: bool, kv_cache_memory: str | None) -> None:
     """Generate a continuation of a prompt with a text-generation PACKAGE, streaming it to the terminal."""
     from ortinf.runtime.generate_cli import stream_generation
 
@@ -109,6 +114,7 @@ def generate(package: Path, prompt: str | None, prompt_ids: str | None, max_toke
         raise click.UsageError("pass exactly one of --prompt and --prompt-ids")
     stream_generation(
         package, prompt if prompt is not None else _parse_ids(prompt_ids or ""), provider, kv_cache_memory,
+        parse_options(provider_options), allow_cpu_fallback,
         dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
              repetition_penalty=repetition_penalty, seed=seed, stop=stop, ignore_eos=ignore_eos),
     )
@@ -147,7 +153,12 @@ def _load_yaml_config(ctx: click.Context, _param: click.Parameter, value: Path |
               callback=_load_yaml_config, help="YAML file of options (keys as the option names, e.g. port: 8000).")
 @click.option("--host", default="127.0.0.1", show_default=True, envvar="ORTINF_HOST", help="Address to listen on.")
 @click.option("--port", type=int, default=8000, show_default=True, envvar="ORTINF_PORT", help="Port to listen on.")
-@click.option("--provider", default="auto", show_default=True, envvar="ORTINF_PROVIDER", help="Execution provider: auto, cpu, openvino, cuda, ...")
+@click.option("--provider", default="auto", show_default=True, envvar="ORTINF_PROVIDER",
+              help="Execution provider: auto, cpu, webgpu, openvino, cuda, ... (see `ortinf providers`).")
+@click.option("--provider-option", "provider_options", multiple=True, metavar="KEY=VALUE", envvar="ORTINF_PROVIDER_OPTIONS",
+              help="An option of the execution provider (repeatable), e.g. device_type=GPU for OpenVINO.")
+@click.option("--allow-cpu-fallback", is_flag=True, envvar="ORTINF_ALLOW_CPU_FALLBACK",
+              help="Run on the CPU when the chosen provider runs none of the graph, instead of failing.")
 @click.option("--served-model-name", "served_model_names", multiple=True, envvar="ORTINF_SERVED_MODEL_NAME",
               help="Name clients use in `model` (one per package) [default: the package folder's name].")
 @click.option("--api-key", envvar="ORTINF_API_KEY", help="Require `Authorization: Bearer KEY` on /v1 routes.")
@@ -164,7 +175,8 @@ def _load_yaml_config(ctx: click.Context, _param: click.Parameter, value: Path |
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info", show_default=True, envvar="ORTINF_LOG_LEVEL")
 @click.option("--debug-fail-after-steps", type=int, hidden=True, envvar="ORTINF_DEBUG_FAIL_AFTER_STEPS")
 @click.option("--debug-fail-token-id", type=int, hidden=True, envvar="ORTINF_DEBUG_FAIL_TOKEN_ID")
-def serve(packages: tuple[Path, ...], host: str, port: int, provider: str, served_model_names: tuple[str, ...], api_key: str | None,
+def serve(packages: tuple[Path, ...], host: str, port: int, provider: str, provider_options: tuple[str, ...], allow_cpu_fallback: bool,
+          served_model_names: tuple[str, ...], api_key: str | None,
           max_num_seqs: int, max_queued_requests: int, max_num_batched_tokens: int, kv_cache_memory: str | None,
           shutdown_timeout: float, max_body_size: str, intra_op_threads: int, log_level: str, debug_fail_after_steps: int | None,
           debug_fail_token_id: int | None) -> None:
@@ -194,7 +206,8 @@ def serve(packages: tuple[Path, ...], host: str, port: int, provider: str, serve
     if served_model_names and len(served_model_names) != len(packages):
         raise click.UsageError(f"pass one --served-model-name per package ({len(packages)}), or none")
     config = ServerConfig(
-        packages=tuple(packages), host=host, port=port, provider=provider, served_model_names=served_model_names,
+        packages=tuple(packages), host=host, port=port, provider=provider, provider_options=parse_options(provider_options),
+        allow_cpu_fallback=allow_cpu_fallback, served_model_names=served_model_names,
         api_key=api_key, max_num_seqs=max_num_seqs, max_queued_requests=max_queued_requests,
         max_num_batched_tokens=max_num_batched_tokens, kv_cache_memory=parse_size(kv_cache_memory) if kv_cache_memory else None,
         shutdown_timeout=shutdown_timeout, max_body_size=parse_size(max_body_size), intra_op_threads=intra_op_threads,
@@ -205,6 +218,14 @@ def serve(packages: tuple[Path, ...], host: str, port: int, provider: str, serve
     if duplicates:
         raise click.UsageError(f"two packages would both be served as {duplicates[0]!r}: name them with --served-model-name")
     run(config, log_level)
+
+
+@cli.command()
+def providers() -> None:
+    """List the execution providers: installed or not, their devices, what they run, how to add them."""
+    from ortinf.providers.table import format_table, rows
+
+    click.echo(format_table(rows()))
 
 
 @cli.command()

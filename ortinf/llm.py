@@ -24,7 +24,8 @@ class LLM:
     """An exported package, ready to generate (decoders) or embed (encoders).
 
     Keyword options are EngineConfig's fields: block_size, num_blocks, kv_cache_memory,
-    max_num_seqs, max_num_batched_tokens, max_model_len, enable_prefix_caching, intra_op_threads, seed.
+    max_num_seqs, max_num_batched_tokens, max_model_len, enable_prefix_caching, intra_op_threads, seed,
+    provider_options (a dict of the provider's options), allow_cpu_fallback.
     """
 
     def __init__(self, package_dir: str | Path, provider: str = "auto", **options: Any) -> None:
@@ -44,7 +45,9 @@ class LLM:
         else:
             from ortinf.runtime.encoder_graph import EncoderGraph
 
-            self.encoder = EncoderGraph(package_dir, provider=provider, intra_op_threads=options.get("intra_op_threads", 0))
+            self.encoder = EncoderGraph(package_dir, provider=provider, intra_op_threads=options.get("intra_op_threads", 0),
+                                        provider_options=options.get("provider_options"),
+                                        allow_cpu_fallback=options.get("allow_cpu_fallback", False))
 
     def generate(
         self,

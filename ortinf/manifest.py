@@ -16,7 +16,7 @@ from ortinf.errors import ConfigError
 
 MANIFEST_NAME = "ortinf.json"
 MODEL_NAME = "model.onnx"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # 3: the graph writes K/V into its pool (key_cache_out.{i}); see exporter/kv_write.py
 
 TEXT_GENERATION = "text-generation"
 FEATURE_EXTRACTION = "feature-extraction"
@@ -24,6 +24,16 @@ TEXT_CLASSIFICATION = "text-classification"
 TASKS = (TEXT_GENERATION, FEATURE_EXTRACTION, TEXT_CLASSIFICATION)
 # The per-layer KV pool's layout (key_cache.{i} / value_cache.{i}).
 KV_LAYOUT = "kv_heads,num_blocks,block_size,head_dim"
+# Decoder graph I/O names the runtime reads by name (never by position).
+LOGITS = "logits"
+SLOT_MAPPING = "slot_mapping"
+
+
+def cache_names(num_layers: int) -> tuple[list[str], list[str]]:
+    """The per-layer pool inputs (key_cache.{i}, value_cache.{i}) and the outputs the graph writes
+    them back to (key_cache_out.{i}, ...), which the runtime binds to the same buffers."""
+    inputs = [f"{kind}_cache.{i}" for i in range(num_layers) for kind in ("key", "value")]
+    return inputs, [f"{name.replace('_cache.', '_cache_out.')}" for name in inputs]
 
 
 @dataclass(frozen=True, slots=True)

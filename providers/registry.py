@@ -1,66 +1,119 @@
-"""Execution providers: one small entry per provider, and the one place 'auto' is resolved.
+"""The installed providers, found through ORT's device API, and the one place 'auto' is resolved.
 
-Each entry says which ORT provider it is, its default options, and which dtypes it runs. The KV pool
-lives in host memory (numpy) for all of them for now; device-resident pools come with IOBinding.
+A provider is available when the installed onnxruntime offers its name (providers built into the
+wheel: onnxruntime-gpu, -openvino, -migraphx, -directml) or when its plugin package is installed and
+its library registers devices (`register_execution_provider_library`, `get_ep_devices`).
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import onnxruntime as ort
 
-from ortinf.errors import ProviderUnavailableError
+from ortinf.errors import ConfigError, ProviderUnavailableError
+from ortinf.providers import coreml, cpu, cuda, dml, migraphx, openvino, webgpu
+from ortinf.providers.base import Provider
 
 log = logging.getLogger(__name__)
 
+PROVIDERS: dict[str, Provider] = {m.PROVIDER.name: m.PROVIDER for m in (cuda, migraphx, dml, webgpu, openvino, coreml, cpu)}
+# 'auto' takes the first usable provider in this order: hardware accelerators first, CPU last.
+AUTO_ORDER = ("cuda", "migraphx", "dml", "webgpu", "openvino", "coreml", "cpu")
+
+_registered: dict[str, str] = {}  # plugin module -> library path, registered once per process
+
 
 @dataclass(frozen=True, slots=True)
-class ProviderSpec:
-    """One ORT execution provider as ortinf uses it."""
+class Found:
+    """An available provider with the ORT devices it offers (empty for name-only providers)."""
 
-    name: str
-    ort_name: str
-    dtypes: tuple[str, ...]
-    options: dict[str, str] = field(default_factory=dict)
+    provider: Provider
+    devices: tuple[ort.OrtEpDevice, ...]
 
-
-PROVIDERS: dict[str, ProviderSpec] = {
-    spec.name: spec
-    for spec in (
-        ProviderSpec("cuda", "CUDAExecutionProvider", ("fp32", "fp16")),
-        ProviderSpec("migraphx", "MIGraphXExecutionProvider", ("fp32", "fp16")),
-        ProviderSpec("rocm", "ROCMExecutionProvider", ("fp32", "fp16")),  # onnxruntime-rocm < 1.23
-        ProviderSpec("dml", "DmlExecutionProvider", ("fp32", "fp16")),
-        ProviderSpec("openvino", "OpenVINOExecutionProvider", ("fp32", "fp16"), {"device_type": "CPU"}),
-        ProviderSpec("coreml", "CoreMLExecutionProvider", ("fp32",)),
-        ProviderSpec("cpu", "CPUExecutionProvider", ("fp32", "fp16")),
-    )
-}
-
-# 'auto' takes the first available provider in this order: accelerators first, CPU last.
-AUTO_ORDER = ("cuda", "migraphx", "rocm", "dml", "openvino", "coreml", "cpu")
+    @property
+    def software(self) -> bool:
+        """Only a CPU device stands behind a GPU-style provider (e.g. WebGPU on lavapipe)."""
+        return self.provider.memory == "device" and bool(self.devices) and all(d.device.type == ort.OrtHardwareDeviceType.CPU for d in self.devices)
 
 
-def available() -> list[str]:
-    """ortinf names of the providers this onnxruntime build offers."""
-    offered = set(ort.get_available_providers())
-    return [name for name, spec in PROVIDERS.items() if spec.ort_name in offered]
+def register_plugin(provider: Provider) -> bool:
+    """Registers the provider's plugin library with ORT (once); False when its package is missing."""
+    module_name = provider.plugin_module
+    if module_name is None:
+        return False
+    if module_name in _registered:
+        return True
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError:
+        return False
+    library = module.get_library_path()
+    try:
+        ort.register_execution_provider_library(provider.name, library)
+    except Exception as exc:  # noqa: BLE001 - ORT raises a bare Fail for an incompatible library
+        log.warning("%s is installed but its library does not load (%s)", provider.package, exc)
+        return False
+    _registered[module_name] = library
+    return True
 
 
-def resolve(name: str) -> ProviderSpec:
-    """The provider for `name` ('auto' or one of PROVIDERS); raises if this install lacks it."""
-    have = available()
+def installed(provider: Provider) -> bool:
+    """Whether the package carrying the provider is installed (it may still find no device)."""
+    if provider.plugin_module is not None:
+        return importlib.util.find_spec(provider.plugin_module) is not None
+    return provider.ort_name in ort.get_available_providers()
+
+
+def find(provider: Provider) -> Found | None:
+    """The provider with its devices, or None when this install cannot run it."""
+    if provider.plugin_module is not None:
+        if not register_plugin(provider):
+            return None
+        devices = tuple(d for d in ort.get_ep_devices() if d.ep_name == provider.ort_name)
+        return Found(provider, devices) if devices else None
+    if provider.ort_name not in ort.get_available_providers():
+        return None
+    devices = tuple(d for d in ort.get_ep_devices() if d.ep_name == provider.ort_name)
+    return Found(provider, devices)
+
+
+def available() -> list[Found]:
+    """Every provider this install can run, in AUTO_ORDER."""
+    return [found for name in AUTO_ORDER if (found := find(PROVIDERS[name])) is not None]
+
+
+def resolve(name: str) -> Found:
+    """The provider for `name` ('auto' or one of PROVIDERS); raises with the pip package to install."""
     if name == "auto":
-        chosen = next(n for n in AUTO_ORDER if n in have)
-        log.info("provider auto -> %s (available: %s)", chosen, ", ".join(have))
-        return PROVIDERS[chosen]
+        have = available()
+        for found in have:
+            if found.software:
+                log.info("provider auto: skipping %s (its only device is a software adapter)", found.provider.name)
+                continue
+            log.info("provider auto -> %s (available: %s)", found.provider.name, ", ".join(f.provider.name for f in have))
+            return found
+        raise ProviderUnavailableError("no usable execution provider (not even the CPU one): reinstall onnxruntime")
     if name not in PROVIDERS:
         raise ProviderUnavailableError(f"unknown provider '{name}': choose one of auto, {', '.join(PROVIDERS)}")
-    if name not in have:
-        raise ProviderUnavailableError(
-            f"provider '{name}' is not in this onnxruntime build (available: {', '.join(have)}); "
-            f"install the onnxruntime package that carries it"
-        )
-    return PROVIDERS[name]
+    found = find(PROVIDERS[name])
+    if found is None:
+        provider = PROVIDERS[name]
+        if not installed(provider):
+            raise ProviderUnavailableError(f"provider '{name}' is not installed: pip install {provider.package}")
+        raise ProviderUnavailableError(f"provider '{name}' is installed but finds no device{provider.no_device_hint}")
+    return found
+
+
+def parse_options(pairs: tuple[str, ...] | list[str]) -> dict[str, str]:
+    """['key=value', ...] (--provider-option) -> {key: value}; a malformed pair is a ConfigError."""
+    options: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--provider-option {pair!r} is not key=value (e.g. --provider-option device_type=GPU)")
+        options[key.strip()] = value.strip()
+    return options

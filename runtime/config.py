@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ortinf.errors import ConfigError
-from ortinf.manifest import DecoderSpec
 
-log = logging.getLogger(__name__)
-
-DEFAULT_KV_FRACTION = 0.2  # of available RAM, when neither num_blocks nor kv_cache_memory is given
-_DTYPE_BYTES = {"fp32": 4, "fp16": 2}
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,
           "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12, "tib": 2**40}
 
@@ -34,6 +28,8 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     intra_op_threads: int = 0
     seed: int | None = None
+    provider_options: dict[str, str] = field(default_factory=dict)
+    allow_cpu_fallback: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
@@ -63,31 +59,3 @@ def available_memory() -> int:
     except OSError:
         pass
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def block_bytes(spec: DecoderSpec, block_size: int) -> int:
-    """Bytes of one block across all layers, keys and values."""
-    return 2 * spec.num_layers * block_size * spec.num_kv_heads * spec.head_dim * _DTYPE_BYTES[spec.kv_dtype]
-
-
-def resolve_num_blocks(config: EngineConfig, spec: DecoderSpec, max_model_len: int) -> int:
-    """The pool size: num_blocks, or kv_cache_memory / block bytes, or a share of free RAM, capped at
-    what max_num_seqs full-length sequences can use. Logs the result."""
-    per_block = block_bytes(spec, config.block_size)
-    if config.num_blocks is not None:
-        num_blocks = config.num_blocks
-    else:
-        memory = config.kv_cache_memory or int(available_memory() * DEFAULT_KV_FRACTION)
-        num_blocks = memory // per_block
-        needed = config.max_num_seqs * -(-max_model_len // config.block_size) + 1
-        num_blocks = min(num_blocks, needed)
-    min_blocks = -(-max_model_len // config.block_size)
-    if num_blocks < min_blocks:
-        raise ConfigError(
-            f"the KV cache holds {num_blocks} blocks ({num_blocks * config.block_size} tokens), fewer than one "
-            f"sequence of max_model_len {max_model_len} needs ({min_blocks}); raise kv_cache_memory/num_blocks "
-            "or lower max_model_len"
-        )
-    log.info("KV cache: %d blocks x %d tokens = %d tokens, %.1f MiB", num_blocks, config.block_size,
-             num_blocks * config.block_size, num_blocks * per_block / 2**20)
-    return num_blocks

@@ -1,7 +1,10 @@
-"""DecoderGraph: an exported decoder package, its ORT session and its paged KV pool.
+"""DecoderGraph: an exported decoder package on one provider, with its bound KV pool.
 
-Runs one ModelInput per call and writes the new K/V into the pool in place (numpy, slot mapping);
-the graph never outputs the pool, so nothing is copied but the new tokens' K/V.
+The session is created on the provider (providers/session.py proves where its nodes run), the pool
+is allocated where the provider computes and bound once (runtime/kv_pool.py), and each call binds
+only the step's small inputs (copied into reused host buffers) and fetches only the logits rows
+the step asked for. On providers that compile per input shape, the step is padded to shape buckets
+(runtime/model_input.py, pad_to_buckets).
 """
 
 from __future__ import annotations
@@ -11,12 +14,11 @@ from pathlib import Path
 import numpy as np
 
 from ortinf.errors import ConfigError
-from ortinf.manifest import KV_LAYOUT, MODEL_NAME, TEXT_GENERATION, DecoderSpec, Manifest
-from ortinf.providers.registry import resolve
+from ortinf.manifest import KV_LAYOUT, LOGITS, MODEL_NAME, SLOT_MAPPING, TEXT_GENERATION, DecoderSpec, Manifest
+from ortinf.providers.registry import Found, resolve
 from ortinf.providers.session import create_session
-from ortinf.runtime.model_input import ModelInput
-
-NUMPY_DTYPES = {"fp32": np.float32, "fp16": np.float16}
+from ortinf.runtime.kv_pool import KVPool
+from ortinf.runtime.model_input import ModelInput, pad_to_buckets
 
 
 class DecoderGraph:
@@ -27,45 +29,49 @@ class DecoderGraph:
         package_dir: str | Path,
         num_blocks: int,
         block_size: int = 16,
-        provider: str = "auto",
+        provider: str | Found = "auto",
         intra_op_threads: int = 0,
+        provider_options: dict[str, str] | None = None,
+        allow_cpu_fallback: bool = False,
     ) -> None:
         self.manifest = Manifest.load(package_dir)
         if self.manifest.task != TEXT_GENERATION or self.manifest.decoder is None:
             raise ConfigError(f"{package_dir} holds a {self.manifest.task} model, not a text-generation decoder")
         self.spec: DecoderSpec = self.manifest.decoder
-        if self.spec.kv_layout != KV_LAYOUT:
-            raise ConfigError(f"{package_dir} uses KV layout {self.spec.kv_layout}; re-export it with this ortinf")
-        self.provider = resolve(provider)
-        self.session = create_session(Path(package_dir) / MODEL_NAME, self.provider, intra_op_threads)
+        if self.spec.kv_layout != KV_LAYOUT or SLOT_MAPPING not in self.manifest.inputs:
+            raise ConfigError(f"{package_dir} uses another KV layout; re-export it with this ortinf")
+        self.found = resolve(provider) if isinstance(provider, str) else provider
+        self.provider = self.found.provider
+        self.session, self.placement = create_session(
+            Path(package_dir) / MODEL_NAME, self.found, intra_op_threads, provider_options, allow_cpu_fallback)
         self.block_size = block_size
-        shape = (self.spec.num_kv_heads, num_blocks, block_size, self.spec.head_dim)
-        dtype = NUMPY_DTYPES[self.spec.kv_dtype]
-        self.key_caches = [_touched_zeros(shape, dtype) for _ in range(self.spec.num_layers)]
-        self.value_caches = [_touched_zeros(shape, dtype) for _ in range(self.spec.num_layers)]
-        self._cache_feeds = {}
-        for i in range(self.spec.num_layers):
-            self._cache_feeds[f"key_cache.{i}"] = self.key_caches[i]
-            self._cache_feeds[f"value_cache.{i}"] = self.value_caches[i]
+        self.pool = KVPool(self.spec, num_blocks, block_size, self.provider)
+        self.binding = self.session.io_binding()
+        self.binding.bind_output(LOGITS, "cpu")  # first bound output: get_outputs()[0]
+        self.pool.bind(self.binding)
+        self._buffers: dict[str, np.ndarray] = {}
 
     def run(self, model_input: ModelInput) -> np.ndarray:
-        """Runs one step; returns logits [num_seqs, vocab] and writes the new K/V into the pool."""
-        outputs = self.session.run(None, {**model_input.feeds(), **self._cache_feeds})
-        slots = model_input.slot_mapping
-        kv_heads, head_dim = self.spec.num_kv_heads, self.spec.head_dim
-        for i in range(self.spec.num_layers):  # new K/V are [num_tokens, kv_heads, head_dim]
-            self.key_caches[i].reshape(kv_heads, -1, head_dim)[:, slots] = outputs[1 + 2 * i].swapaxes(0, 1)
-            self.value_caches[i].reshape(kv_heads, -1, head_dim)[:, slots] = outputs[2 + 2 * i].swapaxes(0, 1)
-        return outputs[0]
+        """Runs one step; returns logits [rows, vocab]. The graph writes the new K/V into the pool."""
+        rows = len(model_input.logits_indices)
+        if self.provider.buckets is not None:
+            model_input = pad_to_buckets(model_input, self.provider.buckets, self.pool.scratch_slot, self.block_size)
+        for name, array in model_input.feeds().items():
+            self._bind_input(name, array)
+        self.binding.bind_output(LOGITS, "cpu")  # unallocated again: its row count changes per step
+        self.session.run_with_iobinding(self.binding)
+        return self.binding.get_outputs()[0].numpy()[:rows]
 
+    def _bind_input(self, name: str, array: np.ndarray) -> None:
+        """Copies a small input into its reused host buffer (grown when too small) and binds a view."""
+        buffer = self._buffers.get(name)
+        if buffer is None or buffer.size < array.size:
+            buffer = self._buffers[name] = np.empty(max(array.size * 2, 64), dtype=array.dtype)
+        view = buffer[: array.size].reshape(array.shape)
+        view[...] = array
+        self.binding.bind_input(name, "cpu", 0, view.dtype, list(view.shape), view.ctypes.data)
 
-def _touched_zeros(shape: tuple[int, ...], dtype: type) -> np.ndarray:
-    """A zeroed array whose pages are all mapped now (~0.4 s per GiB, once at start-up).
+    def read_pool(self, index: int) -> np.ndarray:
+        """A host copy of pool tensor `index` (K of layer i is 2i, V is 2i + 1)."""
+        return self.pool.read(index)
 
-    np.zeros maps pages lazily, so without this the first write into each fresh block page-faults
-    on the request path: ~90 ms of a 2.5 s benchmark run, and latency jitter while serving. It also
-    makes the pool's memory really reserved at start-up, as the size logged says.
-    """
-    array = np.zeros(shape, dtype=dtype)
-    array.fill(0)
-    return array

@@ -17,14 +17,15 @@ from ortinf.runtime.tokenizer import check_unicode, load_checked_tokenizer, pad_
 class EncoderGraph:
     """Tokenises texts, pads them into a batch and runs the encoder graph."""
 
-    def __init__(self, package_dir: str | Path, provider: str = "auto", intra_op_threads: int = 0) -> None:
+    def __init__(self, package_dir: str | Path, provider: str = "auto", intra_op_threads: int = 0,
+                 provider_options: dict[str, str] | None = None, allow_cpu_fallback: bool = False) -> None:
         folder = Path(package_dir)
         self.manifest = Manifest.load(folder)
         if self.manifest.task == TEXT_GENERATION or self.manifest.encoder is None:
             raise ConfigError(f"{package_dir} holds a {self.manifest.task} model, not an encoder")
         self.spec: EncoderSpec = self.manifest.encoder
         self.provider = resolve(provider)
-        self.session = create_session(folder / MODEL_NAME, self.provider, intra_op_threads)
+        self.session, self.placement = create_session(folder / MODEL_NAME, self.provider, intra_op_threads, provider_options, allow_cpu_fallback)
         self.tokenizer = load_checked_tokenizer(folder, self.spec.vocab_size)
         self.tokenizer.no_padding()
         self.tokenizer.no_truncation()  # truncation is per call (the tokenizer is shared by threads)

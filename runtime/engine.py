@@ -12,9 +12,11 @@ import numpy as np
 
 from ortinf.errors import ConfigError, RequestError, StepFailedError
 from ortinf.manifest import TEXT_GENERATION, Manifest
-from ortinf.runtime.config import EngineConfig, resolve_num_blocks
+from ortinf.providers.registry import resolve
+from ortinf.runtime.config import EngineConfig
 from ortinf.runtime.decoder_graph import DecoderGraph
 from ortinf.runtime.kv_cache_manager import KVCacheManager
+from ortinf.runtime.kv_pool import resolve_num_blocks
 from ortinf.runtime.model_runner import ModelRunner
 from ortinf.runtime.output_processor import OutputProcessor
 from ortinf.runtime.outputs import CompletionOutput, RequestOutput
@@ -48,8 +50,10 @@ class LLMEngine:
         spec = manifest.decoder
         self.tokenizer = load_checked_tokenizer(config.package_dir, spec.vocab_size) if manifest.has_tokenizer else None
         self.max_model_len = min(config.max_model_len or spec.max_model_len, spec.max_model_len)
-        num_blocks = resolve_num_blocks(config, spec, self.max_model_len)
-        self.graph = DecoderGraph(config.package_dir, num_blocks, config.block_size, config.provider, config.intra_op_threads)
+        found = resolve(config.provider)
+        num_blocks = resolve_num_blocks(config, spec, self.max_model_len, found.provider)
+        self.graph = DecoderGraph(config.package_dir, num_blocks, config.block_size, found, config.intra_op_threads,
+                                  config.provider_options, config.allow_cpu_fallback)
         self.kv_cache = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
         scheduler_config = SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len)
         self.scheduler = Scheduler(scheduler_config, self.kv_cache)

@@ -12,11 +12,13 @@ from ortinf.runtime.engine import LLMEngine
 from ortinf.runtime.sampling_params import SamplingParams
 
 
-def stream_generation(package: Path, prompt: str | list[int], provider: str, kv_cache_memory: str | None, params: dict[str, Any]) -> None:
+def stream_generation(package: Path, prompt: str | list[int], provider: str, kv_cache_memory: str | None,
+                      provider_options: dict[str, str], allow_cpu_fallback: bool, params: dict[str, Any]) -> None:
     """Prints the continuation as it is generated, then one line of figures on stderr."""
     sampling = SamplingParams(**params)
     memory = parse_size(kv_cache_memory) if kv_cache_memory else None
-    config = EngineConfig(package_dir=package, provider=provider, kv_cache_memory=memory, max_num_seqs=1)
+    config = EngineConfig(package_dir=package, provider=provider, kv_cache_memory=memory, max_num_seqs=1,
+                          provider_options=provider_options, allow_cpu_fallback=allow_cpu_fallback)
     engine = LLMEngine(config)
     engine.add_request(prompt, sampling)
     start = time.monotonic()

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ortinf.providers.base import Buckets, bucket
+
 
 @dataclass(frozen=True, slots=True)
 class SequenceChunk:
@@ -45,6 +47,7 @@ class ModelInput:
             "context_lens": self.context_lens,
             "query_lens": self.query_lens,
             "logits_indices": self.logits_indices,
+            "slot_mapping": self.slot_mapping,
         }
 
 
@@ -87,3 +90,41 @@ def _logits_indices(starts: np.ndarray, query_lens: np.ndarray, all_logits: Sequ
         return last
     parts = [np.arange(s, s + n) if full else last[i : i + 1] for i, (s, n, full) in enumerate(zip(starts, query_lens, all_logits))]
     return np.concatenate(parts).astype(np.int64)
+
+
+def pad_to_buckets(model_input: ModelInput, buckets: Buckets, scratch_slot: int, block_size: int) -> ModelInput:
+    """The step padded so that num_tokens, num_seqs, the block-table width and the logits rows are
+    bucket sizes. Padding tokens belong to padding sequences (context 0, block table of block 0, at
+    most the step's longest query each, so the padded query length is unchanged) and write their
+    K/V into the scratch block; padding logits rows repeat row 0. The caller keeps the real rows."""
+    num_tokens, num_seqs = len(model_input.input_ids), model_input.num_seqs
+    longest = int(model_input.query_lens.max())
+    tokens, seqs = bucket(num_tokens, buckets.tokens), bucket(num_seqs, buckets.seqs)
+    while True:
+        pad_seqs, pad_tokens = seqs - num_seqs, tokens - num_tokens
+        if pad_tokens and not pad_seqs:
+            seqs = bucket(num_seqs + 1, buckets.seqs)
+        elif pad_tokens < pad_seqs:
+            tokens = bucket(num_tokens + pad_seqs, buckets.tokens)
+        elif pad_tokens > pad_seqs * longest:
+            seqs = bucket(num_seqs + -(-pad_tokens // longest), buckets.seqs)
+        else:
+            break
+    lens = np.full(pad_seqs, pad_tokens // pad_seqs if pad_seqs else 0, dtype=np.int64)
+    lens[: pad_tokens - int(lens.sum())] += 1  # spread the remainder: each pad sequence holds 1..longest
+    width = bucket(model_input.block_tables.shape[1], buckets.blocks)
+    tables = np.zeros((seqs, width), dtype=np.int64)
+    tables[:num_seqs, : model_input.block_tables.shape[1]] = model_input.block_tables
+    offsets = np.concatenate([np.arange(n) for n in lens]).astype(np.int64) if pad_seqs else np.zeros(0, np.int64)
+    rows = len(model_input.logits_indices)
+    logits_indices = np.zeros(bucket(rows, buckets.seqs), dtype=np.int64)
+    logits_indices[:rows] = model_input.logits_indices
+    return ModelInput(
+        input_ids=np.concatenate([model_input.input_ids, np.zeros(pad_tokens, np.int64)]),
+        positions=np.concatenate([model_input.positions, offsets]),
+        block_tables=tables,
+        context_lens=np.concatenate([model_input.context_lens, np.zeros(pad_seqs, np.int64)]),
+        query_lens=np.concatenate([model_input.query_lens, lens]),
+        logits_indices=logits_indices,
+        slot_mapping=np.concatenate([model_input.slot_mapping, scratch_slot + offsets % block_size]),
+    )

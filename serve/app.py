@@ -97,7 +97,8 @@ def load_model(package: Path, name: str, config: ServerConfig, state: ServerStat
     model = ServedModel(name=name, package_dir=package, manifest=manifest, created=int(time.time()))
     if manifest.task == TEXT_GENERATION:
         engine = LLMEngine(EngineConfig(
-            package_dir=package, provider=config.provider, kv_cache_memory=config.kv_cache_memory,
+            package_dir=package, provider=config.provider, provider_options=config.provider_options,
+            allow_cpu_fallback=config.allow_cpu_fallback, kv_cache_memory=config.kv_cache_memory,
             max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
             intra_op_threads=config.intra_op_threads,
         ))
@@ -108,7 +109,8 @@ def load_model(package: Path, name: str, config: ServerConfig, state: ServerStat
                                    on_dead=lambda exc: state.fatal(f"the engine of '{name}' died", exc))
         model.chat_template = ChatTemplate.load(package)
     else:
-        model.encoder = EncoderGraph(package, provider=config.provider, intra_op_threads=config.intra_op_threads)
+        model.encoder = EncoderGraph(package, provider=config.provider, intra_op_threads=config.intra_op_threads,
+                                     provider_options=config.provider_options, allow_cpu_fallback=config.allow_cpu_fallback)
         model.encoder.run([[0, 1]])  # warm-up
     return model
 

@@ -22,6 +22,8 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     provider: str = "auto"
+    provider_options: dict[str, str] = field(default_factory=dict)
+    allow_cpu_fallback: bool = False
     served_model_names: tuple[str, ...] = ()
     api_key: str | None = None
     max_num_seqs: int = 64

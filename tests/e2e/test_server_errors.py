@@ -8,6 +8,7 @@ import httpx
 import pytest
 from starlette.testclient import TestClient
 
+from ortinf.manifest import FORMAT_VERSION
 from ortinf.serve.app import build_app
 from ortinf.serve.state import ServerConfig
 from server_helpers import running_server
@@ -120,7 +121,7 @@ def test_serve_cli_errors(tmp_path):
     (tmp_path / "a" / "pkg").mkdir(parents=True)
     (tmp_path / "b" / "pkg").mkdir(parents=True)
     for folder in (tmp_path / "a" / "pkg", tmp_path / "b" / "pkg"):
-        (folder / "ortinf.json").write_text('{"format_version": 2, "task": "text-generation", "architecture": "x", '
+        (folder / "ortinf.json").write_text('{"format_version": %d, "task": "text-generation", "architecture": "x", ' % FORMAT_VERSION +
                                             '"model_type": "llama", "dtype": "fp32", "inputs": [], "outputs": []}')
     same = ortinf("serve", tmp_path / "a" / "pkg", tmp_path / "b" / "pkg")
     assert same.returncode == 2 and "both be served as 'pkg'" in same.stderr

@@ -128,5 +128,5 @@ def test_manifest_records_export(setup, decoder_package):
     assert manifest.parity.max_abs_diff <= TOLERANCE
     assert manifest.decoder.num_layers == 2 and manifest.decoder.kernel == "portable"
     # the pool is [kv_heads, num_blocks, block_size, head_dim]: GQA K/V are not repeated per head
-    assert graph.key_caches[0].shape == (manifest.decoder.num_kv_heads, NUM_BLOCKS, BLOCK_SIZE, manifest.decoder.head_dim)
+    assert graph.read_pool(0).shape == (manifest.decoder.num_kv_heads, NUM_BLOCKS, BLOCK_SIZE, manifest.decoder.head_dim)
     assert manifest.eos_token_ids == (model.config.eos_token_id,)

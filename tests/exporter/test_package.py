@@ -41,7 +41,7 @@ def test_fp16_package(llama, tmp_path):
     assert manifest.dtype == "fp16" and manifest.decoder.kv_dtype == "fp16"
     assert 0 < manifest.parity.max_abs_diff <= manifest.parity.tolerance == 5e-2
     graph = DecoderGraph(tmp_path / "pkg", num_blocks=4, block_size=4, provider="cpu")
-    assert graph.key_caches[0].dtype == np.float16
+    assert graph.read_pool(0).dtype == np.float16
     assert np.abs(run_prompt(tmp_path / "pkg", tokens) - expected).max() <= 2e-2
 
 

@@ -9,7 +9,7 @@ import pytest
 from ortinf.errors import ConfigError
 from ortinf.manifest import DecoderSpec
 from ortinf.runtime.block_pool import BlockPool
-from ortinf.runtime.config import EngineConfig, parse_size, resolve_num_blocks
+from ortinf.runtime.config import EngineConfig, parse_size
 from ortinf.runtime.kv_cache_manager import KVCacheManager
 from ortinf.runtime.request import Request
 from ortinf.runtime.sampling_params import SamplingParams
@@ -73,20 +73,6 @@ def test_allocation_failure_changes_nothing():
     big = request("big", list(range(20)))
     assert kv.allocate_slots(big, 20) is None
     assert kv.num_free_blocks == 4 and "big" not in kv.req_to_blocks
-
-
-def test_pool_size_from_memory_and_its_log(caplog):
-    spec = DecoderSpec(num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, hidden_size=64, vocab_size=256,
-                       max_model_len=512, kernel="portable", kv_dtype="fp32")
-    per_block = 2 * 2 * 16 * 2 * 16 * 4  # K and V, layers, tokens, kv heads, head dim, bytes
-    config = EngineConfig(package_dir=".", kv_cache_memory=100 * per_block, max_num_seqs=1000)
-    with caplog.at_level(logging.INFO):
-        assert resolve_num_blocks(config, spec, 512) == 100
-    assert "100 blocks x 16 tokens = 1600 tokens" in caplog.text
-    capped = EngineConfig(package_dir=".", kv_cache_memory=10**9, max_num_seqs=2)
-    assert resolve_num_blocks(capped, spec, 512) == 2 * 32 + 1  # no more than 2 full-length sequences use
-    with pytest.raises(ConfigError, match="fewer than one sequence"):
-        resolve_num_blocks(EngineConfig(package_dir=".", num_blocks=8), spec, 512)
 
 
 @pytest.mark.parametrize("text, size", [("4GiB", 4 * 2**30), ("512MB", 512 * 10**6), ("1024", 1024), ("1.5 GiB", 3 * 2**29)])

@@ -1,0 +1,82 @@
+"""The in-graph KV write: the traced graph's new K/V outputs become ScatterND updates of the pool.
+
+The traced kernel reads the pool (`key_cache.{i}`) and outputs the step's new keys and values
+(`new_key.{i}`, [num_tokens, kv_heads, head_dim]). This pass, run on the ONNX graph after tracing,
+adds one input, `slot_mapping` [num_tokens] (the pool slot of each scheduled token), and replaces
+those outputs with
+
+    key_cache_out.{i} = ScatterND(key_cache.{i}, indices, Transpose(new_key.{i}, [1, 0, 2]))
+
+where indices [kv_heads, num_tokens, 3] = (head, slot // block_size, slot % block_size). The runtime
+binds `key_cache_out.{i}` to the very buffer it binds as `key_cache.{i}`: ScatterND sees its output
+aliasing its data input and writes only the updated rows (ORT's CPU and WebGPU kernels skip the
+copy when the buffers are the same; docs/providers.md has the measurements). So the pool never
+leaves the device, and the new K/V never cross the bus.
+
+It is ONNX surgery rather than traced torch (index_put) so that the graph gets exactly one ScatterND
+per tensor on the unreshaped 4-d pool: any Reshape between the pool input and the bound output
+would make ORT copy the whole pool into the output buffer.
+
+Order does not matter: the kernel's gather may read the pool before or after the scatter wrote this
+step's slots, because those slots lie at positions >= context_lens and are masked out.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from ortinf.manifest import SLOT_MAPPING, cache_names
+
+
+def add_kv_write(path: Path, num_layers: int, num_kv_heads: int) -> tuple[list[str], list[str]]:
+    """Rewrites the graph at `path` in place; returns its new (input names, output names)."""
+    model = onnx.load(str(path), load_external_data=False)  # weights stay where the tracer put them
+    graph = model.graph
+    pool_inputs, pool_outputs = cache_names(num_layers)
+    new_kv = [f"new_{kind}.{i}" for i in range(num_layers) for kind in ("key", "value")]
+    by_name = {o.name: o for o in graph.output}
+    if any(name not in by_name for name in new_kv):
+        raise ValueError("the traced graph lacks the new K/V outputs the KV write replaces")
+
+    graph.input.append(helper.make_tensor_value_info(SLOT_MAPPING, TensorProto.INT64, ["num_tokens"]))
+    graph.initializer.extend([
+        numpy_helper.from_array(np.arange(num_kv_heads, dtype=np.int64).reshape(-1, 1, 1), "kvw.heads"),
+        numpy_helper.from_array(np.array([2], dtype=np.int64), "kvw.two"),
+        numpy_helper.from_array(np.array([0, 2], dtype=np.int64), "kvw.axes02"),
+        numpy_helper.from_array(np.array([num_kv_heads], dtype=np.int64), "kvw.kvh"),
+        numpy_helper.from_array(np.array([1], dtype=np.int64), "kvw.one"),
+    ])
+    nodes = [
+        helper.make_node("Shape", [pool_inputs[0]], ["kvw.pool_shape"]),
+        helper.make_node("Gather", ["kvw.pool_shape", "kvw.two"], ["kvw.block_size"], axis=0),  # [1]
+        helper.make_node("Div", [SLOT_MAPPING, "kvw.block_size"], ["kvw.block"]),
+        helper.make_node("Mod", [SLOT_MAPPING, "kvw.block_size"], ["kvw.offset"]),
+        helper.make_node("Shape", [SLOT_MAPPING], ["kvw.num_tokens"]),
+        helper.make_node("Concat", ["kvw.kvh", "kvw.num_tokens", "kvw.one"], ["kvw.index_shape"], axis=0),
+        helper.make_node("Expand", ["kvw.heads", "kvw.index_shape"], ["kvw.head_index"]),
+        helper.make_node("Unsqueeze", ["kvw.block", "kvw.axes02"], ["kvw.block3"]),
+        helper.make_node("Expand", ["kvw.block3", "kvw.index_shape"], ["kvw.block_index"]),
+        helper.make_node("Unsqueeze", ["kvw.offset", "kvw.axes02"], ["kvw.offset3"]),
+        helper.make_node("Expand", ["kvw.offset3", "kvw.index_shape"], ["kvw.offset_index"]),
+        helper.make_node("Concat", ["kvw.head_index", "kvw.block_index", "kvw.offset_index"], ["kvw.indices"], axis=2),
+    ]
+    for pool_in, pool_out, new in zip(pool_inputs, pool_outputs, new_kv):
+        nodes.append(helper.make_node("Transpose", [new], [f"kvw.{new}"], perm=[1, 0, 2]))
+        nodes.append(helper.make_node("ScatterND", [pool_in, "kvw.indices", f"kvw.{new}"], [pool_out]))
+    graph.node.extend(nodes)
+
+    pool_types = {i.name: i.type for i in graph.input}
+    kept = [o for o in graph.output if o.name not in new_kv]
+    del graph.output[:]
+    graph.output.extend(kept)
+    for pool_in, pool_out in zip(pool_inputs, pool_outputs):
+        value = onnx.ValueInfoProto()
+        value.name = pool_out
+        value.type.CopyFrom(pool_types[pool_in])
+        graph.output.append(value)
+    onnx.save(model, str(path))
+    return [i.name for i in graph.input if i.name not in {t.name for t in graph.initializer}], [o.name for o in graph.output]

@@ -1,0 +1,26 @@
+"""WebGPU through the onnxruntime-ep-webgpu plugin (Dawn over Vulkan, Metal or D3D12) on the stock
+onnxruntime wheel: any GPU, and on a machine with none, Mesa's software Vulkan driver (lavapipe,
+scripts/setup_webgpu.sh; set ORT_WEBGPU_EP_ALLOW_SOFTWARE_ADAPTER=1 for the plugin to list it).
+
+Measured here (docs/providers.md): a tensor larger than 128 MiB (Dawn's default
+maxStorageBufferBindingSize) silently computes wrong results, so one layer's K or V pool is capped
+at 128 MiB; the first call of each new input shape compiles shaders (seconds), hence the buckets.
+"""
+
+from ortinf.providers.base import DEVICE, Buckets, Provider
+
+POWERS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+PROVIDER = Provider(
+    name="webgpu",
+    ort_name="WebGpuExecutionProvider",
+    package="onnxruntime-ep-webgpu",
+    memory=DEVICE,
+    device_type="webgpu",
+    dtypes=("fp32", "fp16"),
+    plugin_module="onnxruntime_ep_webgpu",
+    buckets=Buckets(tokens=(*POWERS, 512, 1024, 2048), seqs=POWERS, blocks=(*POWERS, 512, 1024)),
+    max_tensor_bytes=128 * 2**20,
+    no_device_hint=(": it needs a Vulkan (Linux), Metal or D3D12 driver; on a machine without a GPU, install lavapipe "
+                    "(scripts/setup_webgpu.sh) and set ORT_WEBGPU_EP_ALLOW_SOFTWARE_ADAPTER=1"),
+)

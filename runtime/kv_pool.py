@@ -1,0 +1,109 @@
+"""The paged KV pool: its size, its memory, its binding to the graph, and how K/V get written.
+
+One K and one V tensor per layer, [kv_heads, num_blocks + 1, block_size, head_dim], allocated once
+where the provider computes:
+
+- HOST providers (CPU, OpenVINO): a numpy array (pages touched at start-up) wrapped as an OrtValue
+  without a copy;
+- DEVICE providers (WebGPU, CUDA, DirectML, MIGraphX): an OrtValue in the provider's memory, zeroed
+  once from the host.
+
+Each tensor is bound once, as the graph's `key_cache.{i}` input and as its `key_cache_out.{i}`
+output: the graph's ScatterND writes the step's K/V into the pool in place (exporter/kv_write.py),
+so the pool is never fed, copied or fetched per step. The last block is scratch, never handed out:
+the padding tokens of shape buckets write there.
+
+Sizing: --num-blocks, else --kv-cache-memory, else (host memory only) a share of free RAM; capped
+at what max_num_seqs full-length sequences can use, and at the provider's largest tensor.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import onnxruntime as ort
+
+from ortinf.errors import ConfigError
+from ortinf.manifest import DecoderSpec, cache_names
+from ortinf.providers.base import HOST, Provider
+from ortinf.runtime.config import EngineConfig, available_memory
+
+log = logging.getLogger(__name__)
+
+DEFAULT_KV_FRACTION = 0.2  # of available RAM, for host pools when neither num_blocks nor kv_cache_memory is given
+DTYPE_BYTES = {"fp32": 4, "fp16": 2}
+NUMPY_DTYPES = {"fp32": np.float32, "fp16": np.float16}
+
+
+def block_bytes(spec: DecoderSpec, block_size: int) -> int:
+    """Bytes of one block across all layers, keys and values."""
+    return 2 * spec.num_layers * block_size * spec.num_kv_heads * spec.head_dim * DTYPE_BYTES[spec.kv_dtype]
+
+
+def resolve_num_blocks(config: EngineConfig, spec: DecoderSpec, max_model_len: int, provider: Provider) -> int:
+    """The pool size in blocks (see the module docstring). Logs the result."""
+    per_block = block_bytes(spec, config.block_size)
+    if config.num_blocks is not None:
+        num_blocks = config.num_blocks
+    else:
+        memory = config.kv_cache_memory
+        if memory is None:
+            if provider.memory != HOST:
+                raise ConfigError(f"the {provider.name} provider does not report its free memory: size the KV cache "
+                                  "with --kv-cache-memory (e.g. --kv-cache-memory 2GiB) or --num-blocks")
+            memory = int(available_memory() * DEFAULT_KV_FRACTION)
+        num_blocks = memory // per_block
+        needed = config.max_num_seqs * -(-max_model_len // config.block_size) + 1
+        num_blocks = min(num_blocks, needed)
+    if provider.max_tensor_bytes is not None:
+        per_tensor_block = per_block // (2 * spec.num_layers)
+        most = provider.max_tensor_bytes // per_tensor_block - 1  # one block is scratch
+        if num_blocks > most:
+            log.warning("KV cache: %s computes on tensors of at most %d MiB; the pool is capped at %d blocks",
+                        provider.name, provider.max_tensor_bytes // 2**20, most)
+            num_blocks = most
+    min_blocks = -(-max_model_len // config.block_size)
+    if num_blocks < min_blocks:
+        raise ConfigError(
+            f"the KV cache holds {num_blocks} blocks ({num_blocks * config.block_size} tokens), fewer than one "
+            f"sequence of max_model_len {max_model_len} needs ({min_blocks}); raise kv_cache_memory/num_blocks "
+            "or lower max_model_len"
+        )
+    log.info("KV cache: %d blocks x %d tokens = %d tokens, %.1f MiB", num_blocks, config.block_size,
+             num_blocks * config.block_size, num_blocks * per_block / 2**20)
+    return num_blocks
+
+
+class KVPool:
+    """The pool of one decoder session: allocated at construction, bound with `bind`."""
+
+    def __init__(self, spec: DecoderSpec, num_blocks: int, block_size: int, provider: Provider) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.scratch_slot = num_blocks * block_size  # first slot of the scratch block
+        self.shape = (spec.num_kv_heads, num_blocks + 1, block_size, spec.head_dim)
+        dtype = NUMPY_DTYPES[spec.kv_dtype]
+        self.input_names, self.output_names = cache_names(spec.num_layers)
+        self.arrays: list[np.ndarray] = []  # host pools only
+        self.values: list[ort.OrtValue] = []
+        for _ in self.input_names:
+            if provider.memory == HOST:
+                array = np.zeros(self.shape, dtype=dtype)
+                array.fill(0)  # maps every page now: no page faults on the request path, memory really reserved
+                self.arrays.append(array)
+                self.values.append(ort.OrtValue.ortvalue_from_numpy(array))
+            else:
+                value = ort.OrtValue.ortvalue_from_shape_and_type(self.shape, dtype, provider.device_type, 0)
+                value.update_inplace(np.zeros(self.shape, dtype=dtype))  # device memory starts as garbage (NaN * 0 = NaN)
+                self.values.append(value)
+
+    def bind(self, binding: ort.IOBinding) -> None:
+        """Binds every tensor as the graph's pool input and as the output the graph writes it to."""
+        for name_in, name_out, value in zip(self.input_names, self.output_names, self.values):
+            binding.bind_ortvalue_input(name_in, value)
+            binding.bind_ortvalue_output(name_out, value)
+
+    def read(self, index: int) -> np.ndarray:
+        """A host copy of tensor `index` (K of layer i is 2i, V is 2i + 1), without the scratch block."""
+        return self.values[index].numpy()[:, : self.num_blocks]
