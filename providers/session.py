@@ -28,7 +28,7 @@ COMPUTE_OPS = frozenset({
     "MatMul", "Gemm", "MatMulNBits", "FusedMatMul", "Softmax", "ScatterND", "LayerNormalization",
     "SimplifiedLayerNormalization", "SkipLayerNormalization", "SkipSimplifiedLayerNormalization",
     "Attention", "MultiHeadAttention", "GroupQueryAttention", "PagedAttention", "RotaryEmbedding",
-    "Erf", "Gelu", "FastGelu", "Tanh", "Sigmoid", "Exp", "Pow", "Sqrt", "ReduceMean", "Conv",
+    "Erf", "Gelu", "FastGelu", "Tanh", "Sigmoid", "Exp", "Pow", "Sqrt", "ReduceMean", "Conv", "Einsum", "Det",
 })
 
 

@@ -24,5 +24,7 @@ list=/etc/apt/sources.list.d/ortinf-bookworm-backports.list
 if ! grep -rqs 'bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
   echo "deb http://deb.debian.org/debian bookworm-backports main" | $sudo tee "$list" >/dev/null
 fi
-$sudo apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq -t bookworm-backports mesa-vulkan-drivers libvulkan1 >/dev/null
+if ! { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq -t bookworm-backports \
+       mesa-vulkan-drivers libvulkan1 >/dev/null; }; then
+  echo "setup_webgpu.sh: could not install mesa-vulkan-drivers from bookworm-backports; WebGPU will find no software device" >&2
+fi

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -9,6 +12,10 @@ import transformers
 
 import ortinf
 from tiny_models import add_tokenizer, build_decoder
+
+# WebGPU lists a device on Mesa's software Vulkan driver (lavapipe) only with this; it must be set
+# before the plugin is first registered. 'auto' never picks a software adapter, so CPU tests are unaffected.
+os.environ.setdefault("ORT_WEBGPU_EP_ALLOW_SOFTWARE_ADAPTER", "1")
 
 
 @pytest.fixture(scope="session")
@@ -26,3 +33,23 @@ def decoder_package(tmp_path_factory: pytest.TempPathFactory):
         return made[model_type]
 
     return get
+
+
+CHAT_TEMPLATE = (
+    "{% if messages[0]['role'] == 'assistant' %}{{ raise_exception('the conversation must not start with the assistant') }}{% endif %}"
+    "{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
+
+
+@pytest.fixture(scope="session")
+def chat_package(decoder_package, tmp_path_factory) -> Path:
+    """The tiny llama package with a chat template (which raises for a conversation opened by the assistant)."""
+    _, package = decoder_package("llama")
+    folder = tmp_path_factory.mktemp("chat") / "tiny-llama"
+    shutil.copytree(package, folder)
+    (folder / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+    manifest = json.loads((folder / "ortinf.json").read_text())
+    manifest["has_chat_template"] = True
+    (folder / "ortinf.json").write_text(json.dumps(manifest))
+    return folder

@@ -60,3 +60,22 @@ def test_llama_package_under_openvino(ov_python, decoder_package, tmp_path):
     got = np.load(out)
     worst = max(float(np.abs(got[f"call{i}"] - np.array(rows)).max()) for i, rows in enumerate(expected))
     assert worst <= TOLERANCE, worst
+
+
+def test_engine_greedy_parity_under_openvino(ov_python, decoder_package, tmp_path):
+    """The engine with its bound pool under OpenVINO: ragged prompts, chunked prefill, a prefix hit and
+    preemption give transformers' greedy tokens."""
+    from engine_helpers import GREEDY, hf_greedy
+    from test_webgpu import parity_prompts
+
+    model, package = decoder_package("llama")
+    prompts = parity_prompts()
+    engine = dict(num_blocks=14, block_size=16, max_num_batched_tokens=48, max_model_len=128)
+    (tmp_path / "prompts.json").write_text(json.dumps({"prompts": prompts, "max_tokens": GREEDY.max_tokens, "engine": engine}))
+    result = subprocess.run([str(ov_python), str(ROOT / "hardware_matrix" / "engine_run.py"), str(package),
+                             str(tmp_path / "prompts.json"), "openvino"], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["providers"][0] == "OpenVINOExecutionProvider" and report["torch_loaded"] is False
+    assert report["preemptions"] > 0 and report["prefix_hits"] > 0
+    assert report["tokens"] == [hf_greedy(model, p, GREEDY.max_tokens) for p in prompts]

@@ -1,0 +1,110 @@
+"""The GPU-style provider that runs here: WebGPU (onnxruntime-ep-webgpu) on Mesa's software Vulkan
+driver. Its tensors live in WebGPU buffers, so these tests exercise the device-resident pool for
+real: greedy parity through the engine, the pool staying on the device, placement, and a server.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from openai import OpenAI
+
+from engine_helpers import GREEDY, hf_greedy, run_to_completion
+from ortinf import LLM, SamplingParams
+from ortinf.manifest import LOGITS
+from ortinf.runtime.config import EngineConfig
+from ortinf.runtime.decoder_graph import DecoderGraph
+from ortinf.runtime.engine import LLMEngine
+from ortinf.runtime.model_input import SequenceChunk, build_model_input
+from server_helpers import running_server
+
+LENGTHS = [1, 5, 17, 31, 64, 70]
+
+
+def parity_prompts() -> list[list[int]]:
+    rng = np.random.default_rng(11)
+    prompts = [rng.integers(3, 256, n).tolist() for n in LENGTHS]
+    prompts.append(prompts[4][:48] + [7, 8, 9])  # shares 3 full blocks with prompt 4: a prefix hit
+    return prompts
+
+
+def test_engine_greedy_parity_on_webgpu(webgpu, decoder_package):
+    """Ragged prompts, chunked prefill (48-token steps), a prefix hit and preemption (14 blocks)."""
+    model, package = decoder_package("llama")
+    prompts = parity_prompts()
+    expected = [hf_greedy(model, p, GREEDY.max_tokens) for p in prompts]
+    engine = LLMEngine(EngineConfig(package_dir=package, provider="webgpu", num_blocks=14, block_size=16,
+                                    max_num_batched_tokens=48, max_model_len=128))
+    assert engine.graph.pool.values[0].device_name() == "webgpu"
+    finished = run_to_completion(engine, prompts)
+    assert [finished[str(i)].outputs[0].token_ids for i in range(len(prompts))] == expected
+    assert engine.scheduler.stats.num_preemptions > 0
+    assert engine.kv_cache.stats.num_hits > 0
+
+
+def test_the_graph_runs_on_webgpu(webgpu, decoder_package):
+    _, package = decoder_package("llama")
+    graph = DecoderGraph(package, num_blocks=8, block_size=4, provider=webgpu)
+    nodes = graph.placement.nodes
+    assert nodes["WebGpuExecutionProvider"] > nodes.get("CPUExecutionProvider", 0)
+    assert graph.placement.cpu_compute_ops == {}  # only integer shape/index ops stay on the CPU
+    # the graph's in-place write lands in the device pool: exactly the step's slots change
+    graph.run(build_model_input([SequenceChunk([5, 6, 7, 8, 9], 0, [6, 2])], 4))
+    changed = np.argwhere(np.any(graph.read_pool(0) != 0, axis=(0, 3)))
+    assert sorted(map(tuple, changed.tolist())) == [(2, 0), (6, 0), (6, 1), (6, 2), (6, 3)]
+
+
+def decode_ms(graph: DecoderGraph, host_pool: list[np.ndarray] | None = None) -> float:
+    """One decode step of one sequence with 40 cached tokens: through the bound pool, or (host_pool)
+    the way a host-resident pool runs, fed to the session every call."""
+    model_input = build_model_input([SequenceChunk([9], 40, [3, 1, 4, 0])], 16)
+    start = time.perf_counter()
+    if host_pool is None:
+        graph.run(model_input)
+    else:
+        feeds = {**model_input.feeds(), **dict(zip(graph.pool.input_names, host_pool))}
+        graph.session.run([LOGITS], feeds)
+    return (time.perf_counter() - start) * 1e3
+
+
+def test_decode_time_does_not_grow_with_the_pool(webgpu, decoder_package, record_property):
+    """The same step with an 8x larger pool: the bound pool costs the same, the host-fed pool more."""
+    _, package = decoder_package("llama")
+    graphs = {size: DecoderGraph(package, num_blocks=size, block_size=16, provider=webgpu) for size in (512, 4096)}
+    hosts = {size: [np.zeros(graph.pool.shape, np.float32) for _ in graph.pool.input_names] for size, graph in graphs.items()}
+    for size, graph in graphs.items():  # compile and warm both paths
+        for _ in range(3):
+            decode_ms(graph), decode_ms(graph, hosts[size])
+    bound = {size: [] for size in graphs}
+    fed = {size: [] for size in graphs}
+    for _ in range(15):  # interleaved, so load on the machine hits both sizes alike
+        for size, graph in graphs.items():
+            bound[size].append(decode_ms(graph))
+            fed[size].append(decode_ms(graph, hosts[size]))
+    b = {size: float(np.median(v)) for size, v in bound.items()}
+    f = {size: float(np.median(v)) for size, v in fed.items()}
+    record_property("decode_ms", {"bound": b, "host_fed": f})
+    print(f"decode step ms, pool 512 vs 4096 blocks: bound {b[512]:.2f} vs {b[4096]:.2f}; host-fed {f[512]:.2f} vs {f[4096]:.2f}")
+    assert b[4096] <= 1.15 * b[512] + 0.5, b
+    assert f[4096] >= 1.5 * f[512], f
+
+
+def test_server_on_webgpu(webgpu, chat_package, tmp_path):
+    """`ortinf serve --provider webgpu` answers the official client with the CPU engine's greedy text."""
+    prompt = [5, 17, 33, 40, 90, 41, 7]
+    messages = [{"role": "user", "content": "hello there"}]
+    cpu = LLM(chat_package, provider="cpu", num_blocks=64)
+    expected = cpu.generate([prompt], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True), use_tqdm=False)[0].outputs[0].text
+    with running_server([str(chat_package), "--provider", "webgpu", "--kv-cache-memory", "16MiB"], tmp_path, timeout=300) as server:
+        client = OpenAI(base_url=f"{server.url}/v1", api_key="x")
+        completion = client.completions.create(model="tiny-llama", prompt=prompt, max_tokens=8, temperature=0,
+                                               extra_body={"ignore_eos": True})
+        whole = client.chat.completions.create(model="tiny-llama", messages=messages, max_tokens=6, temperature=0)
+        stream = client.chat.completions.create(model="tiny-llama", messages=messages, max_tokens=6, temperature=0, stream=True)
+        streamed = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+        log = server.log()
+    assert completion.choices[0].text == expected and completion.usage.completion_tokens == 8
+    assert streamed == whole.choices[0].message.content
+    assert "webgpu" in log and "nodes on WebGpuExecutionProvider" in log
