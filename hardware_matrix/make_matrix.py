@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -26,6 +27,8 @@ import torch
 import ortinf
 from ortinf.providers.registry import available
 
+os.environ.setdefault("ORT_WEBGPU_EP_ALLOW_SOFTWARE_ADAPTER", "1")  # lavapipe where there is no GPU
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "tests"))
@@ -38,7 +41,7 @@ _spec.loader.exec_module(replay)
 
 def environments() -> list[tuple[str, Path]]:
     """(provider, python) pairs to measure: the local providers, plus OpenVINO's own venv."""
-    pairs = [(name, Path(sys.executable)) for name in available() if name != "openvino"]
+    pairs = [(found.provider.name, Path(sys.executable)) for found in available() if found.provider.name != "openvino"]
     ov_python = ROOT / ".venv-openvino" / "bin" / "python"
     if ov_python.exists():
         pairs.append(("openvino", ov_python))
