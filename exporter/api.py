@@ -19,6 +19,7 @@ from ortinf.errors import ExportError
 from ortinf.exporter.architectures import resolve_task
 from ortinf.exporter.decoder import decoder_spec, trace_decoder
 from ortinf.exporter.encoder import TracedEncoder, encoder_inputs, encoder_spec, read_pooling, trace_encoder
+from ortinf.exporter.kv_write import place_decoder
 from ortinf.exporter.package import staging, token_ids, write_generation_config, write_tokenizer
 from ortinf.exporter.source import ModelSource, resolve_model
 from ortinf.exporter.verify import verify_decoder, verify_encoder
@@ -69,7 +70,7 @@ def export(
         trace_dir.mkdir()
         if task == TEXT_GENERATION:
             spec = decoder_spec(hf_model, dtype)
-            inputs, outputs = trace_decoder(hf_model.to(DTYPES[dtype]), spec, trace_dir / MODEL_NAME, DTYPES[dtype])
+            trace_decoder(hf_model.to(DTYPES[dtype]), spec, trace_dir / MODEL_NAME, DTYPES[dtype])
             hf_model.float()  # the reference for verification: same weights, fp32 arithmetic
             kind = {"decoder": spec}
         else:
@@ -80,7 +81,11 @@ def export(
             encoder.float()
         bar.update()
         bar.set_description_str(STAGES[2])
-        _place_graph(trace_dir, stage, external_data_threshold)
+        if task == TEXT_GENERATION:  # two graphs sharing model.onnx.data, whatever the threshold
+            inputs, outputs = place_decoder(trace_dir / MODEL_NAME, stage, spec.num_layers, spec.num_kv_heads)
+            shutil.rmtree(trace_dir)
+        else:
+            _place_graph(trace_dir, stage, external_data_threshold)
         generation = write_generation_config(source, stage)
         manifest = Manifest(
             task=task,

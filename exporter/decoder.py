@@ -1,5 +1,5 @@
-"""Decoder export: a wrapper whose inputs are the paged graph contract, traced to ONNX, then given
-its in-graph KV write (exporter/kv_write.py).
+"""Decoder export: a wrapper whose inputs are the paged graph contract, traced to ONNX (the in-graph
+KV write is added after tracing: exporter/kv_write.py).
 
 The wrapper runs the Hugging Face base model on the flattened tokens of all scheduled sequences
 (as one batch row), with the paged attention function from kernels/ in every layer, and applies the
@@ -18,8 +18,7 @@ from transformers import AttentionInterface, PretrainedConfig, PreTrainedModel
 from ortinf.exporter.architectures import DECODERS
 from ortinf.exporter.tracing import OPSET, quiet_tracing
 from ortinf.kernels.portable import ATTENTION_NAME, KERNEL_NAME, PagedBatch, paged_attention
-from ortinf.exporter.kv_write import add_kv_write
-from ortinf.manifest import LOGITS, DecoderSpec, cache_names
+from ortinf.manifest import LOGITS, DecoderSpec, cache_names, new_kv_names
 
 INPUTS_HEAD = ("input_ids", "positions", "block_tables", "context_lens", "query_lens", "logits_indices")
 
@@ -125,10 +124,10 @@ def example_inputs(spec: DecoderSpec, dtype: torch.dtype) -> tuple[torch.Tensor,
 
 
 def trace_decoder(model: PreTrainedModel, spec: DecoderSpec, path: Path, dtype: torch.dtype) -> tuple[list[str], list[str]]:
-    """Traces the paged decoder to `path` and adds the in-graph KV write; returns the graph's input
-    and output names."""
+    """Traces the paged decoder to `path` (logits and the new K/V out); returns the graph's input
+    and output names. exporter/kv_write.py then derives the package's two graphs from it."""
     cache_inputs, _ = cache_names(spec.num_layers)
-    kv_outputs = [f"new_{kind}.{i}" for i in range(spec.num_layers) for kind in ("key", "value")]
+    kv_outputs = new_kv_names(spec.num_layers)
     inputs = [*INPUTS_HEAD, *cache_inputs]
     outputs = [LOGITS, *kv_outputs]
     dynamic_axes: dict[str, dict[int, str]] = {
@@ -157,4 +156,4 @@ def trace_decoder(model: PreTrainedModel, spec: DecoderSpec, path: Path, dtype: 
             opset_version=OPSET,
             do_constant_folding=True,
         )
-    return add_kv_write(path, spec.num_layers, spec.num_kv_heads)
+    return inputs, outputs

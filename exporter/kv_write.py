@@ -1,5 +1,10 @@
 """The in-graph KV write: the traced graph's new K/V outputs become ScatterND updates of the pool.
 
+The package keeps both forms: model.onnx (with the write) for providers that compute where the pool
+lives, and model.host-write.onnx (as traced: it outputs the new K/V) for host providers where numpy
+writes faster (OpenVINO copies every bound output, so a pool bound as an output costs a full copy
+per call; see docs/providers.md).
+
 The traced kernel reads the pool (`key_cache.{i}`) and outputs the step's new keys and values
 (`new_key.{i}`, [num_tokens, kv_heads, head_dim]). This pass, run on the ONNX graph after tracing,
 adds one input, `slot_mapping` [num_tokens] (the pool slot of each scheduled token), and replaces
@@ -29,15 +34,14 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from ortinf.manifest import SLOT_MAPPING, cache_names
+from ortinf.manifest import HOST_WRITE_MODEL_NAME, MODEL_NAME, SLOT_MAPPING, WEIGHTS_NAME, cache_names, new_kv_names
 
 
-def add_kv_write(path: Path, num_layers: int, num_kv_heads: int) -> tuple[list[str], list[str]]:
-    """Rewrites the graph at `path` in place; returns its new (input names, output names)."""
-    model = onnx.load(str(path), load_external_data=False)  # weights stay where the tracer put them
+def add_kv_write(model: onnx.ModelProto, num_layers: int, num_kv_heads: int) -> None:
+    """Adds the KV write to a traced decoder graph (in memory; its weights may be external)."""
     graph = model.graph
     pool_inputs, pool_outputs = cache_names(num_layers)
-    new_kv = [f"new_{kind}.{i}" for i in range(num_layers) for kind in ("key", "value")]
+    new_kv = new_kv_names(num_layers)
     by_name = {o.name: o for o in graph.output}
     if any(name not in by_name for name in new_kv):
         raise ValueError("the traced graph lacks the new K/V outputs the KV write replaces")
@@ -78,5 +82,15 @@ def add_kv_write(path: Path, num_layers: int, num_kv_heads: int) -> tuple[list[s
         value.name = pool_out
         value.type.CopyFrom(pool_types[pool_in])
         graph.output.append(value)
-    onnx.save(model, str(path))
-    return [i.name for i in graph.input if i.name not in {t.name for t in graph.initializer}], [o.name for o in graph.output]
+
+
+def place_decoder(traced: Path, stage: Path, num_layers: int, num_kv_heads: int) -> tuple[list[str], list[str]]:
+    """Writes both decoder graphs into the package, sharing one weights file: the host-write graph
+    (as traced) and model.onnx (with the KV write). Returns model.onnx's input and output names."""
+    model = onnx.load(str(traced), load_external_data=True)
+    onnx.save_model(model, str(stage / HOST_WRITE_MODEL_NAME), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=WEIGHTS_NAME, size_threshold=1024)  # leaves `model` referring to the weights file
+    add_kv_write(model, num_layers, num_kv_heads)
+    onnx.save_model(model, str(stage / MODEL_NAME))
+    initializers = {t.name for t in model.graph.initializer}
+    return [i.name for i in model.graph.input if i.name not in initializers], [o.name for o in model.graph.output]

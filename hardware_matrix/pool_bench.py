@@ -144,12 +144,14 @@ def main() -> None:
         ortinf.export(work / "hf", work / "pkg", progress=False)
         shim = base_checkout(args.base_rev, work)
         subprocess.run([str(here), "-c", f"import ortinf; ortinf.export({str(work / 'hf')!r}, {str(work / 'pkg-base')!r}, progress=False)"],
-                       check=True, env=dict(os.environ, PYTHONPATH=str(shim)), capture_output=True)
+                       check=True, env=dict(os.environ, PYTHONPATH=str(shim)), capture_output=True, cwd=work)  # not this checkout's ortinf/
         rows = [
             ("cpu", f"host pool + numpy write ({args.base_rev})", run_row(here, work / "pkg-base", "cpu", pythonpath=shim)),
             ("cpu", "bound pool", run_row(here, work / "pkg", "cpu")),
         ]
         if ov_python.exists():
+            rows.append(("openvino (CPU)", f"host pool + numpy write ({args.base_rev})",
+                         run_row(ov_python, work / "pkg-base", "openvino", pythonpath=shim)))
             rows.append(("openvino (CPU)", "bound pool", run_row(ov_python, work / "pkg", "openvino")))
         rows.append(("webgpu (lavapipe)", "bound pool", run_row(here, work / "pkg", "webgpu")))
         rows.append(("webgpu (lavapipe)", "host-fed pool", run_row(here, work / "pkg", "webgpu", fed=True)))

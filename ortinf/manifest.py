@@ -16,6 +16,11 @@ from ortinf.errors import ConfigError
 
 MANIFEST_NAME = "ortinf.json"
 MODEL_NAME = "model.onnx"
+# Decoders: the same graph without the in-graph KV write (it outputs new_key.{i}/new_value.{i}), for
+# host-memory providers where writing K/V with numpy is faster (OpenVINO: docs/providers.md). Both
+# graphs read their weights from model.onnx.data.
+HOST_WRITE_MODEL_NAME = "model.host-write.onnx"
+WEIGHTS_NAME = MODEL_NAME + ".data"
 FORMAT_VERSION = 3  # 3: the graph writes K/V into its pool (key_cache_out.{i}); see exporter/kv_write.py
 
 TEXT_GENERATION = "text-generation"
@@ -27,6 +32,11 @@ KV_LAYOUT = "kv_heads,num_blocks,block_size,head_dim"
 # Decoder graph I/O names the runtime reads by name (never by position).
 LOGITS = "logits"
 SLOT_MAPPING = "slot_mapping"
+
+
+def new_kv_names(num_layers: int) -> list[str]:
+    """The host-write graph's per-layer new K/V outputs, [num_tokens, kv_heads, head_dim] each."""
+    return [f"new_{kind}.{i}" for i in range(num_layers) for kind in ("key", "value")]
 
 
 def cache_names(num_layers: int) -> tuple[list[str], list[str]]:

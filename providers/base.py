@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 HOST = "host"  # tensors in host memory: the pool is a numpy array the graph writes into
 DEVICE = "device"  # tensors in the provider's own memory: the pool is an OrtValue allocated there
+GRAPH_WRITE = "graph"  # the graph writes K/V into its bound pool (model.onnx)
+HOST_WRITE = "host"  # the graph returns new K/V and numpy writes them (model.host-write.onnx; HOST only)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +44,7 @@ class Provider:
     ort_name: str  # the ORT execution provider name
     package: str  # the pip package that adds it
     memory: str  # HOST or DEVICE
+    kv_write: str = GRAPH_WRITE  # GRAPH_WRITE or HOST_WRITE, whichever measured faster
     device_type: str = "cpu"  # OrtValue device name where DEVICE tensors are allocated
     dtypes: tuple[str, ...] = ("fp32",)
     kernels: tuple[str, ...] = ("portable",)

@@ -3,15 +3,21 @@ in an environment of its own; the OpenVINO plugin EP for stock onnxruntime refus
 
 device_type CPU by default; GPU/NPU with --provider-option device_type=GPU. Its tensors are host
 memory as ORT sees them (the plugin copies to an Intel GPU itself).
+
+K/V are written by numpy (HOST_WRITE): the provider copies every bound output back from its own
+tensors, so a pool bound as the graph's output costs a whole-pool copy per call (33.6M llama, 16
+sequences: 57 ms per decode step with a 64 MiB pool, 233 ms with 512 MiB, against 26 ms either way
+with the host write; hardware_matrix/RESULTS.md).
 """
 
-from ortinf.providers.base import HOST, Provider
+from ortinf.providers.base import HOST, HOST_WRITE, Provider
 
 PROVIDER = Provider(
     name="openvino",
     ort_name="OpenVINOExecutionProvider",
     package="onnxruntime-openvino",
     memory=HOST,
+    kv_write=HOST_WRITE,
     dtypes=("fp32", "fp16"),
     options={"device_type": "CPU"},
 )

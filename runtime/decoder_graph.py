@@ -1,7 +1,9 @@
 """DecoderGraph: an exported decoder package on one provider, with its bound KV pool.
 
-The session is created on the provider (providers/session.py proves where its nodes run), the pool
-is allocated where the provider computes and bound once (runtime/kv_pool.py), and each call binds
+The session is created on the provider (providers/session.py proves where its nodes run) over the
+package graph that suits its KV write (model.onnx writes K/V itself; model.host-write.onnx returns
+them for numpy), the pool is allocated where the provider computes and bound once
+(runtime/kv_pool.py), and each call binds
 only the step's small inputs (copied into reused host buffers) and fetches only the logits rows
 the step asked for. On providers that compile per input shape, the step is padded to shape buckets
 (runtime/model_input.py, pad_to_buckets).
@@ -14,7 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from ortinf.errors import ConfigError
-from ortinf.manifest import KV_LAYOUT, LOGITS, MODEL_NAME, SLOT_MAPPING, TEXT_GENERATION, DecoderSpec, Manifest
+from ortinf.manifest import HOST_WRITE_MODEL_NAME, KV_LAYOUT, LOGITS, MODEL_NAME, SLOT_MAPPING, TEXT_GENERATION, DecoderSpec, Manifest
+from ortinf.providers.base import GRAPH_WRITE
 from ortinf.providers.registry import Found, resolve
 from ortinf.providers.session import create_session
 from ortinf.runtime.kv_pool import KVPool
@@ -42,8 +45,9 @@ class DecoderGraph:
             raise ConfigError(f"{package_dir} uses another KV layout; re-export it with this ortinf")
         self.found = resolve(provider) if isinstance(provider, str) else provider
         self.provider = self.found.provider
+        graph_file = MODEL_NAME if self.provider.kv_write == GRAPH_WRITE else HOST_WRITE_MODEL_NAME
         self.session, self.placement = create_session(
-            Path(package_dir) / MODEL_NAME, self.found, intra_op_threads, provider_options, allow_cpu_fallback)
+            Path(package_dir) / graph_file, self.found, intra_op_threads, provider_options, allow_cpu_fallback)
         self.block_size = block_size
         self.pool = KVPool(self.spec, num_blocks, block_size, self.provider)
         self.binding = self.session.io_binding()
@@ -56,11 +60,19 @@ class DecoderGraph:
         rows = len(model_input.logits_indices)
         if self.provider.buckets is not None:
             model_input = pad_to_buckets(model_input, self.provider.buckets, self.pool.scratch_slot, self.block_size)
-        for name, array in model_input.feeds().items():
-            self._bind_input(name, array)
+        feeds = model_input.feeds()
+        for name, array in feeds.items():
+            if name != SLOT_MAPPING or self.pool.graph_write:
+                self._bind_input(name, array)
         self.binding.bind_output(LOGITS, "cpu")  # unallocated again: its row count changes per step
+        if not self.pool.graph_write:
+            for name in self.pool.output_names:
+                self.binding.bind_output(name, "cpu")
         self.session.run_with_iobinding(self.binding)
-        return self.binding.get_outputs()[0].numpy()[:rows]
+        outputs = self.binding.get_outputs()
+        if not self.pool.graph_write:
+            self.pool.write(model_input.slot_mapping, outputs[1:])
+        return outputs[0].numpy()[:rows]
 
     def _bind_input(self, name: str, array: np.ndarray) -> None:
         """Copies a small input into its reused host buffer (grown when too small) and binds a view."""

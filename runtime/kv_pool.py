@@ -8,10 +8,16 @@ where the provider computes:
 - DEVICE providers (WebGPU, CUDA, DirectML, MIGraphX): an OrtValue in the provider's memory, zeroed
   once from the host.
 
-Each tensor is bound once, as the graph's `key_cache.{i}` input and as its `key_cache_out.{i}`
-output: the graph's ScatterND writes the step's K/V into the pool in place (exporter/kv_write.py),
-so the pool is never fed, copied or fetched per step. The last block is scratch, never handed out:
-the padding tokens of shape buckets write there.
+Each tensor is bound once as the graph's `key_cache.{i}` input. How the step's K/V get in is the
+provider's choice (Provider.kv_write, measured per provider):
+
+- GRAPH_WRITE (model.onnx): the tensor is also bound as the `key_cache_out.{i}` output, and the
+  graph's ScatterND writes the step's K/V into it in place (exporter/kv_write.py); the pool is never
+  fed, copied or fetched per step.
+- HOST_WRITE (model.host-write.onnx, host pools only): the graph returns the new K/V
+  ([num_tokens, kv_heads, head_dim] per layer) and `write` puts them into their slots with numpy.
+
+The last block is scratch, never handed out: the padding tokens of shape buckets write there.
 
 Sizing: --num-blocks, else --kv-cache-memory, else (host memory only) a share of free RAM; capped
 at what max_num_seqs full-length sequences can use, and at the provider's largest tensor.
@@ -25,8 +31,8 @@ import numpy as np
 import onnxruntime as ort
 
 from ortinf.errors import ConfigError
-from ortinf.manifest import DecoderSpec, cache_names
-from ortinf.providers.base import HOST, Provider
+from ortinf.manifest import DecoderSpec, cache_names, new_kv_names
+from ortinf.providers.base import GRAPH_WRITE, HOST, Provider
 from ortinf.runtime.config import EngineConfig, available_memory
 
 log = logging.getLogger(__name__)
@@ -85,6 +91,10 @@ class KVPool:
         self.shape = (spec.num_kv_heads, num_blocks + 1, block_size, spec.head_dim)
         dtype = NUMPY_DTYPES[spec.kv_dtype]
         self.input_names, self.output_names = cache_names(spec.num_layers)
+        self.graph_write = provider.kv_write == GRAPH_WRITE
+        if not self.graph_write:
+            assert provider.memory == HOST, "the numpy write needs a host pool"
+            self.output_names = new_kv_names(spec.num_layers)
         self.arrays: list[np.ndarray] = []  # host pools only
         self.values: list[ort.OrtValue] = []
         for _ in self.input_names:
@@ -99,10 +109,20 @@ class KVPool:
                 self.values.append(value)
 
     def bind(self, binding: ort.IOBinding) -> None:
-        """Binds every tensor as the graph's pool input and as the output the graph writes it to."""
+        """Binds every tensor as the graph's pool input and, with the graph write, as the output the
+        graph writes it to (with the host write, the new K/V outputs come back to host memory)."""
         for name_in, name_out, value in zip(self.input_names, self.output_names, self.values):
             binding.bind_ortvalue_input(name_in, value)
-            binding.bind_ortvalue_output(name_out, value)
+            if self.graph_write:
+                binding.bind_ortvalue_output(name_out, value)
+            else:
+                binding.bind_output(name_out, "cpu")
+
+    def write(self, slot_mapping: np.ndarray, new_kv: list[ort.OrtValue]) -> None:
+        """The host write: each layer's new K/V ([num_tokens, kv_heads, head_dim]) into their slots."""
+        kv_heads, head_dim = self.shape[0], self.shape[3]
+        for array, value in zip(self.arrays, new_kv):
+            array.reshape(kv_heads, -1, head_dim)[:, slot_mapping] = value.numpy().swapaxes(0, 1)
 
     def read(self, index: int) -> np.ndarray:
         """A host copy of tensor `index` (K of layer i is 2i, V is 2i + 1), without the scratch block."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import numpy as np
@@ -10,6 +11,8 @@ import pytest
 from ortinf.errors import ConfigError
 from ortinf.manifest import DecoderSpec
 from ortinf.providers import cpu, webgpu
+from ortinf.providers.base import HOST_WRITE
+from ortinf.providers.registry import Found, resolve
 from ortinf.runtime.config import EngineConfig
 from ortinf.runtime.decoder_graph import DecoderGraph
 from ortinf.runtime.kv_pool import resolve_num_blocks
@@ -53,3 +56,18 @@ def test_the_graph_writes_new_kv_into_the_bound_pool(decoder_package):
         assert sorted(map(tuple, changed.tolist())) == [(2, 0), (6, 0), (6, 1), (6, 2), (6, 3)]
     # the host pool is the very memory the graph writes: no copy per step
     assert graph.pool.arrays[0].ctypes.data == graph.pool.values[0].data_ptr()
+
+
+def test_host_write_and_graph_write_agree(decoder_package):
+    """The package's two graphs (in-graph ScatterND, numpy write) give the same logits and the same pool."""
+    _, package = decoder_package("llama")
+    found = resolve("cpu")
+    host = DecoderGraph(package, num_blocks=8, block_size=4, provider=Found(dataclasses.replace(found.provider, kv_write=HOST_WRITE), found.devices))
+    graph = DecoderGraph(package, num_blocks=8, block_size=4, provider=found)
+    assert not host.pool.graph_write and graph.pool.graph_write
+    steps = [[SequenceChunk([5, 6, 7, 8, 9], 0, [6, 2])], [SequenceChunk([10], 5, [6, 2]), SequenceChunk([3, 4], 0, [1])]]
+    for chunks in steps:
+        model_input = build_model_input(chunks, 4)
+        np.testing.assert_allclose(host.run(model_input), graph.run(model_input), atol=1e-5)
+    for i in range(4):
+        np.testing.assert_array_equal(host.read_pool(i), graph.read_pool(i))
