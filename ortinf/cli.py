@@ -159,6 +159,8 @@ def _load_yaml_config(ctx: click.Context, _param: click.Parameter, value: Path |
               help="An option of the execution provider (repeatable), e.g. device_type=GPU for OpenVINO.")
 @click.option("--allow-cpu-fallback", is_flag=True, envvar="ORTINF_ALLOW_CPU_FALLBACK",
               help="Run on the CPU when the chosen provider runs none of the graph, instead of failing.")
+@click.option("--shape-buckets", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True, envvar="ORTINF_SHAPE_BUCKETS",
+              help="Pad each step to a few bucket shapes (for providers that compile per shape); auto: the provider's choice.")
 @click.option("--served-model-name", "served_model_names", multiple=True, envvar="ORTINF_SERVED_MODEL_NAME",
               help="Name clients use in `model` (one per package) [default: the package folder's name].")
 @click.option("--api-key", envvar="ORTINF_API_KEY", help="Require `Authorization: Bearer KEY` on /v1 routes.")
@@ -176,7 +178,7 @@ def _load_yaml_config(ctx: click.Context, _param: click.Parameter, value: Path |
 @click.option("--debug-fail-after-steps", type=int, hidden=True, envvar="ORTINF_DEBUG_FAIL_AFTER_STEPS")
 @click.option("--debug-fail-token-id", type=int, hidden=True, envvar="ORTINF_DEBUG_FAIL_TOKEN_ID")
 def serve(packages: tuple[Path, ...], host: str, port: int, provider: str, provider_options: tuple[str, ...], allow_cpu_fallback: bool,
-          served_model_names: tuple[str, ...], api_key: str | None,
+          shape_buckets: str, served_model_names: tuple[str, ...], api_key: str | None,
           max_num_seqs: int, max_queued_requests: int, max_num_batched_tokens: int, kv_cache_memory: str | None,
           shutdown_timeout: float, max_body_size: str, intra_op_threads: int, log_level: str, debug_fail_after_steps: int | None,
           debug_fail_token_id: int | None) -> None:
@@ -207,7 +209,8 @@ def serve(packages: tuple[Path, ...], host: str, port: int, provider: str, provi
         raise click.UsageError(f"pass one --served-model-name per package ({len(packages)}), or none")
     config = ServerConfig(
         packages=tuple(packages), host=host, port=port, provider=provider, provider_options=parse_options(provider_options),
-        allow_cpu_fallback=allow_cpu_fallback, served_model_names=served_model_names,
+        allow_cpu_fallback=allow_cpu_fallback, shape_buckets={"auto": None, "on": True, "off": False}[shape_buckets],
+        served_model_names=served_model_names,
         api_key=api_key, max_num_seqs=max_num_seqs, max_queued_requests=max_queued_requests,
         max_num_batched_tokens=max_num_batched_tokens, kv_cache_memory=parse_size(kv_cache_memory) if kv_cache_memory else None,
         shutdown_timeout=shutdown_timeout, max_body_size=parse_size(max_body_size), intra_op_threads=intra_op_threads,

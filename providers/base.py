@@ -28,6 +28,10 @@ class Buckets:
     blocks: tuple[int, ...]
 
 
+_POWERS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+POWER_OF_TWO_BUCKETS = Buckets(tokens=(*_POWERS, 512, 1024, 2048), seqs=_POWERS, blocks=(*_POWERS, 512, 1024))
+
+
 def bucket(value: int, sizes: tuple[int, ...]) -> int:
     """The smallest size >= value; past the largest, the next multiple of the largest."""
     for size in sizes:

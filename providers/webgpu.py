@@ -4,12 +4,12 @@ scripts/setup_webgpu.sh; set ORT_WEBGPU_EP_ALLOW_SOFTWARE_ADAPTER=1 for the plug
 
 Measured here (docs/providers.md): a tensor larger than 128 MiB (Dawn's default
 maxStorageBufferBindingSize) silently computes wrong results, so one layer's K or V pool is capped
-at 128 MiB; the first call of each new input shape compiles shaders (seconds), hence the buckets.
+at 128 MiB. Shaders compile per program, not per input shape: the first call pays nearly all of it
+(the server's warm-up request does), later new shapes little, and padding to buckets saved no
+compile time while costing 1.2x per step; so no buckets by default (--shape-buckets turns them on).
 """
 
-from ortinf.providers.base import DEVICE, Buckets, Provider
-
-POWERS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+from ortinf.providers.base import DEVICE, Provider
 
 PROVIDER = Provider(
     name="webgpu",
@@ -19,7 +19,6 @@ PROVIDER = Provider(
     device_type="webgpu",
     dtypes=("fp32", "fp16"),
     plugin_module="onnxruntime_ep_webgpu",
-    buckets=Buckets(tokens=(*POWERS, 512, 1024, 2048), seqs=POWERS, blocks=(*POWERS, 512, 1024)),
     max_tensor_bytes=128 * 2**20,
     no_device_hint=(": it needs a Vulkan (Linux), Metal or D3D12 driver; on a machine without a GPU, install lavapipe "
                     "(scripts/setup_webgpu.sh) and set ORT_WEBGPU_EP_ALLOW_SOFTWARE_ADAPTER=1"),

@@ -30,6 +30,7 @@ class EngineConfig:
     seed: int | None = None
     provider_options: dict[str, str] = field(default_factory=dict)
     allow_cpu_fallback: bool = False
+    shape_buckets: bool | None = None  # pad steps to bucket shapes; None: the provider's choice
 
     def __post_init__(self) -> None:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):

@@ -5,8 +5,8 @@ package graph that suits its KV write (model.onnx writes K/V itself; model.host-
 them for numpy), the pool is allocated where the provider computes and bound once
 (runtime/kv_pool.py), and each call binds
 only the step's small inputs (copied into reused host buffers) and fetches only the logits rows
-the step asked for. On providers that compile per input shape, the step is padded to shape buckets
-(runtime/model_input.py, pad_to_buckets).
+the step asked for. On providers that compile per input shape (or with shape_buckets), the step is
+padded to shape buckets (runtime/model_input.py, pad_to_buckets).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import numpy as np
 
 from ortinf.errors import ConfigError
 from ortinf.manifest import HOST_WRITE_MODEL_NAME, KV_LAYOUT, LOGITS, MODEL_NAME, SLOT_MAPPING, TEXT_GENERATION, DecoderSpec, Manifest
-from ortinf.providers.base import GRAPH_WRITE
+from ortinf.providers.base import GRAPH_WRITE, POWER_OF_TWO_BUCKETS
 from ortinf.providers.registry import Found, resolve
 from ortinf.providers.session import create_session
 from ortinf.runtime.kv_pool import KVPool
@@ -36,6 +36,7 @@ class DecoderGraph:
         intra_op_threads: int = 0,
         provider_options: dict[str, str] | None = None,
         allow_cpu_fallback: bool = False,
+        shape_buckets: bool | None = None,
     ) -> None:
         self.manifest = Manifest.load(package_dir)
         if self.manifest.task != TEXT_GENERATION or self.manifest.decoder is None:
@@ -54,12 +55,16 @@ class DecoderGraph:
         self.binding.bind_output(LOGITS, "cpu")  # first bound output: get_outputs()[0]
         self.pool.bind(self.binding)
         self._buffers: dict[str, np.ndarray] = {}
+        if shape_buckets is None:
+            self.buckets = self.provider.buckets
+        else:
+            self.buckets = (self.provider.buckets or POWER_OF_TWO_BUCKETS) if shape_buckets else None
 
     def run(self, model_input: ModelInput) -> np.ndarray:
         """Runs one step; returns logits [rows, vocab]. The graph writes the new K/V into the pool."""
         rows = len(model_input.logits_indices)
-        if self.provider.buckets is not None:
-            model_input = pad_to_buckets(model_input, self.provider.buckets, self.pool.scratch_slot, self.block_size)
+        if self.buckets is not None:
+            model_input = pad_to_buckets(model_input, self.buckets, self.pool.scratch_slot, self.block_size)
         feeds = model_input.feeds()
         for name, array in feeds.items():
             if name != SLOT_MAPPING or self.pool.graph_write:

@@ -30,13 +30,16 @@ def parity_prompts() -> list[list[int]]:
     return prompts
 
 
-def test_engine_greedy_parity_on_webgpu(webgpu, decoder_package):
-    """Ragged prompts, chunked prefill (48-token steps), a prefix hit and preemption (14 blocks)."""
+@pytest.mark.parametrize("buckets", [False, True], ids=["exact-shapes", "shape-buckets"])
+def test_engine_greedy_parity_on_webgpu(webgpu, decoder_package, buckets):
+    """Ragged prompts, chunked prefill (48-token steps), a prefix hit and preemption (14 blocks),
+    with steps as they come and padded to shape buckets (padding writes into the scratch block)."""
     model, package = decoder_package("llama")
     prompts = parity_prompts()
     expected = [hf_greedy(model, p, GREEDY.max_tokens) for p in prompts]
     engine = LLMEngine(EngineConfig(package_dir=package, provider="webgpu", num_blocks=14, block_size=16,
-                                    max_num_batched_tokens=48, max_model_len=128))
+                                    max_num_batched_tokens=48, max_model_len=128, shape_buckets=buckets))
+    assert (engine.graph.buckets is not None) == buckets
     assert engine.graph.pool.values[0].device_name() == "webgpu"
     finished = run_to_completion(engine, prompts)
     assert [finished[str(i)].outputs[0].token_ids for i in range(len(prompts))] == expected

@@ -111,3 +111,14 @@ def test_repeated_prompt_hit_is_capped(setup):
     second = drain(engine, [second_id])
     assert second[second_id].num_cached_tokens == 48  # capped at num_tokens - 1, in whole blocks
     assert list(first.values())[0].outputs[0].token_ids == second[second_id].outputs[0].token_ids == expected
+
+
+def test_shape_buckets_change_nothing(setup):
+    """Steps padded to bucket shapes (padding sequences writing into the scratch block) on the CPU,
+    with chunking and preemption: the same tokens."""
+    _, package, prompts, expected = setup
+    engine = make_engine(package, block_size=16, num_blocks=40, max_num_batched_tokens=64, shape_buckets=True)
+    assert engine.graph.buckets is not None
+    finished = run_to_completion(engine, prompts)
+    assert engine.scheduler.stats.num_preemptions > 0
+    assert token_lists(finished, [str(i) for i in range(16)]) == expected
