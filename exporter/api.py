@@ -23,7 +23,7 @@ from ortinf.exporter.kv_write import place_decoder
 from ortinf.exporter.package import staging, token_ids, write_generation_config, write_tokenizer
 from ortinf.exporter.source import ModelSource, resolve_model
 from ortinf.exporter.verify import verify_decoder, verify_encoder
-from ortinf.manifest import MODEL_NAME, TASKS, TEXT_GENERATION, Manifest
+from ortinf.manifest import CONTRIB_PAGED, KERNELS, MODEL_NAME, PORTABLE, TASKS, TEXT_GENERATION, Manifest
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,7 @@ def export(
     tolerance: float | None = None,
     progress: bool = True,
     external_data_threshold: int = EXTERNAL_DATA_THRESHOLD,
+    kernel: str = PORTABLE,
 ) -> Manifest:
     """Exports MODEL (a local folder or a cached hub id) to the package folder OUT and verifies it.
 
@@ -52,12 +53,20 @@ def export(
         raise ExportError(f"unknown task '{task}': choose auto, {', '.join(TASKS)}")
     if dtype not in DTYPES:
         raise ExportError(f"unknown dtype '{dtype}': choose {', '.join(DTYPES)}")
+    if kernel not in KERNELS:
+        raise ExportError(f"unknown kernel '{kernel}': choose {', '.join(KERNELS)}")
+    if kernel == CONTRIB_PAGED and dtype not in contrib_dtypes():
+        raise ExportError(f"the {kernel} kernel runs at {', '.join(contrib_dtypes())} only: pass --dtype fp16")
     tolerance = DEFAULT_TOLERANCE[dtype] if tolerance is None else tolerance
     out_path = Path(out).expanduser().resolve()
     source = resolve_model(str(model))
     task = resolve_task(source.model_type, source.config.get("architectures"), task)
     if task != TEXT_GENERATION:
         read_pooling(source)  # refuse unsupported sentence-transformers modules before loading weights
+        if kernel != PORTABLE:
+            raise ExportError(f"--kernel {kernel} is for decoders; {source.name} is a {task} model")
+    elif kernel == CONTRIB_PAGED:
+        check_contrib_paged(source.config)
 
     bar = tqdm(total=len(STAGES), desc=STAGES[0], disable=not progress, bar_format="{desc:<10} {bar} {n}/{total} [{elapsed}]")
     with staging(out_path, overwrite) as stage, bar:
@@ -69,7 +78,7 @@ def export(
         trace_dir = stage / ".trace"
         trace_dir.mkdir()
         if task == TEXT_GENERATION:
-            spec = decoder_spec(hf_model, dtype)
+            spec = decoder_spec(hf_model, dtype, kernel)
             trace_decoder(hf_model.to(DTYPES[dtype]), spec, trace_dir / MODEL_NAME, DTYPES[dtype])
             hf_model.float()  # the reference for verification: same weights, fp32 arithmetic
             kind = {"decoder": spec}
@@ -82,7 +91,7 @@ def export(
         bar.update()
         bar.set_description_str(STAGES[2])
         if task == TEXT_GENERATION:  # two graphs sharing model.onnx.data, whatever the threshold
-            inputs, outputs = place_decoder(trace_dir / MODEL_NAME, stage, spec.num_layers, spec.num_kv_heads)
+            inputs, outputs = place_decoder(trace_dir / MODEL_NAME, stage, spec)
             shutil.rmtree(trace_dir)
         else:
             _place_graph(trace_dir, stage, external_data_threshold)
@@ -120,6 +129,19 @@ def export(
         bar.update()
     log.info("exported %s to %s (max abs diff %.3g)", source.name, out_path, parity.max_abs_diff)
     return manifest
+
+
+def contrib_dtypes() -> tuple[str, ...]:
+    from ortinf.kernels.contrib_paged import DTYPES as CONTRIB_DTYPES
+
+    return CONTRIB_DTYPES
+
+
+def check_contrib_paged(config: dict) -> None:
+    """The contrib paged kernel takes no sliding window or attention soft-capping (not proven here)."""
+    for key in ("sliding_window", "attn_logit_softcapping"):
+        if config.get(key) and (key != "sliding_window" or config.get("use_sliding_window", True)):
+            raise ExportError(f"the {CONTRIB_PAGED} kernel does not support this model's {key}: export it with --kernel portable")
 
 
 def _load(source: ModelSource, task: str) -> torch.nn.Module:

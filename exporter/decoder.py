@@ -17,8 +17,14 @@ from transformers import AttentionInterface, PretrainedConfig, PreTrainedModel
 
 from ortinf.exporter.architectures import DECODERS
 from ortinf.exporter.tracing import OPSET, quiet_tracing
-from ortinf.kernels.portable import ATTENTION_NAME, KERNEL_NAME, PagedBatch, paged_attention
-from ortinf.manifest import LOGITS, DecoderSpec, cache_names, new_kv_names
+from ortinf.kernels import contrib_paged, portable
+from ortinf.manifest import CONTRIB_PAGED, KV_LAYOUTS, LOGITS, PORTABLE, DecoderSpec, cache_names, new_kv_names
+
+# kernel -> (transformers attention name, attention function)
+ATTENTION = {
+    PORTABLE: (portable.ATTENTION_NAME, portable.paged_attention),
+    CONTRIB_PAGED: (contrib_paged.ATTENTION_NAME, contrib_paged.paged_attention),
+}
 
 INPUTS_HEAD = ("input_ids", "positions", "block_tables", "context_lens", "query_lens", "logits_indices")
 
@@ -26,9 +32,10 @@ INPUTS_HEAD = ("input_ids", "positions", "block_tables", "context_lens", "query_
 class PagedDecoder(torch.nn.Module):
     """The traced module: graph inputs in, `logits [num_seqs, vocab]` and new K/V per layer out."""
 
-    def __init__(self, model: PreTrainedModel) -> None:
+    def __init__(self, model: PreTrainedModel, kernel: str = PORTABLE) -> None:
         super().__init__()
         self.model = model
+        self.kernel = kernel
         self.base = model.base_model
         self.lm_head = model.get_output_embeddings()
         self.final_softcap = getattr(model.config, "final_logit_softcapping", None)
@@ -46,17 +53,24 @@ class PagedDecoder(torch.nn.Module):
         logits_indices: torch.Tensor,
         *caches: torch.Tensor,
     ) -> tuple[torch.Tensor, ...]:
-        batch = PagedBatch(
-            block_tables=block_tables,
-            context_lens=context_lens,
-            query_lens=query_lens,
-            key_caches=list(caches[0::2]),
-            value_caches=list(caches[1::2]),
-            num_kv_heads=self.num_kv_heads,
-            group=self.num_heads // self.num_kv_heads,
-            head_dim=self.head_dim,
-            default_scaling=self.default_scaling,
-        )
+        if self.kernel == CONTRIB_PAGED:
+            batch = contrib_paged.ContribBatch(
+                block_tables=block_tables, context_lens=context_lens, query_lens=query_lens,
+                key_caches=list(caches[0::2]), value_caches=list(caches[1::2]),
+                num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
+            )
+        else:
+            batch = portable.PagedBatch(
+                block_tables=block_tables,
+                context_lens=context_lens,
+                query_lens=query_lens,
+                key_caches=list(caches[0::2]),
+                value_caches=list(caches[1::2]),
+                num_kv_heads=self.num_kv_heads,
+                group=self.num_heads // self.num_kv_heads,
+                head_dim=self.head_dim,
+                default_scaling=self.default_scaling,
+            )
         hidden = self.base(
             input_ids=input_ids[None],
             position_ids=positions[None],
@@ -72,11 +86,12 @@ class PagedDecoder(torch.nn.Module):
 
 
 @contextlib.contextmanager
-def paged_attention_enabled(model: PreTrainedModel) -> Iterator[None]:
-    """Switches the model to the paged attention function for the duration of tracing."""
-    AttentionInterface.register(ATTENTION_NAME, paged_attention)
+def paged_attention_enabled(model: PreTrainedModel, kernel: str = PORTABLE) -> Iterator[None]:
+    """Switches the model to the kernel's paged attention function for the duration of tracing."""
+    name, function = ATTENTION[kernel]
+    AttentionInterface.register(name, function)
     previous = model.config._attn_implementation
-    model.config._attn_implementation = ATTENTION_NAME
+    model.config._attn_implementation = name
     try:
         yield
     finally:
@@ -90,7 +105,7 @@ def head_shape(config: PretrainedConfig) -> tuple[int, int, int]:
     return num_heads, getattr(config, "num_key_value_heads", None) or num_heads, head_dim
 
 
-def decoder_spec(model: PreTrainedModel, kv_dtype: str) -> DecoderSpec:
+def decoder_spec(model: PreTrainedModel, kv_dtype: str, kernel: str = PORTABLE) -> DecoderSpec:
     """Shape facts of the model, read from its config."""
     config = model.config
     num_heads, num_kv_heads, head_dim = head_shape(config)
@@ -103,9 +118,10 @@ def decoder_spec(model: PreTrainedModel, kv_dtype: str) -> DecoderSpec:
         hidden_size=config.hidden_size,
         vocab_size=config.vocab_size,
         max_model_len=int(getattr(config, "max_position_embeddings", None) or config.n_positions),
-        kernel=KERNEL_NAME,
+        kernel=kernel,
         kv_dtype=kv_dtype,
         sliding_window=window if isinstance(window, int) else None,
+        kv_layout=KV_LAYOUTS[kernel],
     )
 
 
@@ -118,7 +134,10 @@ def example_inputs(spec: DecoderSpec, dtype: torch.dtype) -> tuple[torch.Tensor,
     input_ids = torch.tensor([1, 2, 3, 4]) % spec.vocab_size
     block_tables = torch.tensor([[3, 1], [0, 5]])
     logits_indices = torch.tensor([2, 3])
-    shape = (spec.num_kv_heads, num_blocks, block_size, spec.head_dim)
+    if spec.kernel == CONTRIB_PAGED:  # the tables also cover the new tokens: 2 + 3 and 5 + 1 tokens fit 2 blocks
+        shape = (num_blocks, block_size, spec.num_kv_heads, spec.head_dim)
+    else:
+        shape = (spec.num_kv_heads, num_blocks, block_size, spec.head_dim)
     caches = [torch.randn(shape, dtype=dtype) for _ in range(2 * spec.num_layers)]
     return (input_ids, positions, block_tables, context_lens, query_lens, logits_indices, *caches)
 
@@ -126,8 +145,9 @@ def example_inputs(spec: DecoderSpec, dtype: torch.dtype) -> tuple[torch.Tensor,
 def trace_decoder(model: PreTrainedModel, spec: DecoderSpec, path: Path, dtype: torch.dtype) -> tuple[list[str], list[str]]:
     """Traces the paged decoder to `path` (logits and the new K/V out); returns the graph's input
     and output names. exporter/kv_write.py then derives the package's two graphs from it."""
-    cache_inputs, _ = cache_names(spec.num_layers)
-    kv_outputs = new_kv_names(spec.num_layers)
+    cache_inputs, cache_outputs = cache_names(spec.num_layers)
+    # the contrib op writes the pool itself: its outputs are the pools; the portable kernel's are the new K/V
+    kv_outputs = cache_outputs if spec.kernel == CONTRIB_PAGED else new_kv_names(spec.num_layers)
     inputs = [*INPUTS_HEAD, *cache_inputs]
     outputs = [LOGITS, *kv_outputs]
     dynamic_axes: dict[str, dict[int, str]] = {
@@ -142,9 +162,11 @@ def trace_decoder(model: PreTrainedModel, spec: DecoderSpec, path: Path, dtype: 
     for name in cache_inputs:
         dynamic_axes[name] = {1: "num_blocks", 2: "block_size"}
     for name in kv_outputs:
-        dynamic_axes[name] = {0: "num_tokens"}
-    wrapper = PagedDecoder(model).eval()
-    with paged_attention_enabled(model), torch.no_grad(), quiet_tracing():
+        dynamic_axes[name] = {0: "num_blocks", 1: "block_size"} if spec.kernel == CONTRIB_PAGED else {0: "num_tokens"}
+    for name in cache_inputs if spec.kernel == CONTRIB_PAGED else ():
+        dynamic_axes[name] = {0: "num_blocks", 1: "block_size"}
+    wrapper = PagedDecoder(model, spec.kernel).eval()
+    with paged_attention_enabled(model, spec.kernel), torch.no_grad(), quiet_tracing():
         torch.onnx.export(
             wrapper,
             example_inputs(spec, dtype),

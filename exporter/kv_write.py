@@ -34,7 +34,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from ortinf.manifest import HOST_WRITE_MODEL_NAME, MODEL_NAME, SLOT_MAPPING, WEIGHTS_NAME, cache_names, new_kv_names
+from ortinf.manifest import (
+    CONTRIB_PAGED, HOST_WRITE_MODEL_NAME, MODEL_NAME, SLOT_MAPPING, WEIGHTS_NAME, DecoderSpec, cache_names, new_kv_names,
+)
 
 
 def add_kv_write(model: onnx.ModelProto, num_layers: int, num_kv_heads: int) -> None:
@@ -84,13 +86,18 @@ def add_kv_write(model: onnx.ModelProto, num_layers: int, num_kv_heads: int) -> 
         graph.output.append(value)
 
 
-def place_decoder(traced: Path, stage: Path, num_layers: int, num_kv_heads: int) -> tuple[list[str], list[str]]:
-    """Writes both decoder graphs into the package, sharing one weights file: the host-write graph
-    (as traced) and model.onnx (with the KV write). Returns model.onnx's input and output names."""
+def place_decoder(traced: Path, stage: Path, spec: DecoderSpec) -> tuple[list[str], list[str]]:
+    """Writes the decoder graphs into the package, sharing one weights file: the host-write graph
+    (as traced) and model.onnx (with the KV write). The contrib paged kernel writes its pool itself:
+    its traced graph is model.onnx, alone. Returns model.onnx's input and output names."""
     model = onnx.load(str(traced), load_external_data=True)
-    onnx.save_model(model, str(stage / HOST_WRITE_MODEL_NAME), save_as_external_data=True, all_tensors_to_one_file=True,
-                    location=WEIGHTS_NAME, size_threshold=1024)  # leaves `model` referring to the weights file
-    add_kv_write(model, num_layers, num_kv_heads)
-    onnx.save_model(model, str(stage / MODEL_NAME))
+    if spec.kernel == CONTRIB_PAGED:
+        onnx.save_model(model, str(stage / MODEL_NAME), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=WEIGHTS_NAME, size_threshold=1024)
+    else:
+        onnx.save_model(model, str(stage / HOST_WRITE_MODEL_NAME), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=WEIGHTS_NAME, size_threshold=1024)  # leaves `model` referring to the weights file
+        add_kv_write(model, spec.num_layers, spec.num_kv_heads)
+        onnx.save_model(model, str(stage / MODEL_NAME))
     initializers = {t.name for t in model.graph.initializer}
     return [i.name for i in model.graph.input if i.name not in initializers], [o.name for o in model.graph.output]

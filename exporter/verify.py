@@ -16,7 +16,9 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
 from ortinf.exporter.encoder import TracedEncoder, example_batch
-from ortinf.manifest import MODEL_NAME, Parity
+from ortinf.errors import ExportError
+from ortinf.manifest import MODEL_NAME, Manifest, Parity
+from ortinf.providers.registry import AUTO_ORDER, PROVIDERS, find
 from ortinf.runtime.decoder_graph import DecoderGraph
 from ortinf.runtime.model_input import SequenceChunk, build_model_input
 
@@ -44,7 +46,8 @@ def verify_decoder(model: PreTrainedModel, package: Path, tolerance: float, prog
     prompt = rng.integers(0, vocab, PROMPT_LEN).tolist()
     tokens, reference = greedy_reference(model, prompt, DECODE_STEPS)
 
-    graph = DecoderGraph(package, num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE, provider="cpu")
+    provider = verification_provider(package)
+    graph = DecoderGraph(package, num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE, provider=provider)
     num_needed = -(-len(tokens) // BLOCK_SIZE)
     block_table = rng.permutation(NUM_BLOCKS)[:num_needed].tolist()  # shuffled, non-contiguous
 
@@ -54,8 +57,21 @@ def verify_decoder(model: PreTrainedModel, package: Path, tolerance: float, prog
         chunk = SequenceChunk(tokens[start:end], start, block_table)
         logits = graph.run(build_model_input([chunk], BLOCK_SIZE))
         worst = max(worst, float(np.abs(logits[0].astype(np.float32) - reference[end - 1]).max()))
-    description = f"prefill {PROMPT_LEN} + {len(calls) - 1} decode steps, block_size {BLOCK_SIZE}, shuffled blocks"
+    description = f"prefill {PROMPT_LEN} + {len(calls) - 1} decode steps, block_size {BLOCK_SIZE}, shuffled blocks, on {provider}"
     return Parity(max_abs_diff=worst, tolerance=tolerance, description=description)
+
+
+def verification_provider(package: Path) -> str:
+    """cpu for the portable kernel; for a kernel the CPU lacks, the first installed provider that runs it."""
+    kernel = Manifest.load(package).decoder.kernel
+    if kernel in PROVIDERS["cpu"].kernels:
+        return "cpu"
+    for name in AUTO_ORDER:
+        if kernel in PROVIDERS[name].kernels and find(PROVIDERS[name]) is not None:
+            return name
+    runs = ", ".join(name for name in AUTO_ORDER if kernel in PROVIDERS[name].kernels)
+    raise ExportError(f"no installed provider runs the {kernel} kernel ({runs}), so the export cannot be verified: "
+                      "install one (for WebGPU: scripts/setup_webgpu.sh) or export with --kernel portable")
 
 
 def verify_encoder(graph: TracedEncoder, package: Path, tolerance: float, vocab_size: int) -> Parity:

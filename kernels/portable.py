@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-KERNEL_NAME = "portable"
+from ortinf.manifest import PORTABLE as KERNEL_NAME
+
 ATTENTION_NAME = "ortinf_paged"
 
 

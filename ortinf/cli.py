@@ -46,6 +46,9 @@ def cli(verbose: bool) -> None:
 @click.option("--dtype", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True, help="Weights, activations and KV-cache precision.")
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists (only once the new export has verified).")
 @click.option("--tolerance", type=float, default=None, help="Max abs logit difference vs PyTorch allowed at verification [fp32: 1e-3, fp16: 5e-2].")
+@click.option("--kernel", type=click.Choice(["portable", "paged-attention"]), default="portable", show_default=True,
+              help="Decoder attention kernel: portable (standard ONNX ops, every provider) or paged-attention "
+                   "(ORT's com.microsoft.PagedAttention, fp16, for WebGPU and CUDA).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
 @click.option(
     "--list-architectures",
@@ -55,7 +58,8 @@ def cli(verbose: bool) -> None:
     callback=_list_architectures,
     help="Print the supported architectures per task and exit.",
 )
-def export(model: str | None, out: Path | None, task: str, dtype: str, overwrite: bool, tolerance: float | None, quiet: bool) -> None:
+def export(model: str | None, out: Path | None, task: str, dtype: str, overwrite: bool, tolerance: float | None, kernel: str,
+           quiet: bool) -> None:
     """Export MODEL (a local Hugging Face folder, or a hub id already in the local HF cache) to an ONNX package.
 
     The export is verified against PyTorch before it is written; a failed export leaves nothing behind.
@@ -66,7 +70,8 @@ def export(model: str | None, out: Path | None, task: str, dtype: str, overwrite
         raise click.UsageError("missing -o/--output: pass the package folder to write")
     from ortinf.exporter.api import export as run_export
 
-    manifest = run_export(model, out, task=task, dtype=dtype, overwrite=overwrite, tolerance=tolerance, progress=not quiet)
+    manifest = run_export(model, out, task=task, dtype=dtype, overwrite=overwrite, tolerance=tolerance, progress=not quiet,
+                          kernel=kernel)
     parity = manifest.parity
     assert parity is not None
     click.echo(f"exported {manifest.architecture} ({manifest.task}, {manifest.dtype}) to {out}: max abs diff vs PyTorch {parity.max_abs_diff:.2e}")

@@ -27,8 +27,14 @@ TEXT_GENERATION = "text-generation"
 FEATURE_EXTRACTION = "feature-extraction"
 TEXT_CLASSIFICATION = "text-classification"
 TASKS = (TEXT_GENERATION, FEATURE_EXTRACTION, TEXT_CLASSIFICATION)
-# The per-layer KV pool's layout (key_cache.{i} / value_cache.{i}).
+# The attention kernels a decoder graph can be exported with (kernels/), and the per-layer KV pool
+# layout (key_cache.{i} / value_cache.{i}) each one reads.
+PORTABLE = "portable"
+CONTRIB_PAGED = "paged-attention"
+KERNELS = (PORTABLE, CONTRIB_PAGED)
 KV_LAYOUT = "kv_heads,num_blocks,block_size,head_dim"
+BLOCKS_FIRST_LAYOUT = "num_blocks,block_size,kv_heads,head_dim"
+KV_LAYOUTS = {PORTABLE: KV_LAYOUT, CONTRIB_PAGED: BLOCKS_FIRST_LAYOUT}
 # Decoder graph I/O names the runtime reads by name (never by position).
 LOGITS = "logits"
 SLOT_MAPPING = "slot_mapping"

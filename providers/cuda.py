@@ -9,4 +9,5 @@ PROVIDER = Provider(
     memory=DEVICE,
     device_type="cuda",
     dtypes=("fp32", "fp16"),
+    kernels=("portable", "paged-attention"),  # PagedAttention: fp16, bf16
 )

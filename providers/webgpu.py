@@ -18,6 +18,7 @@ PROVIDER = Provider(
     memory=DEVICE,
     device_type="webgpu",
     dtypes=("fp32", "fp16"),
+    kernels=("portable", "paged-attention"),  # PagedAttention: fp16
     plugin_module="onnxruntime_ep_webgpu",
     max_tensor_bytes=128 * 2**20,
     no_device_hint=(": it needs a Vulkan (Linux), Metal or D3D12 driver; on a machine without a GPU, install lavapipe "

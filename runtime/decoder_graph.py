@@ -16,9 +16,11 @@ from pathlib import Path
 import numpy as np
 
 from ortinf.errors import ConfigError
-from ortinf.manifest import HOST_WRITE_MODEL_NAME, KV_LAYOUT, LOGITS, MODEL_NAME, SLOT_MAPPING, TEXT_GENERATION, DecoderSpec, Manifest
+from ortinf.manifest import (
+    CONTRIB_PAGED, HOST_WRITE_MODEL_NAME, KV_LAYOUTS, LOGITS, MODEL_NAME, SLOT_MAPPING, TEXT_GENERATION, DecoderSpec, Manifest,
+)
 from ortinf.providers.base import GRAPH_WRITE, POWER_OF_TWO_BUCKETS
-from ortinf.providers.registry import Found, resolve
+from ortinf.providers.registry import PROVIDERS, Found, resolve
 from ortinf.providers.session import create_session
 from ortinf.runtime.kv_pool import KVPool
 from ortinf.runtime.model_input import ModelInput, pad_to_buckets
@@ -42,11 +44,16 @@ class DecoderGraph:
         if self.manifest.task != TEXT_GENERATION or self.manifest.decoder is None:
             raise ConfigError(f"{package_dir} holds a {self.manifest.task} model, not a text-generation decoder")
         self.spec: DecoderSpec = self.manifest.decoder
-        if self.spec.kv_layout != KV_LAYOUT or SLOT_MAPPING not in self.manifest.inputs:
-            raise ConfigError(f"{package_dir} uses another KV layout; re-export it with this ortinf")
+        if self.spec.kernel not in KV_LAYOUTS or self.spec.kv_layout != KV_LAYOUTS[self.spec.kernel]:
+            raise ConfigError(f"{package_dir} uses another kernel or KV layout; re-export it with this ortinf")
         self.found = resolve(provider) if isinstance(provider, str) else provider
         self.provider = self.found.provider
-        graph_file = MODEL_NAME if self.provider.kv_write == GRAPH_WRITE else HOST_WRITE_MODEL_NAME
+        if self.spec.kernel not in self.provider.kernels:
+            runs = ", ".join(name for name, p in PROVIDERS.items() if self.spec.kernel in p.kernels)
+            raise ConfigError(f"{package_dir} was exported with the {self.spec.kernel} kernel, which runs on {runs}, not on "
+                              f"{self.provider.name}: choose one of those or re-export with --kernel portable")
+        self.contrib = self.spec.kernel == CONTRIB_PAGED
+        graph_file = MODEL_NAME if self.provider.kv_write == GRAPH_WRITE or self.contrib else HOST_WRITE_MODEL_NAME
         self.session, self.placement = create_session(
             Path(package_dir) / graph_file, self.found, intra_op_threads, provider_options, allow_cpu_fallback)
         self.block_size = block_size
@@ -66,9 +73,13 @@ class DecoderGraph:
         if self.buckets is not None:
             model_input = pad_to_buckets(model_input, self.buckets, self.pool.scratch_slot, self.block_size)
         feeds = model_input.feeds()
+        if self.contrib:  # the op writes the new tokens through the block table, and derives their slots
+            feeds["block_tables"] = model_input.full_block_tables
+            del feeds[SLOT_MAPPING]
+        elif not self.pool.graph_write:
+            del feeds[SLOT_MAPPING]
         for name, array in feeds.items():
-            if name != SLOT_MAPPING or self.pool.graph_write:
-                self._bind_input(name, array)
+            self._bind_input(name, array)
         self.binding.bind_output(LOGITS, "cpu")  # unallocated again: its row count changes per step
         if not self.pool.graph_write:
             for name in self.pool.output_names:

@@ -1,7 +1,8 @@
 """The paged KV pool: its size, its memory, its binding to the graph, and how K/V get written.
 
-One K and one V tensor per layer, [kv_heads, num_blocks + 1, block_size, head_dim], allocated once
-where the provider computes:
+One K and one V tensor per layer, [kv_heads, num_blocks + 1, block_size, head_dim] (the contrib
+paged kernel's: [num_blocks + 1, block_size, kv_heads, head_dim]), allocated once where the provider
+computes:
 
 - HOST providers (CPU, OpenVINO): a numpy array (pages touched at start-up) wrapped as an OrtValue
   without a copy;
@@ -31,7 +32,7 @@ import numpy as np
 import onnxruntime as ort
 
 from ortinf.errors import ConfigError
-from ortinf.manifest import DecoderSpec, cache_names, new_kv_names
+from ortinf.manifest import BLOCKS_FIRST_LAYOUT, DecoderSpec, cache_names, new_kv_names
 from ortinf.providers.base import GRAPH_WRITE, HOST, Provider
 from ortinf.runtime.config import EngineConfig, available_memory
 
@@ -88,10 +89,14 @@ class KVPool:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.scratch_slot = num_blocks * block_size  # first slot of the scratch block
-        self.shape = (spec.num_kv_heads, num_blocks + 1, block_size, spec.head_dim)
+        self.blocks_first = spec.kv_layout == BLOCKS_FIRST_LAYOUT  # the contrib kernel's layout
+        if self.blocks_first:
+            self.shape = (num_blocks + 1, block_size, spec.num_kv_heads, spec.head_dim)
+        else:
+            self.shape = (spec.num_kv_heads, num_blocks + 1, block_size, spec.head_dim)
         dtype = NUMPY_DTYPES[spec.kv_dtype]
         self.input_names, self.output_names = cache_names(spec.num_layers)
-        self.graph_write = provider.kv_write == GRAPH_WRITE
+        self.graph_write = provider.kv_write == GRAPH_WRITE or self.blocks_first  # the contrib op always writes
         if not self.graph_write:
             assert provider.memory == HOST, "the numpy write needs a host pool"
             self.output_names = new_kv_names(spec.num_layers)
@@ -126,4 +131,5 @@ class KVPool:
 
     def read(self, index: int) -> np.ndarray:
         """A host copy of tensor `index` (K of layer i is 2i, V is 2i + 1), without the scratch block."""
-        return self.values[index].numpy()[:, : self.num_blocks]
+        array = self.values[index].numpy()
+        return array[: self.num_blocks] if self.blocks_first else array[:, : self.num_blocks]

@@ -34,6 +34,7 @@ class ModelInput:
     query_lens: np.ndarray  # [num_seqs]
     logits_indices: np.ndarray  # [num_seqs], the last scheduled token of each sequence
     slot_mapping: np.ndarray  # [num_tokens], pool slot of each scheduled token
+    full_block_tables: np.ndarray | None = None  # [num_seqs, blocks] covering the new tokens too (the contrib kernel's)
 
     @property
     def num_seqs(self) -> int:
@@ -81,6 +82,7 @@ def build_model_input(chunks: Sequence[SequenceChunk], block_size: int, all_logi
         query_lens=query_lens,
         logits_indices=_logits_indices(starts, query_lens, all_logits),
         slot_mapping=slot_mapping,
+        full_block_tables=tables,
     )
 
 
@@ -94,9 +96,10 @@ def _logits_indices(starts: np.ndarray, query_lens: np.ndarray, all_logits: Sequ
 
 def pad_to_buckets(model_input: ModelInput, buckets: Buckets, scratch_slot: int, block_size: int) -> ModelInput:
     """The step padded so that num_tokens, num_seqs, the block-table width and the logits rows are
-    bucket sizes. Padding tokens belong to padding sequences (context 0, block table of block 0, at
-    most the step's longest query each, so the padded query length is unchanged) and write their
-    K/V into the scratch block; padding logits rows repeat row 0. The caller keeps the real rows."""
+    bucket sizes. Padding tokens belong to padding sequences (context 0, a block table of the
+    scratch block, at most the step's longest query each, so the padded query length is unchanged)
+    and write their K/V into the scratch block; padding logits rows repeat row 0. The caller keeps
+    the real rows."""
     num_tokens, num_seqs = len(model_input.input_ids), model_input.num_seqs
     longest = int(model_input.query_lens.max())
     tokens, seqs = bucket(num_tokens, buckets.tokens), bucket(num_seqs, buckets.seqs)
@@ -112,9 +115,9 @@ def pad_to_buckets(model_input: ModelInput, buckets: Buckets, scratch_slot: int,
             break
     lens = np.full(pad_seqs, pad_tokens // pad_seqs if pad_seqs else 0, dtype=np.int64)
     lens[: pad_tokens - int(lens.sum())] += 1  # spread the remainder: each pad sequence holds 1..longest
-    width = bucket(model_input.block_tables.shape[1], buckets.blocks)
-    tables = np.zeros((seqs, width), dtype=np.int64)
-    tables[:num_seqs, : model_input.block_tables.shape[1]] = model_input.block_tables
+    tables = _pad_table(model_input.block_tables, seqs, buckets, scratch_slot // block_size)
+    full = model_input.full_block_tables
+    full_tables = None if full is None else _pad_table(full, seqs, buckets, scratch_slot // block_size)
     offsets = np.concatenate([np.arange(n) for n in lens]).astype(np.int64) if pad_seqs else np.zeros(0, np.int64)
     rows = len(model_input.logits_indices)
     logits_indices = np.zeros(bucket(rows, buckets.seqs), dtype=np.int64)
@@ -127,4 +130,13 @@ def pad_to_buckets(model_input: ModelInput, buckets: Buckets, scratch_slot: int,
         query_lens=np.concatenate([model_input.query_lens, lens]),
         logits_indices=logits_indices,
         slot_mapping=np.concatenate([model_input.slot_mapping, scratch_slot + offsets % block_size]),
+        full_block_tables=full_tables,
     )
+
+
+def _pad_table(table: np.ndarray, seqs: int, buckets: Buckets, scratch_block: int) -> np.ndarray:
+    """`table` widened to a bucket (block 0 in unused columns) with padding rows of the scratch block."""
+    padded = np.zeros((seqs, bucket(table.shape[1], buckets.blocks)), dtype=np.int64)
+    padded[: table.shape[0], : table.shape[1]] = table
+    padded[table.shape[0] :] = scratch_block
+    return padded

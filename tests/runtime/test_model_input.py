@@ -54,5 +54,6 @@ def test_padding_to_buckets_keeps_the_real_step(shape: list[int]) -> None:
     assert padded.slot_mapping[:num_tokens].tolist() == real.slot_mapping.tolist()
     assert all(scratch <= s < scratch + BLOCK for s in padded.slot_mapping[num_tokens:])
     assert (padded.block_tables[:num_seqs, : real.block_tables.shape[1]] == real.block_tables).all()
-    assert (padded.context_lens[num_seqs:] == 0).all()
+    assert (padded.context_lens[num_seqs:] == 0).all() and (padded.block_tables[num_seqs:] == 1000).all()
+    assert (padded.full_block_tables[:num_seqs, : real.full_block_tables.shape[1]] == real.full_block_tables).all()
     assert padded.logits_indices[: num_seqs].tolist() == real.logits_indices.tolist()
