@@ -17,7 +17,7 @@ from transformers import PreTrainedModel
 
 from ortinf.exporter.encoder import TracedEncoder, example_batch
 from ortinf.errors import ExportError
-from ortinf.manifest import MODEL_NAME, Manifest, Parity
+from ortinf.manifest import MODEL_NAME, Manifest, Parity, min_block_size
 from ortinf.providers.registry import AUTO_ORDER, PROVIDERS, find
 from ortinf.runtime.decoder_graph import DecoderGraph
 from ortinf.runtime.model_input import SequenceChunk, build_model_input
@@ -47,17 +47,21 @@ def verify_decoder(model: PreTrainedModel, package: Path, tolerance: float, prog
     tokens, reference = greedy_reference(model, prompt, DECODE_STEPS)
 
     provider = verification_provider(package)
-    graph = DecoderGraph(package, num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE, provider=provider)
-    num_needed = -(-len(tokens) // BLOCK_SIZE)
+    block_size = max(BLOCK_SIZE, min_block_size(Manifest.load(package).decoder.kernel))
+    graph = DecoderGraph(package, num_blocks=NUM_BLOCKS, block_size=block_size, provider=provider)
+    num_needed = -(-len(tokens) // block_size)
     block_table = rng.permutation(NUM_BLOCKS)[:num_needed].tolist()  # shuffled, non-contiguous
 
-    calls = [(0, PROMPT_LEN)] + [(p, p + 1) for p in range(PROMPT_LEN, len(tokens))]
+    chunk_len = graph.max_query_len or PROMPT_LEN  # a provider limit on new tokens per call chunks the prefill
+    calls = [(s, min(s + chunk_len, PROMPT_LEN)) for s in range(0, PROMPT_LEN, chunk_len)]
+    calls += [(p, p + 1) for p in range(PROMPT_LEN, len(tokens))]
     worst = 0.0
     for start, end in tqdm(calls, desc="verifying", disable=not progress, leave=False, position=1):
         chunk = SequenceChunk(tokens[start:end], start, block_table)
-        logits = graph.run(build_model_input([chunk], BLOCK_SIZE))
+        logits = graph.run(build_model_input([chunk], block_size))
         worst = max(worst, float(np.abs(logits[0].astype(np.float32) - reference[end - 1]).max()))
-    description = f"prefill {PROMPT_LEN} + {len(calls) - 1} decode steps, block_size {BLOCK_SIZE}, shuffled blocks, on {provider}"
+    description = (f"prefill {PROMPT_LEN} (in chunks of {chunk_len}) + {len(tokens) - PROMPT_LEN} decode steps, "
+                   f"block_size {block_size}, shuffled blocks, on {provider}")
     return Parity(max_abs_diff=worst, tolerance=tolerance, description=description)
 
 

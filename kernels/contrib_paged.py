@@ -8,7 +8,8 @@ runtime never does.
 
 Differences from the portable kernel that the runtime honours (the manifest records the kernel):
 
-- pool layout `[num_blocks, block_size, kv_heads, head_dim]` (the op's);
+- pool layout `[num_blocks, block_size, kv_heads, head_dim]` (the op's), and a block size that is a
+  power of two, at least 16 (WebGPU refuses others);
 - the block table covers the step's new tokens too (the op writes them through it), so padding
   sequences point at the scratch block;
 - RoPE stays in the model (`do_rotary=0`): q and k arrive rotated, as transformers computes them;
@@ -62,8 +63,11 @@ class PagedAttentionOp(torch.autograd.Function):
 
     @staticmethod
     def symbolic(g, query, key, value, key_cache, value_cache, cumulative, past, table, num_heads, kv_num_heads, scale):  # noqa: ANN001
-        return g.op("com.microsoft::PagedAttention", query, key, value, key_cache, value_cache, cumulative, past, table,
-                    num_heads_i=num_heads, kv_num_heads_i=kv_num_heads, scale_f=scale, outputs=3)
+        out, key_out, value_out = g.op("com.microsoft::PagedAttention", query, key, value, key_cache, value_cache, cumulative,
+                                       past, table, num_heads_i=num_heads, kv_num_heads_i=kv_num_heads, scale_f=scale, outputs=3)
+        for output, like in ((out, query), (key_out, key_cache), (value_out, value_cache)):
+            output.setType(like.type())  # the tracer cannot infer a contrib op's shapes
+        return out, key_out, value_out
 
 
 def paged_attention(

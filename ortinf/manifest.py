@@ -35,6 +35,16 @@ KERNELS = (PORTABLE, CONTRIB_PAGED)
 KV_LAYOUT = "kv_heads,num_blocks,block_size,head_dim"
 BLOCKS_FIRST_LAYOUT = "num_blocks,block_size,kv_heads,head_dim"
 KV_LAYOUTS = {PORTABLE: KV_LAYOUT, CONTRIB_PAGED: BLOCKS_FIRST_LAYOUT}
+
+
+def min_block_size(kernel: str) -> int:
+    """The smallest block size a kernel runs with (PagedAttention: a power of two >= 16)."""
+    return 16 if kernel == CONTRIB_PAGED else 1
+
+
+def check_block_size(kernel: str, block_size: int) -> None:
+    if kernel == CONTRIB_PAGED and (block_size < 16 or block_size & (block_size - 1)):
+        raise ConfigError(f"the {kernel} kernel needs a block size that is a power of two, at least 16 (got {block_size})")
 # Decoder graph I/O names the runtime reads by name (never by position).
 LOGITS = "logits"
 SLOT_MAPPING = "slot_mapping"

@@ -56,4 +56,5 @@ class Provider:
     plugin_module: str | None = None  # a Python package carrying a plugin EP library (get_library_path)
     buckets: Buckets | None = None
     max_tensor_bytes: int | None = None  # the largest single tensor it computes on correctly
+    max_query_len: dict[str, int] = field(default_factory=dict)  # kernel -> most new tokens per sequence per call it computes right
     no_device_hint: str = ""  # appended to "installed but finds no device"

@@ -7,6 +7,11 @@ maxStorageBufferBindingSize) silently computes wrong results, so one layer's K o
 at 128 MiB. Shaders compile per program, not per input shape: the first call pays nearly all of it
 (the server's warm-up request does), later new shapes little, and padding to buckets saved no
 compile time while costing 1.2x per step; so no buckets by default (--shape-buckets turns them on).
+
+PagedAttention (the contrib paged kernel, fp16) computes wrong attention for a sequence with 32 or
+more new tokens in one call (onnxruntime-ep-webgpu 0.4.0 on lavapipe: max error 0.23-0.30 against a
+numpy reference at head_dim 16 and 64, and 1e-3 up to 31 tokens; tests/providers/test_webgpu.py
+keeps the check), so prefills run in chunks of at most 31 tokens per sequence with that kernel.
 """
 
 from ortinf.providers.base import DEVICE, Provider
@@ -19,6 +24,7 @@ PROVIDER = Provider(
     device_type="webgpu",
     dtypes=("fp32", "fp16"),
     kernels=("portable", "paged-attention"),  # PagedAttention: fp16
+    max_query_len={"paged-attention": 31},
     plugin_module="onnxruntime_ep_webgpu",
     max_tensor_bytes=128 * 2**20,
     no_device_hint=(": it needs a Vulkan (Linux), Metal or D3D12 driver; on a machine without a GPU, install lavapipe "

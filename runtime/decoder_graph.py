@@ -18,6 +18,7 @@ import numpy as np
 from ortinf.errors import ConfigError
 from ortinf.manifest import (
     CONTRIB_PAGED, HOST_WRITE_MODEL_NAME, KV_LAYOUTS, LOGITS, MODEL_NAME, SLOT_MAPPING, TEXT_GENERATION, DecoderSpec, Manifest,
+    check_block_size,
 )
 from ortinf.providers.base import GRAPH_WRITE, POWER_OF_TWO_BUCKETS
 from ortinf.providers.registry import PROVIDERS, Found, resolve
@@ -53,6 +54,8 @@ class DecoderGraph:
             raise ConfigError(f"{package_dir} was exported with the {self.spec.kernel} kernel, which runs on {runs}, not on "
                               f"{self.provider.name}: choose one of those or re-export with --kernel portable")
         self.contrib = self.spec.kernel == CONTRIB_PAGED
+        check_block_size(self.spec.kernel, block_size)
+        self.max_query_len = self.provider.max_query_len.get(self.spec.kernel)  # the scheduler chunks prefills to it
         graph_file = MODEL_NAME if self.provider.kv_write == GRAPH_WRITE or self.contrib else HOST_WRITE_MODEL_NAME
         self.session, self.placement = create_session(
             Path(package_dir) / graph_file, self.found, intra_op_threads, provider_options, allow_cpu_fallback)
@@ -70,6 +73,9 @@ class DecoderGraph:
     def run(self, model_input: ModelInput) -> np.ndarray:
         """Runs one step; returns logits [rows, vocab]. The graph writes the new K/V into the pool."""
         rows = len(model_input.logits_indices)
+        if self.max_query_len and int(model_input.query_lens.max()) > self.max_query_len:
+            raise ConfigError(f"{self.provider.name} runs the {self.spec.kernel} kernel on at most {self.max_query_len} new tokens "
+                              "per sequence per call: chunk the prefill")
         if self.buckets is not None:
             model_input = pad_to_buckets(model_input, self.buckets, self.pool.scratch_slot, self.block_size)
         feeds = model_input.feeds()

@@ -55,7 +55,8 @@ class LLMEngine:
         self.graph = DecoderGraph(config.package_dir, num_blocks, config.block_size, found, config.intra_op_threads,
                                   config.provider_options, config.allow_cpu_fallback, config.shape_buckets)
         self.kv_cache = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
-        scheduler_config = SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len)
+        scheduler_config = SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len,
+                                           self.graph.max_query_len or 0)
         self.scheduler = Scheduler(scheduler_config, self.kv_cache)
         self.runner = ModelRunner(self.graph, seed=config.seed)
         self.num_failed_steps_in_a_row = 0

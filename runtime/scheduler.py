@@ -26,6 +26,7 @@ class SchedulerConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     max_model_len: int = 2048
+    long_prefill_token_threshold: int = 0  # most new tokens of one request per step (0: no cap), vLLM's name
 
 
 @dataclass(slots=True)
@@ -69,6 +70,10 @@ class Scheduler:
         self.requests[request.request_id] = request
         self.waiting.append(request)
 
+    def _cap(self, num_new: int) -> int:
+        threshold = self.config.long_prefill_token_threshold
+        return min(num_new, threshold) if threshold else num_new
+
     def schedule(self) -> SchedulerOutput:
         """Picks this step's requests and token counts and allocates their blocks."""
         budget = self.config.max_num_batched_tokens
@@ -78,7 +83,7 @@ class Scheduler:
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            num_new = self._cap(min(request.num_tokens - request.num_computed_tokens, budget))
             if self.kv_cache.allocate_slots(request, num_new) is not None:
                 chosen.append((request, num_new))
                 budget -= num_new
@@ -91,7 +96,7 @@ class Scheduler:
         while not preempted and self.waiting and len(self.running) < self.config.max_num_seqs and budget > 0:
             request = self.waiting[0]
             hits, num_hit_tokens = self.kv_cache.get_computed_blocks(request)
-            num_new = min(request.num_tokens - num_hit_tokens, budget)
+            num_new = self._cap(min(request.num_tokens - num_hit_tokens, budget))
             if self.kv_cache.allocate_slots(request, num_new, hits) is None:
                 break
             self.waiting.popleft()
