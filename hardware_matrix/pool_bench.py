@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -77,7 +76,6 @@ def worker(package: str, provider: str, fed: bool) -> dict:
             call()
             times.append((time.perf_counter() - start) * 1e3)
         result["decode_ms"][num_blocks] = statistics.median(times)
-        del graph
     if fed:
         return result
     prompts = [[int(t) for t in np.random.default_rng(i).integers(3, 8000, 64 + 4 * i)] for i in range(16)]
@@ -131,6 +129,7 @@ def main() -> None:
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from export_llama import build
+    from machine import describe
 
     import onnxruntime
 
@@ -159,11 +158,10 @@ def main() -> None:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(work / "base-tree")], capture_output=True)
         shutil.rmtree(work, ignore_errors=True)
 
-    flags = sorted({f for f in Path("/proc/cpuinfo").read_text().split() if f.startswith(("avx", "amx"))}) if Path("/proc/cpuinfo").exists() else []
     lines = [
         f"## KV pool placement per provider ({time.strftime('%Y-%m-%d')})",
         "",
-        f"Machine: {platform.machine()}, {os.cpu_count()} cores, CPU flags {' '.join(flags) or '-'}; onnxruntime "
+        f"Machine: {describe()}; onnxruntime "
         f"{onnxruntime.__version__}; 33.6M llama fp32, 2 threads. Decode step: {BATCH} sequences at context {CONTEXT}, "
         f"median ms, pool of {POOLS[0]} vs {POOLS[1]} blocks of {BLOCK_SIZE}. Offline: 16 prompts of 64+4i tokens, "
         "32 greedy tokens each, output tok/s after a warm-up run.",

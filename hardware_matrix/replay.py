@@ -47,7 +47,8 @@ def main() -> None:
     np.savez(out_path, **results)
     print(json.dumps({
         "providers": graph.session.get_providers(),
-        "all_nodes_on_provider": all_nodes_on(package, graph.provider.ort_name, graph.provider.options) if graph.provider.plugin_module is None else None,
+        "all_nodes_on_provider": (all_nodes_on(package, graph.provider.ort_name, graph.provider.options)
+                                  if graph.provider.plugin_module is None else None),
         "torch_loaded": "torch" in sys.modules,
     }))
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -79,6 +78,7 @@ def main() -> None:
         return
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from export_llama import build
+    from machine import describe
 
     import onnxruntime
 
@@ -101,11 +101,10 @@ def main() -> None:
                     raise RuntimeError(out.stderr[-3000:])
                 rows.append((provider, buckets, json.loads(out.stdout.strip().splitlines()[-1])))
                 print(rows[-1], flush=True)
-    flags = sorted({f for f in Path("/proc/cpuinfo").read_text().split() if f.startswith(("avx", "amx"))})
     lines = [
         f"## Shape compilation and bucket padding ({time.strftime('%Y-%m-%d')})",
         "",
-        f"Machine: {platform.machine()}, {os.cpu_count()} cores, CPU flags {' '.join(flags)}; onnxruntime {onnxruntime.__version__}; "
+        f"Machine: {describe()}; onnxruntime {onnxruntime.__version__}; "
         "33.6M llama fp32, 2 threads; 22 calls (8 decodes of 1-13 sequences, 14 prefills of 5-120 tokens), run twice in a "
         "fresh process; WebGPU on lavapipe with Mesa's shader cache disabled.",
         "",

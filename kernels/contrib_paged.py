@@ -23,8 +23,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ortinf.manifest import CONTRIB_PAGED as KERNEL_NAME
-
 ATTENTION_NAME = "ortinf_contrib_paged"
 DTYPES = ("fp16",)  # the op's T: float16 or bfloat16 (the exporter writes no bf16 yet)
 

@@ -31,8 +31,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ortinf.manifest import PORTABLE as KERNEL_NAME
-
 ATTENTION_NAME = "ortinf_paged"
 
 

@@ -210,6 +210,13 @@ def serve(packages: tuple[Path, ...], host: str, port: int, provider: str, provi
             from ortinf.runtime.tokenizer import load_checked_tokenizer
 
             load_checked_tokenizer(package, spec.vocab_size)
+    from ortinf.providers.base import DEVICE
+    from ortinf.providers.registry import resolve
+
+    found = resolve(provider)  # a missing provider fails now, in one line
+    if found.provider.memory == DEVICE and kv_cache_memory is None and any(Manifest.load(p).decoder for p in packages):
+        raise click.UsageError(f"the {found.provider.name} provider keeps the KV cache in device memory, whose free size ORT "
+                               "does not report: pass --kv-cache-memory (e.g. 2GiB)")
     if served_model_names and len(served_model_names) != len(packages):
         raise click.UsageError(f"pass one --served-model-name per package ({len(packages)}), or none")
     config = ServerConfig(

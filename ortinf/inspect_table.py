@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ortinf.manifest import MODEL_NAME, Manifest
+from ortinf.manifest import Manifest
+from ortinf.providers.registry import PROVIDERS
 
 
 def _size(folder: Path) -> str:
-    total = sum(p.stat().st_size for p in folder.iterdir() if p.is_file() and p.name.startswith(MODEL_NAME))
+    total = sum(p.stat().st_size for p in folder.iterdir() if p.is_file() and p.name.startswith("model.") and ".onnx" in p.name)
     return f"{total / 2**20:.1f} MiB"
 
 
@@ -29,8 +30,8 @@ def manifest_rows(manifest: Manifest, folder: Path) -> list[tuple[str, str]]:
             ("vocab size", str(d.vocab_size)),
             ("max model len", str(d.max_model_len)),
             ("sliding window", str(d.sliding_window or "none")),
-            ("attention kernel", d.kernel),
-            ("kv cache dtype", d.kv_dtype),
+            ("attention kernel", f"{d.kernel} (runs on {', '.join(n for n, p in PROVIDERS.items() if d.kernel in p.kernels)})"),
+            ("kv cache", f"{d.kv_dtype}, layout [{d.kv_layout}] per layer"),
         ]
     if manifest.encoder is not None:
         e = manifest.encoder

@@ -37,7 +37,8 @@ class Found:
     @property
     def software(self) -> bool:
         """Only a CPU device stands behind a GPU-style provider (e.g. WebGPU on lavapipe)."""
-        return self.provider.memory == "device" and bool(self.devices) and all(d.device.type == ort.OrtHardwareDeviceType.CPU for d in self.devices)
+        cpu_only = all(d.device.type == ort.OrtHardwareDeviceType.CPU for d in self.devices)
+        return self.provider.memory == "device" and bool(self.devices) and cpu_only
 
 
 def register_plugin(provider: Provider) -> bool:
@@ -52,6 +53,9 @@ def register_plugin(provider: Provider) -> bool:
     except ImportError:
         return False
     library = module.get_library_path()
+    # ORT's default logger would print the plugin's start-up warnings (e.g. about a software adapter)
+    # on stderr of every command; ortinf reports what matters itself (errors stay on).
+    ort.set_default_logger_severity(3)
     try:
         ort.register_execution_provider_library(provider.name, library)
     except Exception as exc:  # noqa: BLE001 - ORT raises a bare Fail for an incompatible library

@@ -58,7 +58,7 @@ def resolve_num_blocks(config: EngineConfig, spec: DecoderSpec, max_model_len: i
         if memory is None:
             if provider.memory != HOST:
                 raise ConfigError(f"the {provider.name} provider does not report its free memory: size the KV cache "
-                                  "with --kv-cache-memory (e.g. --kv-cache-memory 2GiB) or --num-blocks")
+                                  "with --kv-cache-memory (e.g. --kv-cache-memory 2GiB; in Python kv_cache_memory= or num_blocks=)")
             memory = int(available_memory() * DEFAULT_KV_FRACTION)
         num_blocks = memory // per_block
         needed = config.max_num_seqs * -(-max_model_len // config.block_size) + 1

@@ -13,8 +13,10 @@ SERVING_MODULES = [
     "ortinf.runtime.decoder_graph",
     "ortinf.runtime.encoder_graph",
     "ortinf.runtime.model_input",
+    "ortinf.runtime.kv_pool",
     "ortinf.providers.registry",
     "ortinf.providers.session",
+    "ortinf.providers.table",
 ]
 
 

@@ -96,3 +96,12 @@ def test_cli_reports_a_missing_provider_in_one_line(decoder_package):
     out = subprocess.run([ORTINF, "generate", str(package), "--prompt-ids", "1,2", "--provider", "cuda"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and out.stderr.strip() == "error: provider 'cuda' is not installed: pip install onnxruntime-gpu"
+
+
+def test_serve_refuses_before_starting(webgpu, decoder_package):
+    """A missing provider, or a device pool without a size, fails in one line before the server starts."""
+    _, package = decoder_package("llama")
+    missing = subprocess.run([ORTINF, "serve", str(package), "--provider", "dml"], capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and missing.stderr.strip() == "error: provider 'dml' is not installed: pip install onnxruntime-directml"
+    unsized = subprocess.run([ORTINF, "serve", str(package), "--provider", "webgpu"], capture_output=True, text=True, timeout=120)
+    assert unsized.returncode == 2 and "keeps the KV cache in device memory" in unsized.stderr and "--kv-cache-memory" in unsized.stderr

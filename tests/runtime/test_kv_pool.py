@@ -62,7 +62,8 @@ def test_host_write_and_graph_write_agree(decoder_package):
     """The package's two graphs (in-graph ScatterND, numpy write) give the same logits and the same pool."""
     _, package = decoder_package("llama")
     found = resolve("cpu")
-    host = DecoderGraph(package, num_blocks=8, block_size=4, provider=Found(dataclasses.replace(found.provider, kv_write=HOST_WRITE), found.devices))
+    host_found = Found(dataclasses.replace(found.provider, kv_write=HOST_WRITE), found.devices)
+    host = DecoderGraph(package, num_blocks=8, block_size=4, provider=host_found)
     graph = DecoderGraph(package, num_blocks=8, block_size=4, provider=found)
     assert not host.pool.graph_write and graph.pool.graph_write
     steps = [[SequenceChunk([5, 6, 7, 8, 9], 0, [6, 2])], [SequenceChunk([10], 5, [6, 2]), SequenceChunk([3, 4], 0, [1])]]
