@@ -14,7 +14,6 @@ import argparse
 import importlib.util
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -32,6 +31,7 @@ os.environ.setdefault("ORT_WEBGPU_EP_ALLOW_SOFTWARE_ADAPTER", "1")  # lavapipe w
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "tests"))
+from machine import describe  # noqa: E402
 from tiny_models import DECODERS, build_decoder  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("replay", HERE / "replay.py")
@@ -72,7 +72,8 @@ def main() -> None:
         "# Hardware matrix: exported graph vs transformers (fp32 reference), max abs logit difference",
         "",
         f"Tiny random-weight models from tests/tiny_models.py; replay: prefill, a chunk beside a fresh prefill, "
-        f"4 decodes, shuffled blocks. Machine: {platform.machine()}, onnxruntime {onnxruntime.__version__}.",
+        f"4 decodes, shuffled blocks. Machine: {describe()}, onnxruntime {onnxruntime.__version__} "
+        "(WebGPU: onnxruntime-ep-webgpu on Mesa lavapipe).",
         "",
         "| architecture | dtype | " + " | ".join(name for name, _ in envs) + " |",
         "|---|---|" + "---:|" * len(envs),
@@ -88,8 +89,11 @@ def main() -> None:
                 print(lines[-1], flush=True)
     text = "\n".join(lines) + "\n"
     print(text)
-    if args.record:
-        (HERE / "RESULTS.md").write_text(text, encoding="utf-8")
+    if args.record:  # replaces the parity table at the top, keeps the sections other scripts append
+        results = HERE / "RESULTS.md"
+        old = results.read_text(encoding="utf-8") if results.exists() else ""
+        rest = old[old.index("\n## ") :] if "\n## " in old else ""
+        results.write_text(text + rest, encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -4,11 +4,13 @@ usage: .venv/bin/python hardware_matrix/pool_bench.py [--record] [--base-rev REV
 
 The model is the engine benchmark's 33.6M llama (random weights, fp32, 2 intra-op threads). Rows:
 
-- cpu, host pool + numpy write: ortinf at --base-rev (the design before the bound pool: the pool fed
+- "fed per call, numpy write": ortinf at --base-rev (the design before the bound pool: the pool fed
   to every call, the graph returning new K/V, numpy writing them), run from a checkout of that rev;
-- cpu / openvino / webgpu, bound pool: this ortinf (the pool bound once, written in place by the graph);
-- webgpu, host-fed pool: this graph with the pool fed from host memory on every call, which is what
-  a device provider paid before (ORT uploads every layer's pool per call).
+- "bound, graph write" / "bound, numpy write": this ortinf, the pool bound once, the step's K/V
+  written by the graph's ScatterND (model.onnx) or by numpy (model.host-write.onnx); "(chosen)"
+  marks the provider module's choice;
+- "fed per call, graph write": this graph with the pool fed from host memory on every call, which is
+  what a device provider paid before (ORT uploads every layer's pool per call).
 
 Decode step: 16 sequences at context 128 decode one token, median ms; the pool holds 256 blocks or
 8x that (2048). Offline: 16 prompts of 64+4i tokens, 32 greedy tokens each, output tokens/s (after
@@ -47,8 +49,11 @@ def decode_input(vocab: int):
     return build_model_input(chunks, BLOCK_SIZE)
 
 
-def worker(package: str, provider: str, fed: bool) -> dict:
-    """Runs in the measured environment (this checkout, the base checkout or .venv-openvino)."""
+def worker(package: str, provider: str, mode: str) -> dict:
+    """Runs in the measured environment (this checkout, the base checkout or .venv-openvino).
+
+    mode: "default" (the provider's own choice; the only one the base revision knows), "graph" or
+    "host" (that KV write forced), "fed" (the graph-write graph with the pool fed per call)."""
     import numpy as np
 
     from ortinf.runtime.config import EngineConfig
@@ -56,6 +61,14 @@ def worker(package: str, provider: str, fed: bool) -> dict:
     from ortinf.runtime.engine import LLMEngine
     from ortinf.runtime.sampling_params import SamplingParams
 
+    fed, name = mode == "fed", provider
+    if mode in ("graph", "host", "fed"):
+        import dataclasses
+
+        from ortinf.providers.registry import Found, resolve
+
+        found = resolve(provider)
+        provider = Found(dataclasses.replace(found.provider, kv_write="host" if mode == "host" else "graph"), found.devices)
     result: dict = {"decode_ms": {}}
     for num_blocks in POOLS:
         graph = DecoderGraph(package, num_blocks, BLOCK_SIZE, provider, intra_op_threads=2)
@@ -80,8 +93,11 @@ def worker(package: str, provider: str, fed: bool) -> dict:
         return result
     prompts = [[int(t) for t in np.random.default_rng(i).integers(3, 8000, 64 + 4 * i)] for i in range(16)]
     params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
-    engine = LLMEngine(EngineConfig(package_dir=Path(package), provider=provider, num_blocks=POOLS[0], block_size=BLOCK_SIZE,
+    engine = LLMEngine(EngineConfig(package_dir=Path(package), provider=name, num_blocks=POOLS[0], block_size=BLOCK_SIZE,
                                     max_num_seqs=16, intra_op_threads=2, enable_prefix_caching=False))
+    if not isinstance(provider, str):  # the engine resolves names itself; a forced write path goes in directly
+        engine.graph = graph = DecoderGraph(package, POOLS[0], BLOCK_SIZE, provider, intra_op_threads=2)
+        engine.runner.graph = graph
     for run in ("warm-up", "measured"):
         for prompt in prompts:
             engine.add_request(prompt, params)
@@ -105,11 +121,11 @@ def base_checkout(rev: str, work: Path) -> Path:
     return shim
 
 
-def run_row(python: Path, package: Path, provider: str, fed: bool = False, pythonpath: Path | None = None) -> dict:
+def run_row(python: Path, package: Path, provider: str, mode: str = "default", pythonpath: Path | None = None) -> dict:
     env = dict(os.environ, ORT_WEBGPU_EP_ALLOW_SOFTWARE_ADAPTER="1")
     if pythonpath is not None:
         env["PYTHONPATH"] = str(pythonpath)
-    out = subprocess.run([str(python), __file__, "--worker", str(package), provider, "1" if fed else "0"],
+    out = subprocess.run([str(python), __file__, "--worker", str(package), provider, mode],
                          capture_output=True, text=True, env=env, timeout=3600)
     if out.returncode != 0:
         raise RuntimeError(f"{provider} row failed:\n{out.stderr[-3000:]}")
@@ -123,8 +139,8 @@ def main() -> None:
     parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        package, provider, fed = args.worker
-        print(json.dumps(worker(package, provider, fed == "1")))
+        package, provider, mode = args.worker
+        print(json.dumps(worker(package, provider, mode)))
         return
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -144,16 +160,18 @@ def main() -> None:
         shim = base_checkout(args.base_rev, work)
         subprocess.run([str(here), "-c", f"import ortinf; ortinf.export({str(work / 'hf')!r}, {str(work / 'pkg-base')!r}, progress=False)"],
                        check=True, env=dict(os.environ, PYTHONPATH=str(shim)), capture_output=True, cwd=work)  # not this checkout's ortinf/
+        base = f"fed per call, numpy write ({args.base_rev})"
         rows = [
-            ("cpu", f"host pool + numpy write ({args.base_rev})", run_row(here, work / "pkg-base", "cpu", pythonpath=shim)),
-            ("cpu", "bound pool", run_row(here, work / "pkg", "cpu")),
+            ("cpu", base, run_row(here, work / "pkg-base", "cpu", pythonpath=shim)),
+            ("cpu", "bound, graph write (chosen)", run_row(here, work / "pkg", "cpu", "graph")),
+            ("cpu", "bound, numpy write", run_row(here, work / "pkg", "cpu", "host")),
         ]
         if ov_python.exists():
-            rows.append(("openvino (CPU)", f"host pool + numpy write ({args.base_rev})",
-                         run_row(ov_python, work / "pkg-base", "openvino", pythonpath=shim)))
-            rows.append(("openvino (CPU)", "bound pool", run_row(ov_python, work / "pkg", "openvino")))
-        rows.append(("webgpu (lavapipe)", "bound pool", run_row(here, work / "pkg", "webgpu")))
-        rows.append(("webgpu (lavapipe)", "host-fed pool", run_row(here, work / "pkg", "webgpu", fed=True)))
+            rows.append(("openvino (CPU)", base, run_row(ov_python, work / "pkg-base", "openvino", pythonpath=shim)))
+            rows.append(("openvino (CPU)", "bound, numpy write (chosen)", run_row(ov_python, work / "pkg", "openvino", "host")))
+            rows.append(("openvino (CPU)", "bound, graph write", run_row(ov_python, work / "pkg", "openvino", "graph")))
+        rows.append(("webgpu (lavapipe)", "bound, graph write (chosen)", run_row(here, work / "pkg", "webgpu", "graph")))
+        rows.append(("webgpu (lavapipe)", "fed per call, graph write", run_row(here, work / "pkg", "webgpu", "fed")))
     finally:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(work / "base-tree")], capture_output=True)
         shutil.rmtree(work, ignore_errors=True)
@@ -166,7 +184,7 @@ def main() -> None:
         f"median ms, pool of {POOLS[0]} vs {POOLS[1]} blocks of {BLOCK_SIZE}. Offline: 16 prompts of 64+4i tokens, "
         "32 greedy tokens each, output tok/s after a warm-up run.",
         "",
-        f"| provider | pool | step ms, {POOLS[0]} blocks | step ms, {POOLS[1]} blocks | growth | offline tok/s |",
+        f"| provider | pool, KV write | step ms, {POOLS[0]} blocks | step ms, {POOLS[1]} blocks | growth | offline tok/s |",
         "|---|---|---:|---:|---:|---:|",
     ]
     for provider, pool, r in rows:
@@ -174,7 +192,7 @@ def main() -> None:
         tok_s = f"{r['tok_s']:.0f}" if "tok_s" in r else "-"
         lines.append(f"| {provider} | {pool} | {small:.1f} | {large:.1f} | {large / small:.2f}x | {tok_s} |")
     for name in ("cuda (onnxruntime-gpu)", "migraphx", "dml"):
-        lines.append(f"| {name} | bound pool | not measured | not measured | - | not measured |")
+        lines.append(f"| {name} | bound, graph write | not measured | not measured | - | not measured |")
     text = "\n".join(lines) + "\n"
     print(text)
     if args.record:

@@ -6,7 +6,7 @@ memory as ORT sees them (the plugin copies to an Intel GPU itself).
 
 K/V are written by numpy (HOST_WRITE): the provider copies every bound output back from its own
 tensors, so a pool bound as the graph's output costs a whole-pool copy per call (33.6M llama, 16
-sequences: 57 ms per decode step with a 64 MiB pool, 233 ms with 512 MiB, against 26 ms either way
+sequences: 61 ms per decode step with a 64 MiB pool, 254 ms with 512 MiB, against 30-31 ms either way
 with the host write; hardware_matrix/RESULTS.md).
 """
 
