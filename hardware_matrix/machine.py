@@ -12,3 +12,12 @@ def describe() -> str:
     cpuinfo = Path("/proc/cpuinfo")
     flags = sorted({f for f in cpuinfo.read_text().split() if f.startswith(("avx", "amx"))}) if cpuinfo.exists() else []
     return f"{platform.machine()}, {os.cpu_count()} cores, CPU flags {' '.join(flags) or '-'}"
+
+
+def report(lines: list[str], record: bool) -> None:
+    """Prints a table and, with --record, appends it as a section of hardware_matrix/RESULTS.md."""
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if record:
+        with (Path(__file__).with_name("RESULTS.md")).open("a", encoding="utf-8") as f:
+            f.write("\n" + text)

@@ -145,7 +145,7 @@ def main() -> None:
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from export_llama import build
-    from machine import describe
+    from machine import describe, report
 
     import onnxruntime
 
@@ -193,11 +193,7 @@ def main() -> None:
         lines.append(f"| {provider} | {pool} | {small:.1f} | {large:.1f} | {large / small:.2f}x | {tok_s} |")
     for name in ("cuda (onnxruntime-gpu)", "migraphx", "dml"):
         lines.append(f"| {name} | bound, graph write | not measured | not measured | - | not measured |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.record:
-        with (HERE / "RESULTS.md").open("a", encoding="utf-8") as f:
-            f.write("\n" + text)
+    report(lines, args.record)
 
 
 if __name__ == "__main__":

@@ -78,7 +78,7 @@ def main() -> None:
         return
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from export_llama import build
-    from machine import describe
+    from machine import describe, report
 
     import onnxruntime
 
@@ -117,11 +117,7 @@ def main() -> None:
         padding = f"{r['pass2'] / warm[(provider, False)]:.2f}x" if buckets else "-"
         lines.append(f"| {provider} | {'yes' if buckets else 'no'} | {r['shapes']} | {r['pass1']:.2f} | {r['pass2']:.2f} | "
                      f"{r['first_extra']:.2f} | {r['later_extra'] * 1e3:.0f} | {padding} |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.record:
-        with (HERE / "RESULTS.md").open("a", encoding="utf-8") as f:
-            f.write("\n" + text)
+    report(lines, args.record)
 
 
 if __name__ == "__main__":
