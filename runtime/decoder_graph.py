@@ -53,6 +53,9 @@ class DecoderGraph:
             runs = ", ".join(name for name, p in PROVIDERS.items() if self.spec.kernel in p.kernels)
             raise ConfigError(f"{package_dir} was exported with the {self.spec.kernel} kernel, which runs on {runs}, not on "
                               f"{self.provider.name}: choose one of those or re-export with --kernel portable")
+        if self.manifest.dtype not in self.provider.dtypes:
+            raise ConfigError(f"{package_dir} is {self.manifest.dtype}; the {self.provider.name} provider runs "
+                              f"{', '.join(self.provider.dtypes)}: re-export with --dtype {self.provider.dtypes[0]}")
         self.contrib = self.spec.kernel == CONTRIB_PAGED
         check_block_size(self.spec.kernel, block_size)
         self.max_query_len = self.provider.max_query_len.get(self.spec.kernel)  # the scheduler chunks prefills to it
