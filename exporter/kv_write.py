@@ -14,8 +14,8 @@ those outputs with
 
 where indices [kv_heads, num_tokens, 3] = (head, slot // block_size, slot % block_size). The runtime
 binds `key_cache_out.{i}` to the very buffer it binds as `key_cache.{i}`: ScatterND sees its output
-aliasing its data input and writes only the updated rows (ORT's CPU and WebGPU kernels skip the
-copy when the buffers are the same; docs/providers.md has the measurements). So the pool never
+aliasing its data input and writes only the updated rows (on ORT's CPU and WebGPU kernels the step
+time does not grow with the pool; docs/providers.md has the measurements). So the pool never
 leaves the device, and the new K/V never cross the bus.
 
 It is ONNX surgery rather than traced torch (index_put) so that the graph gets exactly one ScatterND
