@@ -20,15 +20,19 @@ from ortinf.exporter.architectures import resolve_task
 from ortinf.exporter.decoder import decoder_spec, trace_decoder
 from ortinf.exporter.encoder import TracedEncoder, encoder_inputs, encoder_spec, read_pooling, trace_encoder
 from ortinf.exporter.kv_write import place_decoder
+from ortinf.exporter.quantize import BITS, DEFAULT_ACCURACY_LEVEL, DEFAULT_BLOCK_SIZE, quantize
 from ortinf.exporter.package import staging, token_ids, write_generation_config, write_tokenizer
 from ortinf.exporter.source import ModelSource, resolve_model
-from ortinf.exporter.verify import verify_decoder, verify_encoder
-from ortinf.manifest import CONTRIB_PAGED, KERNELS, MODEL_NAME, PORTABLE, TASKS, TEXT_GENERATION, Manifest
+from ortinf.exporter.verify import verify_decoder, verify_encoder, verify_quality
+from ortinf.manifest import CONTRIB_PAGED, KERNELS, MODEL_NAME, PORTABLE, TASKS, TEXT_GENERATION, Manifest, Quantization
 
 log = logging.getLogger(__name__)
 
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
-DEFAULT_TOLERANCE = {"fp32": 1e-3, "fp16": 5e-2}
+# Quantized dtypes trace at fp32, then their MatMul weights become MatMulNBits (exporter/quantize.py).
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "int8": torch.float32, "int4": torch.float32}
+QUANTIZED = ("int8", "int4")
+# Quantized packages are gated by quality figures (verify_quality), not by a logit tolerance.
+DEFAULT_TOLERANCE = {"fp32": 1e-3, "fp16": 5e-2, "int8": float("inf"), "int4": float("inf")}
 # Above this many bytes of weights the graph keeps them in model.onnx.data (protobuf stops at 2 GiB).
 EXTERNAL_DATA_THRESHOLD = 1 << 30
 STAGES = ("loading", "tracing", "saving", "verifying")
@@ -44,6 +48,8 @@ def export(
     progress: bool = True,
     external_data_threshold: int = EXTERNAL_DATA_THRESHOLD,
     kernel: str = PORTABLE,
+    quant_block_size: int = DEFAULT_BLOCK_SIZE,
+    accuracy_level: int = DEFAULT_ACCURACY_LEVEL,
 ) -> Manifest:
     """Exports MODEL (a local folder or a cached hub id) to the package folder OUT and verifies it.
 
@@ -61,8 +67,12 @@ def export(
     out_path = Path(out).expanduser().resolve()
     source = resolve_model(str(model))
     task = resolve_task(source.model_type, source.config.get("architectures"), task)
+    if dtype in QUANTIZED and (quant_block_size < 16 or quant_block_size & (quant_block_size - 1)):
+        raise ExportError(f"--quant-block-size must be a power of two >= 16, got {quant_block_size}")
     if task != TEXT_GENERATION:
         read_pooling(source)  # refuse unsupported sentence-transformers modules before loading weights
+        if dtype in QUANTIZED:
+            raise ExportError(f"--dtype {dtype} is for decoders; {source.name} is a {task} model: export it at fp32 or fp16")
         if kernel != PORTABLE:
             raise ExportError(f"--kernel {kernel} is for decoders; {source.name} is a {task} model")
     elif kernel == CONTRIB_PAGED:
@@ -78,7 +88,7 @@ def export(
         trace_dir = stage / ".trace"
         trace_dir.mkdir()
         if task == TEXT_GENERATION:
-            spec = decoder_spec(hf_model, dtype, kernel)
+            spec = decoder_spec(hf_model, "fp32" if dtype in QUANTIZED else dtype, kernel)
             trace_decoder(hf_model.to(DTYPES[dtype]), spec, trace_dir / MODEL_NAME, DTYPES[dtype])
             hf_model.float()  # the reference for verification: same weights, fp32 arithmetic
             kind = {"decoder": spec}
@@ -91,7 +101,11 @@ def export(
         bar.update()
         bar.set_description_str(STAGES[2])
         if task == TEXT_GENERATION:  # two graphs sharing model.onnx.data, whatever the threshold
-            inputs, outputs = place_decoder(trace_dir / MODEL_NAME, stage, spec)
+            transform = None
+            if dtype in QUANTIZED:
+                kind["quantization"] = Quantization(BITS[dtype], quant_block_size, accuracy_level)
+                transform = lambda graph: quantize(graph, dtype, quant_block_size, accuracy_level)  # noqa: E731
+            inputs, outputs = place_decoder(trace_dir / MODEL_NAME, stage, spec, transform)
             shutil.rmtree(trace_dir)
         else:
             _place_graph(trace_dir, stage, external_data_threshold)
@@ -125,6 +139,12 @@ def export(
                 f"tolerance {tolerance:g} ({parity.description}); nothing was written"
             )
         manifest = replace(manifest, parity=parity)
+        if dtype in QUANTIZED:
+            quality = verify_quality(hf_model, stage, dtype)
+            if quality.failures():
+                raise ExportError(f"verification failed: {'; '.join(quality.failures())} against the fp32 model "
+                                  f"({quality.description}); nothing was written")
+            manifest = replace(manifest, quality=quality)
         manifest.save(stage)
         bar.update()
     log.info("exported %s to %s (max abs diff %.3g)", source.name, out_path, parity.max_abs_diff)

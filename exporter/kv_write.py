@@ -28,6 +28,7 @@ step's slots, because those slots lie at positions >= context_lens and are maske
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -86,11 +87,15 @@ def add_kv_write(model: onnx.ModelProto, num_layers: int, num_kv_heads: int) -> 
         graph.output.append(value)
 
 
-def place_decoder(traced: Path, stage: Path, spec: DecoderSpec) -> tuple[list[str], list[str]]:
+def place_decoder(traced: Path, stage: Path, spec: DecoderSpec,
+                  transform: Callable[[onnx.ModelProto], onnx.ModelProto] | None = None) -> tuple[list[str], list[str]]:
     """Writes the decoder graphs into the package, sharing one weights file: the host-write graph
     (as traced) and model.onnx (with the KV write). The contrib paged kernel writes its pool itself:
-    its traced graph is model.onnx, alone. Returns model.onnx's input and output names."""
+    its traced graph is model.onnx, alone. `transform` (quantization) rewrites the traced graph first,
+    so both graphs share its weights. Returns model.onnx's input and output names."""
     model = onnx.load(str(traced), load_external_data=True)
+    if transform is not None:
+        model = transform(model)
     if spec.kernel == CONTRIB_PAGED:
         onnx.save_model(model, str(stage / MODEL_NAME), save_as_external_data=True, all_tensors_to_one_file=True,
                         location=WEIGHTS_NAME, size_threshold=1024)

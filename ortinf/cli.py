@@ -43,7 +43,12 @@ def cli(verbose: bool) -> None:
     show_default=True,
     help="What the package does; auto reads it from the model's config.",
 )
-@click.option("--dtype", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True, help="Weights, activations and KV-cache precision.")
+@click.option("--dtype", type=click.Choice(["fp32", "fp16", "int8", "int4"]), default="fp32", show_default=True,
+              help="Precision: fp32/fp16 for weights, activations and KV cache; int8/int4 quantize the decoder's "
+                   "MatMul weights (MatMulNBits; activations and KV cache fp32), gated by quality figures.")
+@click.option("--quant-block-size", type=int, default=32, show_default=True, help="int8/int4: weights per quantization block.")
+@click.option("--accuracy-level", type=click.IntRange(0, 4), default=0, show_default=True,
+              help="int8/int4: MatMulNBits activation precision on the CPU (0: fp32; 4: int8, faster, may flip argmaxes).")
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists (only once the new export has verified).")
 @click.option("--tolerance", type=float, default=None, help="Max abs logit difference vs PyTorch allowed at verification [fp32: 1e-3, fp16: 5e-2].")
 @click.option("--kernel", type=click.Choice(["portable", "paged-attention"]), default="portable", show_default=True,
@@ -58,8 +63,8 @@ def cli(verbose: bool) -> None:
     callback=_list_architectures,
     help="Print the supported architectures per task and exit.",
 )
-def export(model: str | None, out: Path | None, task: str, dtype: str, overwrite: bool, tolerance: float | None, kernel: str,
-           quiet: bool) -> None:
+def export(model: str | None, out: Path | None, task: str, dtype: str, quant_block_size: int, accuracy_level: int, overwrite: bool,
+           tolerance: float | None, kernel: str, quiet: bool) -> None:
     """Export MODEL (a local Hugging Face folder, or a hub id already in the local HF cache) to an ONNX package.
 
     The export is verified against PyTorch before it is written; a failed export leaves nothing behind.
@@ -71,10 +76,13 @@ def export(model: str | None, out: Path | None, task: str, dtype: str, overwrite
     from ortinf.exporter.api import export as run_export
 
     manifest = run_export(model, out, task=task, dtype=dtype, overwrite=overwrite, tolerance=tolerance, progress=not quiet,
-                          kernel=kernel)
+                          kernel=kernel, quant_block_size=quant_block_size, accuracy_level=accuracy_level)
     parity = manifest.parity
     assert parity is not None
     click.echo(f"exported {manifest.architecture} ({manifest.task}, {manifest.dtype}) to {out}: max abs diff vs PyTorch {parity.max_abs_diff:.2e}")
+    if manifest.quality is not None:
+        q = manifest.quality
+        click.echo(f"quality vs fp32: top-1 agreement {q.top1_agreement:.3f}, mean KL {q.mean_kl:.4f}, greedy agreement {q.greedy_agreement:.3f}")
 
 
 @cli.command()

