@@ -1,0 +1,243 @@
+"""ortinf beside the engines a user would pick instead, on one workload, in one run.
+
+usage: .venv/bin/python benchmarks/compare.py [--passes N] [--only ENGINE ...] [--record]
+
+Workload (benchmarks/offline.py's): the 33.6M llama (hidden 512, 8 layers, 8 heads, 4 KV heads,
+intermediate 1536, vocab 8192; random weights, seed 0), 32 prompts of 64 + 4i distinct random tokens,
+128 greedy new tokens each with no EOS stop, 2 threads everywhere, prefix caching off.
+
+Each row runs in a fresh process of its engine's own environment (benchmarks/peers/run_*.py; the
+peers are installed by benchmarks/peers/install_*.sh and are benchmark dependencies only), one after
+another; --passes N repeats the whole round N times, interleaved, and reports each row's median
+pass (by throughput). A peer whose environment is missing is reported as "not installed".
+
+Reported per row: output tokens/s (all output tokens / wall time of the timed run), mean TTFT, mean
+TPOT, and greedy agreement: prompts whose 128 tokens equal transformers' own greedy tokens (computed
+once, one prompt at a time, unpadded). "batch" rows submit all 32 prompts at once; "single" rows run
+4 prompts one after another. Ratios: ortinf over the best peer at each precision, and the int8/int4
+rows over the best fp32 peer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PEERS = ROOT / "benchmarks" / "peers"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "hardware_matrix"))
+
+NUM_PROMPTS, NEW_TOKENS, THREADS = 32, 128, 2
+SINGLE = slice(14, 18)  # the single-stream rows' prompts
+
+
+@dataclass(frozen=True)
+class Engine:
+    name: str  # as printed
+    runner: str  # benchmarks/peers/run_<runner>.py
+    venv: str  # environment that runs it
+    precision: str  # the precision column: fp32 / int8 / int4 (the job's precision may be the engine's own name)
+    job_precision: str
+    extra: tuple[tuple[str, object], ...] = ()  # more job fields
+
+    def job(self, **fields) -> dict:
+        return {"engine": self.runner, "precision": self.job_precision, **dict(self.extra), **fields}
+
+
+ENGINES = [
+    Engine("ortinf", "ortinf", ".venv", "fp32", "fp32"),
+    Engine("ortinf", "ortinf", ".venv", "int8", "int8"),
+    Engine("ortinf", "ortinf", ".venv", "int4", "int4"),
+    Engine("transformers generate (padded batch)", "hf", ".venv", "fp32", "fp32", (("engine", "transformers"),)),
+    Engine("Optimum ORTModelForCausalLM (padded batch)", "hf", ".venv", "fp32", "fp32", (("engine", "optimum"),)),
+    Engine("onnxruntime-genai Generator (padded batch)", "genai", ".venv-bench-genai", "fp32", "fp32"),
+    Engine("onnxruntime-genai Generator (padded batch)", "genai", ".venv-bench-genai", "int8", "int8"),
+    Engine("onnxruntime-genai Generator (padded batch)", "genai", ".venv-bench-genai", "int4", "int4"),
+    Engine("llama.cpp (llama_decode, f16 KV, flash attn)", "llama_cpp", ".venv-bench-llamacpp", "fp32", "fp32"),
+    Engine("llama.cpp (llama_decode, f16 KV, flash attn)", "llama_cpp", ".venv-bench-llamacpp", "int8", "q8_0"),
+    Engine("llama.cpp (llama_decode, f16 KV, flash attn)", "llama_cpp", ".venv-bench-llamacpp", "int4", "q4_0"),
+    Engine("OpenVINO GenAI ContinuousBatchingPipeline", "openvino_genai", ".venv-bench-ovgenai", "fp32", "fp32"),
+    Engine("OpenVINO GenAI ContinuousBatchingPipeline", "openvino_genai", ".venv-bench-ovgenai", "fp32", "default"),
+    Engine("OpenVINO GenAI ContinuousBatchingPipeline", "openvino_genai", ".venv-bench-ovgenai", "int8", "int8"),
+    Engine("OpenVINO GenAI ContinuousBatchingPipeline", "openvino_genai", ".venv-bench-ovgenai", "int4", "int4"),
+]
+PRECISION_LABEL = {"q8_0": "Q8_0", "q4_0": "Q4_0", "default": "weights; plugin's default KV/inference precision"}
+
+
+@dataclass
+class Row:
+    engine: Engine
+    mode: str
+    result: dict | None
+    error: str = ""
+
+    @property
+    def throughput(self) -> float:
+        return sum(len(t) for t in self.result["tokens"]) / self.result["seconds"] if self.result else 0.0
+
+    def agreement(self, reference: list[list[int]]) -> int:
+        return sum(t == r for t, r in zip(self.result["tokens"], reference))
+
+
+def build_model(hf_dir: Path) -> None:
+    """The benchmark llama, plus a placeholder word-level tokenizer: the peers' converters insist on
+    one; the benchmark feeds token ids, so its pieces never matter."""
+    if (hf_dir / "config.json").exists():
+        return
+    from export_llama import build
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    build(hf_dir)
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"t{i}": i for i in range(3, 8192)}}
+    raw = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    raw.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="<unk>").save_pretrained(hf_dir)
+
+
+def prompts() -> list[list[int]]:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    return [rng.integers(3, 8192, 64 + 4 * i).tolist() for i in range(NUM_PROMPTS)]
+
+
+def run(engine: Engine, mode: str, work: Path, hf_dir: Path, prompt_set: list[list[int]], timeout: float) -> Row:
+    python = ROOT / engine.venv / "bin" / "python"
+    if not python.exists():
+        return Row(engine, mode, None, f"not installed (bash benchmarks/peers/install_{engine.runner}.sh)")
+    job = engine.job(hf_dir=str(hf_dir), work_dir=str(work / engine.runner), prompts=prompt_set, new_tokens=NEW_TOKENS,
+                     threads=THREADS, mode=mode)
+    job_file, result_file = work / "job.json", work / "result.json"
+    job_file.write_text(json.dumps(job))
+    result_file.unlink(missing_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": str(THREADS), "PYTHONPATH": str(PEERS)}
+    try:
+        proc = subprocess.run([str(python), str(PEERS / f"run_{engine.runner}.py"), str(job_file), str(result_file)],
+                              capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return Row(engine, mode, None, f"timed out after {timeout:.0f} s")
+    if proc.returncode != 0 or not result_file.exists():
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return Row(engine, mode, None, f"failed: {last[:160]}")
+    return Row(engine, mode, json.loads(result_file.read_text()))
+
+
+def reference_tokens(work: Path, hf_dir: Path, prompt_set: list[list[int]]) -> list[list[int]]:
+    """transformers' greedy tokens, one prompt at a time (no padding), cached in the work folder."""
+    cache = work / "reference.json"
+    if not cache.exists():
+        engine = Engine("transformers", "hf", ".venv", "fp32", "fp32", (("engine", "transformers"),))
+        row = run(engine, "single", work, hf_dir, prompt_set, timeout=1800)
+        assert row.result, row.error
+        cache.write_text(json.dumps(row.result["tokens"]))
+    return json.loads(cache.read_text())
+
+
+def table(rows: list[Row], reference: list[list[int]]) -> list[str]:
+    lines = ["| engine | precision | requests | output tok/s | mean TTFT ms | mean TPOT ms | greedy = transformers |",
+             "|---|---|---|---:|---:|---:|---|"]
+    for row in rows:
+        e = row.engine
+        label = f"{e.precision} ({PRECISION_LABEL[e.job_precision]})" if e.job_precision in PRECISION_LABEL else e.precision
+        requests = f"{NUM_PROMPTS} at once" if row.mode == "batch" else f"{SINGLE.stop - SINGLE.start} one at a time"
+        if row.result is None:
+            lines.append(f"| {e.name} | {label} | {requests} | {row.error} | | | |")
+            continue
+        r = row.result
+        ref = reference if row.mode == "batch" else reference[SINGLE]
+        lines.append(f"| {e.name} | {label} | {requests} | {row.throughput:,.0f} | {statistics.mean(r['ttft']) * 1e3:,.0f} | "
+                     f"{statistics.mean(r['tpot']) * 1e3:.1f} | {row.agreement(ref)}/{len(ref)} |")
+    return lines
+
+
+def ratios(rows: list[Row]) -> list[str]:
+    done = [r for r in rows if r.result]
+    best = {}
+    for row in done:
+        if row.engine.runner != "ortinf":
+            key = (row.mode, row.engine.precision)
+            if key not in best or row.throughput > best[key].throughput:
+                best[key] = row
+    lines = []
+    for row in (r for r in done if r.engine.runner == "ortinf" and r.mode == "batch"):
+        p = row.engine.precision
+        parts = []
+        if ("batch", p) in best:
+            peer = best[("batch", p)]
+            parts.append(f"{row.throughput / peer.throughput:.2f}x the best {p} peer ({peer.engine.name}, {peer.throughput:,.0f} tok/s; target 1.3x)")
+        if p != "fp32" and ("batch", "fp32") in best:
+            peer = best[("batch", "fp32")]
+            parts.append(f"{row.throughput / peer.throughput:.2f}x the best fp32 peer (target 2x)")
+        if parts:
+            lines.append(f"- ortinf {p}, 32 at once: " + "; ".join(parts))
+    singles = [r for r in done if r.mode == "single"]
+    if singles:
+        tpot = {(r.engine.runner, r.engine.precision): statistics.mean(r.result["tpot"]) * 1e3 for r in singles}
+        for (runner, p), ms in tpot.items():
+            if runner == "ortinf":
+                peers = {k: v for k, v in tpot.items() if k[0] != "ortinf" and k[1] == p}
+                if peers:
+                    k, v = min(peers.items(), key=lambda kv: kv[1])
+                    lines.append(f"- single-request TPOT {p}: ortinf {ms:.1f} ms vs best peer {v:.1f} ms ({k[0]}; target: no worse)")
+    return lines
+
+
+def machine() -> str:
+    from machine import describe
+
+    return describe()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--passes", type=int, default=1, help="interleaved rounds over all rows; each row reports its median pass")
+    parser.add_argument("--only", nargs="*", default=None, help="runner names to include (ortinf hf genai llama_cpp openvino_genai)")
+    parser.add_argument("--precisions", nargs="*", default=None, help="precisions to include (fp32 int8 int4)")
+    parser.add_argument("--modes", nargs="*", default=["batch", "single"], help="batch (32 at once) and/or single (one at a time)")
+    parser.add_argument("--work-dir", type=Path, default=Path("/tmp/ortinf-compare"), help="converted models and caches (kept between runs)")
+    parser.add_argument("--timeout", type=float, default=1200, help="seconds allowed to one row, conversion included")
+    parser.add_argument("--record", action="store_true", help="append the table to benchmarks/RESULTS.md")
+    args = parser.parse_args()
+    work = args.work_dir
+    work.mkdir(parents=True, exist_ok=True)
+    hf_dir = work / "hf"
+    build_model(hf_dir)
+    prompt_set = prompts()
+    reference = reference_tokens(work, hf_dir, prompt_set)
+    engines = [e for e in ENGINES if (args.only is None or e.runner in args.only) and (args.precisions is None or e.precision in args.precisions)]
+    passes: dict[tuple[int, str], list[Row]] = {}
+    for number in range(args.passes):
+        for index, engine in enumerate(engines):
+            for mode in args.modes:
+                if engine.runner == "hf" and engine.extra == (("engine", "transformers"),) and mode == "single":
+                    continue  # the reference run is that row
+                started = time.monotonic()
+                row = run(engine, mode, work, hf_dir, prompt_set if mode == "batch" else prompt_set[SINGLE], args.timeout)
+                print(f"pass {number + 1}: {engine.name} {engine.job_precision} {mode}: "
+                      f"{f'{row.throughput:,.0f} tok/s' if row.result else row.error} ({time.monotonic() - started:.0f} s)", flush=True)
+                passes.setdefault((index, mode), []).append(row)
+    rows = []
+    for key in sorted(passes, key=lambda k: (k[1] != "batch", k[0])):
+        runs = sorted(passes[key], key=lambda r: r.throughput)
+        rows.append(runs[len(runs) // 2])
+    head = (f"### Side by side: 33.6M llama, 32 prompts of 64+4i tokens, {NEW_TOKENS} greedy tokens each, {THREADS} threads, "
+            f"median of {args.passes} interleaved pass(es) ({time.strftime('%Y-%m-%d')})")
+    text = "\n".join([head, "", f"Machine: {machine()}", "", *table(rows, reference), "", *ratios(rows), ""])
+    print(text)
+    if args.record:
+        with (ROOT / "benchmarks" / "RESULTS.md").open("a", encoding="utf-8") as fh:
+            fh.write("\n" + text)
+
+
+if __name__ == "__main__":
+    main()

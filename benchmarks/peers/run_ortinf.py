@@ -1,0 +1,41 @@
+"""ortinf's engine (LLM.generate, continuous batching over the paged pool), as compare.py times it.
+
+precision fp32 / int8 / int4 is `ortinf export --dtype`; the package is exported once into work_dir.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from protocol import load_job, write_result
+
+import ortinf
+from ortinf import LLM, SamplingParams
+
+
+def main() -> None:
+    job = load_job()
+    export = job.get("export", {})  # e.g. accuracy_level
+    package = Path(job["work_dir"]) / "-".join(["pkg", job["precision"], *(f"{k}{v}" for k, v in sorted(export.items()))])
+    if not (package / "manifest.json").exists():
+        ortinf.export(job["hf_dir"], package, dtype=job["precision"], progress=False, **export)
+    llm = LLM(package, provider="cpu", intra_op_threads=job["threads"], max_num_seqs=64, enable_prefix_caching=False,
+              **job.get("options", {}))
+    new = job["new_tokens"]
+    params = SamplingParams(temperature=0, max_tokens=new, ignore_eos=True)
+    llm.generate(job["prompts"][:2], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))  # warm-up
+    groups = [job["prompts"]] if job["mode"] == "batch" else [[p] for p in job["prompts"]]
+    outputs = []
+    start = time.monotonic()
+    for group in groups:
+        outputs += llm.generate(group, params)
+    seconds = time.monotonic() - start
+    write_result(job, "ortinf", [list(o.outputs[0].token_ids) for o in outputs], seconds,
+                 [o.metrics.first_token_time - o.metrics.arrival_time for o in outputs],
+                 [(o.metrics.finished_time - o.metrics.first_token_time) / (new - 1) for o in outputs],
+                 version=ortinf.__version__)
+
+
+if __name__ == "__main__":
+    main()
