@@ -6,7 +6,10 @@ SentencePiece vocabulary of placeholder pieces, since the benchmark feeds token 
 model has no tokenizer), then quantized to Q8_0 / Q4_0 by llama.cpp's own llama_model_quantize.
 Batch mode: every prompt is prefilled in llama_decode calls of up to n_batch tokens spanning several
 sequences, then one llama_decode per step carries one token of each of the 32 sequences (f16 KV,
-flash attention on, as the llama.cpp server runs). Greedy is argmax over the returned logits.
+flash attention on, as the llama.cpp server runs; job "kv": "f32" keeps the KV cache in f32).
+Greedy is argmax over the returned logits. Its F32 tokens are not transformers' exactly even with an
+f32 KV cache (first differences at tokens 49 and 61 of 64 on two of six prompts, the same with f16
+KV): ggml's own kernels round differently, the conversion itself matches.
 """
 
 from __future__ import annotations
@@ -98,7 +101,7 @@ def model_file(job: dict, llama) -> Path:
 
 
 class Runner:
-    def __init__(self, llama, path: Path, threads: int, seqs: int, ctx_per_seq: int) -> None:
+    def __init__(self, llama, path: Path, threads: int, seqs: int, ctx_per_seq: int, kv_f32: bool) -> None:
         self.llama = llama
         mparams = llama.llama_model_default_params()
         self.model = llama.llama_model_load_from_file(str(path).encode(), mparams)
@@ -110,6 +113,8 @@ class Runner:
         cparams.n_threads = cparams.n_threads_batch = threads
         cparams.flash_attn_type = llama.LLAMA_FLASH_ATTN_TYPE_ENABLED
         cparams.kv_unified = True
+        if kv_f32:
+            cparams.type_k = cparams.type_v = llama.GGML_TYPE_F32
         self.ctx = llama.llama_init_from_model(self.model, cparams)
         self.vocab = llama.llama_vocab_n_tokens(llama.llama_model_get_vocab(self.model))
         self.batch = llama.llama_batch_init(2048, 0, 1)
@@ -157,7 +162,7 @@ def main() -> None:
     prompts, new = job["prompts"], job["new_tokens"]
     longest = max(len(p) for p in prompts) + new
     seqs = len(prompts) if job["mode"] == "batch" else 1
-    runner = Runner(llama, path, job["threads"], seqs, -(-longest // 256) * 256)
+    runner = Runner(llama, path, job["threads"], seqs, -(-longest // 256) * 256, job.get("kv") == "f32")
     runner.generate(prompts[:seqs][:2], 4)  # warm-up
     if job["mode"] == "batch":
         start = time.monotonic()
