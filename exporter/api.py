@@ -50,6 +50,7 @@ def export(
     kernel: str = PORTABLE,
     quant_block_size: int = DEFAULT_BLOCK_SIZE,
     accuracy_level: int = DEFAULT_ACCURACY_LEVEL,
+    kv_dtype: str = "auto",
 ) -> Manifest:
     """Exports MODEL (a local folder or a cached hub id) to the package folder OUT and verifies it.
 
@@ -63,7 +64,8 @@ def export(
         raise ExportError(f"unknown kernel '{kernel}': choose {', '.join(KERNELS)}")
     if kernel == CONTRIB_PAGED and dtype not in contrib_dtypes():
         raise ExportError(f"the {kernel} kernel runs at {', '.join(contrib_dtypes())} only: pass --dtype fp16")
-    tolerance = DEFAULT_TOLERANCE[dtype] if tolerance is None else tolerance
+    kv_dtype = kv_cache_dtype(dtype, kv_dtype, kernel)
+    tolerance = DEFAULT_TOLERANCE[kv_dtype if dtype == "fp32" else dtype] if tolerance is None else tolerance
     out_path = Path(out).expanduser().resolve()
     source = resolve_model(str(model))
     task = resolve_task(source.model_type, source.config.get("architectures"), task)
@@ -75,6 +77,8 @@ def export(
             raise ExportError(f"--dtype {dtype} is for decoders; {source.name} is a {task} model: export it at fp32 or fp16")
         if kernel != PORTABLE:
             raise ExportError(f"--kernel {kernel} is for decoders; {source.name} is a {task} model")
+        if kv_dtype != dtype:
+            raise ExportError(f"--kv-dtype is for decoders; {source.name} is a {task} model")
     elif kernel == CONTRIB_PAGED:
         check_contrib_paged(source.config)
 
@@ -88,7 +92,7 @@ def export(
         trace_dir = stage / ".trace"
         trace_dir.mkdir()
         if task == TEXT_GENERATION:
-            spec = decoder_spec(hf_model, "fp32" if dtype in QUANTIZED else dtype, kernel)
+            spec = decoder_spec(hf_model, kv_dtype, kernel)
             trace_decoder(hf_model.to(DTYPES[dtype]), spec, trace_dir / MODEL_NAME, DTYPES[dtype])
             hf_model.float()  # the reference for verification: same weights, fp32 arithmetic
             kind = {"decoder": spec}
@@ -149,6 +153,21 @@ def export(
         bar.update()
     log.info("exported %s to %s (max abs diff %.3g)", source.name, out_path, parity.max_abs_diff)
     return manifest
+
+
+def kv_cache_dtype(dtype: str, kv_dtype: str, kernel: str) -> str:
+    """The pool's dtype: the compute dtype by default (fp32 under int8/int4 weights), or fp16 asked for
+    under fp32/int8/int4 weights (half the KV memory; the graph widens what it gathers)."""
+    if kv_dtype not in ("auto", "fp32", "fp16"):
+        raise ExportError(f"unknown KV cache dtype '{kv_dtype}': choose auto, fp32 or fp16")
+    natural = "fp32" if dtype in QUANTIZED else dtype
+    if kv_dtype in ("auto", natural):
+        return natural
+    if kv_dtype == "fp32":
+        raise ExportError(f"an fp32 KV cache under {dtype} weights gains nothing: use --kv-dtype auto or fp16")
+    if kernel != PORTABLE:
+        raise ExportError(f"--kv-dtype fp16 under {dtype} weights needs the portable kernel")
+    return kv_dtype
 
 
 def contrib_dtypes() -> tuple[str, ...]:

@@ -125,6 +125,9 @@ def decoder_spec(model: PreTrainedModel, kv_dtype: str, kernel: str = PORTABLE) 
     )
 
 
+KV_TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
+
+
 def example_inputs(spec: DecoderSpec, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
     """Tracing inputs: 2 sequences (a 3-token prefill after 2 cached tokens, and a decode)."""
     block_size, num_blocks = 4, 6
@@ -138,7 +141,7 @@ def example_inputs(spec: DecoderSpec, dtype: torch.dtype) -> tuple[torch.Tensor,
         shape = (num_blocks, block_size, spec.num_kv_heads, spec.head_dim)
     else:
         shape = (spec.num_kv_heads, num_blocks, block_size, spec.head_dim)
-    caches = [torch.randn(shape, dtype=dtype) for _ in range(2 * spec.num_layers)]
+    caches = [torch.randn(shape, dtype=KV_TORCH_DTYPES[spec.kv_dtype]) for _ in range(2 * spec.num_layers)]
     return (input_ids, positions, block_tables, context_lens, query_lens, logits_indices, *caches)
 
 

@@ -137,14 +137,17 @@ def paged_attention(
     q = query[0].transpose(0, 1)  # [T, H, D]
     k_new = key[0].transpose(0, 1)  # [T, KVH, D]
     v_new = value[0].transpose(0, 1)
-    batch.new_keys.append(k_new)
-    batch.new_values.append(v_new)
+    key_cache, value_cache = batch.key_caches[layer], batch.value_caches[layer]
+    # A pool in a smaller dtype than the compute (fp16 KV under fp32 weights): new K/V are rounded
+    # into it on the way out, and the gathered blocks widened after the gather (which then moves
+    # half the bytes); this step's own keys are scored at full precision.
+    batch.new_keys.append(k_new.to(key_cache.dtype))
+    batch.new_values.append(v_new.to(value_cache.dtype))
 
     # One gather along the block axis gives [KVH, S, P, D]: ready for MatMul; it is the only copy
     # of the cached K/V in the graph.
-    key_cache, value_cache = batch.key_caches[layer], batch.value_caches[layer]
-    past_k = key_cache[:, batch.block_tables].reshape(kv_heads, num_seqs, -1, head_dim)
-    past_v = value_cache[:, batch.block_tables].reshape(kv_heads, num_seqs, -1, head_dim)
+    past_k = key_cache[:, batch.block_tables].reshape(kv_heads, num_seqs, -1, head_dim).to(q.dtype)
+    past_v = value_cache[:, batch.block_tables].reshape(kv_heads, num_seqs, -1, head_dim).to(q.dtype)
     new_k = k_new[batch.pad_index].permute(2, 0, 1, 3)  # [KVH, S, Q, D] (small: this step's tokens)
     new_v = v_new[batch.pad_index].permute(2, 0, 1, 3)
 

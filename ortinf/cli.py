@@ -10,7 +10,7 @@ import click
 
 import ortinf
 from ortinf.errors import OrtinfError
-from ortinf.manifest import TASKS, Manifest
+from ortinf.manifest import TASKS, TEXT_GENERATION, Manifest
 from ortinf.providers.registry import parse_options
 
 EXIT_USER_ERROR = 2
@@ -49,6 +49,8 @@ def cli(verbose: bool) -> None:
 @click.option("--quant-block-size", type=int, default=32, show_default=True, help="int8/int4: weights per quantization block.")
 @click.option("--accuracy-level", type=click.IntRange(0, 4), default=0, show_default=True,
               help="int8/int4: MatMulNBits activation precision on the CPU (0: fp32; 4: int8, faster, may flip argmaxes).")
+@click.option("--kv-dtype", type=click.Choice(["auto", "fp32", "fp16"]), default="auto", show_default=True,
+              help="Decoders: dtype of the paged KV cache (auto: the compute dtype; fp16 under fp32/int8/int4 weights halves its memory).")
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists (only once the new export has verified).")
 @click.option("--tolerance", type=float, default=None, help="Max abs logit difference vs PyTorch allowed at verification [fp32: 1e-3, fp16: 5e-2].")
 @click.option("--kernel", type=click.Choice(["portable", "paged-attention"]), default="portable", show_default=True,
@@ -63,8 +65,8 @@ def cli(verbose: bool) -> None:
     callback=_list_architectures,
     help="Print the supported architectures per task and exit.",
 )
-def export(model: str | None, out: Path | None, task: str, dtype: str, quant_block_size: int, accuracy_level: int, overwrite: bool,
-           tolerance: float | None, kernel: str, quiet: bool) -> None:
+def export(model: str | None, out: Path | None, task: str, dtype: str, quant_block_size: int, accuracy_level: int, kv_dtype: str,
+           overwrite: bool, tolerance: float | None, kernel: str, quiet: bool) -> None:
     """Export MODEL (a local Hugging Face folder, or a hub id already in the local HF cache) to an ONNX package.
 
     The export is verified against PyTorch before it is written; a failed export leaves nothing behind.
@@ -76,7 +78,7 @@ def export(model: str | None, out: Path | None, task: str, dtype: str, quant_blo
     from ortinf.exporter.api import export as run_export
 
     manifest = run_export(model, out, task=task, dtype=dtype, overwrite=overwrite, tolerance=tolerance, progress=not quiet,
-                          kernel=kernel, quant_block_size=quant_block_size, accuracy_level=accuracy_level)
+                          kernel=kernel, quant_block_size=quant_block_size, accuracy_level=accuracy_level, kv_dtype=kv_dtype)
     parity = manifest.parity
     assert parity is not None
     click.echo(f"exported {manifest.architecture} ({manifest.task}, {manifest.dtype}) to {out}: max abs diff vs PyTorch {parity.max_abs_diff:.2e}")
@@ -249,6 +251,33 @@ def providers() -> None:
     from ortinf.providers.table import format_table, rows
 
     click.echo(format_table(rows()))
+
+
+@cli.command()
+@click.argument("packages", nargs=-1, required=True, type=click.Path(path_type=Path, exists=True, file_okay=False))
+@click.option("-o", "--output", type=click.Path(path_type=Path, file_okay=False), default=Path("hardware_matrix"), show_default=True,
+              help="Folder for matrix.csv and RESULTS.md (rows merge into what is there).")
+@click.option("--python", "pythons", multiple=True, metavar="PYTHON",
+              help="Python of an environment with ortinf and other providers installed (repeatable; default: this one), "
+                   "e.g. .venv-openvino/bin/python.")
+@click.option("--threads", type=int, default=0, show_default=True, help="Intra-op threads per row (0: all cores).")
+def matrix(packages: tuple[Path, ...], output: Path, pythons: tuple[str, ...], threads: int) -> None:
+    """Measure every installed provider x every decoder PACKAGE: quality against the fp32 package on
+    the CPU, greedy agreement, tokens/s and TTFT at concurrency 1 and 32, peak RSS."""
+    from ortinf.runtime.matrix import markdown, run_matrix
+
+    for package in packages:
+        if Manifest.load(package).task != TEXT_GENERATION:
+            raise click.UsageError(f"{package} is not a decoder package: the matrix measures text generation")
+    try:
+        rows = run_matrix(list(packages), list(pythons) or [sys.executable], output, threads,
+                          progress=lambda line: click.echo(line, err=True))
+    except RuntimeError as exc:
+        raise click.ClickException(str(exc)) from exc
+    from dataclasses import asdict
+
+    click.echo("\n".join(markdown([asdict(r) for r in rows])))
+    click.echo(f"written: {output / 'matrix.csv'}, {output / 'RESULTS.md'}", err=True)
 
 
 @cli.command()

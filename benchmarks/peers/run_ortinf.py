@@ -18,7 +18,7 @@ def main() -> None:
     job = load_job()
     export = job.get("export", {})  # e.g. accuracy_level
     package = Path(job["work_dir"]) / "-".join(["pkg", job["precision"], *(f"{k}{v}" for k, v in sorted(export.items()))])
-    if not (package / "manifest.json").exists():
+    if not (package / "ortinf.json").exists():
         ortinf.export(job["hf_dir"], package, dtype=job["precision"], progress=False, **export)
     llm = LLM(package, provider="cpu", intra_op_threads=job["threads"], max_num_seqs=64, enable_prefix_caching=False,
               **job.get("options", {}))
