@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -57,8 +56,8 @@ ENGINES = [
     Engine("ortinf", "ortinf", ".venv", "fp32", "fp32"),
     Engine("ortinf", "ortinf", ".venv", "int8", "int8"),
     Engine("ortinf", "ortinf", ".venv", "int4", "int4"),
-    Engine("ortinf, accuracy level 4", "ortinf", ".venv", "int8", "int8", (("export", {"accuracy_level": 4}),)),
-    Engine("ortinf, accuracy level 4", "ortinf", ".venv", "int4", "int4", (("export", {"accuracy_level": 4}),)),
+    Engine("ortinf, accuracy level 0", "ortinf", ".venv", "int8", "int8", (("export", {"accuracy_level": 0}),)),
+    Engine("ortinf, accuracy level 0", "ortinf", ".venv", "int4", "int4", (("export", {"accuracy_level": 0}),)),
     Engine("transformers generate (padded batch)", "hf", ".venv", "fp32", "fp32", (("engine", "transformers"),)),
     Engine("Optimum ORTModelForCausalLM (padded batch)", "hf", ".venv", "fp32", "fp32", (("engine", "optimum"),)),
     Engine("onnxruntime-genai Generator (padded batch)", "genai", ".venv-bench-genai", "fp32", "fp32"),

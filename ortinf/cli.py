@@ -47,7 +47,7 @@ def cli(verbose: bool) -> None:
               help="Precision: fp32/fp16 for weights, activations and KV cache; int8/int4 quantize the decoder's "
                    "MatMul weights (MatMulNBits; activations and KV cache fp32), gated by quality figures.")
 @click.option("--quant-block-size", type=int, default=32, show_default=True, help="int8/int4: weights per quantization block.")
-@click.option("--accuracy-level", type=click.IntRange(0, 4), default=0, show_default=True,
+@click.option("--accuracy-level", type=click.IntRange(0, 4), default=4, show_default=True,
               help="int8/int4: MatMulNBits activation precision on the CPU (0: fp32; 4: int8, faster, may flip argmaxes).")
 @click.option("--kv-dtype", type=click.Choice(["auto", "fp32", "fp16"]), default="auto", show_default=True,
               help="Decoders: dtype of the paged KV cache (auto: the compute dtype; fp16 under fp32/int8/int4 weights halves its memory).")

@@ -17,8 +17,11 @@ from tiny_models import build_decoder
 @pytest.mark.parametrize("dtype", ["fp32", "int8"])
 def test_fp16_kv_cache_export_and_engine(dtype, tmp_path):
     build_decoder("llama", tmp_path / "hf")
-    manifest = ortinf.export(tmp_path / "hf", tmp_path / "pkg", dtype=dtype, kv_dtype="fp16", progress=False)
-    full = ortinf.export(tmp_path / "hf", tmp_path / "full", dtype=dtype, progress=False)
+    # accuracy level 0: level 4's kernels differ with the batch's row count (see exporter/quantize.py),
+    # so only level 0 makes scheduling-independent tokens a property to test
+    options = {"accuracy_level": 0} if dtype == "int8" else {}
+    manifest = ortinf.export(tmp_path / "hf", tmp_path / "pkg", dtype=dtype, kv_dtype="fp16", progress=False, **options)
+    full = ortinf.export(tmp_path / "hf", tmp_path / "full", dtype=dtype, progress=False, **options)
     assert manifest.dtype == dtype and manifest.decoder.kv_dtype == "fp16" and full.decoder.kv_dtype == "fp32"
     assert block_bytes(manifest.decoder, 16) * 2 == block_bytes(full.decoder, 16)
     if dtype == "fp32":

@@ -41,7 +41,9 @@ def test_int8_engine_is_exact_under_chunking_preemption_and_prefix_hits(tmp_path
     """The paged machinery adds nothing to quantization error: chunked, preempted, prefix-hit runs
     give the tokens of an unconstrained run of the same package."""
     build_decoder("llama", tmp_path / "hf")
-    ortinf.export(tmp_path / "hf", tmp_path / "pkg", dtype="int8", progress=False)
+    # accuracy level 0: level 4 quantizes activations with kernels that differ by the batch's row
+    # count, so its tokens may depend on scheduling (exporter/quantize.py)
+    ortinf.export(tmp_path / "hf", tmp_path / "pkg", dtype="int8", accuracy_level=0, progress=False)
     rng = np.random.default_rng(3)
     prompts = [rng.integers(3, 256, n).tolist() for n in (5, 40, 90, 130, 170)]
     prompts.append(prompts[3][:96] + [7, 8])  # shares 6 blocks with prompt 3
@@ -61,9 +63,9 @@ def test_quantized_options_and_refusals(tmp_path):
         ortinf.export(tmp_path / "hf", tmp_path / "x", dtype="int4", quant_block_size=24, progress=False)
     with pytest.raises(ExportError, match="is for decoders"):
         ortinf.export(minilm, tmp_path / "y", dtype="int8", progress=False)
-    manifest = ortinf.export(tmp_path / "hf", tmp_path / "pkg", dtype="int4", quant_block_size=16, accuracy_level=4, progress=False)
+    manifest = ortinf.export(tmp_path / "hf", tmp_path / "pkg", dtype="int4", quant_block_size=16, accuracy_level=0, progress=False)
     recorded = json.loads((tmp_path / "pkg" / "ortinf.json").read_text())
-    assert recorded["quantization"]["block_size"] == 16 and recorded["quantization"]["accuracy_level"] == 4
+    assert recorded["quantization"]["block_size"] == 16 and recorded["quantization"]["accuracy_level"] == 0
     assert manifest.quality.description.startswith("4 random prompts of 48 tokens")
     cpu = resolve("cpu")
     fp_only = Found(dataclasses.replace(cpu.provider, dtypes=("fp32", "fp16")), cpu.devices)  # as webgpu, openvino, ...
