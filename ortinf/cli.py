@@ -261,7 +261,8 @@ def providers() -> None:
               help="Python of an environment with ortinf and other providers installed (repeatable; default: this one), "
                    "e.g. .venv-openvino/bin/python.")
 @click.option("--threads", type=int, default=0, show_default=True, help="Intra-op threads per row (0: all cores).")
-def matrix(packages: tuple[Path, ...], output: Path, pythons: tuple[str, ...], threads: int) -> None:
+@click.option("--providers", "only", default=None, metavar="NAME,...", help="Measure only these providers (default: every one installed).")
+def matrix(packages: tuple[Path, ...], output: Path, pythons: tuple[str, ...], threads: int, only: str | None) -> None:
     """Measure every installed provider x every decoder PACKAGE: quality against the fp32 package on
     the CPU, greedy agreement, tokens/s and TTFT at concurrency 1 and 32, peak RSS."""
     from ortinf.runtime.matrix import markdown, run_matrix
@@ -271,7 +272,7 @@ def matrix(packages: tuple[Path, ...], output: Path, pythons: tuple[str, ...], t
             raise click.UsageError(f"{package} is not a decoder package: the matrix measures text generation")
     try:
         rows = run_matrix(list(packages), list(pythons) or [sys.executable], output, threads,
-                          progress=lambda line: click.echo(line, err=True))
+                          progress=lambda line: click.echo(line, err=True), only=only.split(",") if only else None)
     except RuntimeError as exc:
         raise click.ClickException(str(exc)) from exc
     from dataclasses import asdict

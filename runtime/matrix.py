@@ -9,8 +9,8 @@ loads the package on the provider and measures:
   before the first difference, averaged over the prompts);
 - speed through the engine: decode tokens/s and TTFT at concurrency 1 (one request of NEW_TOKENS)
   and at concurrency 32 (32 requests at once; output tokens / wall time, mean TTFT);
-- peak RSS of the child (wait4), and the KV pool's size for device providers (ORT reports no device
-  memory in use, so that is what is known of it).
+- peak RSS of the child (wait4; every row's KV pool is POOL, so the figures compare), and the KV
+  pool's size for device providers (ORT reports no device memory in use, so that is what is known).
 
 Rows run in the environments given by --python (default: this one), so one call can cover
 environments with different onnxruntime wheels (onnxruntime-openvino replaces the stock one). Each
@@ -36,7 +36,7 @@ import numpy as np
 
 PROMPTS, PROMPT_LEN, GREEDY_TOKENS = 4, 48, 32
 NEW_TOKENS, CONCURRENCY = 64, 32
-DEVICE_POOL = "512MiB"  # pool size for providers whose pool lives on a device (they need one given)
+POOL = "512MiB"  # the KV pool of every row: device pools need a size given, and one size makes RSS comparable
 BEGIN, END = "<!-- ortinf matrix: begin -->", "<!-- ortinf matrix: end -->"
 
 
@@ -91,8 +91,8 @@ def measure_row(package: Path, provider: str, threads: int, reference: Path | No
     manifest = Manifest.load(package)
     vocab = manifest.decoder.vocab_size
     on_device = PROVIDERS[provider].memory == DEVICE
-    pool = {"kv_cache_memory": parse_size(DEVICE_POOL)} if on_device else {}
-    result: dict[str, object] = {"device_pool_mib": parse_size(DEVICE_POOL) / 2**20 if on_device else None}
+    pool = {"kv_cache_memory": parse_size(POOL)}
+    result: dict[str, object] = {"device_pool_mib": parse_size(POOL) / 2**20 if on_device else None}
     prompt_set = prompts(vocab)
 
     graph = DecoderGraph(package, num_blocks=64, block_size=16, provider=provider, intra_op_threads=threads)
@@ -141,9 +141,16 @@ def _quality(ref_logits: np.ndarray, logits: np.ndarray, ref_tokens: list[list[i
 # ---------------------------------------------------------------- the parent: the matrix
 
 
+def child_env() -> dict[str, str]:
+    """The children's environment: WebGPU may use a software adapter (lavapipe where there is no GPU;
+    its rows say so by their speed), as the tests do."""
+    return {**os.environ, "ORT_WEBGPU_EP_ALLOW_SOFTWARE_ADAPTER": os.environ.get("ORT_WEBGPU_EP_ALLOW_SOFTWARE_ADAPTER", "1")}
+
+
 def providers_in(python: str) -> list[str]:
     """The providers an environment runs (asked in a child, since its onnxruntime may differ)."""
-    proc = subprocess.run([python, "-m", "ortinf.runtime.matrix", "providers"], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([python, "-m", "ortinf.runtime.matrix", "providers"], capture_output=True, text=True, timeout=300,
+                          env=child_env())
     if proc.returncode != 0:
         raise RuntimeError(f"{python} cannot run ortinf: {(proc.stderr.strip().splitlines() or ['no output'])[-1]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -153,9 +160,8 @@ def run_row(python: str, package: Path, provider: str, threads: int, reference: 
     """(measurements, error, peak RSS MiB) of one child."""
     out = work / f"{provider}-{package.name}.json"
     cmd = [python, "-m", "ortinf.runtime.matrix", "row", str(package), provider, str(threads), str(out), str(reference or "")]
-    env = {**os.environ, "ORT_WEBGPU_EP_ALLOW_SOFTWARE_ADAPTER": os.environ.get("ORT_WEBGPU_EP_ALLOW_SOFTWARE_ADAPTER", "1")}
     with tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env)
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=child_env())
         _, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)
         err.seek(0)
@@ -166,14 +172,15 @@ def run_row(python: str, package: Path, provider: str, threads: int, reference: 
     return json.loads(out.read_text()), "", rss
 
 
-def run_matrix(packages: list[Path], pythons: list[str], output: Path, threads: int, progress=print) -> list[Row]:  # noqa: ANN001
+def run_matrix(packages: list[Path], pythons: list[str], output: Path, threads: int, progress=print,  # noqa: ANN001
+               only: list[str] | None = None) -> list[Row]:
     from ortinf.manifest import Manifest
     from ortinf.providers.registry import PROVIDERS
 
     dtypes = {p: Manifest.load(p).dtype for p in packages}
     fp32 = [p for p in packages if dtypes[p] == "fp32"]
     stamp, where = time.strftime("%Y-%m-%d"), machine()
-    by_env = {python: providers_in(python) for python in pythons}
+    by_env = {python: [p for p in providers_in(python) if only is None or p in only] for python in pythons}
     cpu_python = next((py for py, names in by_env.items() if "cpu" in names), None)
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -203,7 +210,7 @@ def run_matrix(packages: list[Path], pythons: list[str], output: Path, threads: 
                         setattr(row, key, value)
                     rows.append(row)
         for name in PROVIDERS:
-            if name not in seen:
+            if name not in seen and (only is None or name in only):
                 rows += [Row(name, p.name, dtypes[p], "not measured (not installed here)", machine=where, date=stamp) for p in packages]
     write(rows, output)
     return rows
@@ -247,7 +254,7 @@ def markdown(rows: list[dict]) -> list[str]:
     lines = ["### `ortinf matrix`: provider x package", "",
              f"Quality against the fp32 package on the CPU provider ({PROMPTS} random prompts of {PROMPT_LEN} tokens; greedy over "
              f"{GREEDY_TOKENS} tokens); speed through the engine ({NEW_TOKENS} new tokens per request; concurrency 1 and "
-             f"{CONCURRENCY}); peak RSS of the measuring process. Machine(s): {'; '.join(machines)}.", "",
+             f"{CONCURRENCY}); peak RSS of the measuring process, KV pool {POOL} in every row. Machine(s): {'; '.join(machines)}.", "",
              "| provider | package | dtype | status | max abs diff | top-1 | mean KL | greedy | tok/s @1 | TTFT ms @1 | "
              "tok/s @32 | TTFT ms @32 | peak RSS MiB | device pool MiB | date |",
              "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
