@@ -59,3 +59,15 @@ def hf_greedy(model, prompt: Sequence[int], max_new_tokens: int) -> list[int]:
             pad_token_id=0,
         )
     return out[0, len(prompt) :].tolist()
+
+
+def assert_scheduling_exact(package: Path, prompts: list[list[int]]) -> None:
+    """A squeezed engine (20 blocks, 48-token steps: chunked prefills, preemption, prefix hits) gives
+    the greedy tokens of an unconstrained one, for every prompt, to max_tokens or a stop."""
+    free = run_to_completion(make_engine(package, num_blocks=256), prompts)
+    constrained = make_engine(package, num_blocks=20, max_num_batched_tokens=48, max_model_len=256)
+    squeezed = run_to_completion(constrained, prompts)
+    assert constrained.scheduler.stats.num_preemptions > 0 and constrained.kv_cache.stats.num_hits > 0
+    ids = [str(i) for i in range(len(prompts))]
+    assert [squeezed[i].outputs[0].token_ids for i in ids] == [free[i].outputs[0].token_ids for i in ids]
+    assert all(len(free[i].outputs[0].token_ids) == GREEDY.max_tokens or free[i].outputs[0].finish_reason == "stop" for i in ids)

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import logging
 
 import pytest
 
 from ortinf.errors import ConfigError
-from ortinf.manifest import DecoderSpec
 from ortinf.runtime.block_pool import BlockPool
 from ortinf.runtime.config import EngineConfig, parse_size
 from ortinf.runtime.kv_cache_manager import KVCacheManager

@@ -8,7 +8,6 @@ import threading
 import time
 
 import numpy as np
-import pytest
 
 from engine_helpers import drain, make_engine, run_to_completion
 from ortinf import LLM

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import ortinf
-from engine_helpers import GREEDY, make_engine, run_to_completion
+from engine_helpers import assert_scheduling_exact
 from ortinf.errors import ExportError
 from ortinf.runtime.kv_pool import block_bytes
 from tiny_models import build_decoder
@@ -31,13 +31,7 @@ def test_fp16_kv_cache_export_and_engine(dtype, tmp_path):
     rng = np.random.default_rng(5)
     prompts = [rng.integers(3, 256, n).tolist() for n in (7, 50, 120, 160)]
     prompts.append(prompts[2][:96] + [9, 9])  # a prefix hit
-    free = run_to_completion(make_engine(tmp_path / "pkg", num_blocks=256), prompts)
-    constrained = make_engine(tmp_path / "pkg", num_blocks=20, max_num_batched_tokens=48, max_model_len=256)
-    squeezed = run_to_completion(constrained, prompts)
-    assert constrained.scheduler.stats.num_preemptions > 0 and constrained.kv_cache.stats.num_hits > 0
-    ids = [str(i) for i in range(len(prompts))]
-    assert [squeezed[i].outputs[0].token_ids for i in ids] == [free[i].outputs[0].token_ids for i in ids]
-    assert all(len(free[i].outputs[0].token_ids) == GREEDY.max_tokens or free[i].outputs[0].finish_reason == "stop" for i in ids)
+    assert_scheduling_exact(tmp_path / "pkg", prompts)
 
 
 def test_kv_dtype_refusals(tmp_path):

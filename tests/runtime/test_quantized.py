@@ -11,7 +11,7 @@ import onnx
 import pytest
 
 import ortinf
-from engine_helpers import GREEDY, make_engine, run_to_completion
+from engine_helpers import assert_scheduling_exact, make_engine, run_to_completion
 from ortinf.errors import ConfigError, ExportError
 from ortinf.manifest import MODEL_NAME
 from ortinf.providers.registry import Found, resolve
@@ -47,13 +47,7 @@ def test_int8_engine_is_exact_under_chunking_preemption_and_prefix_hits(tmp_path
     rng = np.random.default_rng(3)
     prompts = [rng.integers(3, 256, n).tolist() for n in (5, 40, 90, 130, 170)]
     prompts.append(prompts[3][:96] + [7, 8])  # shares 6 blocks with prompt 3
-    free = run_to_completion(make_engine(tmp_path / "pkg", num_blocks=256), prompts)
-    constrained = make_engine(tmp_path / "pkg", num_blocks=20, max_num_batched_tokens=48, max_model_len=256)
-    squeezed = run_to_completion(constrained, prompts)
-    assert constrained.scheduler.stats.num_preemptions > 0 and constrained.kv_cache.stats.num_hits > 0
-    ids = [str(i) for i in range(len(prompts))]
-    assert [squeezed[i].outputs[0].token_ids for i in ids] == [free[i].outputs[0].token_ids for i in ids]
-    assert all(len(free[i].outputs[0].token_ids) == GREEDY.max_tokens or free[i].outputs[0].finish_reason == "stop" for i in ids)
+    assert_scheduling_exact(tmp_path / "pkg", prompts)
 
 
 def test_quantized_options_and_refusals(tmp_path):
