@@ -33,7 +33,9 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "peers"))
 from export_llama import build, report  # noqa: E402
+from run_hf import StepClock  # noqa: E402
 
 import ortinf  # noqa: E402
 from ortinf import LLM, SamplingParams  # noqa: E402
@@ -78,17 +80,6 @@ def run_ortinf(package: Path, prompts: list[list[int]], name: str, **options) ->
     tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     assert tokens == NUM_REQUESTS * NEW_TOKENS if len(prompts) == NUM_REQUESTS else True
     return Row(name, tokens, seconds, statistics.mean(ttfts), statistics.mean(tpots))
-
-
-class StepClock:
-    """A transformers StoppingCriteria that only records when each generation step ends."""
-
-    def __init__(self) -> None:
-        self.times: list[float] = []
-
-    def __call__(self, input_ids, scores, **kwargs):
-        self.times.append(time.monotonic())
-        return torch.zeros(input_ids.shape[0], dtype=torch.bool)
 
 
 def hf_generate(model, prompts: list[list[int]], pad_id: int = 0) -> tuple[int, float, float, float]:
