@@ -33,7 +33,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PEERS = ROOT / "benchmarks" / "peers"
 sys.path.insert(0, str(ROOT / "benchmarks"))
-sys.path.insert(0, str(ROOT / "hardware_matrix"))
 
 NUM_PROMPTS, NEW_TOKENS, THREADS = 32, 128, 2
 SINGLE = slice(14, 18)  # the single-stream rows' prompts
@@ -180,21 +179,21 @@ def ratios(rows: list[Row]) -> list[str]:
             peer = best[("batch", "fp32")]
             parts.append(f"{row.throughput / peer.throughput:.2f}x the best fp32 peer (target 2x)")
         if parts:
-            lines.append(f"- ortinf {p}, 32 at once: " + "; ".join(parts))
+            lines.append(f"- {row.engine.name} {p}, 32 at once: " + "; ".join(parts))
     singles = [r for r in done if r.mode == "single"]
     if singles:
-        tpot = {(r.engine.runner, r.engine.precision): statistics.mean(r.result["tpot"]) * 1e3 for r in singles}
-        for (runner, p), ms in tpot.items():
+        tpot = {(r.engine.name, r.engine.runner, r.engine.precision): statistics.mean(r.result["tpot"]) * 1e3 for r in singles}
+        for (name, runner, p), ms in tpot.items():
             if runner == "ortinf":
-                peers = {k: v for k, v in tpot.items() if k[0] != "ortinf" and k[1] == p}
+                peers = {k: v for k, v in tpot.items() if k[1] != "ortinf" and k[2] == p}
                 if peers:
                     k, v = min(peers.items(), key=lambda kv: kv[1])
-                    lines.append(f"- single-request TPOT {p}: ortinf {ms:.1f} ms vs best peer {v:.1f} ms ({k[0]}; target: no worse)")
+                    lines.append(f"- single-request TPOT {p}: {name} {ms:.1f} ms vs best peer {v:.1f} ms ({k[0]}; target: no worse)")
     return lines
 
 
 def machine() -> str:
-    from machine import describe
+    from ortinf.runtime.matrix import machine as describe
 
     return describe()
 
