@@ -65,3 +65,35 @@ def test_quantized_options_and_refusals(tmp_path):
     fp_only = Found(dataclasses.replace(cpu.provider, dtypes=("fp32", "fp16")), cpu.devices)  # as webgpu, openvino, ...
     with pytest.raises(ConfigError, match="is int4; the cpu provider runs fp32, fp16: re-export with --dtype fp32"):
         DecoderGraph(tmp_path / "pkg", num_blocks=8, block_size=16, provider=fp_only)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int4"])
+def test_default_level_engine_keeps_greedy_agreement_under_scheduling(dtype, tmp_path):
+    """At the default accuracy level (4, not batch-invariant), a squeezed engine (chunked prefills,
+    preemption, prefix hits) still agrees with transformers' fp32 greedy tokens as well as the export
+    gate demands (the share of tokens before the first difference, averaged: int8 >= 0.25; int4 is
+    not gated), and with an unconstrained engine on most of its tokens (only near-ties may flip)."""
+    import transformers
+
+    from ortinf.exporter.verify import THRESHOLDS
+    from engine_helpers import hf_greedy
+
+    build_decoder("llama", tmp_path / "hf")
+    ortinf.export(tmp_path / "hf", tmp_path / "pkg", dtype=dtype, progress=False)
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    rng = np.random.default_rng(11)
+    prompts = [rng.integers(3, 256, n).tolist() for n in (6, 45, 100, 150)]
+    prompts.append(prompts[2][:96] + [4, 4])
+    constrained = make_engine(tmp_path / "pkg", num_blocks=20, max_num_batched_tokens=48, max_model_len=256)
+    squeezed = run_to_completion(constrained, prompts)
+    free = run_to_completion(make_engine(tmp_path / "pkg", num_blocks=256), prompts)
+    assert constrained.scheduler.stats.num_preemptions > 0 and constrained.kv_cache.stats.num_hits > 0
+
+    def share(got: list[int], want: list[int]) -> float:
+        return next((j for j, (a, b) in enumerate(zip(got, want)) if a != b), len(got)) / len(got)
+
+    tokens = [squeezed[str(i)].outputs[0].token_ids for i in range(len(prompts))]
+    with_hf = np.mean([share(t, hf_greedy(model, p, len(t))) for t, p in zip(tokens, prompts)])
+    with_free = np.mean([share(t, free[str(i)].outputs[0].token_ids) for i, t in enumerate(tokens)])
+    assert with_hf >= THRESHOLDS[dtype][2], with_hf
+    assert with_free >= 0.5, with_free
