@@ -21,10 +21,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +30,8 @@ import numpy as np
 KVH, G, S, NB, BLK, D, NBLK = 4, 2, 32, 512, 16, 64, 12
 P = NBLK * BLK
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from decode_step import median_ms  # noqa: E402
 
 
 def inputs(sequential: bool) -> dict[str, np.ndarray]:
@@ -46,16 +46,6 @@ def inputs(sequential: bool) -> dict[str, np.ndarray]:
         "v": rng.standard_normal((KVH, S, 1, D), np.float32),
         "ctx": rng.integers(150, P + 1, S).astype(np.int64),
     }
-
-
-def timed(fn, repeats: int = 30) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
 
 
 def ort_rows(data: dict[str, np.ndarray]) -> tuple[dict[str, float], np.ndarray]:
@@ -104,7 +94,7 @@ def ort_rows(data: dict[str, np.ndarray]) -> tuple[dict[str, float], np.ndarray]
         session = ort.InferenceSession(h.make_model(graph, opset_imports=[h.make_opsetid("", 23)]).SerializeToString(), options,
                                        providers=["CPUExecutionProvider"])
         outs[name] = session.run(["out"], feeds)[0].reshape(KVH, S, G, D)
-        rows[name] = timed(lambda: session.run(["out"], feeds))
+        rows[name] = median_ms(lambda: session.run(["out"], feeds), 30)
     first, second = outs.values()
     assert np.abs(first - second).max() < 1e-4
     return rows, first
@@ -129,7 +119,6 @@ def main() -> None:
     parser.add_argument("--sequential", action="store_true", help="consecutive blocks per sequence (random otherwise)")
     parser.add_argument("--record", action="store_true", help="append the table to benchmarks/RESULTS.md")
     args = parser.parse_args()
-    sys.path.insert(0, str(ROOT / "benchmarks"))
     from export_llama import report
 
     from ortinf.runtime.matrix import machine

@@ -34,6 +34,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PEERS = ROOT / "benchmarks" / "peers"
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from ortinf.runtime.matrix import machine  # noqa: E402
+
 NUM_PROMPTS, NEW_TOKENS, THREADS = 32, 128, 2
 SINGLE = slice(14, 18)  # the single-stream rows' prompts
 
@@ -190,12 +192,6 @@ def ratios(rows: list[Row]) -> list[str]:
                     k, v = min(peers.items(), key=lambda kv: kv[1])
                     lines.append(f"- single-request TPOT {p}: {name} {ms:.1f} ms vs best peer {v:.1f} ms ({k[0]}; target: no worse)")
     return lines
-
-
-def machine() -> str:
-    from ortinf.runtime.matrix import machine as describe
-
-    return describe()
 
 
 def main() -> None:

@@ -2,16 +2,9 @@
 
 from __future__ import annotations
 
-import os
-import platform
 from pathlib import Path
 
-
-def describe() -> str:
-    """'x86_64, 2 cores, CPU flags avx avx2' (the AVX/AMX flags decide ORT's CPU kernels)."""
-    cpuinfo = Path("/proc/cpuinfo")
-    flags = sorted({f for f in cpuinfo.read_text().split() if f.startswith(("avx", "amx"))}) if cpuinfo.exists() else []
-    return f"{platform.machine()}, {os.cpu_count()} cores, CPU flags {' '.join(flags) or '-'}"
+from ortinf.runtime.matrix import machine as describe  # noqa: F401 - the one description, `ortinf matrix`'s
 
 
 def report(lines: list[str], record: bool) -> None:

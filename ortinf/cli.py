@@ -260,13 +260,17 @@ def providers() -> None:
 @click.option("--python", "pythons", multiple=True, metavar="PYTHON",
               help="Python of an environment with ortinf and other providers installed (repeatable; default: this one), "
                    "e.g. .venv-openvino/bin/python.")
-@click.option("--threads", type=int, default=0, show_default=True, help="Intra-op threads per row (0: all cores).")
+@click.option("--threads", type=click.IntRange(min=0), default=0, show_default=True, help="Intra-op threads per row (0: all cores).")
 @click.option("--providers", "only", default=None, metavar="NAME,...", help="Measure only these providers (default: every one installed).")
 def matrix(packages: tuple[Path, ...], output: Path, pythons: tuple[str, ...], threads: int, only: str | None) -> None:
     """Measure every installed provider x every decoder PACKAGE: quality against the fp32 package on
     the CPU, greedy agreement, tokens/s and TTFT at concurrency 1 and 32, peak RSS."""
+    from ortinf.providers.registry import PROVIDERS
     from ortinf.runtime.matrix import markdown, run_matrix
 
+    unknown = [name for name in (only or "").split(",") if name and name not in PROVIDERS]
+    if unknown:
+        raise click.UsageError(f"unknown provider {', '.join(unknown)} in --providers: choose among {', '.join(PROVIDERS)}")
     for package in packages:
         if Manifest.load(package).task != TEXT_GENERATION:
             raise click.UsageError(f"{package} is not a decoder package: the matrix measures text generation")

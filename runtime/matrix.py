@@ -38,6 +38,7 @@ PROMPTS, PROMPT_LEN, GREEDY_TOKENS = 4, 48, 32
 NEW_TOKENS, CONCURRENCY = 64, 32
 POOL = "512MiB"  # the KV pool of every row: device pools need a size given, and one size makes RSS comparable
 BEGIN, END = "<!-- ortinf matrix: begin -->", "<!-- ortinf matrix: end -->"
+NOT_MEASURED = "not measured"
 
 
 @dataclass
@@ -180,21 +181,22 @@ def run_matrix(packages: list[Path], pythons: list[str], output: Path, threads: 
     dtypes = {p: Manifest.load(p).dtype for p in packages}
     fp32 = [p for p in packages if dtypes[p] == "fp32"]
     stamp, where = time.strftime("%Y-%m-%d"), machine()
-    by_env = {python: [p for p in providers_in(python) if only is None or p in only] for python in pythons}
-    cpu_python = next((py for py, names in by_env.items() if "cpu" in names), None)
+    installed = {python: providers_in(python) for python in pythons}
+    by_env = {python: [p for p in names if only is None or p in only] for python, names in installed.items()}
+    # the reference is the fp32 package on the CPU, whichever providers are measured
+    cpu_python = next((py for py, names in installed.items() if "cpu" in names), None)
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        reference = None
+        reference, reference_run = None, None
         if fp32 and cpu_python:
-            progress(f"reference: {fp32[0]} on cpu")
-            data, error, _ = run_row(cpu_python, fp32[0], "cpu", threads, None, work)
+            progress(f"reference: {fp32[0]} on cpu ({cpu_python})")
+            data, error, rss = run_row(cpu_python, fp32[0], "cpu", threads, None, work)
             if data is None:
                 raise RuntimeError(f"the reference run failed: {error}")
             reference = work / f"cpu-{fp32[0].name}.json"
-            reference = reference.rename(work / "reference.json")
-            for suffix in (".logits.npy", ".tokens.json"):
-                (work / f"cpu-{fp32[0].name}{suffix}").rename(work / f"reference{suffix}")
+            logits, tokens = np.load(reference.with_suffix(".logits.npy")), json.loads(reference.with_suffix(".tokens.json").read_text())
+            reference_run = ({**data, **_quality(logits, logits, tokens, tokens)}, "", rss)  # the cpu x fp32 row itself
         seen = set()
         for python, names in by_env.items():
             for provider in names:
@@ -203,7 +205,10 @@ def run_matrix(packages: list[Path], pythons: list[str], output: Path, threads: 
                 seen.add(provider)
                 for package in packages:
                     progress(f"{provider} x {package} ({python})")
-                    data, error, rss = run_row(python, package, provider, threads, reference, work)
+                    if reference_run and (provider, package, python) == ("cpu", fp32[0], cpu_python):
+                        data, error, rss = reference_run
+                    else:
+                        data, error, rss = run_row(python, package, provider, threads, reference, work)
                     row = Row(provider, package.name, dtypes[package], "measured" if data else f"failed: {error}",
                               peak_rss_mib=rss if data else None, machine=where, date=stamp)
                     for key, value in (data or {}).items():
@@ -211,26 +216,28 @@ def run_matrix(packages: list[Path], pythons: list[str], output: Path, threads: 
                     rows.append(row)
         for name in PROVIDERS:
             if name not in seen and (only is None or name in only):
-                rows += [Row(name, p.name, dtypes[p], "not measured (not installed here)", machine=where, date=stamp) for p in packages]
+                rows += [Row(name, p.name, dtypes[p], f"{NOT_MEASURED} (not installed here)", machine=where, date=stamp) for p in packages]
     write(rows, output)
     return rows
 
 
 def write(rows: list[Row], output: Path) -> None:
-    """Merges rows into output/matrix.csv (same provider and package: replaced) and rewrites the
-    matrix section of output/RESULTS.md from it."""
+    """Merges rows into output/matrix.csv and rewrites the matrix section of output/RESULTS.md from
+    it: a row replaces the one of the same provider and package, except that a "not measured"
+    placeholder never replaces a row with figures (measured in another environment or run)."""
     output.mkdir(parents=True, exist_ok=True)
     path = output / "matrix.csv"
     names = [f.name for f in fields(Row)]
-    old = []
+    table: dict[tuple[str, str], dict] = {}
     if path.exists():
         with path.open(newline="") as fh:
-            old = [r for r in csv.DictReader(fh)]
-    fresh = {(r.provider, r.package): r for r in rows}
-    keep = [r for r in old if (r["provider"], r["package"]) not in fresh and not r["status"].startswith("not measured")]
-    measured = {(r["provider"], r["package"]) for r in keep} | {k for k, r in fresh.items() if r.status == "measured"}
-    merged = keep + [asdict(r) for k, r in fresh.items() if r.status != "not measured (not installed here)" or k not in measured]
-    merged = [r for r in merged if not (str(r["status"]).startswith("not measured") and (r["provider"], r["package"]) in measured)]
+            table = {(r["provider"], r["package"]): r for r in csv.DictReader(fh)}
+    for row in rows:
+        key = (row.provider, row.package)
+        if row.status.startswith(NOT_MEASURED) and key in table and not table[key]["status"].startswith(NOT_MEASURED):
+            continue
+        table[key] = asdict(row)
+    merged = list(table.values())
     with path.open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=names)
         writer.writeheader()

@@ -16,16 +16,20 @@ from tiny_models import build_decoder
 
 def test_write_merges_rows_and_replaces_its_section(tmp_path):
     (tmp_path / "RESULTS.md").write_text("# Hardware matrix\n\nkept text\n")
-    write([Row("cpu", "a", "fp32", "measured", tok_s_1=10.0), Row("cuda", "a", "fp32", "not measured (not installed here)")], tmp_path)
-    write([Row("cpu", "a", "fp32", "measured", tok_s_1=20.0), Row("openvino", "a", "fp32", "measured", tok_s_1=5.0),
+    write([Row("cpu", "a", "fp32", "measured", tok_s_1=10.0), Row("cuda", "a", "fp32", "not measured (not installed here)"),
+           Row("openvino", "a", "fp32", "measured", tok_s_1=4.0)], tmp_path)
+    # a later run (say, in an environment without OpenVINO, or with --providers cpu) must lose nothing
+    write([Row("cpu", "a", "fp32", "measured", tok_s_1=20.0), Row("openvino", "a", "fp32", "not measured (not installed here)"),
            Row("openvino", "b", "int8", "measured")], tmp_path)
     with (tmp_path / "matrix.csv").open() as fh:
         rows = {(r["provider"], r["package"]): r for r in csv.DictReader(fh)}
-    assert set(rows) == {("cpu", "a"), ("openvino", "a"), ("openvino", "b")}  # cuda's placeholder went with no row to stand for
+    assert set(rows) == {("cpu", "a"), ("cuda", "a"), ("openvino", "a"), ("openvino", "b")}
+    assert rows[("cuda", "a")]["status"].startswith("not measured")  # the placeholder stays until a row with figures comes
+    assert float(rows[("openvino", "a")]["tok_s_1"]) == 4.0  # a placeholder never replaces figures
     assert float(rows[("cpu", "a")]["tok_s_1"]) == 20.0  # replaced, not duplicated
     text = (tmp_path / "RESULTS.md").read_text()
     assert "kept text" in text and text.count(BEGIN) == 1 and text.count(END) == 1
-    assert "| openvino | b | int8 | measured |" in text
+    assert "| openvino | b | int8 | measured |" in text and "| cuda | a | fp32 | not measured (not installed here) |" in text
 
 
 @pytest.mark.slow

@@ -27,6 +27,7 @@ def test_quantized_export_per_architecture(model_type, dtype, tmp_path):
     q = manifest.quality
     assert manifest.dtype == dtype and manifest.decoder.kv_dtype == "fp32"
     assert manifest.quantization.bits == {"int8": 8, "int4": 4}[dtype] and manifest.quantization.block_size == 32
+    assert manifest.quantization.accuracy_level == 4  # the default: int8 activations in the CPU kernel
     assert not q.failures() and q.top1_agreement >= q.min_top1_agreement >= 0.35 and q.mean_kl <= q.max_mean_kl <= 0.1
     graph = onnx.load(str(tmp_path / "pkg" / MODEL_NAME), load_external_data=False).graph
     assert sum(n.op_type == "MatMulNBits" for n in graph.node) >= 4 * manifest.decoder.num_layers
