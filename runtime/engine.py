@@ -24,6 +24,7 @@ from ortinf.runtime.request import FinishReason, Request
 from ortinf.runtime.sampling_params import SamplingParams
 from ortinf.runtime.scheduler import Scheduler, SchedulerConfig, check_fits
 from ortinf.runtime.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from ortinf.runtime.structured_output import GrammarCompiler
 from ortinf.runtime.tokenizer import check_unicode, load_checked_tokenizer
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,8 @@ class LLMEngine:
         scheduler_config = SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len,
                                            self.graph.max_query_len or 0)
         self.scheduler = Scheduler(scheduler_config, self.kv_cache)
-        self.runner = ModelRunner(self.graph, seed=config.seed)
+        self.grammars = GrammarCompiler(self.tokenizer, spec.vocab_size, manifest.eos_token_ids) if self.tokenizer else None
+        self.runner = ModelRunner(self.graph, seed=config.seed, grammars=self.grammars)
         self.num_failed_steps_in_a_row = 0
         self.outputs = OutputProcessor(self.tokenizer)
         self._ids = itertools.count()
@@ -83,16 +85,38 @@ class LLMEngine:
         """Tokenises and validates a request without touching engine state (safe from any thread)."""
         params = params or SamplingParams()
         vocab = self.manifest.decoder.vocab_size
-        bad = next((t for t in params.stop_token_ids if t >= vocab), None)
+        bad = next((t for t in params.token_ids_to_check if t >= vocab), None)
         if bad is not None:
-            raise RequestError(f"stop token id {bad} is out of range: token ids must be in [0, {vocab})", param="stop_token_ids")
+            param = "stop_token_ids" if bad in params.stop_token_ids else "logit_bias, allowed_token_ids or bad_words"
+            raise RequestError(f"token id {bad} is out of range: token ids must be in [0, {vocab})", param=param)
+        if params.structured_output is not None:
+            if self.grammars is None:
+                raise RequestError("structured output needs the package's tokenizer", param=params.structured_output.param)
+            self.grammars.compile(params.structured_output)  # compiled (or found cached) here, off the engine loop
+        if params.bad_words:
+            params = replace(params, bad_words_ids=params.bad_words_ids + self._bad_words_ids(params.bad_words))
         text, token_ids = self.tokenize(prompt)
+        if params.truncate_prompt_tokens is not None and len(token_ids) > params.truncate_prompt_tokens:
+            text, token_ids = None, token_ids[-params.truncate_prompt_tokens:]  # the prompt's end is what the model continues
         if params.max_tokens is None:  # as many as the context length leaves
             if len(token_ids) >= self.max_model_len:
                 raise RequestError(f"the prompt has {len(token_ids)} tokens; the context length is {self.max_model_len}", param="prompt")
             params = replace(params, max_tokens=self.max_model_len - len(token_ids))
         check_fits(len(token_ids), params.max_tokens, self.max_model_len)
         return PreparedRequest(text, token_ids, params)
+
+    def _bad_words_ids(self, words: Sequence[str]) -> tuple[tuple[int, ...], ...]:
+        """Each word's token ids, alone and after a space (vLLM's rule: a word mid-text is usually
+        tokenised with its leading space)."""
+        if self.tokenizer is None:
+            raise RequestError("bad_words needs the package's tokenizer", param="bad_words")
+        found: dict[tuple[int, ...], None] = {}
+        for word in words:
+            for text in (word, " " + word.lstrip()):
+                ids = tuple(self.tokenizer.encode(check_unicode(text, "bad_words"), add_special_tokens=False).ids)
+                if ids:
+                    found[ids] = None
+        return tuple(found)
 
     def add_request(self, prompt: str | Sequence[int] | PreparedRequest, params: SamplingParams | None = None, request_id: str | None = None) -> str:
         """Queues a request; raises RequestError (nothing queued) when it is invalid."""
@@ -130,6 +154,10 @@ class LLMEngine:
             self.outputs.record_prompt_logprobs(runner_output)
         except Exception as exc:  # noqa: BLE001 - the step's requests end; the engine goes on
             return results + self._fail_step([s.request_id for s in scheduler_output.scheduled], exc, "running")
+        for request_id, reason in runner_output.cannot_continue.items():
+            error = RequestError(f"the output cannot continue: {reason}")
+            results += self._fail_requests([request_id], error, "sampling")
+        changed = [r for r in changed if r.request_id not in runner_output.cannot_continue]
         now = time.monotonic()
         for request in changed:
             try:
@@ -160,6 +188,8 @@ class LLMEngine:
             merged.sampled_token_ids.update(output.sampled_token_ids)
             merged.logprobs.update(output.logprobs)
             merged.prompt_logprobs.update(output.prompt_logprobs)
+            merged.format_complete.update(output.format_complete)
+            merged.cannot_continue.update(output.cannot_continue)
         if not kept:  # nothing ran: the step failed as a whole
             raise exc
         results = []

@@ -12,6 +12,7 @@ different lengths are cheaper in separate calls.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
@@ -20,33 +21,42 @@ from ortinf.runtime.decoder_graph import DecoderGraph
 from ortinf.runtime.model_input import SequenceChunk, build_model_input
 from ortinf.runtime.sampler import Sampler, log_softmax
 from ortinf.runtime.scheduler_output import ModelRunnerOutput, ScheduledRequest, SchedulerOutput, TokenLogprobs, top_logprobs
+from ortinf.runtime.structured_output import GrammarCompiler, advance
 
 
 class ModelRunner:
     """Executes steps on a DecoderGraph; keeps one RNG per seeded request."""
 
-    def __init__(self, graph: DecoderGraph, seed: int | None = None) -> None:
+    def __init__(self, graph: DecoderGraph, seed: int | None = None, grammars: GrammarCompiler | None = None) -> None:
         self.graph = graph
         self.sampler = Sampler()
         self.shared_generator = np.random.default_rng(seed)
         self.generators: dict[str, np.random.Generator] = {}
+        self.grammars = grammars
+        self.matchers: dict = {}  # request id -> its llguidance matcher (structured output)
+        self._mask_worker = ThreadPoolExecutor(1, thread_name_prefix="ortinf-masks") if grammars else None
 
     def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         for request_id in scheduler_output.finished_request_ids:
             self.generators.pop(request_id, None)
+            self.matchers.pop(request_id, None)
         scheduled = scheduler_output.scheduled
         if not scheduled:
             return ModelRunnerOutput()
+        sampling = [i for i, s in enumerate(scheduled) if s.sample]
+        masks = self._start_masks([scheduled[i] for i in sampling])  # filled while the graph runs
         last_rows: list[np.ndarray | None] = [None] * len(scheduled)
         prompt_rows: dict[int, np.ndarray] = {}
         query_lens = [len(s.token_ids) for s in scheduled]
-        for group in plan_calls(query_lens, [s.num_computed_tokens for s in scheduled], self.graph.block_size):
-            self._run_group(scheduled, group, last_rows, prompt_rows)
+        try:
+            for group in plan_calls(query_lens, [s.num_computed_tokens for s in scheduled], self.graph.block_size):
+                self._run_group(scheduled, group, last_rows, prompt_rows)
+        finally:
+            grammar_masks = masks.result() if masks is not None else None  # never leave a matcher in use by the worker
 
         output = ModelRunnerOutput()
-        sampling = [i for i, s in enumerate(scheduled) if s.sample]
         if sampling:
-            self._sample([scheduled[i] for i in sampling], np.stack([last_rows[i] for i in sampling]), output)
+            self._sample([scheduled[i] for i in sampling], np.stack([last_rows[i] for i in sampling]), output, grammar_masks)
         for index, rows in prompt_rows.items():
             output.prompt_logprobs[scheduled[index].request_id] = (scheduled[index].num_computed_tokens + 1, prompt_logprobs(scheduled[index], rows))
         return output
@@ -63,7 +73,21 @@ class ModelRunner:
             last_rows[index] = logits[row + count - 1]
             row += count
 
-    def _sample(self, requests: list[ScheduledRequest], logits: np.ndarray, output: ModelRunnerOutput) -> None:
+    def _start_masks(self, requests: list[ScheduledRequest]) -> Future | None:
+        """Starts filling the grammar masks of the constrained rows: {row: allowed-token mask}."""
+        rows = [row for row, s in enumerate(requests) if s.sampling_params.structured_output is not None]
+        if not rows or self.grammars is None or self._mask_worker is None:
+            return None
+        matchers = [self._matcher(requests[row]) for row in rows]
+        return self._mask_worker.submit(lambda: dict(zip(rows, self.grammars.fill_masks(matchers))))
+
+    def _matcher(self, scheduled: ScheduledRequest):
+        if scheduled.request_id not in self.matchers:
+            self.matchers[scheduled.request_id] = self.grammars.matcher(scheduled.sampling_params.structured_output)
+        return self.matchers[scheduled.request_id]
+
+    def _sample(self, requests: list[ScheduledRequest], logits: np.ndarray, output: ModelRunnerOutput,
+                grammar_masks: dict[int, np.ndarray] | None) -> None:
         params = [s.sampling_params for s in requests]
         histories = [
             (s.all_token_ids[: s.num_prompt_tokens], s.all_token_ids[s.num_prompt_tokens :]) if s.sampling_params.has_penalties else ((), ())
@@ -71,20 +95,55 @@ class ModelRunner:
         ]
         generators = [self._generator(s) for s in requests]
         banned = [self._banned(s) for s in requests]
-        tokens, logprobs = self.sampler(logits, params, histories, generators, banned)
+        allowed = [self._allowed(s, (grammar_masks or {}).get(row), banned[row]) for row, s in enumerate(requests)]
+        for row, s in enumerate(requests):
+            if allowed[row] is not None and not allowed[row].any():
+                output.cannot_continue[s.request_id] = "no token is allowed next (the requested format, allowed_token_ids and bans exclude all)"
+                allowed[row] = None  # sampled anyway (all -inf would be NaN), then dropped
+        tokens, logprobs = self.sampler(logits, params, histories, generators, banned, allowed)
         for row, (s, token) in enumerate(zip(requests, tokens.tolist())):
+            if s.request_id in output.cannot_continue:
+                continue
             output.sampled_token_ids[s.request_id] = token
             if s.sampling_params.logprobs is not None:
                 assert logprobs is not None
                 output.logprobs[s.request_id] = top_logprobs(logprobs[row], token, s.sampling_params.logprobs)
+            if s.request_id in self.matchers:
+                complete, error = advance(self.matchers[s.request_id], token)
+                if error is not None:
+                    output.cannot_continue[s.request_id] = error
+                elif complete:
+                    output.format_complete.add(s.request_id)
+
+    def _allowed(self, scheduled: ScheduledRequest, grammar_mask: np.ndarray | None, banned: Sequence[int]) -> np.ndarray | None:
+        """The tokens this row may sample (grammar and allowed_token_ids, less the bans), or None for all."""
+        allowed_ids = scheduled.sampling_params.allowed_token_ids
+        if grammar_mask is None and allowed_ids is None:
+            return None
+        vocab = self.graph.spec.vocab_size
+        mask = grammar_mask.copy() if grammar_mask is not None else np.ones(vocab, dtype=bool)
+        if allowed_ids is not None:
+            only = np.zeros(vocab, dtype=bool)
+            only[[t for t in allowed_ids if t < vocab]] = True
+            mask &= only
+        mask[[t for t in banned if 0 <= t < vocab]] = False
+        return mask
 
     def _banned(self, scheduled: ScheduledRequest) -> tuple[int, ...]:
-        """EOS and stop token ids may not be sampled before min_tokens (vLLM's semantics)."""
+        """EOS and stop token ids may not be sampled before min_tokens (vLLM's semantics); nor may the
+        last token of a bad word whose other tokens end the output."""
         params = scheduled.sampling_params
-        if scheduled.num_output_tokens >= params.min_tokens:
-            return ()
-        eos = () if params.ignore_eos else self.graph.manifest.eos_token_ids
-        return (*eos, *params.stop_token_ids)
+        banned: tuple[int, ...] = ()
+        if scheduled.num_output_tokens < params.min_tokens:
+            eos = () if params.ignore_eos else self.graph.manifest.eos_token_ids
+            banned = (*eos, *params.stop_token_ids)
+        if params.bad_words_ids:
+            output_ids = scheduled.all_token_ids[scheduled.num_prompt_tokens :]
+            for word in params.bad_words_ids:
+                prefix = list(word[:-1])
+                if len(output_ids) >= len(prefix) and list(output_ids[len(output_ids) - len(prefix):]) == prefix:
+                    banned += (word[-1],)
+        return banned
 
     def _generator(self, scheduled: ScheduledRequest) -> np.random.Generator:
         seed = scheduled.sampling_params.seed

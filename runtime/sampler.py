@@ -63,11 +63,14 @@ class Sampler:
         histories: Sequence[tuple[Sequence[int], Sequence[int]]],
         generators: Sequence[np.random.Generator],
         banned: Sequence[Sequence[int]] = (),
+        allowed: Sequence[np.ndarray | None] = (),
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """Returns (token ids [rows], model logprobs [rows, vocab] or None when nobody asked).
 
         histories[i] is (prompt token ids, output token ids) of row i; generators[i] its RNG;
-        banned[i] the token ids row i may not produce now (EOS and stop ids before min_tokens).
+        banned[i] the token ids row i may not produce now (EOS and stop ids before min_tokens, bad
+        words); allowed[i] a bool mask of the only tokens row i may produce, or None (grammar,
+        allowed_token_ids). logit_bias is added after the penalties.
         """
         logits = np.array(logits, dtype=np.float32)  # a copy: penalties and filters work in place
         wants_logprobs = any(p.logprobs is not None for p in params)
@@ -76,6 +79,14 @@ class Sampler:
             if p.has_penalties:
                 apply_penalties(logits[row], p, prompt_ids, output_ids)
         vocab = logits.shape[1]
+        for row, p in enumerate(params):
+            if p.logit_bias:
+                ids = np.array([t for t, _ in p.logit_bias])
+                keep = ids < vocab
+                np.add.at(logits[row], ids[keep], np.array([b for _, b in p.logit_bias], dtype=np.float32)[keep])
+        for row, mask in enumerate(allowed):
+            if mask is not None:
+                logits[row, ~mask] = -np.inf
         for row, ids in enumerate(banned):
             ids = [i for i in ids if 0 <= i < vocab]  # a package's EOS id beyond its vocabulary bans nothing
             if ids:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ortinf.errors import RequestError
+from ortinf.runtime.structured_output import StructuredOutput
 
 MAX_LOGPROBS = 20
 SEED_RANGE = 2**64  # numpy's generators take seeds in [0, 2**64); any int maps into it (vLLM's rule)
@@ -41,6 +42,12 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     n: int = 1
+    structured_output: StructuredOutput | None = None  # a grammar every output token must follow
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit)
+    allowed_token_ids: tuple[int, ...] | None = None  # only these may be sampled
+    truncate_prompt_tokens: int | None = None  # keep only the last k prompt tokens (vLLM's rule)
+    bad_words: tuple[str, ...] = ()  # words that may not be generated (vLLM's rule: their last token is banned where it would complete one)
+    bad_words_ids: tuple[tuple[int, ...], ...] = ()  # the same as token sequences (filled from bad_words by the engine)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -76,6 +83,8 @@ class SamplingParams:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or not 0 <= value <= MAX_LOGPROBS):
                 raise RequestError(f"{name} must be an integer in [0, {MAX_LOGPROBS}], got {value}", param=name)
+        if self.truncate_prompt_tokens is not None and (not isinstance(self.truncate_prompt_tokens, int) or self.truncate_prompt_tokens < 1):
+            raise RequestError(f"truncate_prompt_tokens must be a positive integer, got {self.truncate_prompt_tokens}", param="truncate_prompt_tokens")
         if not isinstance(self.n, int) or self.n < 1:
             raise RequestError(f"n must be a positive integer, got {self.n}", param='n')
         if self.seed is not None:
@@ -86,6 +95,31 @@ class SamplingParams:
             raise RequestError("stop_token_ids must be non-negative token ids", param="stop_token_ids")
         if any(not s for s in self.stop):
             raise RequestError("stop strings must not be empty", param='stop')
+        if self.structured_output is not None and not isinstance(self.structured_output, StructuredOutput):
+            raise RequestError("structured_output must be a StructuredOutput", param="structured_output")
+        if isinstance(self.logit_bias, dict):
+            object.__setattr__(self, "logit_bias", tuple(self.logit_bias.items()))
+        bias = []
+        for token, value in self.logit_bias:
+            _token_id("logit_bias", token)
+            _finite("logit_bias", value)
+            if not -100.0 <= value <= 100.0:
+                raise RequestError(f"logit_bias values must be in [-100, 100], got {value}", param="logit_bias")
+            bias.append((int(token), float(value)))
+        object.__setattr__(self, "logit_bias", tuple(bias))
+        if self.allowed_token_ids is not None:
+            if not self.allowed_token_ids:
+                raise RequestError("allowed_token_ids must not be empty", param="allowed_token_ids")
+            object.__setattr__(self, "allowed_token_ids", tuple(_token_id("allowed_token_ids", t) for t in self.allowed_token_ids))
+        if isinstance(self.bad_words, str):
+            object.__setattr__(self, "bad_words", (self.bad_words,))
+        object.__setattr__(self, "bad_words", tuple(self.bad_words))
+        if any(not isinstance(w, str) or not w for w in self.bad_words):
+            raise RequestError("bad_words must be non-empty strings", param="bad_words")
+        words = tuple(tuple(_token_id("bad_words", t) for t in word) for word in self.bad_words_ids)
+        if any(not word for word in words):
+            raise RequestError("bad_words must not be empty", param="bad_words")
+        object.__setattr__(self, "bad_words_ids", words)
 
     def for_sample(self, index: int) -> SamplingParams:
         """The parameters of sample `index` of n: one sample each, seeded seed + index when seeded."""
@@ -96,8 +130,20 @@ class SamplingParams:
         return self.temperature < GREEDY_BELOW
 
     @property
+    def token_ids_to_check(self) -> tuple[int, ...]:
+        """Every token id the request names, to be checked against the model's vocabulary."""
+        return (*self.stop_token_ids, *(t for t, _ in self.logit_bias), *(self.allowed_token_ids or ()),
+                *(t for word in self.bad_words_ids for t in word))
+
+    @property
     def has_penalties(self) -> bool:
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+
+def _token_id(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise RequestError(f"{name} must hold non-negative token ids, got {value!r}", param=name)
+    return int(value)
 
 
 def _finite(name: str, value: float, low: float | None = None) -> None:

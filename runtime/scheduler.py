@@ -161,6 +161,8 @@ class Scheduler:
                 token_id = runner_output.sampled_token_ids[scheduled.request_id]
                 request.append_output_token(token_id)
                 self._check_stop(request, token_id)
+                if scheduled.request_id in runner_output.format_complete:  # the format is complete: nothing may follow
+                    self.finish_request(request.request_id, FinishReason.STOP)
             changed.append(request)
         return changed
 

@@ -72,6 +72,8 @@ class ModelRunnerOutput:
     sampled_token_ids: dict[str, int] = field(default_factory=dict)
     logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
     prompt_logprobs: dict[str, tuple[int, list[TokenLogprobs]]] = field(default_factory=dict)
+    format_complete: set[str] = field(default_factory=set)  # the sampled token completed the request's grammar
+    cannot_continue: dict[str, str] = field(default_factory=dict)  # no token may follow (grammar, allowed ids, bans): why
 
 
 def top_logprobs(logprobs_row: np.ndarray, token_id: int, k: int) -> TokenLogprobs:

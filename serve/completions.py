@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from ortinf.runtime.engine import PreparedRequest
 from ortinf.runtime.outputs import RequestOutput
 from ortinf.serve.errors import APIError
-from ortinf.serve.logprobs import completion_logprobs, echo_logprobs
+from ortinf.serve.logprobs import completion_logprobs, echo_logprobs, prompt_logprobs
 from ortinf.serve.models import ServedModel
 from ortinf.serve.protocol import CompletionRequest
 from ortinf.serve.state import ServerState
@@ -35,9 +35,17 @@ def prepare_samples(model: ServedModel, prompts: list, body_params, n: int) -> l
     return prepared
 
 
-def usage(prepared: list[PreparedRequest], n: int, completion_tokens: int) -> dict:
+def usage(prepared: list[PreparedRequest], n: int, completion_tokens: int, cached_tokens: int | None = None) -> dict:
+    """OpenAI's usage; prompt_tokens_details.cached_tokens is the prefix-cache hit of each prompt's first sample."""
     prompt_tokens = sum(len(p.token_ids) for p in prepared[::n])
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
+    body = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
+    if cached_tokens is not None:
+        body["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return body
+
+
+def cached_tokens(outputs: list[RequestOutput], n: int) -> int:
+    return sum(o.num_cached_tokens or 0 for o in outputs[::n])
 
 
 @router.post("/v1/completions")
@@ -47,7 +55,7 @@ async def create_completion(body: CompletionRequest, request: Request):
     engine = model.require_engine()
     if body.suffix:
         raise APIError(400, "suffix is not supported", param="suffix")
-    prompt_logprobs = body.logprobs if body.echo else None  # echo shows the prompt's logprobs too
+    prompt_logprobs = max(body.logprobs or 0, body.prompt_logprobs or 0) if body.echo else None  # echo shows the prompt's logprobs too
     params = body.sampling_params(body.max_tokens, body.logprobs, prompt_logprobs)
     prompts = body.prompts()
     if not prompts:
@@ -63,7 +71,8 @@ async def create_completion(body: CompletionRequest, request: Request):
     completion_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     return JSONResponse({
         "id": request_id, "object": "text_completion", "created": created, "model": model.name,
-        "choices": choices, "usage": usage(prepared, body.n, completion_tokens),
+        "system_fingerprint": model.fingerprint, "choices": choices,
+        "usage": usage(prepared, body.n, completion_tokens, cached_tokens(outputs, body.n)),
     })
 
 
@@ -84,13 +93,18 @@ def _choice(model: ServedModel, body: CompletionRequest, prepared: PreparedReque
             logprobs = echo_logprobs(model, prepared.token_ids, output.prompt_logprobs, entries)
         else:
             logprobs = completion_logprobs(model, entries)
-    return {"index": index, "text": prefix + completion.text, "logprobs": logprobs, "finish_reason": completion.finish_reason}
+    choice = {"index": index, "text": prefix + completion.text, "logprobs": logprobs, "finish_reason": completion.finish_reason,
+              "stop_reason": completion.stop_reason}
+    if body.prompt_logprobs is not None:
+        choice["prompt_logprobs"] = prompt_logprobs(model, output.prompt_logprobs)
+    return choice
 
 
 def _stream(state: ServerState, model: ServedModel, body: CompletionRequest, prepared: list[PreparedRequest],
             request_id: str, created: int) -> AsyncIterator[str]:
-    head = {"id": request_id, "object": "text_completion", "created": created, "model": model.name}
+    head = {"id": request_id, "object": "text_completion", "created": created, "model": model.name, "system_fingerprint": model.fingerprint}
     completion_tokens = [0] * len(prepared)
+    cached = [0] * len(prepared)
 
     async def chunks() -> AsyncIterator[dict]:
         sent_text = [0] * len(prepared)
@@ -115,12 +129,16 @@ def _stream(state: ServerState, model: ServedModel, body: CompletionRequest, pre
             completion_tokens[index] = len(completion.token_ids)
             # one chunk per step with new tokens, even when they add no text yet (a held-back stop
             # string prefix, an incomplete character, a package without tokenizer)
+            cached[index] = output.num_cached_tokens or 0
             if text or new_tokens or completion.finish_reason or logprobs:
-                yield {**head, "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": completion.finish_reason}]}
+                chunk = {**head, "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": completion.finish_reason}]}
+                if body.continuous_usage():
+                    chunk["usage"] = usage(prepared, body.n, sum(completion_tokens))
+                yield chunk
 
     def last() -> dict | None:
         if not body.include_usage():
             return None
-        return {**head, "choices": [], "usage": usage(prepared, body.n, sum(completion_tokens))}
+        return {**head, "choices": [], "usage": usage(prepared, body.n, sum(completion_tokens), sum(cached[:: body.n]))}
 
     return sse_stream(chunks(), last)

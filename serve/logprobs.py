@@ -46,3 +46,21 @@ def chat_logprobs(model: ServedModel, entries: Sequence[TokenLogprobs]) -> dict:
                for t, lp in zip(entry.top_ids, entry.top_logprobs)]
         content.append({"token": text, "logprob": entry.logprob, "bytes": list(text.encode()), "top_logprobs": top})
     return {"content": content}
+
+
+def prompt_logprobs(model: ServedModel, entries: Sequence[TokenLogprobs | None] | None) -> list[dict | None] | None:
+    """vLLM's prompt_logprobs field: per prompt token (None for the first), {token id: {logprob, rank,
+    decoded_token}} for the prompt's token and the top alternatives."""
+    if entries is None:
+        return None
+    body: list[dict | None] = []
+    for entry in entries:
+        if entry is None:
+            body.append(None)
+            continue
+        ranked = {entry.token_id: (entry.logprob, entry.rank)}
+        for rank, (token, logprob) in enumerate(zip(entry.top_ids, entry.top_logprobs), start=1):
+            ranked.setdefault(token, (logprob, rank))
+        body.append({str(token): {"logprob": logprob, "rank": rank, "decoded_token": model.token_text(token)}
+                     for token, (logprob, rank) in ranked.items()})
+    return body

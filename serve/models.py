@@ -39,6 +39,14 @@ class ServedModel:
             return f"token_id:{token_id}"
         return tokenizer.decode([token_id], skip_special_tokens=False)
 
+    @property
+    def fingerprint(self) -> str:
+        """OpenAI's system_fingerprint: what produced the output (runtime version, provider, precision)."""
+        from ortinf import __version__
+
+        provider = self.engine.engine.graph.provider.name if self.engine is not None else "encoder"
+        return f"ortinf-{__version__}-{provider}-{self.manifest.dtype}"
+
     def require_engine(self) -> AsyncEngine:
         if self.engine is None:
             raise APIError(400, f"model '{self.name}' is a {self.manifest.task} model: use /v1/embeddings", param="model")

@@ -3,7 +3,7 @@ SamplingParams checks them again for the Python API, and the engine checks what 
 model (token ids below its vocabulary size, prompt + max_tokens within its context length).
 
 A field this server does not implement is refused with 400 naming it (extra="forbid"), never
-silently ignored: a client that sends `response_format` or `logit_bias` must learn they did nothing."""
+silently ignored: a client that sends a field must learn when it did nothing."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ortinf.errors import RequestError
 from ortinf.runtime.sampling_params import MAX_LOGPROBS, SamplingParams
+from ortinf.runtime.structured_output import StructuredOutput
 
 MAX_N = 16
 MAX_PROMPTS = 256  # prompts in one completions request (each x n samples, within the server's capacity)
@@ -28,6 +29,65 @@ class StreamOptions(BaseModel):
     model_config = STRICT
 
     include_usage: bool = False
+    continuous_usage_stats: bool = Field(False, description="usage in every chunk, not only the last (vLLM's field)")
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    name: str = "response"
+    description: str | None = None
+    json_schema: dict | bool = Field(default_factory=dict, alias="schema")
+    strict: bool | None = Field(None, description="accepted; the schema is always enforced")
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's response_format: text, any JSON object, or JSON following a schema."""
+
+    model_config = STRICT
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputs(BaseModel):
+    """vLLM's structured_outputs: exactly one of json, regex, choice, grammar (Lark or GBNF), json_object."""
+
+    model_config = STRICT
+
+    json_: dict | bool | str | None = Field(None, alias="json", description="a JSON schema")
+    regex: str | None = None
+    choice: Annotated[list[str], Field(min_length=1)] | None = None
+    grammar: str | None = Field(None, description="a Lark grammar (llguidance's dialect) or a GBNF grammar")
+    json_object: bool | None = None
+
+
+def structured_output(response_format: ResponseFormat | None, structured: StructuredOutputs | None) -> StructuredOutput | None:
+    """The request's output format, from OpenAI's response_format or vLLM's structured_outputs."""
+    if response_format is not None and response_format.type != "text" and structured is not None:
+        raise RequestError("send response_format or structured_outputs, not both", param="structured_outputs")
+    if structured is not None:
+        given = {name: value for name, value in (("json", structured.json_), ("regex", structured.regex), ("choice", structured.choice),
+                                                 ("grammar", structured.grammar), ("json_object", structured.json_object or None))
+                 if value is not None}
+        if len(given) != 1:
+            raise RequestError(f"structured_outputs needs exactly one of json, regex, choice, grammar, json_object (got {len(given)})",
+                               param="structured_outputs")
+        (kind, value), = given.items()
+        if kind == "json":
+            return StructuredOutput.json_schema(value, param="structured_outputs.json")
+        if kind == "json_object":
+            return StructuredOutput.json_schema({"type": "object"}, param="structured_outputs.json_object")
+        if kind == "choice":
+            return StructuredOutput.choice(value, param="structured_outputs.choice")
+        return StructuredOutput(kind, value, param=f"structured_outputs.{kind}")
+    if response_format is None or response_format.type == "text":
+        return None
+    if response_format.type == "json_object":
+        return StructuredOutput.json_schema({"type": "object"})
+    if response_format.json_schema is None:
+        raise RequestError("response_format of type json_schema needs a json_schema object", param="response_format")
+    return StructuredOutput.json_schema(response_format.json_schema.json_schema, param="response_format.json_schema")
 
 
 class SamplingFields(BaseModel):
@@ -52,10 +112,25 @@ class SamplingFields(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    logit_bias: dict[str, Annotated[Finite, Field(ge=-100.0, le=100.0)]] | None = Field(
+        None, description="token id (as a string) -> bias added to its logit before sampling")
+    allowed_token_ids: Annotated[list[TokenId], Field(min_length=1)] | None = None
+    bad_words: Annotated[list[str], Field(max_length=MAX_STOP)] | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    prompt_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    truncate_prompt_tokens: Annotated[int, Field(ge=1, description="keep only the last k prompt tokens (vLLM's field)")] | None = None
 
     def sampling_params(self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None = None) -> SamplingParams:
         """SamplingParams for one sample; raises RequestError naming a bad parameter."""
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        bias = {}
+        for key, value in (self.logit_bias or {}).items():
+            if not key.strip().isdigit():
+                raise RequestError(f"logit_bias keys must be token ids, got {key!r}", param="logit_bias")
+            bias[int(key)] = value
         values = dict(
             max_tokens=max_tokens,
             temperature=1.0 if self.temperature is None else self.temperature,
@@ -71,12 +146,22 @@ class SamplingFields(BaseModel):
             ignore_eos=self.ignore_eos,
             min_tokens=self.min_tokens,
             logprobs=logprobs,
-            prompt_logprobs=prompt_logprobs,
+            prompt_logprobs=self.prompt_logprobs if prompt_logprobs is None else prompt_logprobs,
+            structured_output=structured_output(self.response_format, self.structured_outputs),
+            logit_bias=tuple(bias.items()),
+            allowed_token_ids=tuple(self.allowed_token_ids) if self.allowed_token_ids else None,
+            bad_words=tuple(self.bad_words or ()),
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            skip_special_tokens=self.skip_special_tokens,
+            truncate_prompt_tokens=self.truncate_prompt_tokens,
         )
         return SamplingParams(**values)
 
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    def continuous_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.continuous_usage_stats)
 
 
 class CompletionRequest(SamplingFields):

@@ -11,7 +11,7 @@ import pytest
 import transformers
 
 import ortinf
-from tiny_models import add_tokenizer, build_decoder
+from tiny_models import add_byte_tokenizer, add_tokenizer, build_decoder
 
 # WebGPU lists a device on Mesa's software Vulkan driver (lavapipe) only with this; it must be set
 # before the plugin is first registered. 'auto' never picks a software adapter, so CPU tests are unaffected.
@@ -33,6 +33,32 @@ def decoder_package(tmp_path_factory: pytest.TempPathFactory):
         return made[model_type]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def byte_package(tmp_path_factory) -> Path:
+    """A tiny random llama whose byte-level tokenizer can spell any text (JSON for structured output),
+    with a chat template that renders tools and tool calls the Hermes way."""
+    root = tmp_path_factory.mktemp("bytes")
+    build_decoder("llama", root / "hf", vocab_size=384)
+    add_byte_tokenizer(root / "hf", 384)
+    config = json.loads((root / "hf" / "tokenizer_config.json").read_text())
+    config["chat_template"] = TOOLS_CHAT_TEMPLATE
+    (root / "hf" / "tokenizer_config.json").write_text(json.dumps(config))
+    ortinf.export(root / "hf", root / "tiny-bytes", progress=False)
+    return root / "tiny-bytes"
+
+
+# Qwen2.5's way of offering tools and showing calls and results, in miniature.
+TOOLS_CHAT_TEMPLATE = (
+    "{% if tools %}<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools>\n{% endif %}"
+    "{% for m in messages %}"
+    "{% if m.role == 'tool' %}<tool_response>{{ m.content }}</tool_response>\n"
+    "{% elif m.tool_calls %}{{ m.role }}: {% for c in m.tool_calls %}<tool_call>\n"
+    "{\"name\": \"{{ c.function.name }}\", \"arguments\": {{ c.function.arguments }}}\n</tool_call>{% endfor %}\n"
+    "{% else %}{{ m.role }}: {{ m.content }}\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
 
 
 CHAT_TEMPLATE = (

@@ -33,11 +33,11 @@ DECODERS = {
 }
 
 
-def build_decoder(model_type: str, folder: Path, seed: int = 0) -> transformers.PreTrainedModel:
+def build_decoder(model_type: str, folder: Path, seed: int = 0, **overrides) -> transformers.PreTrainedModel:
     """Saves a tiny random `model_type` decoder to `folder` and returns it (fp32, eval, eager)."""
     config_class, model_class, kwargs = DECODERS[model_type]
     torch.manual_seed(seed)
-    config = config_class(**kwargs)
+    config = config_class(**{**kwargs, **overrides})
     config._attn_implementation = "eager"
     model = model_class(config).eval()
     model.save_pretrained(folder)
@@ -76,6 +76,30 @@ def add_tokenizer(folder: Path, vocab_size: int = 256) -> None:
     tokenizer.decoder = decoders.Metaspace()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False)
     tokenizer.train_from_iterator([TOKENIZER_TEXT] * 4, trainer)
+    assert tokenizer.get_vocab_size() <= vocab_size
+    tokenizer.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(
+        '{"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}'
+    )
+
+
+BYTE_TOKENIZER_TEXT = (
+    '{"name": "fox", "count": 12, "tags": ["quick", "brown"], "ok": true, "rate": -0.5e3, "none": null}\n'
+    "def jumps(over, the=None):\n    return [lazy, dog]  # (a) <b> 'c' @d $e %f ^g &h *i +j =k |l ~m `n ?o\\p/q"
+)
+
+
+def add_byte_tokenizer(folder: Path, vocab_size: int = 384) -> None:
+    """A byte-level BPE (every byte is a token, so any text, JSON included, can be written; <unk>=0,
+    <s>=1, </s>=2) with merges learnt from a little JSON and code."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator([BYTE_TOKENIZER_TEXT] * 4, trainer)
     assert tokenizer.get_vocab_size() <= vocab_size
     tokenizer.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(

@@ -1,0 +1,132 @@
+"""Structured output: a grammar (JSON schema, regex, choice, Lark) that every sampled token must follow.
+
+llguidance does the work (no torch): a grammar compiles once per distinct spec into a template
+matcher, cached, and each request gets a copy that advances on every accepted token. Before a
+step's sampling, the token masks of all constrained rows are filled in parallel by llguidance's
+executor, in a worker thread while the graph runs (both release the GIL); the sampler then sets
+the disallowed logits to -inf. A matcher that reaches the end of its grammar finishes its request
+("stop"); one that can no longer continue fails its request with the matcher's reason.
+
+JSON is generated compactly (no free whitespace between tokens): a weak model given freedom to emit
+whitespace can spend its whole token budget on it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import llguidance
+import numpy as np
+from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask_par
+from tokenizers import Tokenizer
+
+from ortinf.errors import RequestError
+
+Kind = Literal["json", "regex", "choice", "grammar"]
+CACHE_SIZE = 256  # compiled grammars kept (least recently used dropped first)
+JSON_OPTIONS = {"whitespace_flexible": False}
+
+
+@dataclass(frozen=True, slots=True)
+class StructuredOutput:
+    """What a request's output must match. `spec` is text so that equal specs share a compiled grammar:
+    a JSON schema (keys sorted), a regex, a JSON list of choices, or a Lark grammar."""
+
+    kind: Kind
+    spec: str
+    param: str = "structured_outputs"  # the request field named in errors
+
+    @classmethod
+    def json_schema(cls, schema: dict | str, param: str = "response_format") -> StructuredOutput:
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except ValueError as exc:
+                raise RequestError(f"the JSON schema is not valid JSON: {exc}", param=param) from exc
+        if not isinstance(schema, (dict, bool)):
+            raise RequestError("a JSON schema must be an object", param=param)
+        return cls("json", json.dumps(schema, sort_keys=True), param)
+
+    @classmethod
+    def choice(cls, options: Sequence[str], param: str = "structured_outputs") -> StructuredOutput:
+        if not options or not all(isinstance(o, str) for o in options):
+            raise RequestError("choice must be a non-empty list of strings", param=param)
+        return cls("choice", json.dumps(list(options)), param)
+
+    def grammar(self) -> str:
+        """The llguidance grammar text for this spec."""
+        if self.kind == "json":
+            return llguidance.LLMatcher.grammar_from_json_schema(self.spec, defaults=JSON_OPTIONS)
+        if self.kind == "regex":
+            return llguidance.LLMatcher.grammar_from_regex(self.spec)
+        if self.kind == "choice":
+            return llguidance.grammar_from("choice", self.spec)
+        return llguidance.grammar_from("grammar", self.spec)  # Lark, or GBNF converted to Lark
+
+
+class GrammarCompiler:
+    """Compiles specs into matchers for one tokenizer; thread-safe (requests are prepared off the loop)."""
+
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, eos_token_ids: Sequence[int]) -> None:
+        self.vocab_size = vocab_size
+        self._source = tokenizer
+        self._eos = list(eos_token_ids) or None
+        self._tokenizer: llguidance.LLTokenizer | None = None  # built on first use (about a second for 100k tokens)
+        self._executor: llguidance.LLExecutor | None = None
+        self._templates: OrderedDict[StructuredOutput, llguidance.LLMatcher] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def _llg_tokenizer(self) -> llguidance.LLTokenizer:
+        with self._lock:
+            if self._tokenizer is None:
+                self._tokenizer = llguidance.LLTokenizer(self._source.to_str(), n_vocab=self.vocab_size, eos_token=self._eos)
+                self._executor = llguidance.LLExecutor()
+            return self._tokenizer
+
+    def compile(self, output: StructuredOutput) -> llguidance.LLMatcher:
+        """The cached template matcher for `output`; raises RequestError with the compiler's message."""
+        key = StructuredOutput(output.kind, output.spec)
+        with self._lock:
+            template = self._templates.get(key)
+            if template is not None:
+                self._templates.move_to_end(key)
+                return template
+        try:
+            grammar = output.grammar()
+        except (ValueError, TypeError) as exc:
+            raise RequestError(f"invalid {_name(output.kind)}: {exc}", param=output.param) from exc
+        template = llguidance.LLMatcher(self._llg_tokenizer(), grammar, log_level=0)
+        if template.is_error():
+            raise RequestError(f"invalid {_name(output.kind)}: {template.get_error()}", param=output.param)
+        with self._lock:
+            self._templates[key] = template
+            while len(self._templates) > CACHE_SIZE:
+                self._templates.popitem(last=False)
+        return template
+
+    def matcher(self, output: StructuredOutput) -> llguidance.LLMatcher:
+        """A fresh matcher for one request (a copy of the cached template)."""
+        return self.compile(output).deep_copy()
+
+    def fill_masks(self, matchers: Sequence[llguidance.LLMatcher]) -> np.ndarray:
+        """Bool masks [len(matchers), vocab] of the tokens each matcher allows next (computed in parallel)."""
+        bitmask = allocate_token_bitmask(len(matchers), self.vocab_size)
+        fill_next_token_bitmask_par(self._executor, [(m, i) for i, m in enumerate(matchers)], bitmask)
+        bits = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")
+        return bits[:, : self.vocab_size].astype(bool)
+
+
+def _name(kind: Kind) -> str:
+    return {"json": "JSON schema", "regex": "regex", "choice": "choice list", "grammar": "grammar"}[kind]
+
+
+def advance(matcher: llguidance.LLMatcher, token_id: int) -> tuple[bool, str | None]:
+    """Feeds one accepted token: (the grammar is complete, error or None)."""
+    if not matcher.consume_token(token_id) or matcher.is_error():
+        return False, matcher.get_error() or f"token {token_id} does not follow the grammar"
+    return matcher.is_stopped(), None
