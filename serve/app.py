@@ -23,6 +23,7 @@ from ortinf.runtime.faults import FaultInjection
 from ortinf.runtime.sampling_params import SamplingParams
 from ortinf.serve import chat, completions, embeddings
 from ortinf.serve.chat_template import ChatTemplate
+from ortinf.serve.tools import resolve_parser
 from ortinf.serve.errors import error_body, error_response, install_error_handlers
 from ortinf.serve.models import ServedModel
 from ortinf.serve.state import ServerConfig, ServerState
@@ -108,6 +109,7 @@ def load_model(package: Path, name: str, config: ServerConfig, state: ServerStat
         model.engine = AsyncEngine(engine, on_step=state.metrics.hook(name), faults=FaultInjection(config.debug_fail_after_steps, config.debug_fail_token_id),
                                    on_dead=lambda exc: state.fatal(f"the engine of '{name}' died", exc))
         model.chat_template = ChatTemplate.load(package)
+        model.tool_parser = resolve_parser(config.tool_call_parser, model.chat_template.source if model.chat_template else None)
     else:
         model.encoder = EncoderGraph(package, provider=config.provider, intra_op_threads=config.intra_op_threads,
                                      provider_options=config.provider_options, allow_cpu_fallback=config.allow_cpu_fallback)

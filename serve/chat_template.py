@@ -26,6 +26,7 @@ class ChatTemplate:
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
         env.globals["raise_exception"] = _raise_exception
         env.filters["tojson"] = lambda value, indent=None: json.dumps(value, ensure_ascii=False, indent=indent)
+        self.source = source
         self.template = env.from_string(source)
         self.bos_token, self.eos_token = bos_token, eos_token
 
@@ -38,15 +39,28 @@ class ChatTemplate:
         config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
         return cls(path.read_text(encoding="utf-8"), _token(config, "bos_token"), _token(config, "eos_token"))
 
-    def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+    def render(self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None,
+               extra: dict | None = None, continue_final_message: bool = False) -> str:
+        """The conversation as text. `extra` (chat_template_kwargs) adds variables such as
+        enable_thinking; it cannot replace the ones set here. With continue_final_message the text
+        ends inside the last message, so the model continues it."""
+        context = {**(extra or {}), "messages": messages, "add_generation_prompt": add_generation_prompt, "tools": tools,
+                   "bos_token": self.bos_token, "eos_token": self.eos_token}
         try:
-            return self.template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                        bos_token=self.bos_token, eos_token=self.eos_token)
+            text = self.template.render(**context)
         except TemplateError:
             raise
         except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
             # a template meets the conversation's data: odd content fails inside it, not in the server
             raise TemplateError(f"the chat template failed to render: {type(exc).__name__}: {exc}", param="messages") from exc
+        if continue_final_message:
+            final = (messages[-1].get("content") or "").strip()
+            end = text.rfind(final) if final else -1
+            if end < 0:
+                raise TemplateError("continue_final_message: the rendered template does not contain the final message's text",
+                                    param="continue_final_message")
+            text = text[: end + len(final)]
+        return text
 
 
 def _token(config: dict, key: str) -> str:

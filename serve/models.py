@@ -24,6 +24,7 @@ class ServedModel:
     engine: AsyncEngine | None = None
     encoder: EncoderGraph | None = None
     chat_template: ChatTemplate | None = None
+    tool_parser: str | None = None  # how tool calls are read from the output (serve/tools.py)
     created: int = 0
 
     @property

@@ -189,12 +189,58 @@ class TextPart(BaseModel):
     text: str
 
 
+class FunctionCall(BaseModel):
+    model_config = STRICT
+
+    name: str
+    arguments: str = Field(description="the arguments as JSON text")
+
+
+class ToolCallIn(BaseModel):
+    model_config = STRICT
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class FunctionDef(BaseModel):
+    model_config = STRICT
+
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
+    description: str | None = None
+    parameters: dict | None = Field(None, description="a JSON schema of the arguments object")
+    strict: bool | None = None
+
+
+class Tool(BaseModel):
+    model_config = STRICT
+
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(BaseModel):
+    model_config = STRICT
+
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    model_config = STRICT
+
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class ChatMessage(BaseModel):
     model_config = STRICT
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -212,7 +258,12 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
-    tools: list[dict] | None = None
+    tools: Annotated[list[Tool], Field(max_length=128)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
+    chat_template_kwargs: dict | None = Field(None, description="extra variables for the chat template (e.g. enable_thinking)")
+    add_generation_prompt: bool = True
+    continue_final_message: bool = Field(False, description="end the prompt inside the last (assistant) message, to continue it")
 
     def max_new_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens

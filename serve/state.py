@@ -34,6 +34,7 @@ class ServerConfig:
     shutdown_timeout: float = 30.0
     max_body_size: int = 2 * 2**20  # TGI's default
     intra_op_threads: int = 0
+    tool_call_parser: str = "auto"
     debug_fail_after_steps: int | None = None
     debug_fail_token_id: int | None = None
 

@@ -40,7 +40,7 @@ def byte_package(tmp_path_factory) -> Path:
     """A tiny random llama whose byte-level tokenizer can spell any text (JSON for structured output),
     with a chat template that renders tools and tool calls the Hermes way."""
     root = tmp_path_factory.mktemp("bytes")
-    build_decoder("llama", root / "hf", vocab_size=384)
+    build_decoder("llama", root / "hf", vocab_size=384, max_position_embeddings=1024)
     add_byte_tokenizer(root / "hf", 384)
     config = json.loads((root / "hf" / "tokenizer_config.json").read_text())
     config["chat_template"] = TOOLS_CHAT_TEMPLATE
@@ -55,7 +55,7 @@ TOOLS_CHAT_TEMPLATE = (
     "{% for m in messages %}"
     "{% if m.role == 'tool' %}<tool_response>{{ m.content }}</tool_response>\n"
     "{% elif m.tool_calls %}{{ m.role }}: {% for c in m.tool_calls %}<tool_call>\n"
-    "{\"name\": \"{{ c.function.name }}\", \"arguments\": {{ c.function.arguments }}}\n</tool_call>{% endfor %}\n"
+    "{\"name\": \"{{ c.function.name }}\", \"arguments\": {{ c.function.arguments | tojson }}}\n</tool_call>{% endfor %}\n"
     "{% else %}{{ m.role }}: {{ m.content }}\n{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}assistant:{% endif %}"
 )

@@ -28,3 +28,10 @@ def llama_server(chat_package, tmp_path_factory):
 def embed_server(minilm_package, tmp_path_factory):
     with running_server([str(minilm_package), "--served-model-name", "minilm"], tmp_path_factory.mktemp("logs")) as server:
         yield server
+
+
+@pytest.fixture(scope="module")
+def byte_server(byte_package, tmp_path_factory):
+    """The byte-level tiny llama (it can spell JSON) with a Hermes-style tools template."""
+    with running_server([str(byte_package), "--kv-cache-memory", "64MiB"], tmp_path_factory.mktemp("logs")) as server:
+        yield server

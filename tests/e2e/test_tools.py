@@ -1,0 +1,126 @@
+"""Tool calling through the real server and the official openai client, on a random-weight model with a
+Hermes-style (Qwen) tools template."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import openai
+import pytest
+
+from ortinf.serve.tools import held_back, parse_hermes
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                                    "unit": {"enum": ["celsius", "fahrenheit"]}},
+                   "required": ["city", "unit"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "parameters": {"type": "object", "properties": {"zone": {"type": "integer", "minimum": -12, "maximum": 14}},
+                                       "required": ["zone"], "additionalProperties": False}}}
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, TIME)}
+ASK = [{"role": "user", "content": "weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def client(byte_server):
+    return openai.OpenAI(base_url=f"{byte_server.url}/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def model(client):
+    return client.models.list().data[0].id
+
+
+def _check_calls(calls) -> None:
+    assert calls
+    for call in calls:
+        assert call.type == "function" and call.id.startswith("call_")
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_required_gives_valid_calls(client, model, parallel):
+    for seed in range(5):
+        choice = client.chat.completions.create(model=model, messages=ASK, tools=[WEATHER, TIME], tool_choice="required", seed=seed,
+                                                parallel_tool_calls=parallel, max_tokens=300).choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.content is None
+        _check_calls(choice.message.tool_calls)
+        if not parallel:
+            assert len(choice.message.tool_calls) == 1
+
+
+def test_named_function_is_called(client, model):
+    for seed in range(5):
+        choice = client.chat.completions.create(model=model, messages=ASK, tools=[WEATHER, TIME], seed=seed, max_tokens=300,
+                                                tool_choice={"type": "function", "function": {"name": "get_time"}}).choices[0]
+        assert [c.function.name for c in choice.message.tool_calls] == ["get_time"]
+        _check_calls(choice.message.tool_calls)
+
+
+def test_round_trip_through_the_clients_own_types(client, model):
+    first = client.chat.completions.create(model=model, messages=ASK, tools=[WEATHER], tool_choice="required", seed=3, max_tokens=300)
+    call = first.choices[0].message.tool_calls[0]
+    messages = [*ASK, first.choices[0].message.model_dump(exclude_none=True),
+                {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temperature": 21})}]
+    second = client.chat.completions.create(model=model, messages=messages, tools=[WEATHER], tool_choice="none", max_tokens=8, seed=1)
+    assert second.choices[0].message.tool_calls is None and isinstance(second.choices[0].message.content, str)
+    # the call and its result went through the template: the prompt grew by both
+    assert second.usage.prompt_tokens > first.usage.prompt_tokens + len(call.function.arguments) // 4
+
+
+def test_streamed_tool_call_deltas_assemble_to_the_same_calls(client, model):
+    request = dict(model=model, messages=ASK, tools=[WEATHER, TIME], tool_choice="required", seed=11, max_tokens=300)
+    whole = client.chat.completions.create(**request).choices[0].message.tool_calls
+    calls: dict[int, dict] = {}
+    finish = None
+    for chunk in client.chat.completions.create(**request, stream=True):
+        for choice in chunk.choices:
+            for delta in choice.delta.tool_calls or []:
+                entry = calls.setdefault(delta.index, {"name": "", "arguments": ""})
+                entry["name"] += delta.function.name or ""
+                entry["arguments"] += delta.function.arguments or ""
+            finish = choice.finish_reason or finish
+    assert finish == "tool_calls"
+    assert [calls[i] for i in sorted(calls)] == [{"name": c.function.name, "arguments": c.function.arguments} for c in whole]
+
+
+def test_auto_reads_hermes_calls_from_the_text(client, model):
+    """The package's template writes <tool_call>, so 'auto' parses Hermes blocks; the output is forced
+    to one here (a random model would rarely write it), streamed and not."""
+    forced = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n</tool_call>'
+    request = dict(model=model, messages=ASK, tools=[WEATHER], max_tokens=300,
+                   extra_body={"structured_outputs": {"choice": ["Sure. " + forced]}})
+    choice = client.chat.completions.create(**request).choices[0]
+    assert choice.message.content == "Sure. " and choice.finish_reason == "tool_calls"
+    assert choice.message.tool_calls[0].function.name == "get_weather"
+    assert json.loads(choice.message.tool_calls[0].function.arguments) == {"city": "Paris", "unit": "celsius"}
+    content, names = "", []
+    for chunk in client.chat.completions.create(**request, stream=True):
+        for c in chunk.choices:
+            content += c.delta.content or ""
+            names += [d.function.name for d in c.delta.tool_calls or []]
+    assert content == "Sure. " and names == ["get_weather"]
+
+
+def test_tool_errors_are_400(client, model):
+    with pytest.raises(openai.BadRequestError, match="not among the tools"):
+        client.chat.completions.create(model=model, messages=ASK, tools=[WEATHER],
+                                       tool_choice={"type": "function", "function": {"name": "nope"}})
+    with pytest.raises(openai.BadRequestError, match="tool_choice needs tools"):
+        client.chat.completions.create(model=model, messages=ASK, tool_choice="required")
+    with pytest.raises(openai.BadRequestError, match="drop response_format"):
+        client.chat.completions.create(model=model, messages=ASK, tools=[WEATHER], tool_choice="required",
+                                       response_format={"type": "json_object"})
+
+
+def test_hermes_parser_by_value():
+    assert parse_hermes("plain text") == ("plain text", [])
+    content, calls = parse_hermes('hi <tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call><tool_call>{"name": "g"}</tool_call>')
+    assert content == "hi " and [(c.name, json.loads(c.arguments)) for c in calls] == [("f", {"a": 1}), ("g", {})]
+    assert parse_hermes("<tool_call>{not json}</tool_call>") == ("<tool_call>{not json}</tool_call>", [])
+    assert held_back("abc <tool", "auto", "hermes") == 4  # "<tool" may start a call: held back
+    assert held_back("abc <tool_call>{", "auto", "hermes") == 4
+    assert held_back("abc <b", "auto", "hermes") == 6
+    assert held_back("[{", "required", None) == 0
