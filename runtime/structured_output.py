@@ -81,10 +81,13 @@ class GrammarCompiler:
         self._templates: OrderedDict[StructuredOutput, llguidance.LLMatcher] = OrderedDict()
         self._lock = threading.Lock()
 
-    def _llg_tokenizer(self) -> llguidance.LLTokenizer:
+    def _llg_tokenizer(self, param: str) -> llguidance.LLTokenizer:
         with self._lock:
             if self._tokenizer is None:
-                self._tokenizer = llguidance.LLTokenizer(self._source.to_str(), n_vocab=self.vocab_size, eos_token=self._eos)
+                try:
+                    self._tokenizer = llguidance.LLTokenizer(llguidance_tokenizer_json(self._source), n_vocab=self.vocab_size, eos_token=self._eos)
+                except ValueError as exc:  # a tokenizer whose token bytes llguidance cannot work out
+                    raise RequestError(f"structured output is not available for this model's tokenizer: {exc}", param=param) from exc
                 self._executor = llguidance.LLExecutor()
             return self._tokenizer
 
@@ -100,7 +103,7 @@ class GrammarCompiler:
             grammar = output.grammar()
         except (ValueError, TypeError) as exc:
             raise RequestError(f"invalid {_name(output.kind)}: {exc}", param=output.param) from exc
-        template = llguidance.LLMatcher(self._llg_tokenizer(), grammar, log_level=0)
+        template = llguidance.LLMatcher(self._llg_tokenizer(output.param), grammar, log_level=0)
         if template.is_error():
             raise RequestError(f"invalid {_name(output.kind)}: {template.get_error()}", param=output.param)
         with self._lock:
@@ -119,6 +122,22 @@ class GrammarCompiler:
         fill_next_token_bitmask_par(self._executor, [(m, i) for i, m in enumerate(matchers)], bitmask)
         bits = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")
         return bits[:, : self.vocab_size].astype(bool)
+
+
+# What llguidance reads in place of a bare Metaspace decoder: the same text (the marker becomes a
+# space, a leading space is dropped), written as Llama's decoder, which llguidance knows.
+METASPACE_AS_SEQUENCE = {"type": "Sequence", "decoders": [
+    {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "}, {"type": "ByteFallback"}, {"type": "Fuse"},
+    {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}
+
+
+def llguidance_tokenizer_json(tokenizer: Tokenizer) -> str:
+    """The tokenizer as llguidance can read it (a Metaspace decoder rewritten as Llama's sequence)."""
+    spec = json.loads(tokenizer.to_str())
+    decoder = spec.get("decoder") or {}
+    if decoder.get("type") == "Metaspace" and decoder.get("replacement", "\u2581") == "\u2581":
+        spec["decoder"] = METASPACE_AS_SEQUENCE
+    return json.dumps(spec)
 
 
 def _name(kind: Kind) -> str:

@@ -21,7 +21,7 @@ from ortinf.runtime.encoder_graph import EncoderGraph
 from ortinf.runtime.engine import LLMEngine
 from ortinf.runtime.faults import FaultInjection
 from ortinf.runtime.sampling_params import SamplingParams
-from ortinf.serve import chat, completions, embeddings
+from ortinf.serve import chat, completions, embeddings, tokens
 from ortinf.serve.chat_template import ChatTemplate
 from ortinf.serve.tools import resolve_parser
 from ortinf.serve.errors import error_body, error_response, install_error_handlers
@@ -80,7 +80,7 @@ class Gate:
         self.expected = f"Bearer {key}".encode() if key else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+        if scope["type"] == "http" and (scope["path"].startswith("/v1/") or scope["path"] in ("/tokenize", "/detokenize")):
             if self.expected is not None:
                 given = dict(scope.get("headers") or []).get(b"authorization", b"")
                 if not hmac.compare_digest(given, self.expected):
@@ -155,16 +155,23 @@ def build_app(config: ServerConfig) -> FastAPI:
     app.include_router(completions.router)
     app.include_router(chat.router)
     app.include_router(embeddings.router)
+    app.include_router(tokens.router)
 
     # the last added runs first: the API key is checked before a byte of the body is read
     app.add_middleware(BodyLimit, limit=config.max_body_size)
     app.add_middleware(Gate, state=state)
 
+    def card(m: ServedModel) -> dict:
+        return {"id": m.name, "object": "model", "created": m.created, "owned_by": "ortinf", "task": m.manifest.task,
+                "max_model_len": (m.manifest.decoder or m.manifest.encoder).max_model_len}
+
     @app.get("/v1/models")
     async def list_models():
-        data = [{"id": m.name, "object": "model", "created": m.created, "owned_by": "ortinf", "task": m.manifest.task,
-                 "max_model_len": (m.manifest.decoder or m.manifest.encoder).max_model_len} for m in state.registry.models.values()]
-        return {"object": "list", "data": data}
+        return {"object": "list", "data": [card(m) for m in state.registry.models.values()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def retrieve_model(model_id: str):
+        return card(state.registry.get(model_id))
 
     @app.get("/health")
     async def health():

@@ -51,6 +51,7 @@ def byte_package(tmp_path_factory) -> Path:
 
 # Qwen2.5's way of offering tools and showing calls and results, in miniature.
 TOOLS_CHAT_TEMPLATE = (
+    "{% if greeting is defined %}{{ greeting }}\n{% endif %}"
     "{% if tools %}<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools>\n{% endif %}"
     "{% for m in messages %}"
     "{% if m.role == 'tool' %}<tool_response>{{ m.content }}</tool_response>\n"

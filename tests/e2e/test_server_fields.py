@@ -1,0 +1,123 @@
+"""vLLM's and OpenAI's extra fields and endpoints, each checked by value against the real server
+(their meanings as vLLM documents them)."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+
+@pytest.fixture(scope="module")
+def client(byte_server):
+    return openai.OpenAI(base_url=f"{byte_server.url}/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def model(client):
+    return client.models.list().data[0].id
+
+
+def _tokenize(server, **body) -> dict:
+    response = httpx.post(f"{server.url}/tokenize", json=body, timeout=30)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def _one_token(server, text: str) -> int:
+    ids = _tokenize(server, prompt=text, add_special_tokens=False)["tokens"]
+    assert len(ids) == 1, (text, ids)
+    return ids[0]
+
+
+def test_tokenize_and_detokenize_round_trip(byte_server):
+    body = _tokenize(byte_server, prompt='{"name": "fox"}', return_token_strs=True)
+    assert body["count"] == len(body["tokens"]) == len(body["token_strs"]) and body["max_model_len"] == 1024
+    text = httpx.post(f"{byte_server.url}/detokenize", json={"tokens": body["tokens"]}).json()["prompt"]
+    assert text == '{"name": "fox"}'
+    bad = httpx.post(f"{byte_server.url}/detokenize", json={"tokens": [10**6]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+
+
+def test_tokenize_chat_matches_the_chat_prompt(byte_server, client, model):
+    messages = [{"role": "user", "content": "hello there"}]
+    counted = _tokenize(byte_server, messages=messages)["count"]
+    reply = client.chat.completions.create(model=model, messages=messages, max_tokens=1)
+    assert reply.usage.prompt_tokens == counted
+    greeted = _tokenize(byte_server, messages=messages, chat_template_kwargs={"greeting": "hi all"})
+    assert greeted["count"] > counted  # the template's own variable, set by chat_template_kwargs
+    reply = client.chat.completions.create(model=model, messages=messages, max_tokens=1,
+                                           extra_body={"chat_template_kwargs": {"greeting": "hi all", "messages": []}})
+    assert reply.usage.prompt_tokens == greeted["count"]  # kwargs cannot replace the conversation
+
+
+def test_continue_final_message(byte_server):
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello wor"}]
+    body = _tokenize(byte_server, messages=messages, add_generation_prompt=False, continue_final_message=True)
+    text = httpx.post(f"{byte_server.url}/detokenize", json={"tokens": body["tokens"]}).json()["prompt"]
+    assert text.endswith("assistant: Hello wor")
+    both = httpx.post(f"{byte_server.url}/tokenize", json={"messages": messages, "continue_final_message": True})
+    assert both.status_code == 400 and "add_generation_prompt" in both.json()["error"]["message"]
+
+
+def test_retrieve_model(client, model):
+    assert client.models.retrieve(model).id == model
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("nope")
+
+
+def test_logit_bias_and_allowed_token_ids(byte_server, client, model):
+    x = _one_token(byte_server, "x")
+    text = client.completions.create(model=model, prompt="a", max_tokens=6, temperature=0, logit_bias={str(x): 100}).choices[0].text
+    assert text == "x" * 6
+    y = _one_token(byte_server, "y")
+    text = client.completions.create(model=model, prompt="a", max_tokens=12, temperature=1.0, seed=3,
+                                     extra_body={"allowed_token_ids": [x, y]}).choices[0].text
+    assert set(text) <= {"x", "y"} and len(text) == 12
+    with pytest.raises(openai.BadRequestError, match="out of range"):
+        client.completions.create(model=model, prompt="a", extra_body={"allowed_token_ids": [10**6]})
+
+
+def test_bad_words_ban_their_last_token(client, model):
+    plain = client.completions.create(model=model, prompt="the fox", max_tokens=8, temperature=0, logprobs=0).choices[0]
+    word = next(t for t in plain.logprobs.tokens if t.isascii() and t.strip())
+    banned = client.completions.create(model=model, prompt="the fox", max_tokens=8, temperature=0, logprobs=0,
+                                       extra_body={"bad_words": [word]}).choices[0]
+    assert word not in banned.logprobs.tokens and banned.text != plain.text
+
+
+def test_stop_string_in_output_and_special_tokens(byte_server, client, model):
+    plain = client.completions.create(model=model, prompt="the fox", max_tokens=12, temperature=0).choices[0].text
+    stop = plain[3:5]
+    cut = client.completions.create(model=model, prompt="the fox", max_tokens=12, temperature=0, stop=[stop]).choices[0]
+    kept = client.completions.create(model=model, prompt="the fox", max_tokens=12, temperature=0, stop=[stop],
+                                     extra_body={"include_stop_str_in_output": True}).choices[0]
+    assert kept.text == cut.text + stop and kept.stop_reason == stop
+    bos = {"1": 100}  # <s>, a special token
+    hidden = client.completions.create(model=model, prompt="a", max_tokens=3, temperature=0, logit_bias=bos).choices[0].text
+    shown = client.completions.create(model=model, prompt="a", max_tokens=3, temperature=0, logit_bias=bos,
+                                      extra_body={"skip_special_tokens": False}).choices[0].text
+    assert hidden == "" and shown == "<s>" * 3
+
+
+def test_prompt_logprobs_truncation_cached_tokens_and_fingerprint(byte_server, client, model):
+    prompt = "the quick brown fox jumps over the lazy dog " * 4
+    ids = _tokenize(byte_server, prompt=prompt)["tokens"]
+    reply = client.completions.create(model=model, prompt=prompt, max_tokens=1, extra_body={"prompt_logprobs": 2})
+    entries = reply.choices[0].model_extra["prompt_logprobs"]
+    assert len(entries) == len(ids) and entries[0] is None
+    assert all(str(token) in entry and len(entry) <= 3 for token, entry in zip(ids[1:], entries[1:]))
+    assert reply.system_fingerprint.startswith("ortinf-") and "-cpu-fp32" in reply.system_fingerprint
+    again = client.completions.create(model=model, prompt=prompt, max_tokens=1)
+    assert again.usage.prompt_tokens_details.cached_tokens >= 16  # a whole block or more came from the prefix cache
+    short = client.completions.create(model=model, prompt=prompt, max_tokens=1, extra_body={"truncate_prompt_tokens": 5})
+    assert short.usage.prompt_tokens == 5
+
+
+def test_continuous_usage_stats(client, model):
+    chunks = list(client.completions.create(model=model, prompt="a", max_tokens=5, temperature=0, stream=True,
+                                            stream_options={"include_usage": True, "continuous_usage_stats": True}))
+    with_text = [c for c in chunks if c.choices]
+    assert with_text and all(c.usage is not None for c in with_text)
+    counts = [c.usage.completion_tokens for c in with_text]
+    assert counts == sorted(counts) and chunks[-1].usage.completion_tokens == 5
