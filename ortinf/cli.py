@@ -193,13 +193,17 @@ def _load_yaml_config(ctx: click.Context, _param: click.Parameter, value: Path |
               envvar="ORTINF_TOOL_CALL_PARSER",
               help="How tool calls are read from a model's text for tool_choice 'auto': hermes (<tool_call>{json}</tool_call>, "
                    "Qwen and Hermes models), none, or auto (hermes when the chat template writes <tool_call>).")
+@click.option("--speculative-config", default=None, envvar="ORTINF_SPECULATIVE_CONFIG", metavar="JSON",
+              help='Speculative decoding, vLLM\'s speculative_config: e.g. \'{"method": "ngram", "num_speculative_tokens": 4, '
+                   '"prompt_lookup_max": 4}\' (n-gram prompt lookup; greedy output is unchanged).')
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info", show_default=True, envvar="ORTINF_LOG_LEVEL")
 @click.option("--debug-fail-after-steps", type=int, hidden=True, envvar="ORTINF_DEBUG_FAIL_AFTER_STEPS")
 @click.option("--debug-fail-token-id", type=int, hidden=True, envvar="ORTINF_DEBUG_FAIL_TOKEN_ID")
 def serve(packages: tuple[Path, ...], host: str, port: int, provider: str, provider_options: tuple[str, ...], allow_cpu_fallback: bool,
           shape_buckets: str, served_model_names: tuple[str, ...], api_key: str | None,
           max_num_seqs: int, max_queued_requests: int, max_num_batched_tokens: int, kv_cache_memory: str | None,
-          shutdown_timeout: float, max_body_size: str, intra_op_threads: int, tool_call_parser: str, log_level: str,
+          shutdown_timeout: float, max_body_size: str, intra_op_threads: int, tool_call_parser: str, speculative_config: str | None,
+          log_level: str,
           debug_fail_after_steps: int | None,
           debug_fail_token_id: int | None) -> None:
     """Serve PACKAGES behind an OpenAI-compatible API (/v1/completions, /v1/chat/completions, /v1/embeddings).
@@ -229,6 +233,9 @@ def serve(packages: tuple[Path, ...], host: str, port: int, provider: str, provi
     from ortinf.providers.registry import resolve
 
     found = resolve(provider)  # a missing provider fails now, in one line
+    from ortinf.runtime.speculative import SpeculativeConfig
+
+    SpeculativeConfig.parse(speculative_config)  # so does a bad --speculative-config
     if found.provider.memory == DEVICE and kv_cache_memory is None and any(Manifest.load(p).decoder for p in packages):
         raise click.UsageError(f"the {found.provider.name} provider keeps the KV cache in device memory, whose free size ORT "
                                "does not report: pass --kv-cache-memory (e.g. 2GiB)")
@@ -241,7 +248,8 @@ def serve(packages: tuple[Path, ...], host: str, port: int, provider: str, provi
         api_key=api_key, max_num_seqs=max_num_seqs, max_queued_requests=max_queued_requests,
         max_num_batched_tokens=max_num_batched_tokens, kv_cache_memory=parse_size(kv_cache_memory) if kv_cache_memory else None,
         shutdown_timeout=shutdown_timeout, max_body_size=parse_size(max_body_size), intra_op_threads=intra_op_threads,
-        tool_call_parser=tool_call_parser, debug_fail_after_steps=debug_fail_after_steps, debug_fail_token_id=debug_fail_token_id,
+        tool_call_parser=tool_call_parser, speculative_config=speculative_config,
+        debug_fail_after_steps=debug_fail_after_steps, debug_fail_token_id=debug_fail_token_id,
     )
     names = model_names(config)
     duplicates = sorted({name for name in names if names.count(name) > 1})

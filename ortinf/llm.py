@@ -25,7 +25,8 @@ class LLM:
 
     Keyword options are EngineConfig's fields: block_size, num_blocks, kv_cache_memory,
     max_num_seqs, max_num_batched_tokens, max_model_len, enable_prefix_caching, intra_op_threads, seed,
-    provider_options (a dict of the provider's options), allow_cpu_fallback.
+    provider_options (a dict of the provider's options), allow_cpu_fallback, speculative_config (vLLM's dict or JSON,
+    e.g. {"method": "ngram", "num_speculative_tokens": 4}).
     """
 
     def __init__(self, package_dir: str | Path, provider: str = "auto", **options: Any) -> None:

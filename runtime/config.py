@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ortinf.errors import ConfigError
+from ortinf.runtime.speculative import SpeculativeConfig
 
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,
           "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12, "tib": 2**40}
@@ -31,8 +32,10 @@ class EngineConfig:
     provider_options: dict[str, str] = field(default_factory=dict)
     allow_cpu_fallback: bool = False
     shape_buckets: bool | None = None  # pad steps to bucket shapes; None: the provider's choice
+    speculative_config: SpeculativeConfig | dict | str | None = None  # vLLM's; e.g. {"method": "ngram", "num_speculative_tokens": 4}
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "speculative_config", SpeculativeConfig.parse(self.speculative_config))
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:

@@ -57,7 +57,7 @@ class LLMEngine:
                                   config.provider_options, config.allow_cpu_fallback, config.shape_buckets)
         self.kv_cache = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
         scheduler_config = SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len,
-                                           self.graph.max_query_len or 0)
+                                           self.graph.max_query_len or 0, speculative=config.speculative_config)
         self.scheduler = Scheduler(scheduler_config, self.kv_cache)
         self.grammars = GrammarCompiler(self.tokenizer, spec.vocab_size, manifest.eos_token_ids) if self.tokenizer else None
         self.runner = ModelRunner(self.graph, seed=config.seed, grammars=self.grammars)

@@ -116,6 +116,15 @@ class KVCacheManager:
             self.pool.cache_full_block(blocks[i], block_hash, key)
         self.num_cached_blocks[request.request_id] = num_full
 
+    def trim(self, request: Request) -> None:
+        """Gives back the blocks past the request's tokens (slots written for rejected speculative
+        tokens); they are never cached, as only blocks full of computed tokens are."""
+        blocks = self.req_to_blocks.get(request.request_id, [])
+        keep = -(-request.num_tokens // self.block_size)
+        if len(blocks) > keep:
+            self.req_to_blocks[request.request_id] = blocks[:keep]
+            self.pool.free_blocks(reversed(blocks[keep:]))
+
     def free(self, request: Request) -> None:
         """Releases all blocks of the request, tail first (tail blocks are evicted first)."""
         blocks = self.req_to_blocks.pop(request.request_id, [])

@@ -21,6 +21,7 @@ from ortinf.runtime.decoder_graph import DecoderGraph
 from ortinf.runtime.model_input import SequenceChunk, build_model_input
 from ortinf.runtime.sampler import Sampler, log_softmax
 from ortinf.runtime.scheduler_output import ModelRunnerOutput, ScheduledRequest, SchedulerOutput, TokenLogprobs, top_logprobs
+from ortinf.runtime.speculative import verify
 from ortinf.runtime.structured_output import GrammarCompiler, advance
 
 
@@ -43,7 +44,8 @@ class ModelRunner:
         scheduled = scheduler_output.scheduled
         if not scheduled:
             return ModelRunnerOutput()
-        sampling = [i for i, s in enumerate(scheduled) if s.sample]
+        sampling = [i for i, s in enumerate(scheduled) if s.sample and not s.spec_token_ids]
+        speculated = [i for i, s in enumerate(scheduled) if s.sample and s.spec_token_ids]
         masks = self._start_masks([scheduled[i] for i in sampling])  # filled while the graph runs
         last_rows: list[np.ndarray | None] = [None] * len(scheduled)
         prompt_rows: dict[int, np.ndarray] = {}
@@ -56,21 +58,24 @@ class ModelRunner:
 
         output = ModelRunnerOutput()
         if sampling:
-            self._sample([scheduled[i] for i in sampling], np.stack([last_rows[i] for i in sampling]), output, grammar_masks)
+            self._sample([scheduled[i] for i in sampling], np.stack([last_rows[i][-1] for i in sampling]), output, grammar_masks)
+        for i in speculated:
+            self._verify(scheduled[i], last_rows[i], output)
         for index, rows in prompt_rows.items():
             output.prompt_logprobs[scheduled[index].request_id] = (scheduled[index].num_computed_tokens + 1, prompt_logprobs(scheduled[index], rows))
         return output
 
     def _run_group(self, scheduled: Sequence[ScheduledRequest], group: list[int], last_rows: list, prompt_rows: dict[int, np.ndarray]) -> None:
         chunks = [SequenceChunk(scheduled[i].token_ids, scheduled[i].num_computed_tokens, scheduled[i].block_ids) for i in group]
-        all_logits = [scheduled[i].wants_prompt_logprobs for i in group]
+        all_logits = [scheduled[i].wants_prompt_logprobs or bool(scheduled[i].spec_token_ids) for i in group]
         logits = self.graph.run(build_model_input(chunks, self.graph.block_size, all_logits))
         row = 0
         for index, full in zip(group, all_logits):
             count = len(scheduled[index].token_ids) if full else 1
-            if full:
+            if scheduled[index].wants_prompt_logprobs:
                 prompt_rows[index] = logits[row : row + count]
-            last_rows[index] = logits[row + count - 1]
+            verified = len(scheduled[index].spec_token_ids) + 1  # the rows of the last real token and of each proposal
+            last_rows[index] = logits[row + count - verified : row + count]
             row += count
 
     def _start_masks(self, requests: list[ScheduledRequest]) -> Future | None:
@@ -104,16 +109,30 @@ class ModelRunner:
         for row, (s, token) in enumerate(zip(requests, tokens.tolist())):
             if s.request_id in output.cannot_continue:
                 continue
-            output.sampled_token_ids[s.request_id] = token
+            output.sampled_token_ids[s.request_id] = [token]
             if s.sampling_params.logprobs is not None:
                 assert logprobs is not None
-                output.logprobs[s.request_id] = top_logprobs(logprobs[row], token, s.sampling_params.logprobs)
+                output.logprobs[s.request_id] = [top_logprobs(logprobs[row], token, s.sampling_params.logprobs)]
             if s.request_id in self.matchers:
                 complete, error = advance(self.matchers[s.request_id], token)
                 if error is not None:
                     output.cannot_continue[s.request_id] = error
                 elif complete:
                     output.format_complete.add(s.request_id)
+
+    def _verify(self, scheduled: ScheduledRequest, rows: np.ndarray, output: ModelRunnerOutput) -> None:
+        """Replaces the request's one sampled token by the proposals its logits accept plus one
+        (runtime/speculative.py); only requests that can_speculate get here."""
+        params = scheduled.sampling_params
+        count = len(rows)
+        allowed = self._allowed(scheduled, None, ())
+        processed = self.sampler.process(rows, [params] * count, [((), ())] * count, (), [allowed] * count)
+        probs = None if params.greedy else self.sampler.distribution(processed, params)
+        tokens = verify(processed, list(scheduled.spec_token_ids), params.greedy, probs, None if params.greedy else self._generator(scheduled))
+        output.sampled_token_ids[scheduled.request_id] = tokens
+        if params.logprobs is not None:
+            logprobs = log_softmax(rows.astype(np.float32))
+            output.logprobs[scheduled.request_id] = [top_logprobs(logprobs[i], t, params.logprobs) for i, t in enumerate(tokens)]
 
     def _allowed(self, scheduled: ScheduledRequest, grammar_mask: np.ndarray | None, banned: Sequence[int]) -> np.ndarray | None:
         """The tokens this row may sample (grammar and allowed_token_ids, less the bans), or None for all."""

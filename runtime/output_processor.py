@@ -60,7 +60,7 @@ class OutputProcessor:
         if state.metrics.first_token_time is None:
             state.metrics.first_token_time = now
         if state.logprobs is not None and request.request_id in runner_output.logprobs:
-            state.logprobs.append(runner_output.logprobs[request.request_id])
+            state.logprobs += runner_output.logprobs[request.request_id][: len(new_tokens)]
         state.num_detokenized = request.num_output_tokens
         if state.detokenizer is None:
             return None

@@ -72,9 +72,28 @@ class Sampler:
         words); allowed[i] a bool mask of the only tokens row i may produce, or None (grammar,
         allowed_token_ids). logit_bias is added after the penalties.
         """
-        logits = np.array(logits, dtype=np.float32)  # a copy: penalties and filters work in place
         wants_logprobs = any(p.logprobs is not None for p in params)
-        logprobs = log_softmax(logits) if wants_logprobs else None
+        logprobs = log_softmax(np.asarray(logits, dtype=np.float32)) if wants_logprobs else None
+        logits = self.process(logits, params, histories, banned, allowed)
+        tokens = logits.argmax(axis=1)
+        sampled = np.array([not p.greedy for p in params])
+        if sampled.any():
+            rows = np.flatnonzero(sampled)
+            temperature = np.array([params[r].temperature for r in rows], dtype=np.float32)
+            scaled = logits[rows] / temperature[:, None]
+            if any(params[r].has_penalties for r in rows):  # only penalties overflow (temperature >= 1e-5)
+                infinite = np.isposinf(scaled).any(axis=1)
+                if infinite.any():  # only the +inf tokens have mass (else inf - inf = NaN, and index 0 won)
+                    scaled[infinite] = np.where(np.isposinf(scaled[infinite]), 0.0, -np.inf)
+            uniforms = np.array([generators[r].random() for r in rows])
+            tokens[rows] = self._draw(scaled, [params[r] for r in rows], uniforms)
+        return tokens, logprobs
+
+    @staticmethod
+    def process(logits: np.ndarray, params: Sequence[SamplingParams], histories: Sequence[tuple[Sequence[int], Sequence[int]]],
+                banned: Sequence[Sequence[int]] = (), allowed: Sequence[np.ndarray | None] = ()) -> np.ndarray:
+        """A float32 copy of the logits after penalties, logit_bias, allowed masks and bans."""
+        logits = np.array(logits, dtype=np.float32)  # a copy: penalties and filters work in place
         for row, (p, (prompt_ids, output_ids)) in enumerate(zip(params, histories)):
             if p.has_penalties:
                 apply_penalties(logits[row], p, prompt_ids, output_ids)
@@ -91,20 +110,22 @@ class Sampler:
             ids = [i for i in ids if 0 <= i < vocab]  # a package's EOS id beyond its vocabulary bans nothing
             if ids:
                 logits[row, ids] = -np.inf
+        return logits
 
-        tokens = logits.argmax(axis=1)
-        sampled = np.array([not p.greedy for p in params])
-        if sampled.any():
-            rows = np.flatnonzero(sampled)
-            temperature = np.array([params[r].temperature for r in rows], dtype=np.float32)
-            scaled = logits[rows] / temperature[:, None]
-            if any(params[r].has_penalties for r in rows):  # only penalties overflow (temperature >= 1e-5)
-                infinite = np.isposinf(scaled).any(axis=1)
-                if infinite.any():  # only the +inf tokens have mass (else inf - inf = NaN, and index 0 won)
-                    scaled[infinite] = np.where(np.isposinf(scaled[infinite]), 0.0, -np.inf)
-            uniforms = np.array([generators[r].random() for r in rows])
-            tokens[rows] = self._draw(scaled, [params[r] for r in rows], uniforms)
-        return tokens, logprobs
+    @staticmethod
+    def distribution(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+        """The probabilities one request samples from at each of its rows (temperature, top-k, top-p,
+        min-p applied to processed logits), for verifying speculative tokens."""
+        scaled = logits / np.float32(params.temperature)
+        rows = len(scaled)
+        if params.top_k > 0 or params.top_p < 1.0 or params.min_p > 0:
+            order = np.argsort(-scaled, axis=1, kind="stable")
+            filtered = filter_sorted(np.take_along_axis(scaled, order, axis=1), np.full(rows, params.top_k),
+                                     np.full(rows, params.top_p), np.full(rows, params.min_p))
+            scaled = np.empty_like(filtered)
+            np.put_along_axis(scaled, order, filtered, axis=1)
+        probs = np.exp(scaled - scaled.max(axis=1, keepdims=True))
+        return probs / probs.sum(axis=1, keepdims=True)
 
     @staticmethod
     def _draw(scaled: np.ndarray, params: Sequence[SamplingParams], uniforms: np.ndarray) -> np.ndarray:

@@ -17,6 +17,7 @@ from ortinf.errors import RequestError
 from ortinf.runtime.kv_cache_manager import KVCacheManager
 from ortinf.runtime.request import FinishReason, Request, RequestStatus
 from ortinf.runtime.scheduler_output import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
+from ortinf.runtime.speculative import SpeculativeConfig, SpecStats, can_speculate, propose_ngram
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +28,7 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 2048
     max_model_len: int = 2048
     long_prefill_token_threshold: int = 0  # most new tokens of one request per step (0: no cap), vLLM's name
+    speculative: SpeculativeConfig | None = None
 
 
 @dataclass(slots=True)
@@ -57,6 +59,8 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.finished_ids: set[str] = set()
         self.stats = SchedulerStats()
+        self.spec_stats = SpecStats()
+        self.drafts: dict[str, list[int]] = {}  # this step's proposals per request id
 
     @property
     def num_unfinished(self) -> int:
@@ -81,9 +85,17 @@ class Scheduler:
         preempted: list[str] = []
 
         index = 0
+        self.drafts = {}
         while index < len(self.running) and budget > 0:
             request = self.running[index]
             num_new = self._cap(min(request.num_tokens - request.num_computed_tokens, budget))
+            drafts = self._propose(request, budget) if num_new == 1 else []
+            if drafts and self.kv_cache.allocate_slots(request, 1 + len(drafts)) is not None:
+                self.drafts[request.request_id] = drafts
+                chosen.append((request, 1))
+                budget -= 1 + len(drafts)
+                index += 1
+                continue
             if self.kv_cache.allocate_slots(request, num_new) is not None:
                 chosen.append((request, num_new))
                 budget -= num_new
@@ -119,11 +131,25 @@ class Scheduler:
             preempted_request_ids=tuple(preempted),
         )
 
+    def _propose(self, request: Request, budget: int) -> list[int]:
+        """N-gram proposals for a decoding request, within its token, context and step budgets."""
+        spec = self.config.speculative
+        if spec is None or not can_speculate(request.sampling_params, request.num_output_tokens):
+            return []
+        max_tokens = request.sampling_params.max_tokens
+        limit = min(budget - 1, self.config.max_model_len - request.num_tokens - 1,
+                    (max_tokens - request.num_output_tokens - 1) if max_tokens is not None else spec.num_speculative_tokens)
+        if self.config.long_prefill_token_threshold:  # also the graph's longest query (WebGPU's paged attention)
+            limit = min(limit, self.config.long_prefill_token_threshold - 1)
+        return propose_ngram(request.all_token_ids, spec, limit)
+
     def _scheduled(self, request: Request, num_new: int) -> ScheduledRequest:
         start = request.num_computed_tokens
+        drafts = tuple(self.drafts.get(request.request_id, ()))
         return ScheduledRequest(
             request_id=request.request_id,
-            token_ids=request.all_token_ids[start : start + num_new],
+            token_ids=[*request.all_token_ids[start : start + num_new], *drafts],
+            spec_token_ids=drafts,
             num_computed_tokens=start,
             block_ids=self.kv_cache.block_ids(request.request_id),
             sample=start + num_new == request.num_tokens,
@@ -151,34 +177,50 @@ class Scheduler:
                 continue  # aborted while the step ran
             if scheduled.num_computed_tokens < request.num_prompt_tokens:
                 request.num_prefill_chunks += 1
-            request.num_computed_tokens += len(scheduled.token_ids)
-            self.kv_cache.cache_blocks(request)
+            request.num_computed_tokens += len(scheduled.token_ids) - len(scheduled.spec_token_ids)
             if not scheduled.sample:
+                self.kv_cache.cache_blocks(request)
                 continue
             if request.sampling_params.max_tokens == 0:  # prompt logprobs only (echo)
+                self.kv_cache.cache_blocks(request)
                 self.finish_request(request.request_id, FinishReason.LENGTH)
-            else:
-                token_id = runner_output.sampled_token_ids[scheduled.request_id]
+                changed.append(request)
+                continue
+            tokens = runner_output.sampled_token_ids[scheduled.request_id]
+            finish, appended = None, 0
+            for token_id in tokens:
                 request.append_output_token(token_id)
-                self._check_stop(request, token_id)
-                if scheduled.request_id in runner_output.format_complete:  # the format is complete: nothing may follow
-                    self.finish_request(request.request_id, FinishReason.STOP)
+                appended += 1
+                finish = self._stop(request, token_id)
+                if finish is not None:
+                    break
+            if scheduled.spec_token_ids:
+                accepted = len(tokens) - 1  # the proposals kept: their K/V is computed, the last token's is not
+                self.spec_stats.record(len(scheduled.spec_token_ids), accepted)
+                request.num_computed_tokens += min(accepted, appended)
+            if finish is None and scheduled.request_id in runner_output.format_complete:  # the format is complete
+                finish = (FinishReason.STOP, None)
+            self.kv_cache.cache_blocks(request)  # before finishing: a finished request's blocks stay as prefix hits
+            if finish is not None:
+                self.finish_request(request.request_id, *finish)
+            elif scheduled.spec_token_ids:
+                self.kv_cache.trim(request)
             changed.append(request)
         return changed
 
-    def _check_stop(self, request: Request, token_id: int) -> None:
+    def _stop(self, request: Request, token_id: int) -> tuple[FinishReason, int | None] | None:
+        """Whether the token just appended ends the request: (reason, stop token id), else None."""
         params = request.sampling_params
         if request.num_output_tokens >= params.min_tokens:
             if not params.ignore_eos and token_id in request.eos_token_ids:
-                self.finish_request(request.request_id, FinishReason.STOP)
-                return
+                return FinishReason.STOP, None
             if token_id in params.stop_token_ids:
-                self.finish_request(request.request_id, FinishReason.STOP, stop_reason=token_id)
-                return
+                return FinishReason.STOP, token_id
         if params.max_tokens is not None and request.num_output_tokens >= params.max_tokens:
-            self.finish_request(request.request_id, FinishReason.LENGTH)
-        elif request.num_tokens >= self.config.max_model_len:
-            self.finish_request(request.request_id, FinishReason.LENGTH)
+            return FinishReason.LENGTH, None
+        if request.num_tokens >= self.config.max_model_len:
+            return FinishReason.LENGTH, None
+        return None
 
     def finish_request(self, request_id: str, reason: FinishReason, stop_reason: int | str | None = None) -> None:
         """Ends a request (stop rule, stop string or abort) and frees its blocks at once."""

@@ -31,6 +31,7 @@ class ScheduledRequest:
     all_token_ids: Sequence[int]
     num_prompt_tokens: int
     num_output_tokens: int
+    spec_token_ids: tuple[int, ...] = ()  # proposed tokens at the end of token_ids, verified by this step's logits
 
     @property
     def wants_prompt_logprobs(self) -> bool:
@@ -65,12 +66,13 @@ class TokenLogprobs:
 
 @dataclass(frozen=True, slots=True)
 class ModelRunnerOutput:
-    """Per request id: the sampled token and its logprobs; prompt logprobs for prompt chunks, as
+    """Per request id: the sampled tokens (one, or with speculation the accepted proposals and one
+    more) and their logprobs; prompt logprobs for prompt chunks, as
     (position of the first prompt token they score, entries): a chunk computed twice (preemption)
     lands on the same positions again, never after them."""
 
-    sampled_token_ids: dict[str, int] = field(default_factory=dict)
-    logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
+    sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
     prompt_logprobs: dict[str, tuple[int, list[TokenLogprobs]]] = field(default_factory=dict)
     format_complete: set[str] = field(default_factory=set)  # the sampled token completed the request's grammar
     cannot_continue: dict[str, str] = field(default_factory=dict)  # no token may follow (grammar, allowed ids, bans): why

@@ -44,6 +44,12 @@ class EngineMetrics:
         self.queue = Histogram("ortinf:request_queue_time_seconds", "Time waiting before first scheduled.", labels, buckets=LATENCY_BUCKETS, registry=r)
         self.admitted = Gauge("ortinf:num_requests_admitted", "Sequences admitted by the server (running, queued, or "
                               "being tokenised); past --max-num-seqs + --max-queued-requests requests get 429.", registry=r)
+        self.spec_drafts = Counter("ortinf:spec_decode_num_drafts", "Steps in which a request verified proposals.", labels, registry=r)
+        self.spec_draft_tokens = Counter("ortinf:spec_decode_num_draft_tokens", "Proposed (speculative) tokens.", labels, registry=r)
+        self.spec_accepted = Counter("ortinf:spec_decode_num_accepted_tokens", "Proposed tokens accepted.", labels, registry=r)
+        self.spec_per_pos = Counter("ortinf:spec_decode_num_accepted_tokens_per_pos", "Proposed tokens accepted, by position.",
+                                    [*labels, "position"], registry=r)
+        self._seen_spec: dict[str, tuple[int, int, int, list[int]]] = {}
         self._live: dict[str, _Live] = {}
         self._seen_prefix = (0, 0)
         self._seen_preemptions = 0
@@ -66,6 +72,20 @@ class EngineMetrics:
         self._seen_prefix = (queries, hits)
         self.preemptions.labels(model).inc(scheduler.stats.num_preemptions - self._seen_preemptions)
         self._seen_preemptions = scheduler.stats.num_preemptions
+        self._observe_spec(model, scheduler.spec_stats)
+
+    def _observe_spec(self, model: str, spec) -> None:
+        drafts, tokens, accepted, per_pos = self._seen_spec.get(model, (0, 0, 0, []))
+        if spec.num_drafts == drafts:
+            return
+        self.spec_drafts.labels(model).inc(spec.num_drafts - drafts)
+        self.spec_draft_tokens.labels(model).inc(spec.num_draft_tokens - tokens)
+        self.spec_accepted.labels(model).inc(spec.num_accepted_tokens - accepted)
+        for position, count in enumerate(spec.accepted_per_position):
+            seen = per_pos[position] if position < len(per_pos) else 0
+            if count > seen:
+                self.spec_per_pos.labels(model, str(position)).inc(count - seen)
+        self._seen_spec[model] = (spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens, list(spec.accepted_per_position))
 
     def _observe_output(self, model: str, output: RequestOutput, now: float) -> None:
         live = self._live.setdefault(output.request_id, _Live())

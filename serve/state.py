@@ -35,6 +35,7 @@ class ServerConfig:
     max_body_size: int = 2 * 2**20  # TGI's default
     intra_op_threads: int = 0
     tool_call_parser: str = "auto"
+    speculative_config: str | None = None  # JSON, vLLM's speculative_config
     debug_fail_after_steps: int | None = None
     debug_fail_token_id: int | None = None
 
