@@ -63,18 +63,29 @@ def _fingerprint(folder: Path) -> str:
 
 def ensure_exported(progress: bool = True) -> list[tuple[str, Path]]:
     """(served name, package folder) of every bundled model, exporting those not yet in the cache."""
-    packages = []
-    for model in bundled_models():
-        package = cache_dir() / f"{model.name}-{_fingerprint(model.checkpoint)}"
-        if not (package / MANIFEST_NAME).is_file():
-            try:
-                from ortinf.exporter.api import export
-            except ImportError as exc:
-                raise ConfigError(
-                    "the bundled models are exported once on first use, which needs the export extra: "
-                    "pip install -c constraints.txt '.[export]' (or pass a package folder)"
-                ) from exc
-            log.warning("exporting the bundled %s to %s (first use only)", model.name, package)
-            export(model.checkpoint, package, overwrite=True, progress=progress)
-        packages.append((model.name, package))
-    return packages
+    return [(model.name, _cached_export(model.checkpoint, cache_dir() / f"{model.name}-{_fingerprint(model.checkpoint)}", progress))
+            for model in bundled_models()]
+
+
+def resolve_package(folder: str | Path, progress: bool = True) -> Path:
+    """A package folder as it is, or a Hugging Face model folder (config.json, no ortinf.json)
+    exported into the cache on first use and reused after; the package keeps the folder's name."""
+    folder = Path(folder)
+    if (folder / MANIFEST_NAME).is_file() or not (folder / "config.json").is_file():
+        return folder  # a package, or something Manifest.load will explain
+    name = folder.resolve().name  # the served name: the package folder's
+    return _cached_export(folder, cache_dir() / f"{name}-{_fingerprint(folder)}" / name, progress)
+
+
+def _cached_export(checkpoint: Path, package: Path, progress: bool) -> Path:
+    if not (package / MANIFEST_NAME).is_file():
+        try:
+            from ortinf.exporter.api import export
+        except ImportError as exc:
+            raise ConfigError(
+                f"{checkpoint} is a Hugging Face model folder, exported once on first use, which needs the export extra: "
+                "pip install -c constraints.txt '.[export]' (or pass a package folder made by `ortinf export`)"
+            ) from exc
+        log.warning("exporting %s to %s (first use only; later starts reuse it)", checkpoint, package)
+        export(checkpoint, package, overwrite=True, progress=progress)
+    return package

@@ -135,6 +135,25 @@ def generate(package: Path, prompt: str | None, prompt_ids: str | None, max_toke
     )
 
 
+@cli.command()
+@click.argument("package", type=click.Path(path_type=Path, exists=True, file_okay=False))
+@click.option("--system", default=None, help="A system message opening the conversation.")
+@click.option("-n", "--max-tokens", type=click.IntRange(min=1), default=256, show_default=True, help="Most tokens per reply.")
+@click.option("-t", "--temperature", type=float, default=0.7, show_default=True, help="0 is greedy.")
+@click.option("--top-p", type=float, default=0.95, show_default=True, help="Nucleus sampling mass.")
+@click.option("--seed", type=int, default=None, help="Makes sampling reproducible.")
+@click.option("--provider", default="auto", show_default=True, help="Execution provider (see `ortinf providers`).")
+@click.option("--kv-cache-memory", default=None, help="KV cache size, e.g. 512MiB [default: a share of free RAM].")
+def chat(package: Path, system: str | None, max_tokens: int, temperature: float, top_p: float, seed: int | None, provider: str,
+         kv_cache_memory: str | None) -> None:
+    """Chat with a PACKAGE (or a Hugging Face model folder) in the terminal, replies streamed; /reset, /exit."""
+    from ortinf.bundled import resolve_package
+    from ortinf.chat_cli import chat as run_chat
+
+    run_chat(resolve_package(package), system, provider, kv_cache_memory,
+             dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed))
+
+
 def _parse_ids(text: str) -> list[int]:
     try:
         return [int(part) for part in text.replace(" ", "").split(",") if part]
@@ -208,8 +227,10 @@ def serve(packages: tuple[Path, ...], host: str, port: int, provider: str, provi
           debug_fail_token_id: int | None) -> None:
     """Serve PACKAGES behind an OpenAI-compatible API (/v1/completions, /v1/chat/completions, /v1/embeddings).
 
-    With no PACKAGES, serves the bundled demo language model and embedding model (exported on first use
-    into ~/.cache/ortinf, or $ORTINF_CACHE). Requests are routed to a model by their `model` field.
+    PACKAGES are folders made by `ortinf export`, or Hugging Face model folders, exported into the package
+    cache (~/.cache/ortinf, or $ORTINF_CACHE) on first use and reused after. With no PACKAGES, serves the
+    bundled demo language model and embedding model the same way. Requests are routed to a model by
+    their `model` field.
     """
     from ortinf.runtime.config import parse_size
     from ortinf.serve.app import model_names
@@ -222,6 +243,10 @@ def serve(packages: tuple[Path, ...], host: str, port: int, provider: str, provi
         bundled = ensure_exported()
         packages = tuple(path for _, path in bundled)
         served_model_names = served_model_names or tuple(name for name, _ in bundled)
+    else:
+        from ortinf.bundled import resolve_package
+
+        packages = tuple(resolve_package(p) for p in packages)  # a Hugging Face folder is exported into the cache once
     for package in packages:  # a wrong path or a broken package fails now, in one line, before the server starts
         manifest = Manifest.load(package)
         spec = manifest.decoder or manifest.encoder
@@ -314,7 +339,7 @@ def bench() -> None:
 
 @bench.command("serve")
 @click.option("--url", default="http://127.0.0.1:8000", show_default=True, help="Server base URL (without /v1).")
-@click.option("--model", default=None, help="The `model` field to send [default: the server's only model].")
+@click.option("--model", default=None, help="The `model` field to send [default: the server's language model].")
 @click.option("--num-prompts", type=click.IntRange(min=1), default=64, show_default=True, help="Requests to send.")
 @click.option("--input-len", type=click.IntRange(min=1), default=128, show_default=True, help="Prompt length in tokens (random ids).")
 @click.option("--output-len", type=click.IntRange(min=1), default=128, show_default=True, help="Tokens to generate per request (ignore_eos).")

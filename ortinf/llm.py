@@ -21,7 +21,8 @@ Prompt = str | Sequence[int]
 
 
 class LLM:
-    """An exported package, ready to generate (decoders) or embed (encoders).
+    """An exported package (or a Hugging Face model folder, exported into the package cache on first
+    use), ready to generate (decoders) or embed (encoders).
 
     Keyword options are EngineConfig's fields: block_size, num_blocks, kv_cache_memory,
     max_num_seqs, max_num_batched_tokens, max_model_len, enable_prefix_caching, intra_op_threads, seed,
@@ -30,6 +31,9 @@ class LLM:
     """
 
     def __init__(self, package_dir: str | Path, provider: str = "auto", **options: Any) -> None:
+        from ortinf.bundled import resolve_package
+
+        package_dir = resolve_package(package_dir)  # a Hugging Face folder is exported into the package cache once
         self.manifest = Manifest.load(package_dir)
         # generate() drives the engine's steps itself: calls from several threads take turns
         self._lock = threading.Lock()

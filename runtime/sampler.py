@@ -93,7 +93,8 @@ class Sampler:
     def process(logits: np.ndarray, params: Sequence[SamplingParams], histories: Sequence[tuple[Sequence[int], Sequence[int]]],
                 banned: Sequence[Sequence[int]] = (), allowed: Sequence[np.ndarray | None] = ()) -> np.ndarray:
         """A float32 copy of the logits after penalties, logit_bias, allowed masks and bans."""
-        logits = np.array(logits, dtype=np.float32)  # a copy: penalties and filters work in place
+        model = np.asarray(logits, dtype=np.float32)
+        logits = np.array(model)  # a copy: penalties and filters work in place
         for row, (p, (prompt_ids, output_ids)) in enumerate(zip(params, histories)):
             if p.has_penalties:
                 apply_penalties(logits[row], p, prompt_ids, output_ids)
@@ -110,6 +111,13 @@ class Sampler:
             ids = [i for i in ids if 0 <= i < vocab]  # a package's EOS id beyond its vocabulary bans nothing
             if ids:
                 logits[row, ids] = -np.inf
+        dead = np.flatnonzero(np.isneginf(logits).all(axis=1))
+        for row in dead:  # penalties (a huge repetition_penalty) sent every allowed token to -inf: they cannot ban them all
+            logits[row] = model[row]
+            if row < len(allowed) and allowed[row] is not None:
+                logits[row, ~allowed[row]] = -np.inf
+            if row < len(banned):
+                logits[row, [i for i in banned[row] if 0 <= i < vocab]] = -np.inf
         return logits
 
     @staticmethod

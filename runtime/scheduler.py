@@ -186,6 +186,9 @@ class Scheduler:
                 self.finish_request(request.request_id, FinishReason.LENGTH)
                 changed.append(request)
                 continue
+            if scheduled.request_id in runner_output.cannot_continue:
+                self.kv_cache.cache_blocks(request)
+                continue  # no token may follow: the engine fails the request, with the reason
             tokens = runner_output.sampled_token_ids[scheduled.request_id]
             finish, appended = None, 0
             for token_id in tokens:

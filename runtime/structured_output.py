@@ -106,6 +106,8 @@ class GrammarCompiler:
         template = llguidance.LLMatcher(self._llg_tokenizer(output.param), grammar, log_level=0)
         if template.is_error():
             raise RequestError(f"invalid {_name(output.kind)}: {template.get_error()}", param=output.param)
+        if template.is_stopped():  # nothing may be generated at all (e.g. choice [""])
+            raise RequestError(f"the {_name(output.kind)} allows only an empty output", param=output.param)
         with self._lock:
             self._templates[key] = template
             while len(self._templates) > CACHE_SIZE:

@@ -8,7 +8,7 @@ import json
 import random
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import httpx
 
@@ -79,15 +79,30 @@ async def _one(client: httpx.AsyncClient, config: BenchConfig, prompt: list[int]
     return result
 
 
+async def pick_model(client: httpx.AsyncClient) -> str | None:
+    """The served language model, for a server that serves several (ortinf's /v1/models says each
+    model's task; elsewhere the first listed). None when the server lists none."""
+    try:
+        response = await client.get("/v1/models")
+        models = response.json().get("data") or [] if response.status_code == 200 else []
+    except (httpx.HTTPError, ValueError):
+        return None
+    generators = [m for m in models if m.get("task", "text-generation") == "text-generation"]
+    return (generators or models or [{}])[0].get("id")
+
+
 async def run_bench(config: BenchConfig) -> dict:
     """Sends `num_prompts` streaming requests (at most `max_concurrency` at once, Poisson arrivals at
-    `request_rate` per second when finite) and returns the summary."""
+    `request_rate` per second when finite) and returns the summary. Without a model, the server's
+    language model is used (pick_model)."""
     rng = random.Random(config.seed)
     prompts = [[rng.randrange(3, config.vocab_size) for _ in range(config.input_len)] for _ in range(config.num_prompts)]
     limit = asyncio.Semaphore(config.max_concurrency)
     headers = {"authorization": f"Bearer {config.api_key}"} if config.api_key else {}
     limits = httpx.Limits(max_connections=config.max_concurrency + 4)
     async with httpx.AsyncClient(base_url=config.url, timeout=600, headers=headers, limits=limits) as client:
+        if config.model is None:
+            config = replace(config, model=await pick_model(client))
 
         async def limited(prompt: list[int]) -> RequestResult:
             async with limit:

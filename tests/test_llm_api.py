@@ -66,3 +66,21 @@ def test_unknown_engine_option_is_a_config_error(decoder_package):
     _, package = decoder_package("llama")
     with pytest.raises(ConfigError, match="unknown engine option"):
         LLM(package, num_blokcs=3)
+
+
+def test_a_hugging_face_folder_is_exported_into_the_cache_once(decoder_package, tmp_path, monkeypatch):
+    """LLM("./hf-model-dir") (and `ortinf serve ./hf-model-dir`) exports on first use and reuses it after."""
+    from ortinf.runtime.sampling_params import SamplingParams
+
+    _, package = decoder_package("llama")
+    hf = package.parent / "hf"
+    monkeypatch.setenv("ORTINF_CACHE", str(tmp_path / "cache"))
+    first = ortinf.LLM(hf)
+    manifests = list((tmp_path / "cache").rglob("ortinf.json"))
+    assert len(manifests) == 1 and manifests[0].parent.name == "hf"  # served as the folder's name
+    stamp = manifests[0].stat().st_mtime_ns
+    again = ortinf.LLM(hf)
+    assert list((tmp_path / "cache").rglob("ortinf.json")) == manifests and manifests[0].stat().st_mtime_ns == stamp
+    params = SamplingParams(max_tokens=8, temperature=0)
+    direct = ortinf.LLM(package).generate([[5, 6, 7]], params)[0].outputs[0].token_ids
+    assert first.generate([[5, 6, 7]], params)[0].outputs[0].token_ids == direct == again.generate([[5, 6, 7]], params)[0].outputs[0].token_ids

@@ -27,3 +27,24 @@ def test_generate_errors(decoder_package, tmp_path):
     assert ortinf("generate", package, "-p", "def ", "--seed", "-1", "-t", "1.0", "-n", "4").returncode == 0  # any seed
     missing = ortinf("generate", package)
     assert missing.returncode == 2 and "exactly one of --prompt and --prompt-ids" in missing.stderr
+
+
+def test_chat_streams_replies_through_the_template(chat_package, decoder_package):
+    import subprocess
+
+    from test_cli_export import ORTINF
+
+    from ortinf.serve.chat_template import ChatTemplate
+
+    turns = "hello\n/reset\nhello\n"
+    result = subprocess.run([*ORTINF, "chat", str(chat_package), "-t", "0", "-n", "6", "--provider", "cpu"], input=turns,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    llm = LLM(chat_package, provider="cpu", num_blocks=64)
+    prompt = ChatTemplate.load(chat_package).render([{"role": "user", "content": "hello"}])
+    ids = llm.engine.tokenizer.encode(prompt, add_special_tokens=False).ids
+    reply = llm.generate([ids], SamplingParams(temperature=0, max_tokens=6))[0].outputs[0].text
+    assert result.stdout == f"{reply}\n(conversation cleared)\n{reply}\n"
+    _, plain = decoder_package("llama")  # exported without a chat template
+    no_template = subprocess.run([*ORTINF, "chat", str(plain)], input="hi\n", capture_output=True, text=True, timeout=300)
+    assert no_template.returncode == 2 and "has no chat template" in no_template.stderr

@@ -158,3 +158,23 @@ def test_invalid_parameters_name_the_parameter(kwargs, name):
 
 def test_stop_accepts_a_string():
     assert SamplingParams(stop="###").stop == ("###",)
+
+
+def test_penalties_cannot_ban_every_allowed_token():
+    """repetition_penalty 1e300 sends a seen negative logit to -inf; when it is the only allowed
+    token, the row falls back to the model's logits within the allowed set (no NaN draw)."""
+    logits = np.array([[-1.0, 2.0, 3.0, 0.5]], dtype=np.float32)
+    allowed = [np.array([True, False, False, False])]
+    for temperature in (0.0, 1.0):
+        params = SamplingParams(repetition_penalty=1e300, temperature=temperature, allowed_token_ids=(0,))
+        with np.errstate(invalid="raise"):
+            tokens, _ = Sampler()(logits, [params], [([0], [])], [np.random.default_rng(0)], [()], allowed)
+        assert tokens.tolist() == [0]
+
+
+def test_logit_bias_and_allowed_mask_by_value():
+    logits = np.array([[0.0, 1.0, 2.0, 3.0]], dtype=np.float32)
+    params = SamplingParams(temperature=0.0, logit_bias=((0, 10.0),))
+    assert Sampler()(logits, [params], [((), ())], [np.random.default_rng(0)])[0].tolist() == [0]
+    mask = [np.array([False, True, True, False])]
+    assert Sampler()(logits, [SamplingParams(temperature=0.0)], [((), ())], [np.random.default_rng(0)], [()], mask)[0].tolist() == [2]
