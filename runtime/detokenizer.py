@@ -1,8 +1,10 @@
 """Incremental detokenisation and stop strings.
 
-Text is decoded from a short window of tokens so that multi-byte characters split across tokens
-and leading-space rules come out right: a delta is emitted only once the window decodes to more
-text than its prefix did, and never while it ends in an incomplete character (U+FFFD).
+Text comes from `tokenizers`' own DecodeStream where the installed tokenizers has it (0.21+; Rust,
+one call per token), seeded with the prompt's last tokens so that the first output token decodes in
+context. Elsewhere, text is decoded from a short window of tokens so that multi-byte characters split
+across tokens and leading-space rules come out right: a delta is emitted only once the window
+decodes to more text than its prefix did, and never while it ends in an incomplete character (U+FFFD).
 
 Stop strings: while a request runs, the last (longest stop string - 1) characters are held back,
 so a stop string split across tokens never reaches the client; when one is found the text ends
@@ -16,6 +18,11 @@ from collections.abc import Sequence
 from tokenizers import Tokenizer
 
 from ortinf.runtime.sampling_params import SamplingParams
+
+try:
+    from tokenizers.decoders import DecodeStream
+except ImportError:  # tokenizers < 0.21
+    DecodeStream = None
 
 PROMPT_CONTEXT = 6  # prompt tokens kept in the window so the first output token decodes in context
 
@@ -34,6 +41,12 @@ class IncrementalDetokenizer:
         self.read_offset = len(self.ids)
         self.text = ""  # all decoded output text (up to a stop string, once found)
         self.stopped_by: str | None = None
+        self.stream = None
+        if DecodeStream is not None:
+            try:
+                self.stream = DecodeStream(ids=self.ids, skip_special_tokens=self.skip_special_tokens)
+            except TypeError:  # a DecodeStream without prompt context (0.21): the window method keeps the context
+                self.stream = None
 
     def _decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=self.skip_special_tokens)
@@ -41,6 +54,14 @@ class IncrementalDetokenizer:
     def add_tokens(self, token_ids: Sequence[int]) -> str | None:
         """Appends tokens; returns the stop string if one now appears in the text."""
         for token_id in token_ids:
+            if self.stream is not None:
+                chunk = self.stream.step(self.tokenizer, token_id)
+                if chunk:
+                    before = len(self.text)
+                    self.text += chunk
+                    if self.stop and self._find_stop(before):
+                        return self.stopped_by
+                continue
             self.ids.append(token_id)
             prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
             full = self._decode(self.ids[self.prefix_offset :])

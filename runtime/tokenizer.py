@@ -70,3 +70,42 @@ def pad_token_id(package_dir: Path, tokenizer: Tokenizer) -> int:
     token = _special_token(config, "pad_token")
     token_id = tokenizer.token_to_id(token) if token else None
     return 0 if token_id is None else token_id
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's map from the printable characters ByteLevel tokens are written in back to bytes."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), ord("\xff") + 1)]
+    chars, extra = {}, 0
+    for byte in range(256):
+        if byte in printable:
+            chars[chr(byte)] = byte
+        else:
+            chars[chr(256 + extra)] = byte
+            extra += 1
+    return chars
+
+
+class TokenBytes:
+    """The bytes each token stands for (what OpenAI's logprob `bytes` holds): a byte-level token's own
+    bytes, even when it is half of a character that decoding alone would show as U+FFFD."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        decoder = json.loads(tokenizer.to_str()).get("decoder") or {}
+        kinds = {decoder.get("type")} | {d.get("type") for d in decoder.get("decoders", [])}
+        self.byte_level = _byte_level_alphabet() if "ByteLevel" in kinds else None
+        self.byte_fallback = "ByteFallback" in kinds
+        self.metaspace = "Metaspace" in kinds or any(d.get("type") == "Replace" and "\u2581" in json.dumps(d.get("pattern", ""))
+                                                       for d in decoder.get("decoders", []))
+
+    def __call__(self, token_id: int) -> bytes:
+        token = self.tokenizer.id_to_token(token_id)
+        if token is None:
+            return b""
+        if self.byte_level is not None and all(c in self.byte_level for c in token):
+            return bytes(self.byte_level[c] for c in token)
+        if self.byte_fallback and len(token) == 6 and token.startswith("<0x") and token.endswith(">"):
+            return bytes([int(token[3:5], 16)])
+        if self.metaspace:
+            return token.replace("\u2581", " ").encode()
+        return self.tokenizer.decode([token_id], skip_special_tokens=False).encode()

@@ -42,9 +42,9 @@ def chat_logprobs(model: ServedModel, entries: Sequence[TokenLogprobs]) -> dict:
     content = []
     for entry in entries:
         text = model.token_text(entry.token_id)
-        top = [{"token": model.token_text(t), "logprob": lp, "bytes": list(model.token_text(t).encode())}
+        top = [{"token": model.token_text(t), "logprob": lp, "bytes": model.token_bytes(t)}
                for t, lp in zip(entry.top_ids, entry.top_logprobs)]
-        content.append({"token": text, "logprob": entry.logprob, "bytes": list(text.encode()), "top_logprobs": top})
+        content.append({"token": text, "logprob": entry.logprob, "bytes": model.token_bytes(entry.token_id), "top_logprobs": top})
     return {"content": content}
 
 

@@ -10,6 +10,7 @@ from tokenizers import Tokenizer
 from ortinf.manifest import FEATURE_EXTRACTION, TEXT_GENERATION, Manifest
 from ortinf.runtime.async_engine import AsyncEngine
 from ortinf.runtime.encoder_graph import EncoderGraph
+from ortinf.runtime.tokenizer import TokenBytes
 from ortinf.serve.chat_template import ChatTemplate
 from ortinf.serve.errors import APIError
 
@@ -25,6 +26,7 @@ class ServedModel:
     encoder: EncoderGraph | None = None
     chat_template: ChatTemplate | None = None
     tool_parser: str | None = None  # how tool calls are read from the output (serve/tools.py)
+    _token_bytes: TokenBytes | None = None
     created: int = 0
 
     @property
@@ -39,6 +41,15 @@ class ServedModel:
         if tokenizer is None:
             return f"token_id:{token_id}"
         return tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def token_bytes(self, token_id: int) -> list[int]:
+        """A token's bytes for logprobs (its own bytes, not those of its decoded text)."""
+        tokenizer = self.tokenizer
+        if tokenizer is None:
+            return list(self.token_text(token_id).encode())
+        if self._token_bytes is None:
+            self._token_bytes = TokenBytes(tokenizer)
+        return list(self._token_bytes(token_id))
 
     @property
     def fingerprint(self) -> str:
