@@ -1,14 +1,17 @@
 """Per-step cost of structured output: 32 concurrent requests decoding under a JSON schema against the
-same 32 unconstrained, on the bundled demo model (a small Llama, vocabulary 8,192: its decode step is
-short, so the grammar's share is large here).
+same 32 unconstrained, on the bundled demo model (6.8M parameters: a 10 ms decode step, so the
+grammar's share is large) and on the engine benchmark's 33.6M llama (random weights) with the demo's
+tokenizer (same vocabulary, 8,192).
 
 usage: .venv/bin/python benchmarks/structured_output.py [--requests 32] [--tokens 48] [--record]
 
 Each run adds the requests, lets every prompt finish prefilling, then times each decode step
-(engine.step()); the two kinds of run alternate three times and the table gives medians. "masks
-alone" times llguidance filling the 32 masks without the graph beside it (in the engine they are
-filled in a worker thread while the graph runs). The schema cannot be complete within the token
-budget (minItems 40), so every step has all rows constrained.
+(engine.step()); unconstrained and constrained runs alternate three times and the table gives
+medians. "mask fill" is llguidance filling the step's 32 masks, in the worker thread that runs
+beside the graph (its CPU time competes with ORT's threads on 2 cores). Two schemas: free-form
+strings (inside a string almost every token is allowed: llguidance's costliest case) and typed
+fields (integers, booleans, enums). Neither can be complete within the token budget (minItems 40),
+so every step has all rows constrained.
 """
 
 from __future__ import annotations
@@ -21,20 +24,25 @@ from pathlib import Path
 
 import onnxruntime
 
-from ortinf.bundled import ensure_exported
+from ortinf.bundled import DEMO_LLAMA, ensure_exported
 from ortinf.runtime.config import EngineConfig
 from ortinf.runtime.engine import LLMEngine
 from ortinf.runtime.matrix import machine
 from ortinf.runtime.sampling_params import SamplingParams
 from ortinf.runtime.structured_output import StructuredOutput
 
-SCHEMA = {"type": "object", "properties": {"items": {"type": "array", "items": {"type": "string"}, "minItems": 40}},
-          "required": ["items"], "additionalProperties": False}
+STRINGS = {"type": "object", "properties": {"items": {"type": "array", "items": {"type": "string"}, "minItems": 40}},
+           "required": ["items"], "additionalProperties": False}
+TYPED = {"type": "array", "minItems": 40, "items": {
+    "type": "object", "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 9999}, "ok": {"type": "boolean"},
+                                     "kind": {"enum": ["read", "write", "delete"]}},
+    "required": ["id", "ok", "kind"], "additionalProperties": False}}
+SCHEMAS = {"free-form strings": STRINGS, "typed fields": TYPED}
 RESULTS = Path(__file__).with_name("RESULTS.md")
 
 
-def decode_steps(engine: LLMEngine, requests: int, tokens: int, constrained: bool) -> list[float]:
-    output = StructuredOutput.json_schema(SCHEMA) if constrained else None
+def decode_steps(engine: LLMEngine, requests: int, tokens: int, schema: dict | None) -> list[float]:
+    output = StructuredOutput.json_schema(schema) if schema is not None else None
     for i in range(requests):
         params = SamplingParams(max_tokens=tokens, temperature=1.0, seed=i, ignore_eos=True, structured_output=output)
         engine.add_request(f"def function_{i}(value):\n    ", params)
@@ -48,16 +56,60 @@ def decode_steps(engine: LLMEngine, requests: int, tokens: int, constrained: boo
     return times
 
 
-def masks_alone(engine: LLMEngine, requests: int, repeats: int = 20) -> float:
-    matchers = [engine.grammars.matcher(StructuredOutput.json_schema(SCHEMA)) for _ in range(requests)]
-    for m in matchers:
-        m.consume_tokens(engine.tokenizer.encode('{"items":["a', add_special_tokens=False).ids)
-    times = []
-    for _ in range(repeats):
+def bench_package(work: Path) -> Path:
+    """The engine benchmark's 33.6M llama (random weights) with the demo's tokenizer, exported once."""
+    package = work / "llama33m-demo-tokenizer"
+    if (package / "ortinf.json").is_file():
+        return package
+    import shutil
+
+    import torch
+    import transformers
+
+    import ortinf
+
+    hf = work / "llama33m-hf"
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=8192, hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
+                                      num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=2048)
+    transformers.LlamaForCausalLM(config).save_pretrained(hf)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(DEMO_LLAMA / name, hf / name)
+    ortinf.export(hf, package, progress=True)
+    return package
+
+
+def measure(package: Path, args) -> list[str]:
+    engine = LLMEngine(EngineConfig(package_dir=package, intra_op_threads=args.threads, enable_prefix_caching=False,
+                                    max_num_seqs=args.requests))
+    fills: list[float] = []
+    fill = engine.grammars.fill_masks
+
+    def timed(matchers):
         start = time.perf_counter()
-        engine.grammars.fill_masks(matchers)
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+        masks = fill(matchers)
+        fills.append((time.perf_counter() - start) * 1e3)
+        return masks
+
+    engine.grammars.fill_masks = timed
+    for schema in SCHEMAS.values():
+        decode_steps(engine, 4, 8, schema)  # warm-up (each grammar compiled once, as the server's cache does)
+    runs: dict[str, list[float]] = {name: [] for name in ["unconstrained", *SCHEMAS]}
+    fill_by_schema: dict[str, list[float]] = {name: [] for name in SCHEMAS}
+    for _ in range(3):
+        runs["unconstrained"] += decode_steps(engine, args.requests, args.tokens, None)
+        for name, schema in SCHEMAS.items():
+            fills.clear()
+            runs[name] += decode_steps(engine, args.requests, args.tokens, schema)
+            fill_by_schema[name] += fills[-args.tokens + 2:]
+    plain = statistics.median(runs["unconstrained"])
+    rows = [f"| {package.name} | unconstrained | {plain:.1f} | | |"]
+    for name in SCHEMAS:
+        guided = statistics.median(runs[name])
+        rows.append(f"| {package.name} | JSON schema, {name} | {guided:.1f} | {statistics.median(fill_by_schema[name]):.2f} | "
+                    f"{guided - plain:+.1f} ms ({(guided / plain - 1) * 100:+.0f}%) |")
+        print(rows[-1], flush=True)
+    return rows
 
 
 def main() -> None:
@@ -65,32 +117,24 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=32, help="concurrent requests")
     parser.add_argument("--tokens", type=int, default=48, help="tokens per request")
     parser.add_argument("--threads", type=int, default=2, help="ORT intra-op threads")
+    parser.add_argument("--work-dir", type=Path, default=Path("/tmp/ortinf-structured"), help="where the 33.6M llama is built")
     parser.add_argument("--record", action="store_true", help="append the table to benchmarks/RESULTS.md")
     args = parser.parse_args()
-    package = dict(ensure_exported(progress=True))["ortinf-demo-llama"]
-    engine = LLMEngine(EngineConfig(package_dir=package, intra_op_threads=args.threads, enable_prefix_caching=False,
-                                    max_num_seqs=args.requests))
-    decode_steps(engine, 4, 8, True)  # warm-up (and the grammar compiled once, as the server's cache does)
-    runs: dict[bool, list[float]] = {False: [], True: []}
-    for _ in range(3):
-        for constrained in (False, True):
-            runs[constrained] += decode_steps(engine, args.requests, args.tokens, constrained)
-    plain, guided = statistics.median(runs[False]), statistics.median(runs[True])
-    alone = masks_alone(engine, args.requests)
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    packages = [dict(ensure_exported(progress=True))["ortinf-demo-llama"], bench_package(args.work_dir)]
     lines = [
         f"### Structured output, per decode step ({date.today()}, {machine()}, onnxruntime {onnxruntime.__version__})",
         "",
-        f"Bundled demo llama (6 layers, hidden 256, vocabulary 8,192), fp32, {args.requests} concurrent requests, "
-        f"{args.tokens} tokens each, {args.threads} threads; medians over 3 interleaved runs of each kind.",
+        f"fp32, {args.requests} concurrent requests, {args.tokens} tokens each, sampled (temperature 1), {args.threads} threads; "
+        "medians over 3 interleaved runs of each kind. The bundled demo llama (6.8M parameters) and the engine benchmark's "
+        "33.6M llama (random weights) with the demo's tokenizer; vocabulary 8,192 for both.",
         "",
-        "| decode step | ms |",
-        "|---|---:|",
-        f"| unconstrained | {plain:.1f} |",
-        f"| JSON schema on every row | {guided:.1f} |",
-        f"| overhead | {guided - plain:+.1f} ({(guided / plain - 1) * 100:+.0f}%) |",
-        f"| the {args.requests} masks alone (llguidance, not overlapped) | {alone:.2f} |",
-        "",
+        "| model | requests decode under | step ms | mask fill ms (worker thread) | cost per step |",
+        "|---|---|---:|---:|---:|",
     ]
+    for package in packages:
+        lines += measure(package, args)
+    lines.append("")
     print("\n".join(lines))
     if args.record:
         with RESULTS.open("a") as f:

@@ -22,7 +22,7 @@ from ortinf.runtime.model_input import SequenceChunk, build_model_input
 from ortinf.runtime.sampler import Sampler, log_softmax
 from ortinf.runtime.scheduler_output import ModelRunnerOutput, ScheduledRequest, SchedulerOutput, TokenLogprobs, top_logprobs
 from ortinf.runtime.speculative import verify
-from ortinf.runtime.structured_output import GrammarCompiler, advance
+from ortinf.runtime.structured_output import GrammarCompiler
 
 
 class ModelRunner:
@@ -106,6 +106,7 @@ class ModelRunner:
                 output.cannot_continue[s.request_id] = "no token is allowed next (the requested format, allowed_token_ids and bans exclude all)"
                 allowed[row] = None  # sampled anyway (all -inf would be NaN), then dropped
         tokens, logprobs = self.sampler(logits, params, histories, generators, banned, allowed)
+        constrained: list[tuple[str, int]] = []
         for row, (s, token) in enumerate(zip(requests, tokens.tolist())):
             if s.request_id in output.cannot_continue:
                 continue
@@ -114,11 +115,14 @@ class ModelRunner:
                 assert logprobs is not None
                 output.logprobs[s.request_id] = [top_logprobs(logprobs[row], token, s.sampling_params.logprobs)]
             if s.request_id in self.matchers:
-                complete, error = advance(self.matchers[s.request_id], token)
+                constrained.append((s.request_id, token))
+        if constrained and self.grammars is not None:  # every matcher advances on its accepted token, in parallel
+            outcomes = self.grammars.advance([(self.matchers[rid], token) for rid, token in constrained])
+            for (rid, _), (complete, error) in zip(constrained, outcomes):
                 if error is not None:
-                    output.cannot_continue[s.request_id] = error
+                    output.cannot_continue[rid] = error
                 elif complete:
-                    output.format_complete.add(s.request_id)
+                    output.format_complete.add(rid)
 
     def _verify(self, scheduled: ScheduledRequest, rows: np.ndarray, output: ModelRunnerOutput) -> None:
         """Replaces the request's one sampled token by the proposals its logits accept plus one

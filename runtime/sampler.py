@@ -104,9 +104,11 @@ class Sampler:
                 ids = np.array([t for t, _ in p.logit_bias])
                 keep = ids < vocab
                 np.add.at(logits[row], ids[keep], np.array([b for _, b in p.logit_bias], dtype=np.float32)[keep])
-        for row, mask in enumerate(allowed):
-            if mask is not None:
-                logits[row, ~mask] = -np.inf
+        masked = [row for row, mask in enumerate(allowed) if mask is not None]
+        if masked:  # one vectorised write for all constrained rows
+            rows = logits[masked]
+            rows[~np.stack([allowed[row] for row in masked])] = -np.inf
+            logits[masked] = rows
         for row, ids in enumerate(banned):
             ids = [i for i in ids if 0 <= i < vocab]  # a package's EOS id beyond its vocabulary bans nothing
             if ids:

@@ -22,7 +22,7 @@ from typing import Literal
 
 import llguidance
 import numpy as np
-from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask_par
+from llguidance.numpy import allocate_token_bitmask, consume_token_par, fill_next_token_bitmask_par
 from tokenizers import Tokenizer
 
 from ortinf.errors import RequestError
@@ -77,11 +77,14 @@ class GrammarCompiler:
         self._source = tokenizer
         self._eos = list(eos_token_ids) or None
         self._tokenizer: llguidance.LLTokenizer | None = None  # built on first use (about a second for 100k tokens)
+        self._json_tokenizer: llguidance.LLTokenizer | None = None  # the same with llguidance's JSON slices
         self._executor: llguidance.LLExecutor | None = None
         self._templates: OrderedDict[StructuredOutput, llguidance.LLMatcher] = OrderedDict()
         self._lock = threading.Lock()
 
-    def _llg_tokenizer(self, param: str) -> llguidance.LLTokenizer:
+    def _llg_tokenizer(self, param: str, kind: Kind = "grammar") -> llguidance.LLTokenizer:
+        """The tokenizer a kind's matchers use: JSON masks come ~30% cheaper with llguidance's JSON
+        "slices" (token groups it can accept or reject at once); other grammars use the general ones."""
         with self._lock:
             if self._tokenizer is None:
                 try:
@@ -89,7 +92,8 @@ class GrammarCompiler:
                 except ValueError as exc:  # a tokenizer whose token bytes llguidance cannot work out
                     raise RequestError(f"structured output is not available for this model's tokenizer: {exc}", param=param) from exc
                 self._executor = llguidance.LLExecutor()
-            return self._tokenizer
+                self._json_tokenizer = self._tokenizer.with_slices(llguidance.LLTokenizer.json_slices())
+            return self._json_tokenizer if kind == "json" else self._tokenizer
 
     def compile(self, output: StructuredOutput) -> llguidance.LLMatcher:
         """The cached template matcher for `output`; raises RequestError with the compiler's message."""
@@ -103,7 +107,7 @@ class GrammarCompiler:
             grammar = output.grammar()
         except (ValueError, TypeError) as exc:
             raise RequestError(f"invalid {_name(output.kind)}: {exc}", param=output.param) from exc
-        template = llguidance.LLMatcher(self._llg_tokenizer(output.param), grammar, log_level=0)
+        template = llguidance.LLMatcher(self._llg_tokenizer(output.param, output.kind), grammar, log_level=0)
         if template.is_error():
             raise RequestError(f"invalid {_name(output.kind)}: {template.get_error()}", param=output.param)
         if template.is_stopped():  # nothing may be generated at all (e.g. choice [""])
@@ -124,6 +128,11 @@ class GrammarCompiler:
         fill_next_token_bitmask_par(self._executor, [(m, i) for i, m in enumerate(matchers)], bitmask)
         bits = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")
         return bits[:, : self.vocab_size].astype(bool)
+
+    def advance(self, pairs: Sequence[tuple[llguidance.LLMatcher, int]]) -> list[tuple[bool, str | None]]:
+        """Feeds each matcher its accepted token (in parallel): per pair (grammar complete, error or None)."""
+        consumed = consume_token_par(self._executor, list(pairs))
+        return [_outcome(matcher, ok, token) for (matcher, token), ok in zip(pairs, consumed)]
 
 
 # What llguidance reads in place of a bare Metaspace decoder: the same text (the marker becomes a
@@ -146,8 +155,7 @@ def _name(kind: Kind) -> str:
     return {"json": "JSON schema", "regex": "regex", "choice": "choice list", "grammar": "grammar"}[kind]
 
 
-def advance(matcher: llguidance.LLMatcher, token_id: int) -> tuple[bool, str | None]:
-    """Feeds one accepted token: (the grammar is complete, error or None)."""
-    if not matcher.consume_token(token_id) or matcher.is_error():
+def _outcome(matcher: llguidance.LLMatcher, consumed: bool, token_id: int) -> tuple[bool, str | None]:
+    if not consumed or matcher.is_error():
         return False, matcher.get_error() or f"token {token_id} does not follow the grammar"
     return matcher.is_stopped(), None
