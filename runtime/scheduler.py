@@ -136,6 +136,8 @@ class Scheduler:
         spec = self.config.speculative
         if spec is None or not can_speculate(request.sampling_params, request.num_output_tokens):
             return []
+        if spec.disable_by_batch_size is not None and len(self.running) > spec.disable_by_batch_size:
+            return []
         max_tokens = request.sampling_params.max_tokens
         limit = min(budget - 1, self.config.max_model_len - request.num_tokens - 1,
                     (max_tokens - request.num_output_tokens - 1) if max_tokens is not None else spec.num_speculative_tokens)

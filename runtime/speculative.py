@@ -38,6 +38,7 @@ class SpeculativeConfig:
     num_speculative_tokens: int = 4
     prompt_lookup_max: int = 4
     prompt_lookup_min: int = 1
+    disable_by_batch_size: int | None = None  # no proposals while more requests than this are running (vLLM's option)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -46,6 +47,9 @@ class SpeculativeConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"speculative_config.{name} must be a positive integer, got {value!r}")
+        if self.disable_by_batch_size is not None and (isinstance(self.disable_by_batch_size, bool)
+                                                       or not isinstance(self.disable_by_batch_size, int) or self.disable_by_batch_size < 1):
+            raise ConfigError(f"speculative_config.disable_by_batch_size must be a positive integer, got {self.disable_by_batch_size!r}")
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ConfigError("speculative_config.prompt_lookup_min must not exceed prompt_lookup_max")
         if self.num_speculative_tokens > 16:
@@ -63,7 +67,7 @@ class SpeculativeConfig:
                 raise ConfigError(f"speculative_config is not valid JSON: {exc}") from exc
         if not isinstance(value, dict):
             raise ConfigError("speculative_config must be a JSON object such as {\"method\": \"ngram\", \"num_speculative_tokens\": 4}")
-        known = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"}
+        known = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "disable_by_batch_size"}
         unknown = sorted(set(value) - known)
         if unknown:
             raise ConfigError(f"speculative_config: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
@@ -100,7 +104,9 @@ def can_speculate(params: SamplingParams, num_output_tokens: int) -> bool:
 
 
 def propose_ngram(token_ids: list[int], config: SpeculativeConfig, limit: int) -> list[int]:
-    """Up to `limit` tokens that followed the latest earlier occurrence of the longest matching suffix."""
+    """Up to `limit` tokens that followed an earlier occurrence of the longest matching suffix: the
+    latest occurrence followed by a full `limit` tokens, else the earliest (the longest continuation;
+    in a loop such as "a b a b a b" the latest occurrence is followed by one token only)."""
     limit = min(limit, config.num_speculative_tokens)
     if limit <= 0 or len(token_ids) < 2:
         return []
@@ -110,7 +116,8 @@ def propose_ngram(token_ids: list[int], config: SpeculativeConfig, limit: int) -
         windows = np.lib.stride_tricks.sliding_window_view(tokens[:-1], n)  # every n-gram that ends before the last token
         starts = np.flatnonzero((windows == suffix).all(axis=1))
         if starts.size:
-            follow = int(starts[-1]) + n
+            full = starts[starts + n + limit <= len(tokens)]
+            follow = int(full[-1] if full.size else starts[0]) + n
             return tokens[follow : follow + limit].tolist()
     return []
 

@@ -86,7 +86,9 @@ def test_greedy_verification_by_value():
 def test_ngram_proposals_by_value():
     config = SpeculativeConfig(num_speculative_tokens=3, prompt_lookup_max=3, prompt_lookup_min=1)
     assert propose_ngram([1, 2, 3, 4, 9, 1, 2, 3], config, 10) == [4, 9, 1]  # the longest suffix [1, 2, 3] matched
-    assert propose_ngram([5, 1, 7, 6, 1, 8, 2, 1], config, 10) == [8, 2, 1]  # only [1] matches: its latest earlier occurrence
+    assert propose_ngram([5, 1, 7, 6, 1, 8, 2, 9, 1], config, 10) == [8, 2, 9]  # only [1] matches: the latest with 3 tokens after
+    assert propose_ngram([1, 7, 1, 8, 1], config, 10) == [7, 1, 8]  # none has 3 after it: the earliest (the longest continuation)
+    assert propose_ngram([4, 4, 4, 4, 4, 4], config, 10) == [4, 4, 4]  # a loop proposes a full continuation
     assert propose_ngram([1, 2, 3, 4, 9, 1, 2, 3], config, 2) == [4, 9]  # capped by the caller's budget
     assert propose_ngram([1, 2, 3], config, 4) == []
     assert propose_ngram([7, 7], config, 4) == [7]
@@ -96,6 +98,29 @@ def test_config_is_validated():
     assert SpeculativeConfig.parse('{"method": "ngram", "num_speculative_tokens": 2}').num_speculative_tokens == 2
     for bad, message in [('{"method": "eagle"}', "not supported"), ('{"num_speculative_tokens": 0}', "positive integer"),
                          ('{"prompt_lookup_min": 5, "prompt_lookup_max": 2}', "must not exceed"), ("[1]", "JSON object"),
-                         ('{"draft_model": "x"}', "unknown key"), ("{", "not valid JSON")]:
+                         ('{"draft_model": "x"}', "unknown key"), ("{", "not valid JSON"),
+                         ('{"disable_by_batch_size": 0}', "positive integer")]:
         with pytest.raises(ConfigError, match=message):
             SpeculativeConfig.parse(bad)
+
+
+def test_disable_by_batch_size(setup):
+    """No proposals while more requests than disable_by_batch_size run; output unchanged."""
+    package, prompts, _ = setup
+    counts, tokens = [], []
+    for limit in (None, 1):
+        engine = make_engine(package, speculative_config={**NGRAM, "disable_by_batch_size": limit})
+        drafted_while_busy = []
+        # the last request runs on alone after the others finish: speculation resumes for it
+        ids = [engine.add_request(p, GREEDY if i < len(prompts) - 1 else SamplingParams(temperature=0, max_tokens=64))
+               for i, p in enumerate(prompts)]
+        finished = {}
+        while engine.has_unfinished_requests():
+            before = engine.scheduler.spec_stats.num_drafts
+            running = len(engine.scheduler.running)
+            finished.update({o.request_id: o for o in engine.step() if o.finished})
+            drafted_while_busy.append(running > 1 and engine.scheduler.spec_stats.num_drafts > before)
+        tokens.append([finished[i].outputs[0].token_ids for i in ids])
+        counts.append((engine.scheduler.spec_stats.num_drafts, any(drafted_while_busy)))
+    assert tokens[0] == tokens[1]
+    assert counts[0][1] and not counts[1][1] and 0 < counts[1][0] < counts[0][0]
