@@ -1,6 +1,7 @@
-"""Speculative decoding by n-gram lookup: latency with and without it, one request at a time and 8 at
-once, on the bundled demo model (it writes Python, where lookup hits often) and on a random-weight
-model of the same shape and tokenizer (where it cannot).
+"""Speculative decoding: latency with and without it, one request at a time and 8 at once. N-gram
+lookup on the bundled demo model (it writes Python, where lookup hits often) and on a random-weight
+model of the same shape and tokenizer (whose greedy output falls into loops, which lookup predicts);
+a draft model on the demo: the demo's own int4 export (same tokenizer, cheaper weights).
 
 usage: .venv/bin/python benchmarks/speculative.py [--tokens 128] [--k 4] [--record]
 
@@ -56,6 +57,16 @@ def random_package(work: Path) -> Path:
     return package
 
 
+def int4_package(work: Path) -> Path:
+    """The demo exported at int4, as a draft for the fp32 demo."""
+    package = work / "demo-int4"
+    if not (package / "ortinf.json").is_file():
+        import ortinf
+
+        ortinf.export(DEMO_LLAMA, package, dtype="int4", progress=True)
+    return package
+
+
 def run(package: Path, concurrency: int, tokens: int, spec: dict | None, threads: int) -> tuple[dict, list[list[int]]]:
     engine = LLMEngine(EngineConfig(package_dir=package, intra_op_threads=threads, enable_prefix_caching=False, speculative_config=spec))
     params = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
@@ -93,19 +104,21 @@ def main() -> None:
     parser.add_argument("--record", action="store_true", help="append the table to benchmarks/RESULTS.md")
     args = parser.parse_args()
     args.work_dir.mkdir(parents=True, exist_ok=True)
-    spec = {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_max": args.lookup_max}
-    models = {"demo (trained, Python)": dict(ensure_exported(progress=True))["ortinf-demo-llama"],
-              "random weights, same shape": random_package(args.work_dir)}
+    ngram = {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_max": args.lookup_max}
+    demo = dict(ensure_exported(progress=True))["ortinf-demo-llama"]
+    draft = {"model": str(int4_package(args.work_dir)), "num_speculative_tokens": args.k}
+    cases = {"demo (trained, Python), n-gram": (demo, ngram), "random weights, same shape, n-gram": (random_package(args.work_dir), ngram),
+             "demo, draft model: the demo at int4": (demo, draft)}
     lines = [
         f"### Speculative decoding, n-gram lookup ({date.today()}, {machine()}, onnxruntime {onnxruntime.__version__})",
         "",
         f"Greedy, 8 Python prompts x {args.tokens} new tokens, {args.threads} threads, k={args.k}, prompt_lookup_max={args.lookup_max}; "
         f"medians of {args.passes} interleaved passes. Output tokens identical with and without speculation (checked).",
         "",
-        "| model | requests at once | tok/s off | tok/s on | speed-up | TPOT ms off | TPOT ms on | acceptance | accepted per draft | accepted by position |",
+        "| model, method | requests at once | tok/s off | tok/s on | speed-up | TPOT ms off | TPOT ms on | acceptance | accepted per draft | accepted by position |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
-    for name, package in models.items():
+    for name, (package, spec) in cases.items():
         for concurrency in (1, 8):
             rows: dict[bool, list[dict]] = {False: [], True: []}
             for _ in range(args.passes):

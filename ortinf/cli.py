@@ -260,7 +260,11 @@ def serve(packages: tuple[Path, ...], host: str, port: int, provider: str, provi
     found = resolve(provider)  # a missing provider fails now, in one line
     from ortinf.runtime.speculative import SpeculativeConfig
 
-    SpeculativeConfig.parse(speculative_config)  # so does a bad --speculative-config
+    spec = SpeculativeConfig.parse(speculative_config)  # so does a bad --speculative-config
+    if spec is not None and spec.model is not None:
+        from ortinf.bundled import resolve_package
+
+        Manifest.load(resolve_package(Path(spec.model)))  # and a draft model that is not there
     if found.provider.memory == DEVICE and kv_cache_memory is None and any(Manifest.load(p).decoder for p in packages):
         raise click.UsageError(f"the {found.provider.name} provider keeps the KV cache in device memory, whose free size ORT "
                                "does not report: pass --kv-cache-memory (e.g. 2GiB)")

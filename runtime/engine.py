@@ -15,6 +15,7 @@ from ortinf.manifest import TEXT_GENERATION, Manifest
 from ortinf.providers.registry import resolve
 from ortinf.runtime.config import EngineConfig
 from ortinf.runtime.decoder_graph import DecoderGraph
+from ortinf.runtime.draft_proposer import DraftProposer
 from ortinf.runtime.kv_cache_manager import KVCacheManager
 from ortinf.runtime.kv_pool import resolve_num_blocks
 from ortinf.runtime.model_runner import ModelRunner
@@ -61,9 +62,32 @@ class LLMEngine:
         self.scheduler = Scheduler(scheduler_config, self.kv_cache)
         self.grammars = GrammarCompiler(self.tokenizer, spec.vocab_size, manifest.eos_token_ids) if self.tokenizer else None
         self.runner = ModelRunner(self.graph, seed=config.seed, grammars=self.grammars)
+        self.draft = self._draft_proposer(config, num_blocks, found)
         self.num_failed_steps_in_a_row = 0
         self.outputs = OutputProcessor(self.tokenizer)
         self._ids = itertools.count()
+
+    @staticmethod
+    def _draft_proposer(config: EngineConfig, num_blocks: int, found) -> DraftProposer | None:
+        spec = config.speculative_config
+        if spec is None or spec.method != "draft_model":
+            return None
+        from ortinf.bundled import resolve_package
+
+        return DraftProposer(resolve_package(spec.model), config.package_dir, spec.num_speculative_tokens, num_blocks,
+                             config.block_size, found, config.intra_op_threads, config.provider_options)
+
+    def _draft_proposals(self) -> dict[str, list[int]]:
+        """The draft model's proposals for this step's decoding requests; none when it fails (the
+        step then runs without speculation: the target's output never depends on the draft)."""
+        candidates = self.scheduler.speculation_candidates()
+        if not candidates:
+            return {}
+        try:
+            return self.draft.propose([(r.request_id, r.all_token_ids, limit) for r, limit in candidates])
+        except Exception as exc:  # noqa: BLE001
+            log.warning("the draft model failed (%s: %s): this step runs without proposals", type(exc).__name__, exc)
+            return {}
 
     def tokenize(self, prompt: str | Sequence[int]) -> tuple[str | None, list[int]]:
         """(prompt text or None, token ids); every id is checked against the graph's vocabulary."""
@@ -140,10 +164,14 @@ class LLMEngine:
         and the engine stays usable. `num_failed_steps_in_a_row` lets the caller decide when
         failures are no longer explained by requests (see AsyncEngine).
         """
+        if self.draft is not None:
+            self.scheduler.proposals = self._draft_proposals()
         try:
             scheduler_output = self.scheduler.schedule()
         except Exception as exc:  # noqa: BLE001 - nothing was scheduled: every unfinished request is a suspect
             return self._fail_step([r.request_id for r in (*self.scheduler.running, *self.scheduler.waiting)], exc, "scheduling")
+        if self.draft is not None:
+            self.draft.release(scheduler_output.finished_request_ids)
         results: list[RequestOutput] = []
         try:
             try:
@@ -222,6 +250,8 @@ class LLMEngine:
             self.scheduler.finish_request(request_id, FinishReason.ABORT)
             self.outputs.remove(request_id)
             self.scheduler.release(request_id)
+            if self.draft is not None:
+                self.draft.release([request_id])
             completion = CompletionOutput(0, "", list(request.output_token_ids), FinishReason.ABORT.value)
             results.append(RequestOutput(request_id, None, request.prompt_token_ids, [completion], finished=True, error=error))
         return results
@@ -239,6 +269,8 @@ class LLMEngine:
         if request.is_finished:
             self.outputs.remove(request.request_id)
             self.scheduler.release(request.request_id)
+            if self.draft is not None:
+                self.draft.release([request.request_id])
         return output
 
     def has_unfinished_requests(self) -> bool:

@@ -61,6 +61,7 @@ class Scheduler:
         self.stats = SchedulerStats()
         self.spec_stats = SpecStats()
         self.drafts: dict[str, list[int]] = {}  # this step's proposals per request id
+        self.proposals: dict[str, list[int]] = {}  # a draft model's proposals for the next schedule() (the engine's)
 
     @property
     def num_unfinished(self) -> int:
@@ -132,18 +133,36 @@ class Scheduler:
         )
 
     def _propose(self, request: Request, budget: int) -> list[int]:
-        """N-gram proposals for a decoding request, within its token, context and step budgets."""
+        """Proposals for a decoding request (n-gram lookup now, or the draft model's from before the
+        step), within its token, context and step budgets."""
         spec = self.config.speculative
         if spec is None or not can_speculate(request.sampling_params, request.num_output_tokens):
             return []
         if spec.disable_by_batch_size is not None and len(self.running) > spec.disable_by_batch_size:
             return []
+        limit = min(budget - 1, self.proposal_limit(request))
+        if spec.method == "draft_model":
+            return self.proposals.get(request.request_id, [])[: max(limit, 0)]
+        return propose_ngram(request.all_token_ids, spec, limit)
+
+    def proposal_limit(self, request: Request) -> int:
+        """The most proposals a request can use: k, within its max_tokens, the context length and the
+        graph's longest query."""
+        spec = self.config.speculative
         max_tokens = request.sampling_params.max_tokens
-        limit = min(budget - 1, self.config.max_model_len - request.num_tokens - 1,
+        limit = min(spec.num_speculative_tokens if spec else 0, self.config.max_model_len - request.num_tokens - 1,
                     (max_tokens - request.num_output_tokens - 1) if max_tokens is not None else spec.num_speculative_tokens)
         if self.config.long_prefill_token_threshold:  # also the graph's longest query (WebGPU's paged attention)
             limit = min(limit, self.config.long_prefill_token_threshold - 1)
-        return propose_ngram(request.all_token_ids, spec, limit)
+        return limit
+
+    def speculation_candidates(self) -> list[tuple[Request, int]]:
+        """Running requests that decode next step and may speculate, with their proposal limits."""
+        spec = self.config.speculative
+        if spec is None or (spec.disable_by_batch_size is not None and len(self.running) > spec.disable_by_batch_size):
+            return []
+        return [(r, self.proposal_limit(r)) for r in self.running
+                if r.num_tokens - r.num_computed_tokens == 1 and can_speculate(r.sampling_params, r.num_output_tokens)]
 
     def _scheduled(self, request: Request, num_new: int) -> ScheduledRequest:
         start = request.num_computed_tokens

@@ -1,6 +1,7 @@
-"""Speculative decoding by n-gram prompt lookup (vLLM's "ngram" method).
+"""Speculative decoding: n-gram prompt lookup (vLLM's "ngram" method) or a draft model
+(runtime/draft_proposer.py), verified the same way.
 
-Each step, a decoding request whose last `n` tokens (prompt_lookup_max down to prompt_lookup_min)
+N-gram lookup: each step, a decoding request whose last `n` tokens (prompt_lookup_max down to prompt_lookup_min)
 occurred earlier in its prompt or output proposes the tokens that followed that occurrence (up to
 num_speculative_tokens). The proposals ride in the same paged graph call as the request's last
 token (a query of 1 + k tokens, K/V written for all of them), and the logits of every position
@@ -27,14 +28,16 @@ import numpy as np
 from ortinf.errors import ConfigError
 from ortinf.runtime.sampling_params import SamplingParams
 
-METHODS = ("ngram",)
+METHODS = ("ngram", "draft_model")
 
 
 @dataclass(frozen=True, slots=True)
 class SpeculativeConfig:
-    """vLLM's speculative_config for the "ngram" method."""
+    """vLLM's speculative_config: "ngram" (prompt lookup), or "draft_model" with `model` (a package
+    folder, or a Hugging Face folder, with the target's tokenizer; vLLM infers the method from `model`)."""
 
     method: str = "ngram"
+    model: str | None = None
     num_speculative_tokens: int = 4
     prompt_lookup_max: int = 4
     prompt_lookup_min: int = 1
@@ -50,6 +53,8 @@ class SpeculativeConfig:
         if self.disable_by_batch_size is not None and (isinstance(self.disable_by_batch_size, bool)
                                                        or not isinstance(self.disable_by_batch_size, int) or self.disable_by_batch_size < 1):
             raise ConfigError(f"speculative_config.disable_by_batch_size must be a positive integer, got {self.disable_by_batch_size!r}")
+        if (self.method == "draft_model") != (self.model is not None):
+            raise ConfigError("speculative_config: the draft_model method needs `model` (a draft package folder), and only it takes one")
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ConfigError("speculative_config.prompt_lookup_min must not exceed prompt_lookup_max")
         if self.num_speculative_tokens > 16:
@@ -67,10 +72,12 @@ class SpeculativeConfig:
                 raise ConfigError(f"speculative_config is not valid JSON: {exc}") from exc
         if not isinstance(value, dict):
             raise ConfigError("speculative_config must be a JSON object such as {\"method\": \"ngram\", \"num_speculative_tokens\": 4}")
-        known = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "disable_by_batch_size"}
+        known = {"method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "disable_by_batch_size"}
         unknown = sorted(set(value) - known)
         if unknown:
             raise ConfigError(f"speculative_config: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        if "model" in value and "method" not in value:
+            value = {**value, "method": "draft_model"}
         return cls(**value)
 
 

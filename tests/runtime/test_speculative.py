@@ -124,3 +124,37 @@ def test_disable_by_batch_size(setup):
         counts.append((engine.scheduler.spec_stats.num_drafts, any(drafted_while_busy)))
     assert tokens[0] == tokens[1]
     assert counts[0][1] and not counts[1][1] and 0 < counts[1][0] < counts[0][0]
+
+
+@pytest.fixture(scope="module")
+def draft_package(tmp_path_factory):
+    """A one-layer random llama with the test tokenizer: a draft that agrees with nothing."""
+    import ortinf
+    from tiny_models import add_tokenizer, build_decoder
+
+    root = tmp_path_factory.mktemp("draft")
+    build_decoder("llama", root / "hf", seed=1, num_hidden_layers=1)
+    add_tokenizer(root / "hf")
+    ortinf.export(root / "hf", root / "pkg", progress=False)
+    return root / "pkg"
+
+
+@pytest.mark.parametrize("options", [dict(num_blocks=512), dict(num_blocks=24, max_num_batched_tokens=48, max_model_len=256)],
+                         ids=["big-pool", "squeezed"])
+def test_draft_model_greedy_is_token_identical(setup, draft_package, options):
+    package, prompts, expected = setup
+    for draft, min_acceptance in ((draft_package, 0.0), (package, 0.9)):  # a useless draft, and the target as its own draft
+        engine = make_engine(package, speculative_config={"model": str(draft), "num_speculative_tokens": 3}, **options)
+        finished = run_to_completion(engine, prompts)
+        assert [finished[str(i)].outputs[0].token_ids for i in range(len(prompts))] == expected
+        stats = engine.scheduler.spec_stats
+        assert stats.num_drafts > 20 and stats.acceptance_rate >= min_acceptance, stats
+        assert engine.draft.pool.num_free_blocks == engine.draft.pool.num_blocks  # every draft block came back
+
+
+def test_draft_model_must_share_the_tokenizer(setup, byte_package):
+    package, _, _ = setup
+    with pytest.raises(ConfigError, match="another tokenizer"):
+        make_engine(package, speculative_config={"model": str(byte_package)})
+    with pytest.raises(ConfigError, match="needs `model`"):
+        SpeculativeConfig.parse({"method": "draft_model"})
