@@ -21,7 +21,7 @@ from ortinf.runtime.encoder_graph import EncoderGraph
 from ortinf.runtime.engine import LLMEngine
 from ortinf.runtime.faults import FaultInjection
 from ortinf.runtime.sampling_params import SamplingParams
-from ortinf.serve import chat, completions, embeddings, tokens
+from ortinf.serve import chat, completions, embeddings, responses, tokens
 from ortinf.serve.chat_template import ChatTemplate
 from ortinf.serve.tools import resolve_parser
 from ortinf.serve.errors import error_body, error_response, install_error_handlers
@@ -161,15 +161,15 @@ def build_app(config: ServerConfig) -> FastAPI:
     app.add_middleware(BodyLimit, limit=config.max_body_size)
     app.add_middleware(Gate, state=state)
 
-    def card(m: ServedModel) -> dict:
-        return {"id": m.name, "object": "model", "created": m.created, "owned_by": "ortinf", "task": m.manifest.task,
-                "max_model_len": (m.manifest.decoder or m.manifest.encoder).max_model_len}
+    def card(m: ServedModel) -> responses.ModelCard:
+        return responses.ModelCard(id=m.name, created=m.created, task=m.manifest.task,
+                                   max_model_len=(m.manifest.decoder or m.manifest.encoder).max_model_len)
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", response_model=responses.ModelList)
     async def list_models():
-        return {"object": "list", "data": [card(m) for m in state.registry.models.values()]}
+        return responses.ModelList(data=[card(m) for m in state.registry.models.values()])
 
-    @app.get("/v1/models/{model_id:path}")
+    @app.get("/v1/models/{model_id:path}", response_model=responses.ModelCard)
     async def retrieve_model(model_id: str):
         return card(state.registry.get(model_id))
 

@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse
 from ortinf.runtime.engine import PreparedRequest
 from ortinf.runtime.tokenizer import check_unicode
 from ortinf.serve.completions import cached_tokens, prepare_samples, usage
+from ortinf.serve import responses
 from ortinf.serve.errors import APIError
 from ortinf.serve.logprobs import chat_logprobs, prompt_logprobs
 from ortinf.serve.models import ServedModel
@@ -45,7 +46,8 @@ def tool_plan(model: ServedModel, body: ChatCompletionRequest) -> ToolPlan:
     return plan(tools, choice, body.parallel_tool_calls, model.tool_parser)
 
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", response_model=responses.ChatCompletion,
+             responses={200: {"description": "a chat completion, or with stream=true server-sent events of chat completion chunks"}})
 async def create_chat_completion(body: ChatCompletionRequest, request: Request):
     state: ServerState = request.app.state.ortinf
     model = state.registry.get(body.model)
@@ -88,7 +90,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
     }
     if body.prompt_logprobs is not None:
         response["prompt_logprobs"] = prompt_logprobs(model, outputs[0].prompt_logprobs)
-    return JSONResponse(response)
+    return JSONResponse(responses.body(responses.ChatCompletion.model_validate(response)))
 
 
 def _finish_reason(reason: str | None, called: bool) -> str | None:

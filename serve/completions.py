@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 
 from ortinf.runtime.engine import PreparedRequest
 from ortinf.runtime.outputs import RequestOutput
+from ortinf.serve import responses
 from ortinf.serve.errors import APIError
 from ortinf.serve.logprobs import completion_logprobs, echo_logprobs, prompt_logprobs
 from ortinf.serve.models import ServedModel
@@ -48,7 +49,8 @@ def cached_tokens(outputs: list[RequestOutput], n: int) -> int:
     return sum(o.num_cached_tokens or 0 for o in outputs[::n])
 
 
-@router.post("/v1/completions")
+@router.post("/v1/completions", response_model=responses.Completion,
+             responses={200: {"description": "a completion, or with stream=true server-sent events of completion chunks"}})
 async def create_completion(body: CompletionRequest, request: Request):
     state: ServerState = request.app.state.ortinf
     model = state.registry.get(body.model)
@@ -69,11 +71,11 @@ async def create_completion(body: CompletionRequest, request: Request):
         return outputs
     choices = [_choice(model, body, p, o, i) for i, (p, o) in enumerate(zip(prepared, outputs))]
     completion_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-    return JSONResponse({
+    return JSONResponse(responses.body(responses.Completion.model_validate({
         "id": request_id, "object": "text_completion", "created": created, "model": model.name,
         "system_fingerprint": model.fingerprint, "choices": choices,
         "usage": usage(prepared, body.n, completion_tokens, cached_tokens(outputs, body.n)),
-    })
+    })))
 
 
 def _prompt_text(model: ServedModel, prepared: PreparedRequest) -> str:

@@ -15,6 +15,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from ortinf.runtime.encoder_graph import EncoderGraph
+from ortinf.serve import responses
 from ortinf.serve.errors import APIError
 from ortinf.serve.protocol import EmbeddingRequest
 from ortinf.serve.state import ServerState
@@ -55,7 +56,7 @@ def embed_in_chunks(encoder: EncoderGraph, token_ids: list[list[int]]) -> np.nda
     return np.stack(outputs).astype(np.float32)  # type: ignore[arg-type]
 
 
-@router.post("/v1/embeddings")
+@router.post("/v1/embeddings", response_model=responses.EmbeddingList)
 async def create_embeddings(body: EmbeddingRequest, request: Request):
     state: ServerState = request.app.state.ortinf
     model = state.registry.get(body.model)
@@ -73,5 +74,5 @@ async def create_embeddings(body: EmbeddingRequest, request: Request):
         embedding = base64.b64encode(vector.tobytes()).decode() if body.encoding_format == "base64" else vector.tolist()
         data.append({"object": "embedding", "index": index, "embedding": embedding})
     num_tokens = sum(len(ids) for ids in token_ids)
-    return JSONResponse({"object": "list", "data": data, "model": model.name,
-                         "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens}})
+    return JSONResponse(responses.body(responses.EmbeddingList.model_validate(
+        {"object": "list", "data": data, "model": model.name, "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens}})))

@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field
 
 from ortinf.runtime.tokenizer import check_unicode
 from ortinf.serve.chat import render_prompt
+from ortinf.serve import responses
 from ortinf.serve.errors import APIError
 from ortinf.serve.models import ServedModel
 from ortinf.serve.protocol import STRICT, ChatMessage, Tool, TokenId
@@ -58,7 +59,7 @@ def _max_model_len(model: ServedModel) -> int:
     return (model.manifest.decoder or model.manifest.encoder).max_model_len
 
 
-@router.post("/tokenize")
+@router.post("/tokenize", response_model=responses.TokenizeResponse)
 async def tokenize(body: TokenizeChat | TokenizeCompletion, request: Request):
     state: ServerState = request.app.state.ortinf
     model = state.registry.get(body.model)
@@ -72,10 +73,10 @@ async def tokenize(body: TokenizeChat | TokenizeCompletion, request: Request):
 
     ids = await asyncio.to_thread(run)
     strs = [tokenizer.id_to_token(i) for i in ids] if body.return_token_strs else None
-    return {"count": len(ids), "max_model_len": _max_model_len(model), "tokens": ids, "token_strs": strs}
+    return responses.TokenizeResponse(count=len(ids), max_model_len=_max_model_len(model), tokens=ids, token_strs=strs)
 
 
-@router.post("/detokenize")
+@router.post("/detokenize", response_model=responses.DetokenizeResponse)
 async def detokenize(body: DetokenizeRequest, request: Request):
     state: ServerState = request.app.state.ortinf
     model = state.registry.get(body.model)
@@ -84,4 +85,4 @@ async def detokenize(body: DetokenizeRequest, request: Request):
     bad = next((t for t in body.tokens if vocab is not None and t >= vocab), None)
     if bad is not None:
         raise APIError(400, f"token id {bad} is out of range: token ids must be in [0, {vocab})", param="tokens")
-    return {"prompt": tokenizer.decode(body.tokens, skip_special_tokens=False)}
+    return responses.DetokenizeResponse(prompt=tokenizer.decode(body.tokens, skip_special_tokens=False))

@@ -121,3 +121,14 @@ def test_continuous_usage_stats(client, model):
     assert with_text and all(c.usage is not None for c in with_text)
     counts = [c.usage.completion_tokens for c in with_text]
     assert counts == sorted(counts) and chunks[-1].usage.completion_tokens == 5
+
+
+def test_openapi_schema_describes_responses(byte_server):
+    schema = httpx.get(f"{byte_server.url}/openapi.json").json()
+    components = schema["components"]["schemas"]
+    for name in ("Completion", "ChatCompletion", "EmbeddingList", "ModelList", "TokenizeResponse", "Usage", "ToolCallOut"):
+        assert name in components, name
+    for path, model in (("/v1/completions", "Completion"), ("/v1/chat/completions", "ChatCompletion"), ("/tokenize", "TokenizeResponse")):
+        ok = schema["paths"][path]["post"]["responses"]["200"]["content"]["application/json"]["schema"]
+        assert ok == {"$ref": f"#/components/schemas/{model}"}
+    assert "cached_tokens" in components["PromptTokensDetails"]["properties"]
