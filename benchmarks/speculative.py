@@ -13,7 +13,6 @@ request, averaged. Every "on" run must give the tokens of the "off" run (checked
 from __future__ import annotations
 
 import argparse
-import shutil
 import statistics
 import time
 from datetime import date
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import onnxruntime
 
+from demo_tokenizer_models import random_llama
 from ortinf.bundled import DEMO_LLAMA, ensure_exported
 from ortinf.runtime.config import EngineConfig
 from ortinf.runtime.engine import LLMEngine
@@ -34,27 +34,6 @@ PROMPTS = [
     "class Stack:\n    def push(self, item):\n", "def download(url, path):\n    with open(path, 'wb') as f:\n",
     "def fibonacci(n):\n    if n < 2:\n",
 ]
-
-
-def random_package(work: Path) -> Path:
-    """A random-weight llama with the demo's config and tokenizer, exported once into `work`."""
-    package = work / "random-demo-shape"
-    if (package / "ortinf.json").is_file():
-        return package
-    import torch
-    import transformers
-
-    import ortinf
-
-    hf = work / "random-hf"
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig.from_pretrained(DEMO_LLAMA)
-    config.torch_dtype = "float32"
-    transformers.LlamaForCausalLM(config).save_pretrained(hf)
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        shutil.copy(DEMO_LLAMA / name, hf / name)
-    ortinf.export(hf, package, progress=True)
-    return package
 
 
 def int4_package(work: Path) -> Path:
@@ -107,7 +86,7 @@ def main() -> None:
     ngram = {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_max": args.lookup_max}
     demo = dict(ensure_exported(progress=True))["ortinf-demo-llama"]
     draft = {"model": str(int4_package(args.work_dir)), "num_speculative_tokens": args.k}
-    cases = {"demo (trained, Python), n-gram": (demo, ngram), "random weights, same shape, n-gram": (random_package(args.work_dir), ngram),
+    cases = {"demo (trained, Python), n-gram": (demo, ngram), "random weights, same shape, n-gram": (random_llama(args.work_dir, "random-demo-shape"), ngram),
              "demo, draft model: the demo at int4": (demo, draft)}
     lines = [
         f"### Speculative decoding, n-gram lookup ({date.today()}, {machine()}, onnxruntime {onnxruntime.__version__})",

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import onnxruntime
 
-from ortinf.bundled import DEMO_LLAMA, ensure_exported
+from demo_tokenizer_models import LLAMA_33M, random_llama
+from ortinf.bundled import ensure_exported
 from ortinf.runtime.config import EngineConfig
 from ortinf.runtime.engine import LLMEngine
 from ortinf.runtime.matrix import machine
@@ -54,29 +55,6 @@ def decode_steps(engine: LLMEngine, requests: int, tokens: int, schema: dict | N
         if not prefilling:
             times.append((time.perf_counter() - start) * 1e3)
     return times
-
-
-def bench_package(work: Path) -> Path:
-    """The engine benchmark's 33.6M llama (random weights) with the demo's tokenizer, exported once."""
-    package = work / "llama33m-demo-tokenizer"
-    if (package / "ortinf.json").is_file():
-        return package
-    import shutil
-
-    import torch
-    import transformers
-
-    import ortinf
-
-    hf = work / "llama33m-hf"
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=8192, hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
-                                      num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=2048)
-    transformers.LlamaForCausalLM(config).save_pretrained(hf)
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        shutil.copy(DEMO_LLAMA / name, hf / name)
-    ortinf.export(hf, package, progress=True)
-    return package
 
 
 def measure(package: Path, args) -> list[str]:
@@ -121,7 +99,7 @@ def main() -> None:
     parser.add_argument("--record", action="store_true", help="append the table to benchmarks/RESULTS.md")
     args = parser.parse_args()
     args.work_dir.mkdir(parents=True, exist_ok=True)
-    packages = [dict(ensure_exported(progress=True))["ortinf-demo-llama"], bench_package(args.work_dir)]
+    packages = [dict(ensure_exported(progress=True))["ortinf-demo-llama"], random_llama(args.work_dir, "llama33m-demo-tokenizer", LLAMA_33M)]
     lines = [
         f"### Structured output, per decode step ({date.today()}, {machine()}, onnxruntime {onnxruntime.__version__})",
         "",

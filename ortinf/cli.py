@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from pathlib import Path
@@ -261,10 +262,14 @@ def serve(packages: tuple[Path, ...], host: str, port: int, provider: str, provi
     from ortinf.runtime.speculative import SpeculativeConfig
 
     spec = SpeculativeConfig.parse(speculative_config)  # so does a bad --speculative-config
-    if spec is not None and spec.model is not None:
+    if spec is not None and spec.model is not None:  # and a draft model that is not there (a Hugging Face folder is exported)
+        from dataclasses import asdict, replace
+
         from ortinf.bundled import resolve_package
 
-        Manifest.load(resolve_package(Path(spec.model)))  # and a draft model that is not there
+        draft = resolve_package(Path(spec.model))
+        Manifest.load(draft)
+        speculative_config = json.dumps(asdict(replace(spec, model=str(draft))))
     if found.provider.memory == DEVICE and kv_cache_memory is None and any(Manifest.load(p).decoder for p in packages):
         raise click.UsageError(f"the {found.provider.name} provider keeps the KV cache in device memory, whose free size ORT "
                                "does not report: pass --kv-cache-memory (e.g. 2GiB)")

@@ -32,8 +32,12 @@ class LLM:
 
     def __init__(self, package_dir: str | Path, provider: str = "auto", **options: Any) -> None:
         from ortinf.bundled import resolve_package
+        from ortinf.runtime.speculative import SpeculativeConfig
 
         package_dir = resolve_package(package_dir)  # a Hugging Face folder is exported into the package cache once
+        spec = SpeculativeConfig.parse(options.get("speculative_config"))
+        if spec is not None and spec.model is not None:  # so is a draft model's
+            options["speculative_config"] = replace(spec, model=str(resolve_package(spec.model)))
         self.manifest = Manifest.load(package_dir)
         # generate() drives the engine's steps itself: calls from several threads take turns
         self._lock = threading.Lock()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from pathlib import Path
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -72,9 +73,7 @@ class LLMEngine:
         spec = config.speculative_config
         if spec is None or spec.method != "draft_model":
             return None
-        from ortinf.bundled import resolve_package
-
-        return DraftProposer(resolve_package(spec.model), config.package_dir, spec.num_speculative_tokens, num_blocks,
+        return DraftProposer(Path(spec.model), config.package_dir, spec.num_speculative_tokens, num_blocks,
                              config.block_size, found, config.intra_op_threads, config.provider_options)
 
     def _draft_proposals(self) -> dict[str, list[int]]:
