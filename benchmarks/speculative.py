@@ -89,7 +89,7 @@ def main() -> None:
     cases = {"demo (trained, Python), n-gram": (demo, ngram), "random weights, same shape, n-gram": (random_llama(args.work_dir, "random-demo-shape"), ngram),
              "demo, draft model: the demo at int4": (demo, draft)}
     lines = [
-        f"### Speculative decoding, n-gram lookup ({date.today()}, {machine()}, onnxruntime {onnxruntime.__version__})",
+        f"### Speculative decoding, n-gram lookup and a draft model ({date.today()}, {machine()}, onnxruntime {onnxruntime.__version__})",
         "",
         f"Greedy, 8 Python prompts x {args.tokens} new tokens, {args.threads} threads, k={args.k}, prompt_lookup_max={args.lookup_max}; "
         f"medians of {args.passes} interleaved passes. Output tokens identical with and without speculation (checked).",
