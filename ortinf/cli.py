@@ -216,6 +216,19 @@ def _load_yaml_config(ctx: click.Context, _param: click.Parameter, value: Path |
 @click.option("--speculative-config", default=None, envvar="ORTINF_SPECULATIVE_CONFIG", metavar="JSON",
               help='Speculative decoding, vLLM\'s speculative_config: e.g. \'{"method": "ngram", "num_speculative_tokens": 4, '
                    '"prompt_lookup_max": 4}\' (n-gram prompt lookup; greedy output is unchanged).')
+@click.option("--metrics-prefix", type=click.Choice(["ortinf", "vllm"]), default="ortinf", show_default=True, envvar="ORTINF_METRICS_PREFIX",
+              help="Prefix of the /metrics names; vllm gives vllm:num_requests_waiting, vllm:kv_cache_usage_perc, ... "
+                   "for dashboards and cluster routers (llm-d, the Gateway API Inference Extension) that look for them.")
+@click.option("--ray", "use_ray", is_flag=True, help="Serve on Ray Serve (pip install 'ortinf[ray]'): replicas behind Ray's HTTP proxy.")
+@click.option("--num-replicas", type=click.IntRange(min=1), default=1, show_default=True, help="With --ray: replicas (engines).")
+@click.option("--min-replicas", type=click.IntRange(min=1), default=None, help="With --ray: autoscale from this many replicas...")
+@click.option("--max-replicas", type=click.IntRange(min=1), default=None, help="...up to this many.")
+@click.option("--target-ongoing-requests", type=click.FloatRange(min=0.1), default=None,
+              help="With --ray and autoscaling: requests in flight per replica to aim for [default: --max-num-seqs / 2].")
+@click.option("--cpus-per-replica", type=click.FloatRange(min=0.1), default=1.0, show_default=True,
+              help="With --ray: CPUs Ray reserves per replica (set --intra-op-threads to match).")
+@click.option("--gpus-per-replica", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="With --ray: GPUs per replica (one per replica for a device provider).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info", show_default=True, envvar="ORTINF_LOG_LEVEL")
 @click.option("--debug-fail-after-steps", type=int, hidden=True, envvar="ORTINF_DEBUG_FAIL_AFTER_STEPS")
 @click.option("--debug-fail-token-id", type=int, hidden=True, envvar="ORTINF_DEBUG_FAIL_TOKEN_ID")
@@ -223,7 +236,8 @@ def serve(packages: tuple[Path, ...], host: str, port: int, provider: str, provi
           shape_buckets: str, served_model_names: tuple[str, ...], api_key: str | None,
           max_num_seqs: int, max_queued_requests: int, max_num_batched_tokens: int, kv_cache_memory: str | None,
           shutdown_timeout: float, max_body_size: str, intra_op_threads: int, tool_call_parser: str, speculative_config: str | None,
-          log_level: str,
+          metrics_prefix: str, use_ray: bool, num_replicas: int, min_replicas: int | None, max_replicas: int | None,
+          target_ongoing_requests: float | None, cpus_per_replica: float, gpus_per_replica: float, log_level: str,
           debug_fail_after_steps: int | None,
           debug_fail_token_id: int | None) -> None:
     """Serve PACKAGES behind an OpenAI-compatible API (/v1/completions, /v1/chat/completions, /v1/embeddings).
@@ -282,13 +296,19 @@ def serve(packages: tuple[Path, ...], host: str, port: int, provider: str, provi
         api_key=api_key, max_num_seqs=max_num_seqs, max_queued_requests=max_queued_requests,
         max_num_batched_tokens=max_num_batched_tokens, kv_cache_memory=parse_size(kv_cache_memory) if kv_cache_memory else None,
         shutdown_timeout=shutdown_timeout, max_body_size=parse_size(max_body_size), intra_op_threads=intra_op_threads,
-        tool_call_parser=tool_call_parser, speculative_config=speculative_config,
+        tool_call_parser=tool_call_parser, speculative_config=speculative_config, metrics_prefix=metrics_prefix,
         debug_fail_after_steps=debug_fail_after_steps, debug_fail_token_id=debug_fail_token_id,
     )
     names = model_names(config)
     duplicates = sorted({name for name in names if names.count(name) > 1})
     if duplicates:
         raise click.UsageError(f"two packages would both be served as {duplicates[0]!r}: name them with --served-model-name")
+    if use_ray:
+        from ortinf.serve.ray_serve import RayOptions, run_on_ray
+
+        run_on_ray(config, RayOptions(num_replicas, min_replicas, max_replicas, target_ongoing_requests, cpus_per_replica,
+                                      gpus_per_replica), log_level)
+        return
     run(config, log_level)
 
 

@@ -135,15 +135,21 @@ async def _load_all(state: ServerState) -> None:
         state.fatal("loading failed", exc)  # a server that can never serve stops, visibly, instead of answering 503 forever
 
 
-def build_app(config: ServerConfig) -> FastAPI:
-    """The app for `config`; models load in the background while /health answers 503."""
+def build_app(config: ServerConfig, load_in_background: bool = True) -> FastAPI:
+    """The app for `config`; models load in the background while /health answers 503, or (for a Ray
+    replica, which must be ready when its start-up ends) before start-up completes."""
     state = ServerState(config)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        loader = asyncio.create_task(_load_all(state))
+        if not load_in_background:
+            await _load_all(state)
+            if state.load_error is not None:
+                raise RuntimeError(f"loading failed: {state.load_error}")
+        loader = asyncio.create_task(_load_all(state)) if load_in_background else None
         yield
-        loader.cancel()
+        if loader is not None:
+            loader.cancel()
         for model in state.registry.models.values():
             if model.engine is not None:
                 model.engine.shutdown()
@@ -179,6 +185,12 @@ def build_app(config: ServerConfig) -> FastAPI:
         if ok:
             return {"status": "ok"}
         return JSONResponse(error_body(503, message, code="unhealthy"), status_code=503)
+
+    @app.get("/load")
+    async def load():
+        """vLLM's server-load endpoint: requests admitted and not yet finished (running, queued or
+        being tokenised), what a load-aware router compares across replicas."""
+        return {"server_load": state.admission.in_flight}
 
     @app.get("/version")
     async def version():

@@ -1,4 +1,5 @@
-"""Prometheus metrics with vLLM's names under an `ortinf:` prefix, so vLLM dashboards map 1:1.
+"""Prometheus metrics with vLLM's names under an `ortinf:` prefix (or `vllm:` with
+`--metrics-prefix vllm`), so vLLM dashboards and cluster routers map 1:1.
 
 Updated from the engine thread after every step; each server has its own registry (no global state).
 """
@@ -25,29 +26,31 @@ class _Live:
 class EngineMetrics:
     """The metrics of one server; `observe_step` is the AsyncEngine's on_step hook."""
 
-    def __init__(self) -> None:
+    def __init__(self, prefix: str = "ortinf") -> None:
+        """`prefix` names every metric (`ortinf:num_requests_waiting`); "vllm" gives the names that vLLM
+        dashboards, autoscalers and the Gateway API Inference Extension's endpoint picker read."""
         self.registry = CollectorRegistry()
         labels = ["model_name"]
         r = self.registry
-        self.running = Gauge("ortinf:num_requests_running", "Requests in the running batch.", labels, registry=r)
-        self.waiting = Gauge("ortinf:num_requests_waiting", "Requests waiting to be scheduled.", labels, registry=r)
-        self.kv_usage = Gauge("ortinf:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (1 = full).", labels, registry=r)
-        self.prefix_queries = Counter("ortinf:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", labels, registry=r)
-        self.prefix_hits = Counter("ortinf:prefix_cache_hits", "Prompt tokens found in the prefix cache.", labels, registry=r)
-        self.preemptions = Counter("ortinf:num_preemptions", "Requests preempted for lack of KV blocks.", labels, registry=r)
-        self.prompt_tokens = Counter("ortinf:prompt_tokens", "Prompt tokens processed.", labels, registry=r)
-        self.generation_tokens = Counter("ortinf:generation_tokens", "Tokens generated.", labels, registry=r)
-        self.success = Counter("ortinf:request_success", "Finished requests.", [*labels, "finished_reason"], registry=r)
-        self.ttft = Histogram("ortinf:time_to_first_token_seconds", "Time to first token.", labels, buckets=LATENCY_BUCKETS, registry=r)
-        self.itl = Histogram("ortinf:inter_token_latency_seconds", "Time between output tokens.", labels, buckets=LATENCY_BUCKETS, registry=r)
-        self.e2e = Histogram("ortinf:e2e_request_latency_seconds", "Request latency, arrival to finish.", labels, buckets=LATENCY_BUCKETS, registry=r)
-        self.queue = Histogram("ortinf:request_queue_time_seconds", "Time waiting before first scheduled.", labels, buckets=LATENCY_BUCKETS, registry=r)
-        self.admitted = Gauge("ortinf:num_requests_admitted", "Sequences admitted by the server (running, queued, or "
+        self.running = Gauge(f"{prefix}:num_requests_running", "Requests in the running batch.", labels, registry=r)
+        self.waiting = Gauge(f"{prefix}:num_requests_waiting", "Requests waiting to be scheduled.", labels, registry=r)
+        self.kv_usage = Gauge(f"{prefix}:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (1 = full).", labels, registry=r)
+        self.prefix_queries = Counter(f"{prefix}:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", labels, registry=r)
+        self.prefix_hits = Counter(f"{prefix}:prefix_cache_hits", "Prompt tokens found in the prefix cache.", labels, registry=r)
+        self.preemptions = Counter(f"{prefix}:num_preemptions", "Requests preempted for lack of KV blocks.", labels, registry=r)
+        self.prompt_tokens = Counter(f"{prefix}:prompt_tokens", "Prompt tokens processed.", labels, registry=r)
+        self.generation_tokens = Counter(f"{prefix}:generation_tokens", "Tokens generated.", labels, registry=r)
+        self.success = Counter(f"{prefix}:request_success", "Finished requests.", [*labels, "finished_reason"], registry=r)
+        self.ttft = Histogram(f"{prefix}:time_to_first_token_seconds", "Time to first token.", labels, buckets=LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram(f"{prefix}:inter_token_latency_seconds", "Time between output tokens.", labels, buckets=LATENCY_BUCKETS, registry=r)
+        self.e2e = Histogram(f"{prefix}:e2e_request_latency_seconds", "Request latency, arrival to finish.", labels, buckets=LATENCY_BUCKETS, registry=r)
+        self.queue = Histogram(f"{prefix}:request_queue_time_seconds", "Time waiting before first scheduled.", labels, buckets=LATENCY_BUCKETS, registry=r)
+        self.admitted = Gauge(f"{prefix}:num_requests_admitted", "Sequences admitted by the server (running, queued, or "
                               "being tokenised); past --max-num-seqs + --max-queued-requests requests get 429.", registry=r)
-        self.spec_drafts = Counter("ortinf:spec_decode_num_drafts", "Steps in which a request verified proposals.", labels, registry=r)
-        self.spec_draft_tokens = Counter("ortinf:spec_decode_num_draft_tokens", "Proposed (speculative) tokens.", labels, registry=r)
-        self.spec_accepted = Counter("ortinf:spec_decode_num_accepted_tokens", "Proposed tokens accepted.", labels, registry=r)
-        self.spec_per_pos = Counter("ortinf:spec_decode_num_accepted_tokens_per_pos", "Proposed tokens accepted, by position.",
+        self.spec_drafts = Counter(f"{prefix}:spec_decode_num_drafts", "Steps in which a request verified proposals.", labels, registry=r)
+        self.spec_draft_tokens = Counter(f"{prefix}:spec_decode_num_draft_tokens", "Proposed (speculative) tokens.", labels, registry=r)
+        self.spec_accepted = Counter(f"{prefix}:spec_decode_num_accepted_tokens", "Proposed tokens accepted.", labels, registry=r)
+        self.spec_per_pos = Counter(f"{prefix}:spec_decode_num_accepted_tokens_per_pos", "Proposed tokens accepted, by position.",
                                     [*labels, "position"], registry=r)
         self._seen_spec: dict[str, tuple[int, int, int, list[int]]] = {}
         self._live: dict[str, _Live] = {}

@@ -36,6 +36,7 @@ class ServerConfig:
     intra_op_threads: int = 0
     tool_call_parser: str = "auto"
     speculative_config: str | None = None  # JSON, vLLM's speculative_config
+    metrics_prefix: str = "ortinf"  # or "vllm": the names dashboards and cluster routers look for
     debug_fail_after_steps: int | None = None
     debug_fail_token_id: int | None = None
 
@@ -53,6 +54,7 @@ class ServerState:
 
     def __post_init__(self) -> None:
         self.admission = Admission(self.config.max_num_seqs, self.config.max_queued_requests)
+        self.metrics = EngineMetrics(self.config.metrics_prefix)
 
     def fatal(self, what: str, exc: BaseException) -> None:
         """A model failed to load or its engine died (called from any thread): the server stops

@@ -155,3 +155,30 @@ def test_bench_serve_picks_the_language_model_of_a_multi_model_server(chat_packa
                         "--max-concurrency", "2", "--vocab-size", "256")
     assert result.returncode == 0, result.stderr
     assert "completed / failed          4 / 0" in result.stdout
+
+
+def test_vllm_metric_names_and_the_load_endpoint(chat_package, tmp_path):
+    """--metrics-prefix vllm: the names cluster routers read (vLLM's num_requests_waiting, kv_cache_usage_perc);
+    /load counts requests in flight."""
+    with running_server([str(chat_package), "--metrics-prefix", "vllm", "--kv-cache-memory", "64MiB"], tmp_path) as server:
+        assert httpx.get(f"{server.url}/load").json() == {"server_load": 0}
+        body = {"prompt": ["the quick brown fox"] * 8, "max_tokens": 400, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as response:
+            assert response.status_code == 200
+            lines = response.iter_lines()  # kept: a dropped iterator closes the stream, which aborts the request
+            next(lines)
+            assert httpx.get(f"{server.url}/load").json() == {"server_load": 8}  # one request of 8 prompts
+        text = httpx.get(f"{server.url}/metrics").text
+    assert "vllm:num_requests_waiting" in text and "vllm:kv_cache_usage_perc" in text and "ortinf:" not in text
+    assert metric(text, "vllm:generation_tokens_total") >= 1
+
+
+def test_ray_options_are_validated():
+    from ortinf.errors import ConfigError
+    from ortinf.serve.ray_serve import RayOptions
+
+    assert RayOptions(min_replicas=1, max_replicas=2).autoscaling and not RayOptions(num_replicas=3).autoscaling
+    with pytest.raises(ConfigError, match="both --min-replicas and --max-replicas"):
+        RayOptions(min_replicas=1)
+    with pytest.raises(ConfigError, match="must not exceed"):
+        RayOptions(min_replicas=3, max_replicas=2)
