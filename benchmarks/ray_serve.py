@@ -1,0 +1,106 @@
+"""ortinf behind Ray Serve against the single process, on one machine: what Ray costs, not how it scales.
+
+usage: .venv/bin/python benchmarks/ray_serve.py [--record]   (needs the ray extra: pip install 'ortinf[ray]')
+
+The bundled demo llama; `ortinf bench serve` (32 requests, 64 random tokens in, 64 out, 8 at once),
+then 40 sequential one-token requests whose median latency is the per-request cost of the path
+(HTTP, Ray's proxy and router, the replica). Rows: the single process with 2 and with 1 ORT threads,
+Ray with 1 replica (1 thread) and with 2 replicas (1 thread each) on this 2-core machine. One
+machine can show Ray's overhead and its routing, not scale-out: the 2-replica row shares the same
+two cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+import httpx
+
+from ortinf.bundled import ensure_exported
+from ortinf.runtime.matrix import machine
+from ortinf.serve.bench import BenchConfig, run_bench
+
+RESULTS = Path(__file__).with_name("RESULTS.md")
+ROWS = [("single process, 2 threads", ["--intra-op-threads", "2"]),
+        ("single process, 1 thread", ["--intra-op-threads", "1"]),
+        ("Ray Serve, 1 replica x 1 thread", ["--ray", "--num-replicas", "1", "--cpus-per-replica", "1", "--intra-op-threads", "1"]),
+        ("Ray Serve, 2 replicas x 1 thread", ["--ray", "--num-replicas", "2", "--cpus-per-replica", "1", "--intra-op-threads", "1"])]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def measure(package: Path, extra: list[str]) -> dict:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_ADDRESS": "local"}
+    server = subprocess.Popen([str(Path(sys.executable).with_name("ortinf")), "serve", str(package), "--port", str(port),
+                               "--log-level", "warning", "--kv-cache-memory", "256MiB", *extra],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        start = time.monotonic()
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() - start > 300 or server.poll() is not None:
+                raise SystemExit(f"the server did not start: {extra}")
+            time.sleep(0.2)
+        ready = time.monotonic() - start
+        summary = asyncio.run(run_bench(BenchConfig(url, None, 32, 64, 64, 8, vocab_size=8192)))
+        one = []
+        with httpx.Client(base_url=url, timeout=60) as client:
+            for i in range(40):
+                t = time.perf_counter()
+                client.post("/v1/completions", json={"prompt": [5 + i % 7] * 8, "max_tokens": 1}).raise_for_status()
+                one.append((time.perf_counter() - t) * 1e3)
+        return {"ready_s": ready, "summary": summary, "one_token_ms": statistics.median(one[5:])}
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--record", action="store_true", help="append the table to benchmarks/RESULTS.md")
+    args = parser.parse_args()
+    package = dict(ensure_exported(progress=True))["ortinf-demo-llama"]
+    lines = [
+        f"### Ray Serve against the single process ({date.today()}, {machine()})",
+        "",
+        "Bundled demo llama fp32; `ortinf bench serve`: 32 requests, 64 random tokens in / 64 out, 8 at once; then 40 sequential "
+        "one-token requests (median of the last 35). One machine: this shows Ray's overhead, not scale.",
+        "",
+        "| server | ready after s | output tok/s | TTFT mean / p99 ms | TPOT mean ms | one-token request ms |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, extra in ROWS:
+        r = measure(package, extra)
+        s = r["summary"]
+        lines.append(f"| {name} | {r['ready_s']:.1f} | {s['output_throughput']:,.0f} | {s['ttft_ms']['mean']:,.0f} / {s['ttft_ms']['p99']:,.0f} | "
+                     f"{s['tpot_ms']['mean']:.1f} | {r['one_token_ms']:.1f} |")
+        print(lines[-1], flush=True)
+    lines.append("")
+    print("\n".join(lines))
+    if args.record:
+        with RESULTS.open("a") as f:
+            f.write("\n" + "\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
