@@ -84,7 +84,8 @@ def application(config: ServerConfig, options: RayOptions | None = None):
         settings["autoscaling_config"] = {
             "min_replicas": options.min_replicas, "max_replicas": options.max_replicas,
             "target_ongoing_requests": options.target_ongoing_requests or max(1.0, config.max_num_seqs / 2),
-            "upscale_delay_s": 3, "downscale_delay_s": 15,
+            # react within seconds (Ray's defaults look back 30 s): an engine's queue fills fast
+            "metrics_interval_s": 2, "look_back_period_s": 6, "upscale_delay_s": 3, "downscale_delay_s": 15,
         }
     else:
         settings["num_replicas"] = options.num_replicas

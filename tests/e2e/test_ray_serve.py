@@ -4,6 +4,10 @@ starts (with the server) and stops, on 127.0.0.1 only."""
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import threading
+import time
 
 import httpx
 import openai
@@ -42,3 +46,51 @@ def test_two_replicas_serve_the_openai_api_with_the_single_process_output(ray_se
     text = httpx.get(f"{ray_server.url}/metrics").text  # one replica's metrics, under vLLM's names
     assert metric(text, "vllm:num_requests_waiting") == 0 and "vllm:kv_cache_usage_perc" in text
     assert httpx.get(f"{ray_server.url}/load").json() == {"server_load": 0}
+
+
+def replica_pids() -> list[int]:
+    """The Ray Serve replica processes of the ortinf deployment on this machine (one test cluster at a time)."""
+    out = subprocess.run(["pgrep", "-f", "ServeReplica:ortinf"], capture_output=True, text=True).stdout
+    return [int(pid) for pid in out.split()]
+
+
+def stream_all(url: str, count: int, results: list) -> list[threading.Thread]:
+    """`count` long streaming completions in threads; each appends (index, finished with [DONE], error)."""
+    def one(index: int) -> None:
+        body = {"prompt": f"request {index} " * 3, "max_tokens": 400, "ignore_eos": True, "stream": True}
+        done, error = False, None
+        try:
+            with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as response:
+                for line in response.iter_lines():
+                    done = done or line == "data: [DONE]"
+                    if line.startswith("data: {") and '"error"' in line[:20]:
+                        error = line
+        except httpx.HTTPError as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        results.append((index, done, error))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    return threads
+
+
+def test_a_killed_replica_fails_only_its_requests_and_is_replaced(ray_server):
+    before = replica_pids()
+    assert len(before) == 2
+    results: list = []
+    threads = stream_all(ray_server.url, 8, results)
+    time.sleep(1.0)  # the streams are running on both replicas
+    os.kill(before[-1], signal.SIGKILL)
+    for thread in threads:
+        thread.join(120)
+    finished = [r for r in results if r[1] and r[2] is None]
+    failed = [r for r in results if not r[1]]
+    assert len(results) == 8 and finished and failed, results  # the other replica's streams went on to the end
+    assert all(error for _, _, error in failed)  # each failed stream ended with an error (the proxy closed it), none hung
+    deadline = time.monotonic() + 90
+    while len(replica_pids()) != 2 or before[-1] in replica_pids():
+        assert time.monotonic() < deadline, "Ray did not replace the killed replica"
+        time.sleep(1)
+    client = openai.OpenAI(base_url=f"{ray_server.url}/v1", api_key="unused", max_retries=0)
+    assert all(client.completions.create(model="tiny-llama", prompt=p, max_tokens=4).choices[0].text is not None for p in PROMPTS)
