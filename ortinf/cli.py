@@ -229,6 +229,9 @@ def _load_yaml_config(ctx: click.Context, _param: click.Parameter, value: Path |
               help="With --ray: CPUs Ray reserves per replica (set --intra-op-threads to match).")
 @click.option("--gpus-per-replica", type=click.FloatRange(min=0), default=0.0, show_default=True,
               help="With --ray: GPUs per replica (one per replica for a device provider).")
+@click.option("--prefix-routing", is_flag=True,
+              help="With --ray: send requests that share a prompt prefix to the same replica (its prefix cache), "
+                   "through a front deployment; the least loaded replica when that one is far behind.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info", show_default=True, envvar="ORTINF_LOG_LEVEL")
 @click.option("--debug-fail-after-steps", type=int, hidden=True, envvar="ORTINF_DEBUG_FAIL_AFTER_STEPS")
 @click.option("--debug-fail-token-id", type=int, hidden=True, envvar="ORTINF_DEBUG_FAIL_TOKEN_ID")
@@ -237,7 +240,8 @@ def serve(packages: tuple[Path, ...], host: str, port: int, provider: str, provi
           max_num_seqs: int, max_queued_requests: int, max_num_batched_tokens: int, kv_cache_memory: str | None,
           shutdown_timeout: float, max_body_size: str, intra_op_threads: int, tool_call_parser: str, speculative_config: str | None,
           metrics_prefix: str, use_ray: bool, num_replicas: int, min_replicas: int | None, max_replicas: int | None,
-          target_ongoing_requests: float | None, cpus_per_replica: float, gpus_per_replica: float, log_level: str,
+          target_ongoing_requests: float | None, cpus_per_replica: float, gpus_per_replica: float, prefix_routing: bool,
+          log_level: str,
           debug_fail_after_steps: int | None,
           debug_fail_token_id: int | None) -> None:
     """Serve PACKAGES behind an OpenAI-compatible API (/v1/completions, /v1/chat/completions, /v1/embeddings).
@@ -307,7 +311,7 @@ def serve(packages: tuple[Path, ...], host: str, port: int, provider: str, provi
         from ortinf.serve.ray_serve import RayOptions, run_on_ray
 
         run_on_ray(config, RayOptions(num_replicas, min_replicas, max_replicas, target_ongoing_requests, cpus_per_replica,
-                                      gpus_per_replica), log_level)
+                                      gpus_per_replica, prefix_routing), log_level)
         return
     run(config, log_level)
 

@@ -36,6 +36,8 @@ class RayOptions:
     target_ongoing_requests: float | None = None
     cpus_per_replica: float = 1.0
     gpus_per_replica: float = 0.0
+    prefix_routing: bool = False  # a front deployment keys requests by prompt prefix (serve/ray_routing.py)
+    imbalanced_threshold: int = 8
 
     def __post_init__(self) -> None:
         if (self.min_replicas is None) != (self.max_replicas is None):
@@ -56,13 +58,46 @@ def _import_serve():
     return serve
 
 
-class OrtinfReplica:
-    """One replica: the ingress app (built on the replica) and Ray's health check."""
+class _ReplicaBase:
+    """Ray's health check and forwarded requests, over the replica's app (`self.app`: Ray's ASGI
+    wrapper's property for an ingress replica, an attribute for an EngineReplica)."""
 
     async def check_health(self) -> None:
         ok, message = self.app.state.ortinf.healthy()  # `app`: Ray's ASGI wrapper exposes the built app
         if not ok:
             raise RuntimeError(message)
+
+    async def handle_http(self, key: str | None, method: str, path: str, query: bytes, headers: list, body: bytes):
+        """A request forwarded by the prefix-routing front (`key` is for the router), run through this
+        replica's app; yields the ASGI response messages."""
+        from ortinf.serve.ray_routing import run_asgi
+
+        async for message in run_asgi(self.app, method, path, query, headers, body):
+            yield message
+
+
+class OrtinfReplica(_ReplicaBase):
+    """One replica behind Ray's HTTP proxy: the ingress app is built on the replica (Ray's ASGI
+    wrapper sets `app` and runs its start-up and shutdown)."""
+
+
+class EngineReplica(_ReplicaBase):
+    """One replica behind the prefix-routing front: not an ingress (Ray takes one FastAPI ingress per
+    application), so it builds its app and runs the app's start-up and shutdown itself."""
+
+    async def __init__(self, config: ServerConfig) -> None:
+        import uvicorn
+        from uvicorn.lifespan.on import LifespanOn
+
+        self.app = build_app(config, load_in_background=False)
+        self._lifespan = LifespanOn(uvicorn.Config(self.app, lifespan="on", log_config=None, access_log=False))
+        await self._lifespan.startup()
+        if self._lifespan.should_exit:
+            raise RuntimeError("the replica's models failed to load (see its log)")
+
+    async def __del__(self) -> None:
+        if hasattr(self, "_lifespan"):
+            await self._lifespan.shutdown()  # engines stop
 
 
 def application(config: ServerConfig, options: RayOptions | None = None):
@@ -74,7 +109,7 @@ def application(config: ServerConfig, options: RayOptions | None = None):
         return build_app(config, load_in_background=False)
 
     settings = dict(
-        name=DEPLOYMENT,
+        name=f"{DEPLOYMENT}-engine" if options.prefix_routing else DEPLOYMENT,
         ray_actor_options={"num_cpus": options.cpus_per_replica, "num_gpus": options.gpus_per_replica},
         max_ongoing_requests=config.max_num_seqs + config.max_queued_requests,  # beyond it the app answers 429 itself
         graceful_shutdown_timeout_s=config.shutdown_timeout,
@@ -89,8 +124,18 @@ def application(config: ServerConfig, options: RayOptions | None = None):
         }
     else:
         settings["num_replicas"] = options.num_replicas
-    deployment = serve.deployment(**settings)(serve.ingress(build)(OrtinfReplica))
-    return deployment.bind()
+    if options.prefix_routing:
+        from ray.serve.config import RequestRouterConfig
+
+        from ortinf.serve.ray_routing import PrefixAffinityRouter
+
+        settings["request_router_config"] = RequestRouterConfig(
+            request_router_class=PrefixAffinityRouter, request_router_kwargs={"imbalanced_threshold": options.imbalanced_threshold})
+    if options.prefix_routing:
+        from ortinf.serve.ray_front import front_deployment
+
+        return front_deployment(config, DEPLOYMENT).bind(serve.deployment(**settings)(EngineReplica).bind(config))
+    return serve.deployment(**settings)(serve.ingress(build)(OrtinfReplica)).bind()
 
 
 def run_on_ray(config: ServerConfig, options: RayOptions, log_level: str = "info") -> None:
