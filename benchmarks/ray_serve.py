@@ -8,6 +8,11 @@ then 40 sequential one-token requests whose median latency is the per-request co
 Ray with 1 replica (1 thread) and with 2 replicas (1 thread each) on this 2-core machine. One
 machine can show Ray's overhead and its routing, not scale-out: the 2-replica row shares the same
 two cores.
+
+A second table routes a shared-prefix workload (8 system prompts of ~400 tokens, 6 users each, in
+turn) through 2 replicas with Ray's default router and with `--prefix-routing`: the requests that
+missed the prefix cache, the cached share of prompt tokens, and the mean time to the whole
+(4-token) answer.
 """
 
 from __future__ import annotations
@@ -43,7 +48,26 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def measure(package: Path, extra: list[str]) -> dict:
+SYSTEM = "You are a careful Python reviewer. Explain each change, cite the line, and prefer the standard library. " * 5
+
+
+def shared_prefix(url: str) -> dict:
+    misses, cached, prompt, times = 0, 0, 0, []
+    with httpx.Client(base_url=url, timeout=120) as client:
+        for user in range(6):
+            for system in range(8):
+                body = {"prompt": f"# system {system}\n{SYSTEM}\n# user {user}\ndef task_{user}_{system}():\n", "max_tokens": 4}
+                start = time.perf_counter()
+                usage = client.post("/v1/completions", json=body).raise_for_status().json()["usage"]
+                times.append((time.perf_counter() - start) * 1e3)
+                hit = usage["prompt_tokens_details"]["cached_tokens"]
+                misses += hit == 0
+                cached += hit
+                prompt += usage["prompt_tokens"]
+    return {"misses": misses, "requests": 48, "hit_rate": cached / prompt, "latency_ms": statistics.mean(times)}
+
+
+def measure(package: Path, extra: list[str], workload=None) -> dict:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_ADDRESS": "local"}
@@ -62,6 +86,9 @@ def measure(package: Path, extra: list[str]) -> dict:
                 raise SystemExit(f"the server did not start: {extra}")
             time.sleep(0.2)
         ready = time.monotonic() - start
+        if workload is not None:
+            time.sleep(3)  # the front learns of every replica
+            return workload(url)
         summary = asyncio.run(run_bench(BenchConfig(url, None, 32, 64, 64, 8, vocab_size=8192)))
         one = []
         with httpx.Client(base_url=url, timeout=60) as client:
@@ -94,6 +121,13 @@ def main() -> None:
         s = r["summary"]
         lines.append(f"| {name} | {r['ready_s']:.1f} | {s['output_throughput']:,.0f} | {s['ttft_ms']['mean']:,.0f} / {s['ttft_ms']['p99']:,.0f} | "
                      f"{s['tpot_ms']['mean']:.1f} | {r['one_token_ms']:.1f} |")
+        print(lines[-1], flush=True)
+    lines += ["", "| 2 replicas x 1 thread, router | requests missing the prefix cache | cached share of prompt tokens | mean request ms |",
+              "|---|---:|---:|---:|"]
+    ray_two = ["--ray", "--num-replicas", "2", "--cpus-per-replica", "1", "--intra-op-threads", "1"]
+    for name, extra in (("Ray's default (power of two choices)", ray_two), ("--prefix-routing", [*ray_two, "--prefix-routing"])):
+        r = measure(package, extra, shared_prefix)
+        lines.append(f"| {name} | {r['misses']} / {r['requests']} | {r['hit_rate']:.0%} | {r['latency_ms']:.1f} |")
         print(lines[-1], flush=True)
     lines.append("")
     print("\n".join(lines))
