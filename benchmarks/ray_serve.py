@@ -31,11 +31,11 @@ from pathlib import Path
 
 import httpx
 
+from record import finish
 from ortinf.bundled import ensure_exported
 from ortinf.runtime.matrix import machine
 from ortinf.serve.bench import BenchConfig, run_bench
 
-RESULTS = Path(__file__).with_name("RESULTS.md")
 ROWS = [("single process, 2 threads", ["--intra-op-threads", "2"]),
         ("single process, 1 thread", ["--intra-op-threads", "1"]),
         ("Ray Serve, 1 replica x 1 thread", ["--ray", "--num-replicas", "1", "--cpus-per-replica", "1", "--intra-op-threads", "1"]),
@@ -129,11 +129,7 @@ def main() -> None:
         r = measure(package, extra, shared_prefix)
         lines.append(f"| {name} | {r['misses']} / {r['requests']} | {r['hit_rate']:.0%} | {r['latency_ms']:.1f} |")
         print(lines[-1], flush=True)
-    lines.append("")
-    print("\n".join(lines))
-    if args.record:
-        with RESULTS.open("a") as f:
-            f.write("\n" + "\n".join(lines))
+    finish(lines, args.record)
 
 
 if __name__ == "__main__":

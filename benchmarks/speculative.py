@@ -21,13 +21,13 @@ from pathlib import Path
 import onnxruntime
 
 from demo_tokenizer_models import random_llama
+from record import finish
 from ortinf.bundled import DEMO_LLAMA, ensure_exported
 from ortinf.runtime.config import EngineConfig
 from ortinf.runtime.engine import LLMEngine
 from ortinf.runtime.matrix import machine
 from ortinf.runtime.sampling_params import SamplingParams
 
-RESULTS = Path(__file__).with_name("RESULTS.md")
 PROMPTS = [
     "def read_config(path):\n", "class LRUCache:\n    def __init__(self, capacity):\n", "import os\n\ndef walk(root):\n",
     "def parse_args(argv=None):\n    parser = argparse.ArgumentParser()\n", "def merge_sort(items):\n",
@@ -114,11 +114,7 @@ def main() -> None:
                          f"{med[True]['acceptance']:.0%} | {med[True]['per_draft']:.2f} | "
                          f"{' / '.join(f'{c / drafts:.0%}' for c in positions)} |")
             print(lines[-1], flush=True)
-    lines.append("")
-    print("\n".join(lines))
-    if args.record:
-        with RESULTS.open("a") as f:
-            f.write("\n" + "\n".join(lines))
+    finish(lines, args.record)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from pathlib import Path
 import onnxruntime
 
 from demo_tokenizer_models import LLAMA_33M, random_llama
+from record import finish
 from ortinf.bundled import ensure_exported
 from ortinf.runtime.config import EngineConfig
 from ortinf.runtime.engine import LLMEngine
@@ -39,7 +40,6 @@ TYPED = {"type": "array", "minItems": 40, "items": {
                                      "kind": {"enum": ["read", "write", "delete"]}},
     "required": ["id", "ok", "kind"], "additionalProperties": False}}
 SCHEMAS = {"free-form strings": STRINGS, "typed fields": TYPED}
-RESULTS = Path(__file__).with_name("RESULTS.md")
 
 
 def decode_steps(engine: LLMEngine, requests: int, tokens: int, schema: dict | None) -> list[float]:
@@ -112,11 +112,7 @@ def main() -> None:
     ]
     for package in packages:
         lines += measure(package, args)
-    lines.append("")
-    print("\n".join(lines))
-    if args.record:
-        with RESULTS.open("a") as f:
-            f.write("\n" + "\n".join(lines))
+    finish(lines, args.record)
 
 
 if __name__ == "__main__":

@@ -88,6 +88,7 @@ def test_a_killed_replica_fails_only_its_requests_and_is_replaced(ray_server):
     failed = [r for r in results if not r[1]]
     assert len(results) == 8 and finished and failed, results  # the other replica's streams went on to the end
     assert all(error for _, _, error in failed)  # each failed stream ended with an error (the proxy closed it), none hung
+    assert httpx.get(f"{ray_server.url}/health").status_code == 200  # the proxy routes around the dead replica
     deadline = time.monotonic() + 90
     while len(replica_pids()) != 2 or before[-1] in replica_pids():
         assert time.monotonic() < deadline, "Ray did not replace the killed replica"
