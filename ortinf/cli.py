@@ -214,8 +214,9 @@ def _load_yaml_config(ctx: click.Context, _param: click.Parameter, value: Path |
               help="How tool calls are read from a model's text for tool_choice 'auto': hermes (<tool_call>{json}</tool_call>, "
                    "Qwen and Hermes models), none, or auto (hermes when the chat template writes <tool_call>).")
 @click.option("--speculative-config", default=None, envvar="ORTINF_SPECULATIVE_CONFIG", metavar="JSON",
-              help='Speculative decoding, vLLM\'s speculative_config: e.g. \'{"method": "ngram", "num_speculative_tokens": 4, '
-                   '"prompt_lookup_max": 4}\' (n-gram prompt lookup; greedy output is unchanged).')
+              help='Speculative decoding, vLLM\'s speculative_config: \'{"method": "ngram", "num_speculative_tokens": 4, '
+                   '"prompt_lookup_max": 4}\' (n-gram prompt lookup) or \'{"model": "draft-pkg/", "num_speculative_tokens": 3}\' '
+                   '(a smaller package with the same tokenizer). Greedy output is unchanged.')
 @click.option("--metrics-prefix", type=click.Choice(["ortinf", "vllm"]), default="ortinf", show_default=True, envvar="ORTINF_METRICS_PREFIX",
               help="Prefix of the /metrics names; vllm gives vllm:num_requests_waiting, vllm:kv_cache_usage_perc, ... "
                    "for dashboards and cluster routers (llm-d, the Gateway API Inference Extension) that look for them.")
@@ -307,6 +308,11 @@ def serve(packages: tuple[Path, ...], host: str, port: int, provider: str, provi
     duplicates = sorted({name for name in names if names.count(name) > 1})
     if duplicates:
         raise click.UsageError(f"two packages would both be served as {duplicates[0]!r}: name them with --served-model-name")
+    ray_only = {"--num-replicas": num_replicas != 1, "--min-replicas": min_replicas is not None, "--max-replicas": max_replicas is not None,
+                "--target-ongoing-requests": target_ongoing_requests is not None, "--prefix-routing": prefix_routing}
+    given = [name for name, set_ in ray_only.items() if set_]
+    if given and not use_ray:
+        raise click.UsageError(f"{given[0]} needs --ray")
     if use_ray:
         from ortinf.serve.ray_serve import RayOptions, run_on_ray
 

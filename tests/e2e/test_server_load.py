@@ -182,3 +182,11 @@ def test_ray_options_are_validated():
         RayOptions(min_replicas=1)
     with pytest.raises(ConfigError, match="must not exceed"):
         RayOptions(min_replicas=3, max_replicas=2)
+
+
+def test_ray_options_need_ray(chat_package):
+    from test_cli_export import assert_user_error, ortinf
+
+    result = ortinf("serve", chat_package, "--num-replicas", "2")
+    assert result.returncode == 2 and "--num-replicas needs --ray" in result.stderr
+    assert_user_error(ortinf("serve", chat_package, "--ray", "--min-replicas", "2"), "needs both --min-replicas and --max-replicas")
