@@ -17,6 +17,9 @@ SERVING_MODULES = [
     "ortinf.providers.registry",
     "ortinf.providers.session",
     "ortinf.providers.table",
+    "ortinf.runtime.engine",  # with structured output (llguidance) and speculative decoding
+    "ortinf.serve.app",
+    "ortinf.chat_cli",
 ]
 
 
@@ -24,7 +27,7 @@ def test_serving_modules_do_not_import_torch_or_transformers():
     code = (
         "import sys\n"
         + "".join(f"import {name}\n" for name in SERVING_MODULES)
-        + "heavy = sorted(m for m in ('torch', 'transformers', 'optimum') if m in sys.modules)\n"
+        + "heavy = sorted(m for m in ('torch', 'transformers', 'optimum', 'ray') if m in sys.modules)\n"
         + "print(','.join(heavy))\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
