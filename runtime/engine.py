@@ -5,9 +5,9 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from pathlib import Path
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 

@@ -148,10 +148,10 @@ class Scheduler:
     def proposal_limit(self, request: Request) -> int:
         """The most proposals a request can use: k, within its max_tokens, the context length and the
         graph's longest query."""
-        spec = self.config.speculative
+        limit = min(self.config.speculative.num_speculative_tokens, self.config.max_model_len - request.num_tokens - 1)
         max_tokens = request.sampling_params.max_tokens
-        limit = min(spec.num_speculative_tokens if spec else 0, self.config.max_model_len - request.num_tokens - 1,
-                    (max_tokens - request.num_output_tokens - 1) if max_tokens is not None else spec.num_speculative_tokens)
+        if max_tokens is not None:
+            limit = min(limit, max_tokens - request.num_output_tokens - 1)
         if self.config.long_prefill_token_threshold:  # also the graph's longest query (WebGPU's paged attention)
             limit = min(limit, self.config.long_prefill_token_threshold - 1)
         return limit

@@ -118,15 +118,23 @@ def propose_ngram(token_ids: list[int], config: SpeculativeConfig, limit: int) -
     if limit <= 0 or len(token_ids) < 2:
         return []
     tokens = np.asarray(token_ids, dtype=np.int64)
-    for n in range(min(config.prompt_lookup_max, len(tokens) - 1), config.prompt_lookup_min - 1, -1):
-        suffix = tokens[-n:]
-        windows = np.lib.stride_tricks.sliding_window_view(tokens[:-1], n)  # every n-gram that ends before the last token
-        starts = np.flatnonzero((windows == suffix).all(axis=1))
-        if starts.size:
-            full = starts[starts + n + limit <= len(tokens)]
-            follow = int(full[-1] if full.size else starts[0]) + n
-            return tokens[follow : follow + limit].tolist()
-    return []
+    # One pass over the history: the earlier places holding the last token, then how far back each
+    # match reaches (in the rare candidates only), instead of one scan per n-gram length.
+    ends = np.flatnonzero(tokens[:-1] == tokens[-1])
+    longest = min(config.prompt_lookup_max, len(tokens) - 1)
+    length = np.ones(len(ends), dtype=np.int64)
+    for back in range(1, longest):
+        grows = (length == back) & (ends >= back)
+        grows[grows] = tokens[ends[grows] - back] == tokens[-1 - back]
+        if not grows.any():
+            break
+        length[grows] += 1
+    if not ends.size or length.max() < config.prompt_lookup_min:
+        return []
+    matched = ends[length == length.max()]  # the longest matching suffix; each match is followed from end + 1
+    full = matched[matched + 1 + limit <= len(tokens)]
+    follow = int(full[-1] if full.size else matched[0]) + 1
+    return tokens[follow : follow + limit].tolist()
 
 
 def verify(rows: np.ndarray, drafts: list[int], greedy: bool, probs: np.ndarray | None, generator: np.random.Generator | None) -> list[int]:
