@@ -113,7 +113,9 @@ class Sampler:
             ids = [i for i in ids if 0 <= i < vocab]  # a package's EOS id beyond its vocabulary bans nothing
             if ids:
                 logits[row, ids] = -np.inf
-        dead = np.flatnonzero(np.isneginf(logits).all(axis=1))
+        # only penalties and masks can leave a row with nothing: check those rows, not the whole batch
+        suspects = [row for row, p in enumerate(params) if p.has_penalties or (row < len(allowed) and allowed[row] is not None)]
+        dead = [row for row in suspects if np.isneginf(logits[row]).all()]
         for row in dead:  # penalties (a huge repetition_penalty) sent every allowed token to -inf: they cannot ban them all
             logits[row] = model[row]
             if row < len(allowed) and allowed[row] is not None:

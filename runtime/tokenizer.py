@@ -95,8 +95,8 @@ class TokenBytes:
         kinds = {decoder.get("type")} | {d.get("type") for d in decoder.get("decoders", [])}
         self.byte_level = _byte_level_alphabet() if "ByteLevel" in kinds else None
         self.byte_fallback = "ByteFallback" in kinds
-        self.metaspace = "Metaspace" in kinds or any(d.get("type") == "Replace" and "\u2581" in json.dumps(d.get("pattern", ""))
-                                                       for d in decoder.get("decoders", []))
+        self.metaspace = "Metaspace" in kinds or any(d.get("type") == "Replace" and (d.get("pattern") or {}).get("String") == "\u2581"
+                                                       for d in decoder.get("decoders", []))  # Llama's: Replace("▁", " ")
 
     def __call__(self, token_id: int) -> bytes:
         token = self.tokenizer.id_to_token(token_id)

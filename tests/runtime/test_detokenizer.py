@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, decoders
 
 from ortinf.runtime.detokenizer import IncrementalDetokenizer
 from ortinf.runtime.sampling_params import SamplingParams
@@ -14,11 +14,15 @@ from tiny_models import add_byte_tokenizer, add_tokenizer
 TEXTS = ['def f(x):\n    return "héllo wörld 你好" + x', "the quick brown fox, 12 and 345!", "ünïcödé ✓ 🙂 done"]
 
 
-@pytest.fixture(scope="module", params=["bytes", "metaspace"])
+@pytest.fixture(scope="module", params=["bytes", "metaspace", "llama-decoder"])
 def tokenizer(request, tmp_path_factory) -> Tokenizer:
     folder = tmp_path_factory.mktemp(request.param)
     (add_byte_tokenizer if request.param == "bytes" else add_tokenizer)(folder)
-    return Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    if request.param == "llama-decoder":  # Llama 2's decoder: the marker replaced, byte fallback, a leading space stripped
+        tokenizer.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                               decoders.Strip(" ", 1, 0)])
+    return tokenizer
 
 
 def stream(tokenizer: Tokenizer, prompt: list[int], output: list[int], params: SamplingParams, window: bool) -> tuple[str, list[str]]:
