@@ -35,12 +35,14 @@ class ModelRunner:
         self.generators: dict[str, np.random.Generator] = {}
         self.grammars = grammars
         self.matchers: dict = {}  # request id -> its llguidance matcher (structured output)
+        self.allowed_ids: dict[str, np.ndarray] = {}  # request id -> its allowed_token_ids as a mask, built once
         self._mask_worker = ThreadPoolExecutor(1, thread_name_prefix="ortinf-masks") if grammars else None
 
     def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         for request_id in scheduler_output.finished_request_ids:
             self.generators.pop(request_id, None)
             self.matchers.pop(request_id, None)
+            self.allowed_ids.pop(request_id, None)
         scheduled = scheduler_output.scheduled
         if not scheduled:
             return ModelRunnerOutput()
@@ -146,8 +148,10 @@ class ModelRunner:
         vocab = self.graph.spec.vocab_size
         mask = grammar_mask.copy() if grammar_mask is not None else np.ones(vocab, dtype=bool)
         if allowed_ids is not None:
-            only = np.zeros(vocab, dtype=bool)
-            only[[t for t in allowed_ids if t < vocab]] = True
+            only = self.allowed_ids.get(scheduled.request_id)
+            if only is None:
+                only = self.allowed_ids[scheduled.request_id] = np.zeros(vocab, dtype=bool)
+                only[[t for t in allowed_ids if t < vocab]] = True
             mask &= only
         mask[[t for t in banned if 0 <= t < vocab]] = False
         return mask

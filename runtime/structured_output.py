@@ -48,7 +48,11 @@ class StructuredOutput:
                 schema = json.loads(schema)
             except ValueError as exc:
                 raise RequestError(f"the JSON schema is not valid JSON: {exc}", param=param) from exc
-        if not isinstance(schema, (dict, bool)):
+        if schema is True:  # the schema `true`: any JSON value
+            schema = {}
+        if schema is False:
+            raise RequestError("the JSON schema `false` allows no output at all", param=param)
+        if not isinstance(schema, dict):
             raise RequestError("a JSON schema must be an object", param=param)
         return cls("json", json.dumps(schema, sort_keys=True), param)
 

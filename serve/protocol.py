@@ -7,6 +7,7 @@ silently ignored: a client that sends a field must learn when it did nothing."""
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -19,6 +20,8 @@ MAX_N = 16
 MAX_PROMPTS = 256  # prompts in one completions request (each x n samples, within the server's capacity)
 MAX_STOP = 64  # stop strings, and stop token ids, per request
 MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit
+MAX_LOGIT_BIAS = 1024  # entries in logit_bias (each is applied on every step of the request)
+TOKEN_ID_KEY = re.compile(r"\s*[0-9]{1,12}\s*")
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 TokenId = Annotated[int, Field(ge=0, description="a token id, below the model's vocabulary size (400 otherwise)")]
 TokenIds = Annotated[list[TokenId], Field(min_length=1)]
@@ -114,8 +117,8 @@ class SamplingFields(BaseModel):
     user: str | None = None
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None
-    logit_bias: dict[str, Annotated[Finite, Field(ge=-100.0, le=100.0)]] | None = Field(
-        None, description="token id (as a string) -> bias added to its logit before sampling")
+    logit_bias: Annotated[dict[str, Annotated[Finite, Field(ge=-100.0, le=100.0)]], Field(max_length=MAX_LOGIT_BIAS)] | None = Field(
+        None, description=f"token id (as a string) -> bias added to its logit before sampling; at most {MAX_LOGIT_BIAS} entries")
     allowed_token_ids: Annotated[list[TokenId], Field(min_length=1)] | None = None
     bad_words: Annotated[list[str], Field(max_length=MAX_STOP)] | None = None
     include_stop_str_in_output: bool = False
@@ -128,8 +131,8 @@ class SamplingFields(BaseModel):
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         bias = {}
         for key, value in (self.logit_bias or {}).items():
-            if not key.strip().isdigit():
-                raise RequestError(f"logit_bias keys must be token ids, got {key!r}", param="logit_bias")
+            if not TOKEN_ID_KEY.fullmatch(key):  # ASCII digits only: int() refuses "²" and 5,000-digit numbers
+                raise RequestError(f"logit_bias keys must be token ids, got {key[:40]!r}", param="logit_bias")
             bias[int(key)] = value
         values = dict(
             max_tokens=max_tokens,

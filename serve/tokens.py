@@ -20,26 +20,23 @@ from ortinf.serve.tools import ToolPlan
 router = APIRouter()
 
 
-class TokenizeCompletion(BaseModel):
+class TokenizeRequest(BaseModel):
+    """vLLM's two shapes in one model: a `prompt`, or chat `messages` rendered through the template."""
+
     model_config = STRICT
 
     model: str | None = None
-    prompt: str
-    add_special_tokens: bool = True
-    return_token_strs: bool = False
-
-
-class TokenizeChat(BaseModel):
-    model_config = STRICT
-
-    model: str | None = None
-    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    prompt: str | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
+    add_special_tokens: bool = Field(True, description="prompt only (a chat template writes its own special tokens)")
     add_generation_prompt: bool = True
     continue_final_message: bool = False
-    add_special_tokens: bool = False  # the template writes them
     chat_template_kwargs: dict | None = None
     tools: list[Tool] | None = None
     return_token_strs: bool = False
+
+
+CHAT_ONLY = ("add_generation_prompt", "continue_final_message", "chat_template_kwargs", "tools")
 
 
 class DetokenizeRequest(BaseModel):
@@ -60,13 +57,22 @@ def _max_model_len(model: ServedModel) -> int:
 
 
 @router.post("/tokenize", response_model=responses.TokenizeResponse)
-async def tokenize(body: TokenizeChat | TokenizeCompletion, request: Request):
+async def tokenize(body: TokenizeRequest, request: Request):
+    if (body.prompt is None) == (body.messages is None):
+        raise APIError(400, "pass exactly one of prompt and messages", param="prompt")
+    if body.prompt is not None:
+        given = next((name for name in CHAT_ONLY if name in body.model_fields_set), None)
+        if given is not None:
+            raise APIError(400, f"{given} applies to messages, not to a prompt", param=given)
+    elif "add_special_tokens" in body.model_fields_set:
+        raise APIError(400, "add_special_tokens applies to a prompt: a chat template writes its own special tokens",
+                       param="add_special_tokens")
     state: ServerState = request.app.state.ortinf
     model = state.registry.get(body.model)
     tokenizer = _tokenizer(model)
 
     def run() -> list[int]:
-        if isinstance(body, TokenizeChat):
+        if body.messages is not None:
             tools = ToolPlan([t.model_dump(exclude_none=True) for t in body.tools], "none") if body.tools else None
             return render_prompt(model, body, tools)  # type: ignore[arg-type] - it reads the chat fields only
         return tokenizer.encode(check_unicode(body.prompt, "prompt"), add_special_tokens=body.add_special_tokens).ids

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import openai
 import pytest
@@ -132,3 +134,24 @@ def test_openapi_schema_describes_responses(byte_server):
         ok = schema["paths"][path]["post"]["responses"]["200"]["content"]["application/json"]["schema"]
         assert ok == {"$ref": f"#/components/schemas/{model}"}
     assert "cached_tokens" in components["PromptTokensDetails"]["properties"]
+
+
+def test_worst_values_of_the_new_fields_are_400s(byte_server, client, model):
+    """Values that once reached int() or llguidance unchecked: each is a 400 naming the field, and the
+    server goes on serving."""
+    def error(path: str, body: dict) -> dict:
+        response = httpx.post(f"{byte_server.url}{path}", json=body, timeout=60)
+        assert response.status_code == 400, (body, response.text)
+        return response.json()["error"]
+
+    assert error("/v1/completions", {"prompt": "x", "logit_bias": {"²": 1}})["param"] == "logit_bias"  # int("²") raises
+    assert error("/v1/completions", {"prompt": "x", "logit_bias": {"9" * 5000: 1}})["param"] == "logit_bias"  # beyond int()'s digits
+    assert error("/v1/completions", {"prompt": "x", "logit_bias": {str(i): 1 for i in range(1025)}})["param"] == "logit_bias"
+    schema_false = {"type": "json_schema", "json_schema": {"name": "x", "schema": False}}
+    assert "allows no output" in error("/v1/completions", {"prompt": "x", "response_format": schema_false})["message"]
+    assert "exactly one of prompt and messages" in error("/tokenize", {"prompt": "x", "messages": [{"role": "user", "content": "x"}]})["message"]
+    assert error("/tokenize", {"prompt": "x", "tools": []})["param"] == "tools"
+    assert error("/tokenize", {"messages": [{"role": "user", "content": "x"}], "add_special_tokens": True})["param"] == "add_special_tokens"
+    schema_true = {"type": "json_schema", "json_schema": {"name": "x", "schema": True}}  # `true`: any JSON value
+    text = client.completions.create(model=model, prompt="x", max_tokens=60, seed=1, extra_body={"response_format": schema_true}).choices[0].text
+    json.loads(text)
