@@ -53,6 +53,8 @@ class SpeculativeConfig:
         if self.disable_by_batch_size is not None and (isinstance(self.disable_by_batch_size, bool)
                                                        or not isinstance(self.disable_by_batch_size, int) or self.disable_by_batch_size < 1):
             raise ConfigError(f"speculative_config.disable_by_batch_size must be a positive integer, got {self.disable_by_batch_size!r}")
+        if self.model is not None and (not isinstance(self.model, str) or not self.model):
+            raise ConfigError(f"speculative_config.model must be a package folder's path, got {self.model!r}")
         if (self.method == "draft_model") != (self.model is not None):
             raise ConfigError("speculative_config: the draft_model method needs `model` (a draft package folder), and only it takes one")
         if self.prompt_lookup_min > self.prompt_lookup_max:

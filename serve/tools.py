@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from ortinf.errors import RequestError
 from ortinf.runtime.structured_output import StructuredOutput
 
-PARSERS = ("auto", "hermes", "none")
-HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
+HERMES_OPEN = "<tool_call>"
 _HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 
 
@@ -61,11 +60,11 @@ class ToolPlan:
         if self.mode == "named":
             return (None, [ToolCall(self.named or "", text, new_call_id())]) if _is_json(text) else (text, [])
         if self.mode == "required":
-            try:
-                calls = json.loads(text)
-            except ValueError:
+            try:  # the grammar's shape, unless a stop string or max_tokens cut it: then it stays text
+                calls = [ToolCall(c["name"], json.dumps(c.get("parameters", {}), ensure_ascii=False), new_call_id()) for c in json.loads(text)]
+            except (ValueError, TypeError, KeyError, AttributeError):
                 return text, []
-            return None, [ToolCall(c["name"], json.dumps(c.get("parameters", {}), ensure_ascii=False), new_call_id()) for c in calls]
+            return None, calls
         if self.mode == "auto" and parser == "hermes":
             return parse_hermes(text)
         return text, []

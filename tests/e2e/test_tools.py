@@ -115,6 +115,17 @@ def test_tool_errors_are_400(client, model):
                                        response_format={"type": "json_object"})
 
 
+def test_an_enforced_call_cut_short_stays_text():
+    """A stop string or max_tokens can cut the enforced JSON: the reply is then text, never a 500."""
+    from ortinf.serve.tools import plan
+
+    required = plan([WEATHER], "required", True, "hermes")
+    for text in ('[{"name": "get_weather", "parameters": {"city"', "5", "[5]", '[{"nam": 1}]', ""):
+        assert required.parse(text, "hermes") == (text, [])
+    content, calls = required.parse('[{"name": "get_weather", "parameters": {"city": "x", "unit": "celsius"}}]', "hermes")
+    assert content is None and [c.name for c in calls] == ["get_weather"]
+
+
 def test_hermes_parser_by_value():
     assert parse_hermes("plain text") == ("plain text", [])
     content, calls = parse_hermes('hi <tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call><tool_call>{"name": "g"}</tool_call>')

@@ -99,7 +99,7 @@ def test_config_is_validated():
     for bad, message in [('{"method": "eagle"}', "not supported"), ('{"num_speculative_tokens": 0}', "positive integer"),
                          ('{"prompt_lookup_min": 5, "prompt_lookup_max": 2}', "must not exceed"), ("[1]", "JSON object"),
                          ('{"draft_model": "x"}', "unknown key"), ("{", "not valid JSON"),
-                         ('{"disable_by_batch_size": 0}', "positive integer")]:
+                         ('{"disable_by_batch_size": 0}', "positive integer"), ('{"model": 5}', "package folder's path")]:
         with pytest.raises(ConfigError, match=message):
             SpeculativeConfig.parse(bad)
 
