@@ -63,7 +63,7 @@ class _ReplicaBase:
     wrapper's property for an ingress replica, an attribute for an EngineReplica)."""
 
     async def check_health(self) -> None:
-        ok, message = self.app.state.ortinf.healthy()  # `app`: Ray's ASGI wrapper exposes the built app
+        ok, message = self.app.state.ortinf.healthy()
         if not ok:
             raise RuntimeError(message)
 
@@ -129,11 +129,10 @@ def application(config: ServerConfig, options: RayOptions | None = None):
 
         from ortinf.serve.ray_routing import PrefixAffinityRouter
 
-        settings["request_router_config"] = RequestRouterConfig(
-            request_router_class=PrefixAffinityRouter, request_router_kwargs={"imbalanced_threshold": options.imbalanced_threshold})
-    if options.prefix_routing:
         from ortinf.serve.ray_front import front_deployment
 
+        settings["request_router_config"] = RequestRouterConfig(
+            request_router_class=PrefixAffinityRouter, request_router_kwargs={"imbalanced_threshold": options.imbalanced_threshold})
         return front_deployment(config, DEPLOYMENT).bind(serve.deployment(**settings)(EngineReplica).bind(config))
     return serve.deployment(**settings)(serve.ingress(build)(OrtinfReplica)).bind()
 
