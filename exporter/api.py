@@ -147,7 +147,7 @@ def export(
             quality = verify_quality(hf_model, stage, dtype)
             if quality.failures():
                 raise ExportError(f"verification failed: {'; '.join(quality.failures())} against the fp32 model "
-                                  f"({quality.description}); nothing was written")
+                                  f"({quality.description}); nothing was written. Try {quality_hints(dtype, accuracy_level, quant_block_size)}")
             manifest = replace(manifest, quality=quality)
         manifest.save(stage)
         bar.update()
@@ -168,6 +168,19 @@ def kv_cache_dtype(dtype: str, kv_dtype: str, kernel: str) -> str:
     if kernel != PORTABLE:
         raise ExportError(f"--kv-dtype fp16 under {dtype} weights needs the portable kernel")
     return kv_dtype
+
+
+def quality_hints(dtype: str, accuracy_level: int, block_size: int) -> str:
+    """What to try when a quantized export misses its quality gate, most promising first."""
+    hints = []
+    if accuracy_level != 0:
+        hints.append("--accuracy-level 0 (fp32 activations: exact rounding, slower batches)")
+    if block_size > 16:
+        hints.append(f"--quant-block-size {block_size // 2} (finer scales)")
+    if dtype == "int4":
+        hints.append("--dtype int8")
+    hints.append("--dtype fp32")
+    return ", or ".join(hints)
 
 
 def contrib_dtypes() -> tuple[str, ...]:

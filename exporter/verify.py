@@ -76,9 +76,14 @@ QUALITY_PROMPTS, QUALITY_LEN, GREEDY_TOKENS = 4, 48, 32
 # (0.495 with the LM head kept at 8 bits: not worth its cost in speed, so not done). The gates
 # sit below the worst of those with a margin, and far above what a broken quantization gives (top-1
 # near 1/vocab, KL of nats). int4 greedy agreement is recorded, not gated: a random-weight model's
-# near-ties flip its first token under 4-bit rounding.
+# near-ties flip its first token under 4-bit rounding. int8 greedy agreement is not gated either: it
+# depends on the CPU. ORT's int8-activation kernels (accuracy level 4) round differently with VNNI,
+# and on an AVX-512 VNNI CPU phi3's tiny random model measured 0.195 where AVX2 gave >= 0.39, while
+# its top-1 agreement and KL (averages over 192 positions, not the first flip of one run) stayed
+# far inside their gates. Greedy agreement is a statement about trained weights: the trained demo
+# llama's int8 figure is tested (tests/runtime/test_quantized.py), and every export records it.
 THRESHOLDS = {  # (min top-1 agreement, max mean KL in nats, min greedy agreement)
-    "int8": (0.90, 0.01, 0.25),
+    "int8": (0.90, 0.01, 0.0),
     "int4": (0.35, 0.10, 0.0),
 }
 

@@ -1,0 +1,3 @@
+// The avx2 build of the attention job (flags: kernels/build.py).
+#define RUN_JOB run_job_avx2
+#include "attention_body.inc"

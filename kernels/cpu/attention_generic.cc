@@ -1,0 +1,3 @@
+// The generic build of the attention job (flags: kernels/build.py).
+#define RUN_JOB run_job_generic
+#include "attention_body.inc"

@@ -1,0 +1,66 @@
+// The arithmetic of ortinf's CPU paged attention, free of ONNX Runtime types so that it can be
+// compiled once per instruction set (attention_avx512.cc, attention_avx2.cc, attention_generic.cc
+// include it under their own -m flags) and chosen at run time (dispatch in paged_attention.cc).
+//
+// Why per-ISA translation units and not intrinsics: the loops below are plain C++ that GCC and
+// Clang vectorise at -O3 (the dot product needs -fassociative-math, which the build passes to these
+// files only); writing them once keeps AVX2, AVX-512 and the SSE2 fallback exactly the same code.
+// Why not `target_clones`: it clones one function, but the helpers must be inlined into it under
+// the same ISA to vectorise, and multi-feature clones (avx512f+bw+vl+f16c) cannot be spelled.
+#pragma once
+
+#include <cstdint>
+
+namespace ortinf {
+
+// One unit of parallel work: the queries [q_begin, q_end) of sequence `seq` against KV head
+// `kv_head`. All query heads of that KV head's group are computed together, so every key and value
+// row read from the pool serves `group` query rows (GQA without repeating K/V).
+struct Job {
+  int64_t seq;
+  int64_t kv_head;
+  int64_t q_begin;
+  int64_t q_end;
+};
+
+// Everything a job reads, for one layer and one step. Pointers are ONNX Runtime's own buffers: the
+// pool is read in place through the block table, never copied.
+//
+//   flat tokens   t:  0 1 2 3 4 | 5 | 6 7          query_lens   = [5, 1, 2]
+//   starts        s:  0         | 5 | 6            context_lens = [0, 9, 3]  (already in the pool)
+//
+// Query i of sequence s sits at absolute position context_lens[s] + i. Its keys are the pool's
+// slots 0 .. context_lens[s] - 1 (slot j in block block_tables[s, j / block_size], offset
+// j % block_size) followed by the step's own new keys 0 .. i (rows starts[s] .. starts[s] + i of
+// `key`), so a sequence stops at its own length: nothing is padded to the longest context.
+struct Step {
+  const float* query;      // [T, num_heads * head_dim]
+  const float* key;        // [T, kv_heads * head_dim]: this step's new keys (after RoPE)
+  const float* value;      // [T, kv_heads * head_dim]
+  const void* key_cache;   // [kv_heads, pool_blocks, block_size, head_dim], float or IEEE half
+  const void* value_cache;
+  bool half_cache;
+  const int64_t* block_tables;  // [num_seqs, max_blocks]
+  const int64_t* context_lens;  // [num_seqs]
+  const int64_t* starts;        // [num_seqs]: first flat token of each sequence
+  int64_t max_blocks;
+  int64_t pool_blocks;
+  int64_t block_size;
+  int64_t num_heads;
+  int64_t kv_heads;
+  int64_t head_dim;
+  float scale;
+  int64_t sliding_window;  // 0: none; else a query at p sees keys k with p - k < sliding_window
+  float softcap;           // 0: none; else scores become softcap * tanh(scores / softcap)
+  float* out;              // [T, num_heads * head_dim]
+};
+
+// The largest query tile per job and the head_dim limit of the per-thread scratch buffers.
+constexpr int64_t kQueryTile = 16;
+constexpr int64_t kMaxHeadDim = 512;
+
+void run_job_avx512(const Step& step, const Job& job);
+void run_job_avx2(const Step& step, const Job& job);
+void run_job_generic(const Step& step, const Job& job);
+
+}  // namespace ortinf

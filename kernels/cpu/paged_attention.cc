@@ -1,0 +1,273 @@
+// ortinf's kernel library for ONNX Runtime's CPU provider: the custom op `ortinf.PagedAttention`.
+//
+// Written against ORT's C API only (onnxruntime_c_api.h, one header) and not its C++ wrapper,
+// because the wrapper stamps every op with the headers' ORT_API_VERSION (21 for the Debian trixie
+// headers the build uses), which ORT 1.17-1.20 refuse ("Unsupported version '21'"). The library
+// asks for API 17 and sets OrtCustomOp::version to 17, so the one binary loads into every ORT from
+// 1.17 on (the C API is versioned and forward compatible). Nothing here needs a newer API:
+// KernelContext_ParallelFor, the last call it uses, is from 1.17.
+//
+// The op, per layer (inputs, then attributes):
+//   query [T, H*D] f32, key [T, KVH*D] f32, value [T, KVH*D] f32   this step's tokens, after RoPE
+//   key_cache, value_cache [KVH, blocks, block_size, D] f32 or f16   the paged pool, read in place
+//   block_tables [S, max_blocks] i64, context_lens [S] i64, query_lens [S] i64
+//   num_heads, kv_num_heads (int), scale (float), sliding_window (int, 0 none), softcap (float, 0 none)
+//   -> output [T, H*D] f32
+// The step's new K/V are not written here: the graph's ScatterND writes them into the pool
+// (exporter/kv_write.py), and this op reads them from its key/value inputs, so it never depends
+// on whether the write ran before it.
+//
+// Threads: the jobs (sequence x KV head x query tile) run on ORT's own intra-op pool through
+// KernelContext_ParallelFor, which hands them out one at a time (jobs differ in cost: contexts are
+// ragged), never on a second pool that would fight ORT's threads for the cores.
+
+#include <onnxruntime_c_api.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "attention_impl.h"
+
+namespace {
+
+constexpr uint32_t kApiVersion = 17;
+const OrtApi* g_api = nullptr;
+
+using JobFn = void (*)(const ortinf::Step&, const ortinf::Job&);
+
+// The widest build this CPU runs (the AVX-512 build needs F, BW, VL, DQ: what -mavx512{f,bw,vl,dq}
+// let the compiler use, and F16C/FMA for the half pool and the multiply-adds).
+JobFn pick_job(const char** isa) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512dq")) {
+    *isa = "avx512";
+    return ortinf::run_job_avx512;
+  }
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    *isa = "avx2";
+    return ortinf::run_job_avx2;
+  }
+#endif
+  *isa = "generic";
+  return ortinf::run_job_generic;
+}
+
+const char* g_isa = "";
+const JobFn g_run_job = pick_job(&g_isa);
+
+OrtStatus* fail(const std::string& message) { return g_api->CreateStatus(ORT_INVALID_ARGUMENT, message.c_str()); }
+
+#define RETURN_IF_ERROR(expr)            \
+  do {                                   \
+    OrtStatus* status_ = (expr);         \
+    if (status_ != nullptr) return status_; \
+  } while (0)
+
+struct Kernel {
+  int64_t num_heads = 0, kv_heads = 0, sliding_window = 0;
+  float scale = 0.f, softcap = 0.f;
+};
+
+struct Tensor {
+  const void* data = nullptr;
+  std::vector<int64_t> shape;
+  ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+};
+
+OrtStatus* read_input(OrtKernelContext* context, size_t index, Tensor* out) {
+  const OrtValue* value = nullptr;
+  RETURN_IF_ERROR(g_api->KernelContext_GetInput(context, index, &value));
+  OrtTensorTypeAndShapeInfo* info = nullptr;
+  RETURN_IF_ERROR(g_api->GetTensorTypeAndShape(value, &info));
+  size_t rank = 0;
+  OrtStatus* status = g_api->GetDimensionsCount(info, &rank);
+  if (status == nullptr) {
+    out->shape.resize(rank);
+    status = g_api->GetDimensions(info, out->shape.data(), rank);
+  }
+  if (status == nullptr) status = g_api->GetTensorElementType(info, &out->type);
+  g_api->ReleaseTensorTypeAndShapeInfo(info);
+  RETURN_IF_ERROR(status);
+  void* data = nullptr;  // GetTensorData (const) is API 22; the mutable getter reads the same pointer
+  RETURN_IF_ERROR(g_api->GetTensorMutableData(const_cast<OrtValue*>(value), &data));
+  out->data = data;
+  return nullptr;
+}
+
+struct Call {
+  ortinf::Step step;
+  std::vector<ortinf::Job> jobs;
+};
+
+void run_one(void* data, size_t index) {
+  const Call* call = static_cast<const Call*>(data);
+  g_run_job(call->step, call->jobs[index]);
+}
+
+OrtStatus* compute(const Kernel& k, OrtKernelContext* context) {
+  Tensor t[8];
+  for (size_t i = 0; i < 8; ++i) RETURN_IF_ERROR(read_input(context, i, &t[i]));
+  const Tensor &query = t[0], &key = t[1], &value = t[2], &key_cache = t[3], &value_cache = t[4];
+  const Tensor &tables = t[5], &context_lens = t[6], &query_lens = t[7];
+
+  for (int i = 0; i < 3; ++i)
+    if (t[i].type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) return fail("PagedAttention: query, key and value must be float32");
+  for (int i = 5; i < 8; ++i)
+    if (t[i].type != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64) return fail("PagedAttention: block_tables, context_lens and query_lens must be int64");
+  const bool half = key_cache.type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+  if ((!half && key_cache.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) || value_cache.type != key_cache.type)
+    return fail("PagedAttention: the caches must both be float32 or both float16");
+  if (key_cache.shape.size() != 4 || key_cache.shape != value_cache.shape)
+    return fail("PagedAttention: the caches must be [kv_heads, blocks, block_size, head_dim], the same for K and V");
+  const int64_t kv_heads = key_cache.shape[0], pool_blocks = key_cache.shape[1], block_size = key_cache.shape[2];
+  const int64_t dim = key_cache.shape[3];
+  if (kv_heads != k.kv_heads || k.num_heads % k.kv_heads != 0 || dim <= 0 || dim > ortinf::kMaxHeadDim || block_size <= 0)
+    return fail("PagedAttention: the cache shape does not match kv_num_heads, or head_dim is outside 1..512");
+  if (query.shape.size() != 2 || key.shape.size() != 2 || value.shape != key.shape || tables.shape.size() != 2 ||
+      context_lens.shape.size() != 1 || query_lens.shape != context_lens.shape)
+    return fail("PagedAttention: wrong input ranks");
+  const int64_t num_tokens = query.shape[0], num_seqs = context_lens.shape[0], max_blocks = tables.shape[1];
+  if (query.shape[1] != k.num_heads * dim || key.shape[0] != num_tokens || key.shape[1] != kv_heads * dim ||
+      tables.shape[0] != num_seqs)
+    return fail("PagedAttention: query/key/value/block_tables shapes disagree with the heads and sequences");
+
+  Call call;
+  ortinf::Step& step = call.step;
+  std::vector<int64_t> starts(num_seqs);
+  const int64_t* ctx = static_cast<const int64_t*>(context_lens.data);
+  const int64_t* qlen = static_cast<const int64_t*>(query_lens.data);
+  const int64_t* table = static_cast<const int64_t*>(tables.data);
+  int64_t total = 0;
+  // Every index the jobs will follow is checked here, once: a bad input is an error, never a stray read.
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    if (ctx[s] < 0 || qlen[s] < 0 || ctx[s] > max_blocks * block_size)
+      return fail("PagedAttention: a context length is negative or longer than its block table");
+    for (int64_t b = 0, used = (ctx[s] + block_size - 1) / block_size; b < used; ++b)
+      if (table[s * max_blocks + b] < 0 || table[s * max_blocks + b] >= pool_blocks)
+        return fail("PagedAttention: a block table entry lies outside the pool");
+    starts[s] = total;
+    total += qlen[s];
+    for (int64_t q0 = 0; q0 < qlen[s]; q0 += ortinf::kQueryTile)
+      for (int64_t h = 0; h < kv_heads; ++h) call.jobs.push_back({s, h, q0, std::min(qlen[s], q0 + ortinf::kQueryTile)});
+  }
+  if (total != num_tokens) return fail("PagedAttention: query_lens do not add up to the number of tokens");
+
+  OrtValue* output = nullptr;
+  const int64_t out_shape[2] = {num_tokens, k.num_heads * dim};
+  RETURN_IF_ERROR(g_api->KernelContext_GetOutput(context, 0, out_shape, 2, &output));
+  float* out = nullptr;
+  RETURN_IF_ERROR(g_api->GetTensorMutableData(output, reinterpret_cast<void**>(&out)));
+
+  step = {static_cast<const float*>(query.data), static_cast<const float*>(key.data), static_cast<const float*>(value.data),
+          key_cache.data, value_cache.data, half, table, ctx, starts.data(), max_blocks, pool_blocks, block_size,
+          k.num_heads, kv_heads, dim, k.scale, k.sliding_window, k.softcap, out};
+  if (call.jobs.size() == 1) {
+    run_one(&call, 0);
+    return nullptr;
+  }
+  return g_api->KernelContext_ParallelFor(context, run_one, call.jobs.size(), 0, &call);
+}
+
+// --- the OrtCustomOp table ---------------------------------------------------------------------
+
+OrtStatus* attr_int(const OrtKernelInfo* info, const char* name, int64_t fallback, int64_t* out) {
+  *out = fallback;
+  OrtStatus* status = g_api->KernelInfoGetAttribute_int64(info, name, out);
+  if (status != nullptr) g_api->ReleaseStatus(status);  // absent: keep the default
+  return nullptr;
+}
+
+OrtStatus* attr_float(const OrtKernelInfo* info, const char* name, float fallback, float* out) {
+  *out = fallback;
+  OrtStatus* status = g_api->KernelInfoGetAttribute_float(info, name, out);
+  if (status != nullptr) g_api->ReleaseStatus(status);
+  return nullptr;
+}
+
+OrtStatus* ORT_API_CALL create_kernel(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo* info, void** kernel) {
+  auto* k = new Kernel();
+  attr_int(info, "num_heads", 0, &k->num_heads);
+  attr_int(info, "kv_num_heads", 0, &k->kv_heads);
+  attr_int(info, "sliding_window", 0, &k->sliding_window);
+  attr_float(info, "scale", 0.f, &k->scale);
+  attr_float(info, "softcap", 0.f, &k->softcap);
+  if (k->num_heads <= 0 || k->kv_heads <= 0 || k->scale <= 0.f) {
+    delete k;
+    return fail("PagedAttention: num_heads, kv_num_heads and scale attributes are required and positive");
+  }
+  *kernel = k;
+  return nullptr;
+}
+
+OrtStatus* ORT_API_CALL kernel_compute(void* kernel, OrtKernelContext* context) {
+  return compute(*static_cast<const Kernel*>(kernel), context);
+}
+
+void ORT_API_CALL kernel_destroy(void* kernel) { delete static_cast<Kernel*>(kernel); }
+
+const char* ORT_API_CALL op_name(const OrtCustomOp*) { return "PagedAttention"; }
+const char* ORT_API_CALL op_provider(const OrtCustomOp*) { return "CPUExecutionProvider"; }
+size_t ORT_API_CALL input_count(const OrtCustomOp*) { return 8; }
+size_t ORT_API_CALL output_count(const OrtCustomOp*) { return 1; }
+ONNXTensorElementDataType ORT_API_CALL input_type(const OrtCustomOp*, size_t index) {
+  if (index < 3) return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  if (index < 5) return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;  // the pool: float or float16, checked in compute
+  return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
+}
+ONNXTensorElementDataType ORT_API_CALL output_type(const OrtCustomOp*, size_t) { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
+OrtCustomOpInputOutputCharacteristic ORT_API_CALL required(const OrtCustomOp*, size_t) { return INPUT_OUTPUT_REQUIRED; }
+OrtMemType ORT_API_CALL memory_type(const OrtCustomOp*, size_t) { return OrtMemTypeDefault; }
+int ORT_API_CALL zero(const OrtCustomOp*) { return 0; }
+int ORT_API_CALL start_version(const OrtCustomOp*) { return 1; }
+int ORT_API_CALL end_version(const OrtCustomOp*) { return 1; }
+
+OrtCustomOp make_op() {
+  OrtCustomOp op;
+  std::memset(&op, 0, sizeof(op));  // fields past version 17 (in-place maps, ...) stay null and are not read
+  op.version = kApiVersion;
+  op.GetName = op_name;
+  op.GetExecutionProviderType = op_provider;
+  op.GetInputType = input_type;
+  op.GetInputTypeCount = input_count;
+  op.GetOutputType = output_type;
+  op.GetOutputTypeCount = output_count;
+  op.KernelDestroy = kernel_destroy;
+  op.GetInputCharacteristic = required;
+  op.GetOutputCharacteristic = required;
+  op.GetInputMemoryType = memory_type;
+  op.GetVariadicInputMinArity = zero;
+  op.GetVariadicInputHomogeneity = zero;
+  op.GetVariadicOutputMinArity = zero;
+  op.GetVariadicOutputHomogeneity = zero;
+  op.CreateKernelV2 = create_kernel;
+  op.KernelComputeV2 = kernel_compute;
+  op.GetStartVersion = start_version;
+  op.GetEndVersion = end_version;
+  return op;
+}
+
+OrtCustomOp g_paged_attention = make_op();
+
+}  // namespace
+
+extern "C" {
+
+// Called by SessionOptions.register_custom_ops_library. The domain is created per call and never
+// released: ORT keeps a pointer to it for the lifetime of every session built from these options.
+__attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
+  g_api = api_base->GetApi(kApiVersion);
+  if (g_api == nullptr) return nullptr;  // ORT older than 1.17: no API to report through; the op stays unregistered
+  OrtCustomOpDomain* domain = nullptr;
+  RETURN_IF_ERROR(g_api->CreateCustomOpDomain("ortinf", &domain));
+  RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, &g_paged_attention));
+  return g_api->AddCustomOpDomain(options, domain);
+}
+
+// For `ortinf providers` / `inspect` (read with ctypes): the instruction set the jobs run with.
+__attribute__((visibility("default"))) const char* ortinf_kernels_isa() { return g_isa; }
+
+}  // extern "C"

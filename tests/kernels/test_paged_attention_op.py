@@ -1,0 +1,144 @@
+"""ortinf.PagedAttention (kernels/cpu/) against a numpy reference, in a one-node ONNX graph under the
+pinned onnxruntime: random shuffled block tables with shared prefix blocks, ragged contexts,
+GQA groups, head dims, sliding windows, soft-capping, fp16 pools and multi-token (chunked prefill)
+queries. The worst absolute error of every case is printed (pytest -s) and bounded."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from ortinf.kernels import library
+
+pytestmark = pytest.mark.skipif(library.load() is None, reason="the kernel library is not built (python -m ortinf.kernels.build)")
+
+INPUTS = ("query", "key", "value", "key_cache", "value_cache", "block_tables", "context_lens", "query_lens")
+
+
+def op_session(num_heads: int, kv_heads: int, scale: float, window: int, softcap: float, half: bool,
+               threads: int = 2) -> ort.InferenceSession:
+    cache_type = TensorProto.FLOAT16 if half else TensorProto.FLOAT
+    types = [TensorProto.FLOAT] * 3 + [cache_type] * 2 + [TensorProto.INT64] * 3
+    ranks = [2, 2, 2, 4, 4, 2, 1, 1]
+    inputs = [helper.make_tensor_value_info(n, t, [None] * r) for n, t, r in zip(INPUTS, types, ranks)]
+    node = helper.make_node("PagedAttention", list(INPUTS), ["out"], domain="ortinf", num_heads=num_heads,
+                            kv_num_heads=kv_heads, scale=scale, sliding_window=window, softcap=softcap)
+    graph = helper.make_graph([node], "op", inputs, [helper.make_tensor_value_info("out", TensorProto.FLOAT, [None, None])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ortinf", 1)])
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    library.register(options)
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def reference(q, k, v, key_cache, value_cache, tables, ctx, qlens, num_heads, kv_heads, scale, window, softcap):
+    """Dense attention per sequence over [pool slots | new tokens], in float64."""
+    dim = key_cache.shape[3]
+    group = num_heads // kv_heads
+    out = np.zeros((q.shape[0], num_heads, dim))
+    start = 0
+    for s, (c, n) in enumerate(zip(ctx, qlens)):
+        slots = np.arange(c)
+        blocks = tables[s, slots // key_cache.shape[2]]
+        past_k = key_cache[:, blocks, slots % key_cache.shape[2]].astype(np.float64)  # [KVH, c, D]
+        past_v = value_cache[:, blocks, slots % key_cache.shape[2]].astype(np.float64)
+        new_k = k[start:start + n].reshape(n, kv_heads, dim).transpose(1, 0, 2).astype(np.float64)
+        new_v = v[start:start + n].reshape(n, kv_heads, dim).transpose(1, 0, 2).astype(np.float64)
+        keys, values = np.concatenate([past_k, new_k], 1), np.concatenate([past_v, new_v], 1)
+        queries = q[start:start + n].reshape(n, num_heads, dim).astype(np.float64)
+        for h in range(num_heads):
+            scores = queries[:, h] @ keys[h // group].T * scale  # [n, c + n]
+            if softcap:
+                scores = softcap * np.tanh(scores / softcap)
+            qpos = c + np.arange(n)[:, None]
+            kpos = np.arange(c + n)[None, :]
+            visible = kpos <= qpos
+            if window:
+                visible &= qpos - kpos < window
+            scores = np.where(visible, scores, -np.inf)
+            probs = np.exp(scores - scores.max(1, keepdims=True))
+            out[start:start + n, h] = (probs / probs.sum(1, keepdims=True)) @ values[h // group]
+        start += n
+    return out.reshape(q.shape[0], -1)
+
+
+def random_case(rng, contexts, query_lens, num_heads, kv_heads, dim, block_size=16, half=False, shared_prefix=0):
+    """Shuffled blocks over a pool with room to spare; the first `shared_prefix` blocks of every
+    sequence are the same blocks (a prefix-cache hit)."""
+    max_blocks = max(-(-c // block_size) for c in contexts) or 1
+    pool_blocks = len(contexts) * max_blocks + 7
+    order = rng.permutation(pool_blocks)
+    tables = order[: len(contexts) * max_blocks].reshape(len(contexts), max_blocks).copy()
+    tables[:, :shared_prefix] = tables[0, :shared_prefix]
+    dtype = np.float16 if half else np.float32
+    key_cache = rng.standard_normal((kv_heads, pool_blocks, block_size, dim)).astype(dtype)
+    value_cache = rng.standard_normal((kv_heads, pool_blocks, block_size, dim)).astype(dtype)
+    tokens = sum(query_lens)
+    q = rng.standard_normal((tokens, num_heads * dim)).astype(np.float32)
+    k = rng.standard_normal((tokens, kv_heads * dim)).astype(np.float32)
+    v = rng.standard_normal((tokens, kv_heads * dim)).astype(np.float32)
+    return (q, k, v, key_cache, value_cache, tables.astype(np.int64), np.array(contexts, np.int64),
+            np.array(query_lens, np.int64))
+
+
+CASES = [
+    # (name, contexts, query_lens, heads, kv_heads, head_dim, window, softcap, half)
+    ("decode ragged 1..2000, GQA 2, dim 64", [1, 17, 150, 333, 1024, 2000], [1] * 6, 8, 4, 64, 0, 0.0, False),
+    ("decode MHA, dim 80", [5, 64, 190], [1] * 3, 4, 4, 80, 0, 0.0, False),
+    ("decode GQA 4, dim 128", [300, 7], [1, 1], 8, 2, 128, 0, 0.0, False),
+    ("decode GQA 8 (MQA), dim 64", [100, 250, 31], [1] * 3, 8, 1, 64, 0, 0.0, False),
+    ("chunked prefill and prefix hits, mixed with decodes", [0, 48, 200, 33], [37, 40, 1, 3], 8, 4, 64, 0, 0.0, False),
+    ("prefill from empty, 70 tokens (tiles of 16)", [0], [70], 4, 2, 64, 0, 0.0, False),
+    ("sliding window 32", [0, 100, 500], [50, 5, 1], 8, 4, 64, 32, 0.0, False),
+    ("soft-capping 50 (Gemma 2)", [60, 0], [1, 20], 4, 2, 64, 0, 50.0, False),
+    ("window and softcap together", [90, 10], [4, 30], 4, 2, 80, 24, 30.0, False),
+    ("fp16 pool", [150, 1000, 3], [1, 1, 12], 8, 4, 64, 0, 0.0, True),
+    ("fp16 pool, dim 128, GQA 8", [400, 16], [2, 1], 16, 2, 128, 0, 0.0, True),
+]
+
+
+@pytest.mark.parametrize("name,contexts,query_lens,heads,kv_heads,dim,window,softcap,half", CASES, ids=[c[0] for c in CASES])
+def test_matches_numpy(name, contexts, query_lens, heads, kv_heads, dim, window, softcap, half):
+    rng = np.random.default_rng(abs(hash(name)) % 2**32)
+    scale = dim**-0.5
+    case = random_case(rng, contexts, query_lens, heads, kv_heads, dim, half=half, shared_prefix=1)
+    session = op_session(heads, kv_heads, scale, window, softcap, half)
+    got = session.run(None, dict(zip(INPUTS, case)))[0]
+    want = reference(*case, heads, kv_heads, scale, window, softcap)
+    error = float(np.abs(got - want).max())
+    print(f"{name}: max abs error {error:.2e}")
+    assert got.shape == want.shape and error < 2e-5
+
+
+def test_block_size_one_and_unaligned_window():
+    """Block size 1 (every key its own block) and a window that starts mid-block."""
+    rng = np.random.default_rng(7)
+    for block_size, window in ((1, 0), (4, 7)):
+        case = random_case(rng, [13, 40], [3, 1], 4, 2, 64, block_size=block_size)
+        got = op_session(4, 2, 0.125, window, 0.0, False).run(None, dict(zip(INPUTS, case)))[0]
+        assert np.abs(got - reference(*case, 4, 2, 0.125, window, 0.0)).max() < 2e-5
+
+
+def test_one_thread_equals_two():
+    """The jobs write disjoint rows: the thread count changes nothing, bit for bit."""
+    case = random_case(np.random.default_rng(3), [100, 7, 260], [1, 9, 1], 8, 4, 64)
+    feeds = dict(zip(INPUTS, case))
+    one = op_session(8, 4, 0.125, 0, 0.0, False, threads=1).run(None, feeds)[0]
+    two = op_session(8, 4, 0.125, 0, 0.0, False, threads=2).run(None, feeds)[0]
+    assert np.array_equal(one, two)
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda c: c.__setitem__(5, np.full_like(c[5], 999)), "outside the pool"),
+    (lambda c: c.__setitem__(6, c[6] + 10_000), "longer than its block table"),
+    (lambda c: c.__setitem__(7, c[7] + 1), "do not add up"),
+    (lambda c: (c.__setitem__(1, c[1][:, :64]), c.__setitem__(2, c[2][:, :64])), "shapes disagree"),
+    (lambda c: c.__setitem__(4, c[4][:, :3]), "the same for K and V"),
+])
+def test_bad_inputs_are_errors_not_reads(change, message):
+    case = list(random_case(np.random.default_rng(5), [20, 40], [1, 2], 4, 2, 64))
+    change(case)
+    with pytest.raises(Exception, match=message):
+        op_session(4, 2, 0.125, 0, 0.0, False).run(None, dict(zip(INPUTS, case)))
