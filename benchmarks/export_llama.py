@@ -22,12 +22,14 @@ import ortinf
 RESULTS = Path(__file__).with_name("RESULTS.md")
 
 
-def build(folder: Path) -> int:
+def build(folder: Path, **overrides: int) -> int:
+    """Saves the benchmark llama (random weights; `overrides` change its config) to `folder`."""
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=8192, hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
-        num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=2048,
-    )
+    config = transformers.LlamaConfig(**{
+        **dict(vocab_size=8192, hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
+               num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=2048),
+        **overrides,
+    })
     model = transformers.LlamaForCausalLM(config)
     model.save_pretrained(folder)
     return sum(p.numel() for p in model.parameters())

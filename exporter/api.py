@@ -17,14 +17,16 @@ from tqdm.auto import tqdm
 import ortinf
 from ortinf.errors import ExportError
 from ortinf.exporter.architectures import resolve_task
-from ortinf.exporter.decoder import decoder_spec, trace_decoder
+from ortinf.exporter.decoder import CPU_PAGED, decoder_spec, trace_decoder
 from ortinf.exporter.encoder import TracedEncoder, encoder_inputs, encoder_spec, read_pooling, trace_encoder
 from ortinf.exporter.kv_write import place_decoder
 from ortinf.exporter.quantize import BITS, DEFAULT_ACCURACY_LEVEL, DEFAULT_BLOCK_SIZE, quantize
 from ortinf.exporter.package import staging, token_ids, write_generation_config, write_tokenizer
 from ortinf.exporter.source import ModelSource, resolve_model
 from ortinf.exporter.verify import verify_decoder, verify_encoder, verify_quality
-from ortinf.manifest import CONTRIB_PAGED, KERNELS, MODEL_NAME, PORTABLE, TASKS, TEXT_GENERATION, Manifest, Quantization
+from ortinf.manifest import (
+    CONTRIB_PAGED, CPU_MODEL_NAME, KERNELS, MODEL_NAME, PORTABLE, TASKS, TEXT_GENERATION, CpuKernel, Manifest, Quantization,
+)
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +53,12 @@ def export(
     quant_block_size: int = DEFAULT_BLOCK_SIZE,
     accuracy_level: int = DEFAULT_ACCURACY_LEVEL,
     kv_dtype: str = "auto",
+    cpu_kernel: bool = True,
 ) -> Manifest:
     """Exports MODEL (a local folder or a cached hub id) to the package folder OUT and verifies it.
+
+    `cpu_kernel`: also write model.cpu.onnx, the graph for ortinf's CPU kernel library (portable
+    fp32/int8/int4 decoders; needs the library built here, to verify it; skipped with a warning if not).
 
     Raises ExportError (or a subclass) with a message that says what to change.
     """
@@ -91,9 +97,14 @@ def export(
         bar.set_description_str(STAGES[1])
         trace_dir = stage / ".trace"
         trace_dir.mkdir()
+        cpu_traced = None
         if task == TEXT_GENERATION:
             spec = decoder_spec(hf_model, kv_dtype, kernel)
             trace_decoder(hf_model.to(DTYPES[dtype]), spec, trace_dir / MODEL_NAME, DTYPES[dtype])
+            if cpu_kernel and wants_cpu_graph(kernel, dtype):
+                cpu_traced = trace_dir / "cpu" / MODEL_NAME
+                cpu_traced.parent.mkdir()
+                trace_decoder(hf_model, spec, cpu_traced, DTYPES[dtype], attention=CPU_PAGED)
             hf_model.float()  # the reference for verification: same weights, fp32 arithmetic
             kind = {"decoder": spec}
         else:
@@ -109,7 +120,7 @@ def export(
             if dtype in QUANTIZED:
                 kind["quantization"] = Quantization(BITS[dtype], quant_block_size, accuracy_level)
                 transform = lambda graph: quantize(graph, dtype, quant_block_size, accuracy_level)  # noqa: E731
-            inputs, outputs = place_decoder(trace_dir / MODEL_NAME, stage, spec, transform)
+            inputs, outputs = place_decoder(trace_dir / MODEL_NAME, stage, spec, transform, cpu_traced)
             shutil.rmtree(trace_dir)
         else:
             _place_graph(trace_dir, stage, external_data_threshold)
@@ -128,13 +139,15 @@ def export(
             has_chat_template=has_template,
             source=str(source.name),
             versions=_versions(),
+            cpu_kernel=CpuKernel(CPU_MODEL_NAME, cpu_paged_domain(), ("PagedAttention",), float("nan"), "")
+            if cpu_traced is not None else None,
             **kind,
         )
         manifest.save(stage)
         bar.update()
         bar.set_description_str(STAGES[3])
         if task == TEXT_GENERATION:
-            parity = verify_decoder(hf_model, stage, tolerance, progress)
+            parity = verify_decoder(hf_model, stage, tolerance, progress, cpu_kernel=False)
         else:
             parity = verify_encoder(encoder, stage, tolerance, hf_model.config.vocab_size)
         if not parity.max_abs_diff <= tolerance:
@@ -143,6 +156,14 @@ def export(
                 f"tolerance {tolerance:g} ({parity.description}); nothing was written"
             )
         manifest = replace(manifest, parity=parity)
+        if manifest.cpu_kernel is not None:
+            fused = verify_decoder(hf_model, stage, tolerance, progress, cpu_kernel=True)
+            if not fused.max_abs_diff <= tolerance:
+                raise ExportError(f"verification failed: the CPU kernel graph differs from PyTorch by "
+                                  f"{fused.max_abs_diff:.3g}, above the tolerance {tolerance:g} ({fused.description}); "
+                                  "nothing was written. Export with --no-cpu-kernel and report this")
+            manifest = replace(manifest, cpu_kernel=replace(manifest.cpu_kernel, max_abs_diff=fused.max_abs_diff,
+                                                            description=fused.description))
         if dtype in QUANTIZED:
             quality = verify_quality(hf_model, stage, dtype)
             if quality.failures():
@@ -153,6 +174,26 @@ def export(
         bar.update()
     log.info("exported %s to %s (max abs diff %.3g)", source.name, out_path, parity.max_abs_diff)
     return manifest
+
+
+def wants_cpu_graph(kernel: str, dtype: str) -> bool:
+    """Whether this export writes model.cpu.onnx: portable decoders that compute in fp32, when ortinf's
+    kernel library loads here (it verifies the graph); otherwise one warning says why not."""
+    if kernel != PORTABLE or DTYPES[dtype] != torch.float32:
+        return False
+    from ortinf.kernels import library
+
+    if library.load() is None:
+        log.warning("this package gets no graph for ortinf's CPU kernel library (the library is not loaded here): "
+                    "on the CPU it runs the portable kernel. Build the library and re-export for the faster graph")
+        return False
+    return True
+
+
+def cpu_paged_domain() -> str:
+    from ortinf.kernels.library import DOMAIN
+
+    return DOMAIN
 
 
 def kv_cache_dtype(dtype: str, kv_dtype: str, kernel: str) -> str:

@@ -17,13 +17,17 @@ from transformers import AttentionInterface, PretrainedConfig, PreTrainedModel
 
 from ortinf.exporter.architectures import DECODERS
 from ortinf.exporter.tracing import OPSET, quiet_tracing
-from ortinf.kernels import contrib_paged, portable
+from ortinf.kernels import contrib_paged, cpu_paged, portable
 from ortinf.manifest import CONTRIB_PAGED, KV_LAYOUTS, LOGITS, PORTABLE, DecoderSpec, cache_names, new_kv_names
 
-# kernel -> (transformers attention name, attention function)
+# The attention a graph is traced with: the package's kernel (the manifest's), or the CPU kernel
+# library's op for the package's second graph, model.cpu.onnx (same inputs, pool and KV write).
+CPU_PAGED = "cpu-paged"
+# attention -> (transformers attention name, attention function)
 ATTENTION = {
     PORTABLE: (portable.ATTENTION_NAME, portable.paged_attention),
     CONTRIB_PAGED: (contrib_paged.ATTENTION_NAME, contrib_paged.paged_attention),
+    CPU_PAGED: (cpu_paged.ATTENTION_NAME, cpu_paged.paged_attention),
 }
 
 INPUTS_HEAD = ("input_ids", "positions", "block_tables", "context_lens", "query_lens", "logits_indices")
@@ -53,7 +57,13 @@ class PagedDecoder(torch.nn.Module):
         logits_indices: torch.Tensor,
         *caches: torch.Tensor,
     ) -> tuple[torch.Tensor, ...]:
-        if self.kernel == CONTRIB_PAGED:
+        if self.kernel == CPU_PAGED:
+            batch = cpu_paged.CpuBatch(
+                block_tables=block_tables, context_lens=context_lens, query_lens=query_lens,
+                key_caches=list(caches[0::2]), value_caches=list(caches[1::2]), num_heads=self.num_heads,
+                num_kv_heads=self.num_kv_heads, head_dim=self.head_dim, default_scaling=self.default_scaling,
+            )
+        elif self.kernel == CONTRIB_PAGED:
             batch = contrib_paged.ContribBatch(
                 block_tables=block_tables, context_lens=context_lens, query_lens=query_lens,
                 key_caches=list(caches[0::2]), value_caches=list(caches[1::2]),
@@ -145,9 +155,12 @@ def example_inputs(spec: DecoderSpec, dtype: torch.dtype) -> tuple[torch.Tensor,
     return (input_ids, positions, block_tables, context_lens, query_lens, logits_indices, *caches)
 
 
-def trace_decoder(model: PreTrainedModel, spec: DecoderSpec, path: Path, dtype: torch.dtype) -> tuple[list[str], list[str]]:
-    """Traces the paged decoder to `path` (logits and the new K/V out); returns the graph's input
-    and output names. exporter/kv_write.py then derives the package's two graphs from it."""
+def trace_decoder(model: PreTrainedModel, spec: DecoderSpec, path: Path, dtype: torch.dtype,
+                  attention: str | None = None) -> tuple[list[str], list[str]]:
+    """Traces the paged decoder to `path` (logits and the new K/V out) with `attention` (default: the
+    package's kernel); returns the graph's input and output names. exporter/kv_write.py then derives
+    the package's graphs from it."""
+    attention = attention or spec.kernel
     cache_inputs, cache_outputs = cache_names(spec.num_layers)
     # the contrib op writes the pool itself: its outputs are the pools; the portable kernel's are the new K/V
     kv_outputs = cache_outputs if spec.kernel == CONTRIB_PAGED else new_kv_names(spec.num_layers)
@@ -168,8 +181,8 @@ def trace_decoder(model: PreTrainedModel, spec: DecoderSpec, path: Path, dtype: 
         dynamic_axes[name] = {0: "num_blocks", 1: "block_size"} if spec.kernel == CONTRIB_PAGED else {0: "num_tokens"}
     for name in cache_inputs if spec.kernel == CONTRIB_PAGED else ():
         dynamic_axes[name] = {0: "num_blocks", 1: "block_size"}
-    wrapper = PagedDecoder(model, spec.kernel).eval()
-    with paged_attention_enabled(model, spec.kernel), torch.no_grad(), quiet_tracing():
+    wrapper = PagedDecoder(model, attention).eval()
+    with paged_attention_enabled(model, attention), torch.no_grad(), quiet_tracing():
         torch.onnx.export(
             wrapper,
             example_inputs(spec, dtype),
@@ -180,5 +193,6 @@ def trace_decoder(model: PreTrainedModel, spec: DecoderSpec, path: Path, dtype: 
             dynamic_axes=dynamic_axes,
             opset_version=OPSET,
             do_constant_folding=True,
+            custom_opsets={cpu_paged.DOMAIN: 1} if attention == CPU_PAGED else None,
         )
     return inputs, outputs

@@ -28,6 +28,7 @@ step's slots, because those slots lie at positions >= context_lens and are maske
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -36,7 +37,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from ortinf.manifest import (
-    CONTRIB_PAGED, HOST_WRITE_MODEL_NAME, MODEL_NAME, SLOT_MAPPING, WEIGHTS_NAME, DecoderSpec, cache_names, new_kv_names,
+    CONTRIB_PAGED, CPU_MODEL_NAME, HOST_WRITE_MODEL_NAME, MODEL_NAME, SLOT_MAPPING, WEIGHTS_NAME, DecoderSpec, cache_names, new_kv_names,
 )
 
 
@@ -88,14 +89,18 @@ def add_kv_write(model: onnx.ModelProto, num_layers: int, num_kv_heads: int) -> 
 
 
 def place_decoder(traced: Path, stage: Path, spec: DecoderSpec,
-                  transform: Callable[[onnx.ModelProto], onnx.ModelProto] | None = None) -> tuple[list[str], list[str]]:
+                  transform: Callable[[onnx.ModelProto], onnx.ModelProto] | None = None,
+                  cpu_traced: Path | None = None) -> tuple[list[str], list[str]]:
     """Writes the decoder graphs into the package, sharing one weights file: the host-write graph
     (as traced) and model.onnx (with the KV write). The contrib paged kernel writes its pool itself:
-    its traced graph is model.onnx, alone. `transform` (quantization) rewrites the traced graph first,
-    so both graphs share its weights. Returns model.onnx's input and output names."""
+    its traced graph is model.onnx, alone. `cpu_traced`, the same model traced with the CPU kernel
+    library's op, becomes model.cpu.onnx (with the KV write), its weights pointing into the same file.
+    `transform` (quantization) rewrites each traced graph first. Returns model.onnx's input and
+    output names."""
     model = onnx.load(str(traced), load_external_data=True)
     if transform is not None:
         model = transform(model)
+    digests = {_digest(t): t.name for t in model.graph.initializer if len(t.raw_data) >= 1024}
     if spec.kernel == CONTRIB_PAGED:
         onnx.save_model(model, str(stage / MODEL_NAME), save_as_external_data=True, all_tensors_to_one_file=True,
                         location=WEIGHTS_NAME, size_threshold=1024)
@@ -104,5 +109,37 @@ def place_decoder(traced: Path, stage: Path, spec: DecoderSpec,
                         location=WEIGHTS_NAME, size_threshold=1024)  # leaves `model` referring to the weights file
         add_kv_write(model, spec.num_layers, spec.num_kv_heads)
         onnx.save_model(model, str(stage / MODEL_NAME))
+    if cpu_traced is not None:
+        cpu = onnx.load(str(cpu_traced), load_external_data=True)
+        if transform is not None:
+            cpu = transform(cpu)
+        add_kv_write(cpu, spec.num_layers, spec.num_kv_heads)
+        share_weights(cpu, model, digests)
+        onnx.save_model(cpu, str(stage / CPU_MODEL_NAME))
     initializers = {t.name for t in model.graph.initializer}
     return [i.name for i in model.graph.input if i.name not in initializers], [o.name for o in model.graph.output]
+
+
+def _digest(tensor: onnx.TensorProto) -> bytes:
+    return hashlib.blake2b(tensor.raw_data + bytes(tensor.data_type) + str(list(tensor.dims)).encode(), digest_size=20).digest()
+
+
+def share_weights(graph: onnx.ModelProto, saved: onnx.ModelProto, digests: dict[bytes, str]) -> None:
+    """Points `graph`'s initializers at the bytes `saved` already wrote to the weights file (matched by
+    content, since two traces name constant-folded weights differently). Weights it cannot match (none
+    in practice: both traces fold the same weights) stay inside the graph file."""
+    external = {t.name: list(t.external_data) for t in saved.graph.initializer if t.data_location == TensorProto.EXTERNAL}
+    missing = 0
+    for tensor in graph.graph.initializer:
+        if len(tensor.raw_data) < 1024:
+            continue
+        name = digests.get(_digest(tensor))
+        if name is None or name not in external:
+            missing += len(tensor.raw_data)
+            continue
+        tensor.ClearField("raw_data")
+        tensor.data_location = TensorProto.EXTERNAL
+        del tensor.external_data[:]
+        tensor.external_data.extend(external[name])
+    if missing > 1 << 30:
+        raise ValueError(f"{missing >> 20} MiB of the CPU graph's weights match none of model.onnx's")

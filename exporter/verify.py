@@ -39,8 +39,10 @@ def greedy_reference(model: PreTrainedModel, prompt: list[int], steps: int) -> t
     return tokens, logits
 
 
-def verify_decoder(model: PreTrainedModel, package: Path, tolerance: float, progress: bool = True) -> Parity:
-    """Prefill + 8 decode steps through shuffled blocks; the max abs logit difference over all calls."""
+def verify_decoder(model: PreTrainedModel, package: Path, tolerance: float, progress: bool = True,
+                   cpu_kernel: bool = False) -> Parity:
+    """Prefill + 8 decode steps through shuffled blocks; the max abs logit difference over all calls.
+    `cpu_kernel`: verify model.cpu.onnx (ortinf's CPU kernel library) instead of model.onnx."""
     rng = np.random.default_rng(1234)
     vocab = model.config.vocab_size
     prompt = rng.integers(0, vocab, PROMPT_LEN).tolist()
@@ -48,7 +50,7 @@ def verify_decoder(model: PreTrainedModel, package: Path, tolerance: float, prog
 
     provider = verification_provider(package)
     block_size = max(BLOCK_SIZE, min_block_size(Manifest.load(package).decoder.kernel))
-    graph = DecoderGraph(package, num_blocks=NUM_BLOCKS, block_size=block_size, provider=provider)
+    graph = DecoderGraph(package, num_blocks=NUM_BLOCKS, block_size=block_size, provider=provider, cpu_kernel=cpu_kernel)
     num_needed = -(-len(tokens) // block_size)
     block_table = rng.permutation(NUM_BLOCKS)[:num_needed].tolist()  # shuffled, non-contiguous
 
@@ -61,7 +63,7 @@ def verify_decoder(model: PreTrainedModel, package: Path, tolerance: float, prog
         logits = graph.run(build_model_input([chunk], block_size))
         worst = max(worst, float(np.abs(logits[0].astype(np.float32) - reference[end - 1]).max()))
     description = (f"prefill {PROMPT_LEN} (in chunks of {chunk_len}) + {len(tokens) - PROMPT_LEN} decode steps, "
-                   f"block_size {block_size}, shuffled blocks, on {provider}")
+                   f"block_size {block_size}, shuffled blocks, on {provider} ({graph.kernel_description})")
     return Parity(max_abs_diff=worst, tolerance=tolerance, description=description)
 
 

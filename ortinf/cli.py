@@ -57,6 +57,9 @@ def cli(verbose: bool) -> None:
 @click.option("--kernel", type=click.Choice(["portable", "paged-attention"]), default="portable", show_default=True,
               help="Decoder attention kernel: portable (standard ONNX ops, every provider) or paged-attention "
                    "(ORT's com.microsoft.PagedAttention, fp16, for WebGPU and CUDA).")
+@click.option("--cpu-kernel/--no-cpu-kernel", default=True, show_default=True,
+              help="Also write model.cpu.onnx, the graph for ortinf's compiled CPU kernel library (fused paged attention; "
+                   "portable fp32/int8/int4 decoders, when the library is built here).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
 @click.option(
     "--list-architectures",
@@ -67,7 +70,7 @@ def cli(verbose: bool) -> None:
     help="Print the supported architectures per task and exit.",
 )
 def export(model: str | None, out: Path | None, task: str, dtype: str, quant_block_size: int, accuracy_level: int, kv_dtype: str,
-           overwrite: bool, tolerance: float | None, kernel: str, quiet: bool) -> None:
+           overwrite: bool, tolerance: float | None, kernel: str, cpu_kernel: bool, quiet: bool) -> None:
     """Export MODEL (a local Hugging Face folder, or a hub id already in the local HF cache) to an ONNX package.
 
     The export is verified against PyTorch before it is written; a failed export leaves nothing behind.
@@ -79,10 +82,13 @@ def export(model: str | None, out: Path | None, task: str, dtype: str, quant_blo
     from ortinf.exporter.api import export as run_export
 
     manifest = run_export(model, out, task=task, dtype=dtype, overwrite=overwrite, tolerance=tolerance, progress=not quiet,
-                          kernel=kernel, quant_block_size=quant_block_size, accuracy_level=accuracy_level, kv_dtype=kv_dtype)
+                          kernel=kernel, quant_block_size=quant_block_size, accuracy_level=accuracy_level, kv_dtype=kv_dtype,
+                          cpu_kernel=cpu_kernel)
     parity = manifest.parity
     assert parity is not None
     click.echo(f"exported {manifest.architecture} ({manifest.task}, {manifest.dtype}) to {out}: max abs diff vs PyTorch {parity.max_abs_diff:.2e}")
+    if manifest.cpu_kernel is not None:
+        click.echo(f"CPU kernel graph ({manifest.cpu_kernel.graph}): max abs diff vs PyTorch {manifest.cpu_kernel.max_abs_diff:.2e}")
     if manifest.quality is not None:
         q = manifest.quality
         click.echo(f"quality vs fp32: top-1 agreement {q.top1_agreement:.3f}, mean KL {q.mean_kl:.4f}, greedy agreement {q.greedy_agreement:.3f}")
@@ -196,6 +202,9 @@ def _load_yaml_config(ctx: click.Context, _param: click.Parameter, value: Path |
               help="Run on the CPU when the chosen provider runs none of the graph, instead of failing.")
 @click.option("--shape-buckets", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True, envvar="ORTINF_SHAPE_BUCKETS",
               help="Pad each step to a few bucket shapes (for providers that compile per shape); auto: the provider's choice.")
+@click.option("--cpu-kernel", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True, envvar="ORTINF_CPU_KERNEL",
+              help="On the CPU provider, run the package's graph for ortinf's compiled kernel library (fused paged attention); "
+                   "auto: when the package has it and the library loads, off: the portable graph, on: fail without it.")
 @click.option("--served-model-name", "served_model_names", multiple=True, envvar="ORTINF_SERVED_MODEL_NAME",
               help="Name clients use in `model` (one per package) [default: the package folder's name].")
 @click.option("--api-key", envvar="ORTINF_API_KEY", help="Require `Authorization: Bearer KEY` on /v1 routes.")
@@ -237,7 +246,7 @@ def _load_yaml_config(ctx: click.Context, _param: click.Parameter, value: Path |
 @click.option("--debug-fail-after-steps", type=int, hidden=True, envvar="ORTINF_DEBUG_FAIL_AFTER_STEPS")
 @click.option("--debug-fail-token-id", type=int, hidden=True, envvar="ORTINF_DEBUG_FAIL_TOKEN_ID")
 def serve(packages: tuple[Path, ...], host: str, port: int, provider: str, provider_options: tuple[str, ...], allow_cpu_fallback: bool,
-          shape_buckets: str, served_model_names: tuple[str, ...], api_key: str | None,
+          shape_buckets: str, cpu_kernel: str, served_model_names: tuple[str, ...], api_key: str | None,
           max_num_seqs: int, max_queued_requests: int, max_num_batched_tokens: int, kv_cache_memory: str | None,
           shutdown_timeout: float, max_body_size: str, intra_op_threads: int, tool_call_parser: str, speculative_config: str | None,
           metrics_prefix: str, use_ray: bool, num_replicas: int, min_replicas: int | None, max_replicas: int | None,
@@ -297,7 +306,7 @@ def serve(packages: tuple[Path, ...], host: str, port: int, provider: str, provi
     config = ServerConfig(
         packages=tuple(packages), host=host, port=port, provider=provider, provider_options=parse_options(provider_options),
         allow_cpu_fallback=allow_cpu_fallback, shape_buckets={"auto": None, "on": True, "off": False}[shape_buckets],
-        served_model_names=served_model_names,
+        cpu_kernel={"auto": None, "on": True, "off": False}[cpu_kernel], served_model_names=served_model_names,
         api_key=api_key, max_num_seqs=max_num_seqs, max_queued_requests=max_queued_requests,
         max_num_batched_tokens=max_num_batched_tokens, kv_cache_memory=parse_size(kv_cache_memory) if kv_cache_memory else None,
         shutdown_timeout=shutdown_timeout, max_body_size=parse_size(max_body_size), intra_op_threads=intra_op_threads,
@@ -325,9 +334,11 @@ def serve(packages: tuple[Path, ...], host: str, port: int, provider: str, provi
 @cli.command()
 def providers() -> None:
     """List the execution providers: installed or not, their devices, what they run, how to add them."""
+    from ortinf.kernels import library
     from ortinf.providers.table import format_table, rows
 
     click.echo(format_table(rows()))
+    click.echo(f"\ncpu attention kernel: {library.describe()} (packages exported with it run model.cpu.onnx on the cpu provider)")
 
 
 @cli.command()

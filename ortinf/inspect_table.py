@@ -13,6 +13,20 @@ def _size(folder: Path) -> str:
     return f"{total / 2**20:.1f} MiB"
 
 
+def cpu_kernel_row(manifest: Manifest) -> str:
+    """Which attention kernel the CPU provider runs for this package here, and why."""
+    from ortinf.kernels import library
+
+    kernel = manifest.cpu_kernel
+    if kernel is None:
+        return f"{manifest.decoder.kernel} (the package has no graph for ortinf's CPU kernel library)"
+    loaded = library.load()
+    ops = "/".join(f"{kernel.domain}.{op}" for op in kernel.ops)
+    if loaded is None:
+        return f"portable: {kernel.graph} ({ops}) needs ortinf's kernel library, which is not loaded here"
+    return f"{ops} ({loaded.isa}) in {kernel.graph}, max abs diff vs PyTorch {kernel.max_abs_diff:.2e}"
+
+
 def manifest_rows(manifest: Manifest, folder: Path) -> list[tuple[str, str]]:
     """(key, value) rows, most useful first."""
     rows = [
@@ -32,6 +46,7 @@ def manifest_rows(manifest: Manifest, folder: Path) -> list[tuple[str, str]]:
             ("sliding window", str(d.sliding_window or "none")),
             ("attention kernel", f"{d.kernel} (runs on {', '.join(n for n, p in PROVIDERS.items() if d.kernel in p.kernels)})"),
             ("kv cache", f"{d.kv_dtype}, layout [{d.kv_layout}] per layer"),
+            ("cpu kernel", cpu_kernel_row(manifest)),
         ]
     if manifest.encoder is not None:
         e = manifest.encoder

@@ -21,6 +21,10 @@ MODEL_NAME = "model.onnx"
 # graphs read their weights from model.onnx.data.
 HOST_WRITE_MODEL_NAME = "model.host-write.onnx"
 WEIGHTS_NAME = MODEL_NAME + ".data"
+# Decoders: the graph for ONNX Runtime's CPU provider with ortinf's compiled kernel library (one
+# ortinf.PagedAttention op per layer: kernels/cpu_paged.py), sharing model.onnx.data. Optional: the
+# runtime falls back to model.onnx where it is missing or the library does not load.
+CPU_MODEL_NAME = "model.cpu.onnx"
 FORMAT_VERSION = 3  # 3: the graph writes K/V into its pool (key_cache_out.{i}); see exporter/kv_write.py
 
 TEXT_GENERATION = "text-generation"
@@ -64,7 +68,7 @@ def cache_names(num_layers: int) -> tuple[list[str], list[str]]:
 
 @dataclass(frozen=True, slots=True)
 class DecoderSpec:
-    """Shape facts of a decoder graph with paged-KV I/O (see DESIGN.md, "The exported graph")."""
+    """Shape facts of a decoder graph with paged-KV I/O (see docs/architecture.md, "The exported graph")."""
 
     num_layers: int
     num_heads: int
@@ -128,6 +132,17 @@ class Quality:
 
 
 @dataclass(frozen=True, slots=True)
+class CpuKernel:
+    """The package's graph for the CPU provider with ortinf's kernel library, and its parity."""
+
+    graph: str  # CPU_MODEL_NAME
+    domain: str  # the custom-op domain the graph uses ("ortinf")
+    ops: tuple[str, ...]  # the library's ops it uses
+    max_abs_diff: float  # against PyTorch, measured at export as Parity is for model.onnx
+    description: str
+
+
+@dataclass(frozen=True, slots=True)
 class Parity:
     """What export-time verification measured: ORT vs the PyTorch model on a fixed prompt."""
 
@@ -154,6 +169,7 @@ class Manifest:
     parity: Parity | None = None
     quantization: Quantization | None = None
     quality: Quality | None = None
+    cpu_kernel: CpuKernel | None = None
     has_tokenizer: bool = False
     has_chat_template: bool = False
     source: str = ""
@@ -176,7 +192,7 @@ class Manifest:
                 "with this version of ortinf"
             )
         for key, kind in (("decoder", DecoderSpec), ("encoder", EncoderSpec), ("parity", Parity),
-                          ("quantization", Quantization), ("quality", Quality)):
+                          ("quantization", Quantization), ("quality", Quality), ("cpu_kernel", CpuKernel)):
             if data.get(key) is not None:
                 data[key] = _build(kind, data[key])
         return _build(cls, data)

@@ -46,8 +46,10 @@ class Placement:
 
 
 def create_session(model_path: Path, found: Found, intra_op_threads: int = 0, options: dict[str, str] | None = None,
-                   allow_cpu_fallback: bool = False) -> tuple[ort.InferenceSession, Placement]:
-    """An InferenceSession on `found`'s provider (CPU for the nodes it lacks), and where its nodes run.
+                   allow_cpu_fallback: bool = False, custom_ops_library: Path | None = None,
+                   profile_prefix: str | None = None) -> tuple[ort.InferenceSession, Placement]:
+    """An InferenceSession on `found`'s provider (CPU for the nodes it lacks), and where its nodes run;
+    `custom_ops_library` (ortinf's CPU kernels) is registered first when given.
 
     Raises ProviderUnavailableError when the provider does not run the graph, unless allow_cpu_fallback."""
     provider = found.provider
@@ -57,6 +59,11 @@ def create_session(model_path: Path, found: Found, intra_op_threads: int = 0, op
     session_options.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
     if intra_op_threads:
         session_options.intra_op_num_threads = intra_op_threads
+    if profile_prefix is not None:  # ORT's profiler (benchmarks): session.end_profiling() writes the file
+        session_options.enable_profiling = True
+        session_options.profile_file_prefix = profile_prefix
+    if custom_ops_library is not None:
+        session_options.register_custom_ops_library(str(custom_ops_library))
     provider_options = {**provider.options, **(options or {})}
     try:
         if provider.plugin_module is not None:

@@ -32,6 +32,7 @@ class EngineConfig:
     provider_options: dict[str, str] = field(default_factory=dict)
     allow_cpu_fallback: bool = False
     shape_buckets: bool | None = None  # pad steps to bucket shapes; None: the provider's choice
+    cpu_kernel: bool | None = None  # ortinf's CPU kernel library on the CPU provider; None: when it loads (DecoderGraph)
     speculative_config: SpeculativeConfig | dict | str | None = None  # vLLM's; e.g. {"method": "ngram", "num_speculative_tokens": 4}
 
     def __post_init__(self) -> None:

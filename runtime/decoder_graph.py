@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ortinf.errors import ConfigError
+from ortinf.kernels import library
 from ortinf.manifest import (
     CONTRIB_PAGED, HOST_WRITE_MODEL_NAME, KV_LAYOUTS, LOGITS, MODEL_NAME, SLOT_MAPPING, TEXT_GENERATION, DecoderSpec, Manifest,
     check_block_size,
@@ -40,7 +41,12 @@ class DecoderGraph:
         provider_options: dict[str, str] | None = None,
         allow_cpu_fallback: bool = False,
         shape_buckets: bool | None = None,
+        cpu_kernel: bool | None = None,
+        profile_prefix: str | None = None,
     ) -> None:
+        """`cpu_kernel`: run the package's graph for ortinf's CPU kernel library (model.cpu.onnx) on
+        the CPU provider: None = when the package has it and the library loads, else the portable
+        graph; True = required (ConfigError otherwise); False = never."""
         self.manifest = Manifest.load(package_dir)
         if self.manifest.task != TEXT_GENERATION or self.manifest.decoder is None:
             raise ConfigError(f"{package_dir} holds a {self.manifest.task} model, not a text-generation decoder")
@@ -60,8 +66,15 @@ class DecoderGraph:
         check_block_size(self.spec.kernel, block_size)
         self.max_query_len = self.provider.max_query_len.get(self.spec.kernel)  # the scheduler chunks prefills to it
         graph_file = MODEL_NAME if self.provider.kv_write == GRAPH_WRITE or self.contrib else HOST_WRITE_MODEL_NAME
+        kernels = self._cpu_kernels(package_dir, cpu_kernel) if graph_file == MODEL_NAME else None
+        if kernels is not None:
+            graph_file = self.manifest.cpu_kernel.graph
+        #: which attention kernel this session runs, in words (`ortinf inspect`, logs)
+        self.kernel_description = (f"{library.DOMAIN}.{'/'.join(self.manifest.cpu_kernel.ops)} ({kernels.isa})"
+                                   if kernels is not None else self.spec.kernel)
         self.session, self.placement = create_session(
-            Path(package_dir) / graph_file, self.found, intra_op_threads, provider_options, allow_cpu_fallback)
+            Path(package_dir) / graph_file, self.found, intra_op_threads, provider_options, allow_cpu_fallback,
+            kernels.path if kernels is not None else None, profile_prefix)
         self.block_size = block_size
         self.pool = KVPool(self.spec, num_blocks, block_size, self.provider)
         self.binding = self.session.io_binding()
@@ -72,6 +85,20 @@ class DecoderGraph:
             self.buckets = self.provider.buckets
         else:
             self.buckets = (self.provider.buckets or POWER_OF_TWO_BUCKETS) if shape_buckets else None
+
+    def _cpu_kernels(self, package_dir: str | Path, wanted: bool | None) -> library.KernelLibrary | None:
+        """The kernel library when this session runs the package's CPU-kernel graph, else None."""
+        if wanted is False or self.provider.name != "cpu":
+            return None
+        if self.manifest.cpu_kernel is None:
+            if wanted:
+                raise ConfigError(f"{package_dir} has no graph for ortinf's CPU kernel library: re-export it with this ortinf")
+            return None
+        loaded = library.load()
+        if loaded is None and wanted:
+            raise ConfigError(f"{package_dir}'s CPU graph needs ortinf's kernel library, which is not loaded here: "
+                              "build it with `python -m ortinf.kernels.build`")
+        return loaded
 
     def run(self, model_input: ModelInput) -> np.ndarray:
         """Runs one step; returns logits [rows, vocab]. The graph writes the new K/V into the pool."""

@@ -56,7 +56,7 @@ class LLMEngine:
         found = resolve(config.provider)
         num_blocks = resolve_num_blocks(config, spec, self.max_model_len, found.provider)
         self.graph = DecoderGraph(config.package_dir, num_blocks, config.block_size, found, config.intra_op_threads,
-                                  config.provider_options, config.allow_cpu_fallback, config.shape_buckets)
+                                  config.provider_options, config.allow_cpu_fallback, config.shape_buckets, config.cpu_kernel)
         self.kv_cache = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
         scheduler_config = SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len,
                                            self.graph.max_query_len or 0, speculative=config.speculative_config)

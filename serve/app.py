@@ -100,6 +100,7 @@ def load_model(package: Path, name: str, config: ServerConfig, state: ServerStat
         engine = LLMEngine(EngineConfig(
             package_dir=package, provider=config.provider, provider_options=config.provider_options,
             allow_cpu_fallback=config.allow_cpu_fallback, shape_buckets=config.shape_buckets, kv_cache_memory=config.kv_cache_memory,
+            cpu_kernel=config.cpu_kernel,
             max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
             intra_op_threads=config.intra_op_threads, speculative_config=config.speculative_config,
         ))

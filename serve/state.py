@@ -25,6 +25,7 @@ class ServerConfig:
     provider_options: dict[str, str] = field(default_factory=dict)
     allow_cpu_fallback: bool = False
     shape_buckets: bool | None = None
+    cpu_kernel: bool | None = None
     served_model_names: tuple[str, ...] = ()
     api_key: str | None = None
     max_num_seqs: int = 64

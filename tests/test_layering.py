@@ -1,4 +1,4 @@
-"""The serving side imports neither torch nor transformers (DESIGN.md: an edge box installs only it)."""
+"""The serving side imports neither torch nor transformers (docs/architecture.md: an edge box installs only it)."""
 
 from __future__ import annotations
 

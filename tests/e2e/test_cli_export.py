@@ -62,7 +62,7 @@ def test_export_then_inspect(llama_folder, tmp_path):
     result = ortinf("export", llama_folder, "-o", out)
     assert result.returncode == 0, result.stderr
     assert "max abs diff" in result.stdout
-    assert sorted(p.name for p in out.iterdir()) == ["generation_config.json", "model.host-write.onnx", "model.onnx",
+    assert sorted(p.name for p in out.iterdir()) == ["generation_config.json", "model.cpu.onnx", "model.host-write.onnx", "model.onnx",
                                                            "model.onnx.data", "ortinf.json"]
     assert [p.name for p in tmp_path.iterdir()] == ["pkg"]  # no staging folder left behind
     table = ortinf("inspect", out)

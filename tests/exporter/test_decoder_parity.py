@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from ortinf.exporter.architectures import DECODERS
+from ortinf.kernels import library
 from ortinf.manifest import Manifest
 from ortinf.runtime.decoder_graph import DecoderGraph
 from ortinf.runtime.model_input import SequenceChunk, build_model_input
@@ -47,10 +48,19 @@ def run(graph: DecoderGraph, chunks: list[SequenceChunk]) -> np.ndarray:
     return graph.run(build_model_input(chunks, BLOCK_SIZE))
 
 
-@pytest.fixture(params=ARCHS)
+# Every scenario runs on both CPU graphs of the package: the portable kernel (model.onnx, what every
+# other provider runs) and ortinf's CPU kernel library (model.cpu.onnx), where the library is built.
+
+
+@pytest.fixture(params=[(arch, fused) for arch in ARCHS for fused in (False, True)],
+                ids=[f"{arch}-{'cpu_kernel' if fused else 'portable'}" for arch in ARCHS for fused in (False, True)])
 def setup(request, decoder_package):
-    model, package = decoder_package(request.param)
-    graph = DecoderGraph(package, num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE, provider="cpu")
+    arch, fused = request.param
+    if fused and library.load() is None:
+        pytest.skip("ortinf's kernel library is not built")
+    model, package = decoder_package(arch)
+    graph = DecoderGraph(package, num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE, provider="cpu", cpu_kernel=fused)
+    assert graph.kernel_description.startswith("ortinf.PagedAttention" if fused else "portable")
     return model, graph
 
 

@@ -83,7 +83,9 @@ def test_provider_options():
 def test_providers_command_lists_devices_and_packages(webgpu):
     out = subprocess.run([ORTINF, "providers"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    rows = {line.split()[0]: line for line in out.stdout.splitlines()[1:]}
+    table, _, kernel_line = out.stdout.partition("\n\n")
+    rows = {line.split()[0]: line for line in table.splitlines()[1:]}
+    assert kernel_line.startswith("cpu attention kernel: ")
     assert out.stdout.splitlines()[0].split() == ["provider", "status", "devices", "pool", "dtypes", "kernels", "install"]
     assert "available (auto)" in rows["cpu"] and "host" in rows["cpu"]
     assert "available (software device)" in rows["webgpu"] and "device" in rows["webgpu"]
