@@ -96,6 +96,8 @@ CASES = [
     ("window and softcap together", [90, 10], [4, 30], 4, 2, 80, 24, 30.0, False),
     ("fp16 pool", [150, 1000, 3], [1, 1, 12], 8, 4, 64, 0, 0.0, True),
     ("fp16 pool, dim 128, GQA 8", [400, 16], [2, 1], 16, 2, 128, 0, 0.0, True),
+    ("dim 40 (run-time loops), prefill and decode", [0, 77], [21, 1], 4, 2, 40, 0, 0.0, False),
+    ("dim 256, window and fp16", [300, 0], [1, 18], 4, 1, 256, 64, 0.0, True),
 ]
 
 
