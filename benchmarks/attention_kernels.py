@@ -1,6 +1,6 @@
-"""One layer's decode attention over the paged pool, three ways, on the same shapes.
+"""One layer's decode attention over the paged pool, four ways, on the same shapes.
 
-usage: .venv/bin/python benchmarks/attention_kernels.py [--sequential] [--record]
+usage: .venv/bin/python benchmarks/attention_kernels.py [--sequential] [--record] [--tiny]
 
 32 sequences at contexts 150-192 (12 blocks of 16), GQA 8 query / 4 KV heads, head dim 64, a pool of
 [4, 512 blocks, 16, 64] fp32; 2 threads:
@@ -8,10 +8,12 @@ usage: .venv/bin/python benchmarks/attention_kernels.py [--sequential] [--record
   Where mask, Softmax, PV (kernels/portable.py traces to these);
 - ONNX Attention-23 over the same gathered blocks (KV heads folded into the batch so each query
   group meets its one KV head);
+- ortinf's own kernel library (kernels/cpu/, the op the CPU graph runs): ortinf.PagedAttention, in
+  place through the block table, on ORT's thread pool;
 - an in-place kernel in numba (benchmark-only, .venv-bench-numba from
   benchmarks/peers/install_numba.sh): one parallel job per (sequence, KV head) reading K/V through
   the block table, only up to each sequence's own length.
-All three are checked against each other. --sequential gives each sequence consecutive blocks
+All four are checked against each other. --sequential gives each sequence consecutive blocks
 (random blocks otherwise). The micro-graph overstates the portable kernel's cost in the real graph
 (see docs/performance.md); the comparison is between the three rows.
 """
@@ -31,7 +33,20 @@ KVH, G, S, NB, BLK, D, NBLK = 4, 2, 32, 512, 16, 64, 12
 P = NBLK * BLK
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from decode_step import median_ms  # noqa: E402
+REPEATS = 30
+
+
+def median_ms(fn, repeats: int) -> float:
+    import statistics
+    import time
+
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
 
 
 def inputs(sequential: bool) -> dict[str, np.ndarray]:
@@ -94,10 +109,41 @@ def ort_rows(data: dict[str, np.ndarray]) -> tuple[dict[str, float], np.ndarray]
         session = ort.InferenceSession(h.make_model(graph, opset_imports=[h.make_opsetid("", 23)]).SerializeToString(), options,
                                        providers=["CPUExecutionProvider"])
         outs[name] = session.run(["out"], feeds)[0].reshape(KVH, S, G, D)
-        rows[name] = median_ms(lambda: session.run(["out"], feeds), 30)
+        rows[name] = median_ms(lambda: session.run(["out"], feeds), REPEATS)
     first, second = outs.values()
     assert np.abs(first - second).max() < 1e-4
+    library_row(data, rows, first)
     return rows, first
+
+
+def library_row(data: dict[str, np.ndarray], rows: dict[str, float], reference: np.ndarray) -> None:
+    """ortinf.PagedAttention on the same data (query heads kv_head * G + g, as the graph orders them)."""
+    import onnxruntime as ort
+    from onnx import TensorProto as T
+    from onnx import helper as h
+
+    from ortinf.kernels import library
+
+    name = "ortinf.PagedAttention (kernel library, in place)"
+    if library.load() is None:
+        rows[name] = float("nan")
+        return
+    names = ["query", "key", "value", "key_cache", "value_cache", "block_tables", "context_lens", "query_lens"]
+    types = [T.FLOAT] * 5 + [T.INT64] * 3
+    graph = h.make_graph([h.make_node("PagedAttention", names, ["out"], domain="ortinf", num_heads=KVH * G, kv_num_heads=KVH,
+                                      scale=1.0)], "op", [h.make_tensor_value_info(n, t, None) for n, t in zip(names, types)],
+                         [h.make_tensor_value_info("out", T.FLOAT, None)])
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 2
+    library.register(options)
+    session = ort.InferenceSession(h.make_model(graph, opset_imports=[h.make_opsetid("", 17), h.make_opsetid("ortinf", 1)])
+                                   .SerializeToString(), options, providers=["CPUExecutionProvider"])
+    feeds = {"query": data["q"].transpose(1, 0, 2, 3).reshape(S, -1), "key": data["k"][:, :, 0].transpose(1, 0, 2).reshape(S, -1),
+             "value": data["v"][:, :, 0].transpose(1, 0, 2).reshape(S, -1), "key_cache": data["pool_k"], "value_cache": data["pool_v"],
+             "block_tables": data["tables"], "context_lens": data["ctx"], "query_lens": np.ones(S, np.int64)}
+    out = session.run(None, feeds)[0].reshape(S, KVH, G, D).transpose(1, 0, 2, 3)
+    assert np.abs(out - reference).max() < 1e-4, np.abs(out - reference).max()
+    rows[name] = median_ms(lambda: session.run(None, feeds), REPEATS)
 
 
 def numba_row(data: dict[str, np.ndarray]) -> tuple[float | None, np.ndarray | None, str]:
@@ -118,14 +164,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sequential", action="store_true", help="consecutive blocks per sequence (random otherwise)")
     parser.add_argument("--record", action="store_true", help="append the table to benchmarks/RESULTS.md")
+    parser.add_argument("--tiny", action="store_true", help="3 repeats, no numba row (smoke test)")
     args = parser.parse_args()
+    global REPEATS
+    REPEATS = 3 if args.tiny else REPEATS
     from export_llama import report
 
     from ortinf.runtime.matrix import machine
 
     data = inputs(args.sequential)
     rows, reference = ort_rows(data)
-    ms, out, why = numba_row(data)
+    ms, out, why = numba_row(data) if not args.tiny else (None, None, "skipped (--tiny)")
     if out is not None:
         assert np.abs(out - reference).max() < 1e-4, np.abs(out - reference).max()
     lines = [f"### One layer's decode attention, 32 sequences at context 150-192, {'consecutive' if args.sequential else 'random'} blocks, 2 threads",

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from export_llama import build  # noqa: E402
+from export_llama import TINY, build  # noqa: E402
 from record import finish  # noqa: E402
 
 import ortinf  # noqa: E402
@@ -117,8 +117,7 @@ def main() -> None:
     lines = []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        build(root / "hf", **({"num_hidden_layers": 2, "vocab_size": 512, "hidden_size": 128, "intermediate_size": 256}
-                              if args.tiny else {}))
+        build(root / "hf", **(TINY if args.tiny else {}))
         manifest = ortinf.export(root / "hf", root / "pkg", dtype=args.dtype, progress=False)
         if manifest.cpu_kernel is None:
             raise SystemExit("the package has no CPU kernel graph: build the library (python -m ortinf.kernels.build) first")

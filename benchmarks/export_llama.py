@@ -1,6 +1,6 @@
 """Export time and package size of a ~30M-parameter llama, beside Optimum's ONNX export of the same model.
 
-usage: .venv/bin/python benchmarks/export_llama.py [--record]
+usage: .venv/bin/python benchmarks/export_llama.py [--record] [--tiny]
 
 The model is the engine benchmark's (hidden 512, 8 layers, 8 heads, 4 KV heads, vocab 8192,
 intermediate 1536; random weights, fp32). --record appends the table to benchmarks/RESULTS.md.
@@ -20,6 +20,11 @@ import transformers
 import ortinf
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
+
+
+# --tiny (the smoke test that keeps every benchmark script running): a 2-layer model of the same shape family.
+TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2)
 
 
 def build(folder: Path, **overrides: int) -> int:
@@ -50,11 +55,12 @@ def size_mib(folder: Path) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--record", action="store_true", help="append the table to benchmarks/RESULTS.md")
+    parser.add_argument("--tiny", action="store_true", help="a 2-layer model (smoke test)")
     args = parser.parse_args()
     torch.set_num_threads(2)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        params = build(root / "hf")
+        params = build(root / "hf", **(TINY if args.tiny else {}))
         rows = []
         start = time.perf_counter()
         manifest = ortinf.export(root / "hf", root / "ortinf", progress=False)

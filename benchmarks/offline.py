@@ -1,6 +1,6 @@
 """Offline throughput: ortinf's engine beside transformers and Optimum, in the same run.
 
-usage: .venv/bin/python benchmarks/offline.py [--record] [--skip-baselines] [--profile]
+usage: .venv/bin/python benchmarks/offline.py [--record] [--skip-baselines] [--tiny]
 
 Workload (issue 3): 32 requests with distinct random-token prompts of 64 + 4i tokens (i = 0..31),
 128 new tokens each, ignore_eos, greedy, on the 33.6M llama (hidden 512, 8 layers, 8 heads, 4 KV
@@ -34,7 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent / "peers"))
-from export_llama import build, report  # noqa: E402
+from export_llama import TINY, build, report  # noqa: E402
 from run_hf import StepClock  # noqa: E402
 
 import ortinf  # noqa: E402
@@ -62,10 +62,13 @@ class Row:
         return self.tokens / self.seconds
 
 
+VOCAB = 8192
+
+
 def workload(shared_prefix: int = 0, seed: int = 0) -> list[list[int]]:
     rng = np.random.default_rng(seed)
-    prefix = rng.integers(3, 8192, shared_prefix).tolist()
-    return [prefix + rng.integers(3, 8192, 64 + 4 * i - shared_prefix).tolist() for i in range(NUM_REQUESTS)]
+    prefix = rng.integers(3, VOCAB, shared_prefix).tolist()
+    return [prefix + rng.integers(3, VOCAB, 64 + 4 * i - shared_prefix).tolist() for i in range(NUM_REQUESTS)]
 
 
 def run_ortinf(package: Path, prompts: list[list[int]], name: str, **options) -> Row:
@@ -129,18 +132,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--record", action="store_true", help="append the tables to benchmarks/RESULTS.md")
     parser.add_argument("--skip-baselines", action="store_true", help="run ortinf only (for quick iterations)")
+    parser.add_argument("--tiny", action="store_true", help="2-layer model, 4 requests x 8 tokens, one run each (smoke test)")
     args = parser.parse_args()
+    global NUM_REQUESTS, NEW_TOKENS, REPEATS, VOCAB
+    if args.tiny:
+        NUM_REQUESTS, NEW_TOKENS, REPEATS, VOCAB = 4, 8, 1, TINY["vocab_size"]
     torch.set_num_threads(THREADS)
     prompts = workload()
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        build(root / "hf")
+        build(root / "hf", **(TINY if args.tiny else {}))
         ortinf.export(root / "hf", root / "pkg", progress=False)
         runs: dict[str, list[Row]] = {}
         contenders = {
             "ortinf, 32 concurrent requests": lambda: run_ortinf(root / "pkg", prompts, "ortinf, 32 concurrent requests"),
-            "ortinf, 1 request": lambda: run_ortinf(root / "pkg", prompts[16:17], "ortinf, 1 request"),
+            "ortinf, 1 request": lambda: run_ortinf(root / "pkg", prompts[NUM_REQUESTS // 2:NUM_REQUESTS // 2 + 1], "ortinf, 1 request"),
         }
         if not args.skip_baselines:
             import transformers
@@ -151,7 +158,7 @@ def main() -> None:
             contenders["Optimum ORTModelForCausalLM, padded batch of 32"] = lambda: run_hf_batch(
                 optimum, prompts, "Optimum ORTModelForCausalLM, padded batch of 32")
             contenders["Optimum ORTModelForCausalLM, 1 request"] = lambda: run_hf_batch(
-                optimum, prompts[16:17], "Optimum ORTModelForCausalLM, 1 request")
+                optimum, prompts[NUM_REQUESTS // 2:NUM_REQUESTS // 2 + 1], "Optimum ORTModelForCausalLM, 1 request")
         # Interleaved repeats: a machine that speeds up or slows down during the run moves both sides.
         for _ in range(REPEATS):
             for name, run in contenders.items():

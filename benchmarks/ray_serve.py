@@ -1,6 +1,6 @@
 """ortinf behind Ray Serve against the single process, on one machine: what Ray costs, not how it scales.
 
-usage: .venv/bin/python benchmarks/ray_serve.py [--record]   (needs the ray extra: pip install 'ortinf[ray]')
+usage: .venv/bin/python benchmarks/ray_serve.py [--record] [--tiny]   (needs the ray extra: pip install 'ortinf[ray]')
 
 The bundled demo llama; `ortinf bench serve` (32 requests, 64 random tokens in, 64 out, 8 at once),
 then 40 sequential one-token requests whose median latency is the per-request cost of the path
@@ -67,6 +67,9 @@ def shared_prefix(url: str) -> dict:
     return {"misses": misses, "requests": 48, "hit_rate": cached / prompt, "latency_ms": statistics.mean(times)}
 
 
+BENCH = dict(num_prompts=32, length=64, one_token=40)
+
+
 def measure(package: Path, extra: list[str], workload=None) -> dict:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -89,14 +92,14 @@ def measure(package: Path, extra: list[str], workload=None) -> dict:
         if workload is not None:
             time.sleep(3)  # the front learns of every replica
             return workload(url)
-        summary = asyncio.run(run_bench(BenchConfig(url, None, 32, 64, 64, 8, vocab_size=8192)))
+        summary = asyncio.run(run_bench(BenchConfig(url, None, BENCH["num_prompts"], BENCH["length"], BENCH["length"], 8, vocab_size=8192)))
         one = []
         with httpx.Client(base_url=url, timeout=60) as client:
-            for i in range(40):
+            for i in range(BENCH["one_token"]):
                 t = time.perf_counter()
                 client.post("/v1/completions", json={"prompt": [5 + i % 7] * 8, "max_tokens": 1}).raise_for_status()
                 one.append((time.perf_counter() - t) * 1e3)
-        return {"ready_s": ready, "summary": summary, "one_token_ms": statistics.median(one[5:])}
+        return {"ready_s": ready, "summary": summary, "one_token_ms": statistics.median(one[len(one) // 8:])}
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(120)
@@ -105,7 +108,12 @@ def measure(package: Path, extra: list[str], workload=None) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--record", action="store_true", help="append the table to benchmarks/RESULTS.md")
+    parser.add_argument("--tiny", action="store_true", help="the single process and 1 Ray replica, 8 requests, no routing table (smoke test)")
     args = parser.parse_args()
+    rows = ROWS
+    if args.tiny:
+        BENCH.update(num_prompts=8, length=8, one_token=8)
+        rows = [ROWS[0], ROWS[2]]
     package = dict(ensure_exported(progress=True))["ortinf-demo-llama"]
     lines = [
         f"### Ray Serve against the single process ({date.today()}, {machine()})",
@@ -116,12 +124,15 @@ def main() -> None:
         "| server | ready after s | output tok/s | TTFT mean / p99 ms | TPOT mean ms | one-token request ms |",
         "|---|---:|---:|---:|---:|---:|",
     ]
-    for name, extra in ROWS:
+    for name, extra in rows:
         r = measure(package, extra)
         s = r["summary"]
         lines.append(f"| {name} | {r['ready_s']:.1f} | {s['output_throughput']:,.0f} | {s['ttft_ms']['mean']:,.0f} / {s['ttft_ms']['p99']:,.0f} | "
                      f"{s['tpot_ms']['mean']:.1f} | {r['one_token_ms']:.1f} |")
         print(lines[-1], flush=True)
+    if args.tiny:
+        finish(lines, args.record)
+        return
     lines += ["", "| 2 replicas x 1 thread, router | requests missing the prefix cache | cached share of prompt tokens | mean request ms |",
               "|---|---:|---:|---:|"]
     ray_two = ["--ray", "--num-replicas", "2", "--cpus-per-replica", "1", "--intra-op-threads", "1"]

@@ -1,6 +1,6 @@
 """Serving benchmark: `ortinf serve` with the 33.6M llama, `ortinf bench serve` at concurrency 1, 8, 32, 64.
 
-usage: .venv/bin/python benchmarks/serve.py [--record]
+usage: .venv/bin/python benchmarks/serve.py [--record] [--tiny]
 
 Prompts of 128 random tokens, 128 output tokens each (ignore_eos, greedy), 2 ORT threads, all on this
 machine; the load generator runs in this process beside the server process.
@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from export_llama import build, report  # noqa: E402
+from export_llama import TINY, build, report  # noqa: E402
 
 import ortinf  # noqa: E402
 from ortinf.serve.bench import BenchConfig, run_bench  # noqa: E402
@@ -40,10 +40,12 @@ def free_port() -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--record", action="store_true", help="append the table to benchmarks/RESULTS.md")
+    parser.add_argument("--tiny", action="store_true", help="2-layer model, concurrency 1 and 4, 16 tokens (smoke test)")
     args = parser.parse_args()
+    levels, length, vocab = ((1, 4), 16, TINY["vocab_size"]) if args.tiny else (LEVELS, 128, 8192)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        build(root / "hf")
+        build(root / "hf", **(TINY if args.tiny else {}))
         ortinf.export(root / "hf", root / "pkg", progress=False)
         port = free_port()
         ortinf_bin = str(Path(sys.executable).with_name("ortinf"))
@@ -62,8 +64,8 @@ def main() -> None:
                     raise SystemExit("the server did not start")
                 time.sleep(0.2)
             summaries = []
-            for concurrency in LEVELS:
-                config = BenchConfig(url, None, max(8, 2 * concurrency), 128, 128, concurrency, vocab_size=8192)
+            for concurrency in levels:
+                config = BenchConfig(url, None, max(8, 2 * concurrency), length, length, concurrency, vocab_size=vocab)
                 summary = asyncio.run(run_bench(config))
                 summaries.append(summary)
                 print(json.dumps({k: summary[k] for k in ("completed", "failed", "output_throughput")} | {"concurrency": concurrency}), flush=True)
@@ -76,7 +78,7 @@ def main() -> None:
         "| concurrency | requests | req/s | output tok/s | TTFT mean / p99 ms | TPOT mean ms | ITL mean / p99 ms | E2E mean / p99 ms |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for concurrency, s in zip(LEVELS, summaries):
+    for concurrency, s in zip(levels, summaries):
         lines.append(
             f"| {concurrency} | {s['completed']} | {s['request_throughput']:.2f} | {s['output_throughput']:,.0f} | "
             f"{s['ttft_ms']['mean']:,.0f} / {s['ttft_ms']['p99']:,.0f} | {s['tpot_ms']['mean']:.1f} | "

@@ -81,12 +81,15 @@ def main() -> None:
     parser.add_argument("--passes", type=int, default=2, help="interleaved off/on passes")
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/ortinf-speculative"), help="where the random model is built")
     parser.add_argument("--record", action="store_true", help="append the table to benchmarks/RESULTS.md")
+    parser.add_argument("--tiny", action="store_true", help="the demo with n-gram lookup only, 8 tokens, one pass (smoke test)")
     args = parser.parse_args()
     args.work_dir.mkdir(parents=True, exist_ok=True)
     ngram = {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_max": args.lookup_max}
     demo = dict(ensure_exported(progress=True))["ortinf-demo-llama"]
-    draft = {"model": str(int4_package(args.work_dir)), "num_speculative_tokens": args.k}
-    cases = {"demo (trained, Python), n-gram": (demo, ngram), "random weights, same shape, n-gram": (random_llama(args.work_dir, "random-demo-shape"), ngram),
+    if args.tiny:
+        args.tokens, args.passes = 8, 1
+    draft = {"model": str(int4_package(args.work_dir)), "num_speculative_tokens": args.k} if not args.tiny else None
+    cases = {"demo (trained, Python), n-gram": (demo, ngram)} if args.tiny else {"demo (trained, Python), n-gram": (demo, ngram), "random weights, same shape, n-gram": (random_llama(args.work_dir, "random-demo-shape"), ngram),
              "demo, draft model: the demo at int4": (demo, draft)}
     lines = [
         f"### Speculative decoding, n-gram lookup and a draft model ({date.today()}, {machine()}, onnxruntime {onnxruntime.__version__})",
@@ -98,7 +101,7 @@ def main() -> None:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for name, (package, spec) in cases.items():
-        for concurrency in (1, 8):
+        for concurrency in (1,) if args.tiny else (1, 8):
             rows: dict[bool, list[dict]] = {False: [], True: []}
             for _ in range(args.passes):
                 off, off_tokens = run(package, concurrency, args.tokens, None, args.threads)

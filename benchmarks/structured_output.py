@@ -3,7 +3,7 @@ same 32 unconstrained, on the bundled demo model (6.8M parameters: a 10 ms decod
 grammar's share is large) and on the engine benchmark's 33.6M llama (random weights) with the demo's
 tokenizer (same vocabulary, 8,192).
 
-usage: .venv/bin/python benchmarks/structured_output.py [--requests 32] [--tokens 48] [--record]
+usage: .venv/bin/python benchmarks/structured_output.py [--requests 32] [--tokens 48] [--record] [--tiny]
 
 Each run adds the requests, lets every prompt finish prefilling, then times each decode step
 (engine.step()); unconstrained and constrained runs alternate three times and the table gives
@@ -97,9 +97,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="ORT intra-op threads")
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/ortinf-structured"), help="where the 33.6M llama is built")
     parser.add_argument("--record", action="store_true", help="append the table to benchmarks/RESULTS.md")
+    parser.add_argument("--tiny", action="store_true", help="the demo model only, 4 requests x 8 tokens (smoke test)")
     args = parser.parse_args()
     args.work_dir.mkdir(parents=True, exist_ok=True)
-    packages = [dict(ensure_exported(progress=True))["ortinf-demo-llama"], random_llama(args.work_dir, "llama33m-demo-tokenizer", LLAMA_33M)]
+    packages = [dict(ensure_exported(progress=True))["ortinf-demo-llama"]]
+    if args.tiny:
+        args.requests, args.tokens = 4, 8
+    else:
+        packages.append(random_llama(args.work_dir, "llama33m-demo-tokenizer", LLAMA_33M))
     lines = [
         f"### Structured output, per decode step ({date.today()}, {machine()}, onnxruntime {onnxruntime.__version__})",
         "",

@@ -18,8 +18,11 @@ def main() -> None:
     job = load_job()
     export = job.get("export", {})  # e.g. accuracy_level
     package = Path(job["work_dir"]) / "-".join(["pkg", job["precision"], *(f"{k}{v}" for k, v in sorted(export.items()))])
-    if not (package / "ortinf.json").exists():
-        ortinf.export(job["hf_dir"], package, dtype=job["precision"], progress=False, **export)
+    from ortinf.manifest import Manifest
+
+    # (re-)export when missing, or written before this ortinf carried the CPU kernel graph
+    if not (package / "ortinf.json").exists() or Manifest.load(package).cpu_kernel is None:
+        ortinf.export(job["hf_dir"], package, dtype=job["precision"], progress=False, overwrite=True, **export)
     llm = LLM(package, provider="cpu", intra_op_threads=job["threads"], max_num_seqs=64, enable_prefix_caching=False,
               **job.get("options", {}))
     new = job["new_tokens"]

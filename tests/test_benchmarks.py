@@ -1,0 +1,47 @@
+"""Every benchmark script runs, in its tiny mode (--tiny: a 2-layer model or the demo, a few requests),
+so that none rots unnoticed (decode_step.py once stopped running when DecoderGraph changed). Each
+must exit 0 and print its markdown table; none records anything."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCHMARKS = ROOT / "benchmarks"
+
+# script -> extra arguments (beside --tiny); compare.py's int8/int4 rows are left to the real run
+SCRIPTS = {
+    "attention_kernels.py": [],
+    "decode_step.py": ["--profile"],
+    "export_llama.py": [],
+    "offline.py": [],
+    "serve.py": [],
+    "structured_output.py": [],
+    "speculative.py": [],
+    "compare.py": ["--precisions", "fp32"],
+    "ray_serve.py": [],
+}
+SLOW = {"ray_serve.py"}  # starts Ray clusters: minutes
+
+
+def test_every_script_is_covered():
+    scripts = {p.name for p in BENCHMARKS.glob("*.py")} - {"record.py", "demo_tokenizer_models.py"}  # helpers, not scripts
+    assert scripts == set(SCRIPTS)
+
+
+@pytest.mark.parametrize("script", [pytest.param(s, marks=pytest.mark.slow) if s in SLOW else s for s in SCRIPTS])
+def test_benchmark_runs_in_tiny_mode(script, tmp_path):
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    extra = list(SCRIPTS[script])
+    if script in ("compare.py", "speculative.py", "structured_output.py"):
+        extra += ["--work-dir", str(tmp_path / "work")]
+    done = subprocess.run([sys.executable, str(BENCHMARKS / script), "--tiny", *extra], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "### " in done.stdout and "|---" in done.stdout, done.stdout[-2000:]
+    assert "failed" not in done.stdout.split("###", 1)[1].lower(), done.stdout[-2000:]
