@@ -25,6 +25,7 @@ SCRIPTS = {
     "speculative.py": [],
     "compare.py": ["--precisions", "fp32"],
     "ray_serve.py": [],
+    "two_models.py": [],
 }
 SLOW = {"ray_serve.py"}  # starts Ray clusters: minutes
 
