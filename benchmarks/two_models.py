@@ -2,13 +2,14 @@
 
 usage: .venv/bin/python benchmarks/two_models.py [--record] [--tiny]
 
-The default `ortinf serve` holds the bundled demo llama and all-MiniLM-L6-v2. Each ORT session used
-to own an intra-op thread pool, and on a 2-core machine the two pools spun against each other.
-Since then every session joins ORT's one global pool (providers/session.py, SharedThreadPool).
+The default `ortinf serve` holds the bundled demo llama and all-MiniLM-L6-v2. Each ORT session owns
+an intra-op thread pool whose threads spin after a call, and on a 2-core machine the encoder's
+spinning threads stole the decoder's cores. Now only the engine's decoder spins; encoder and draft
+sessions do not (providers/session.py, create_session's `spin`).
 
 Table 1, one graph call: the demo's 32-sequence decode step at context 190, alone and with MiniLM's
-session beside it (an embedding call every fifth step), on the shared pool and, for the record, on
-per-session pools (the old behaviour; each case in a fresh process).
+session beside it (an embedding call every fifth step), with the encoder not spinning (now) and
+spinning (before); each case in a fresh process.
 Table 2, the real servers: `ortinf bench serve` against the demo (16 at once, 64 in / 64 out) on a
 single-model server and on the default two-model server while a client asks for an embedding every
 50 ms.
@@ -42,9 +43,10 @@ STEP = r"""
 import json, statistics, sys, time
 from pathlib import Path
 import numpy as np
-from ortinf.providers import session
-if sys.argv[3] == "per-session":  # the old behaviour: a pool per session
-    session.SharedThreadPool.join = classmethod(lambda cls, options, threads: setattr(options, "intra_op_num_threads", threads))
+from ortinf.runtime import encoder_graph
+if sys.argv[3] == "spinning":  # the old behaviour: the encoder's threads spin too
+    create = encoder_graph.create_session
+    encoder_graph.create_session = lambda *a, spin=True, **k: create(*a, spin=True, **k)
 from ortinf.runtime.decoder_graph import DecoderGraph
 from ortinf.runtime.encoder_graph import EncoderGraph
 from ortinf.runtime.model_input import SequenceChunk, build_model_input
@@ -128,13 +130,13 @@ def main() -> None:
     lines = [f"### Two models in one process ({time.strftime('%Y-%m-%d')}, {machine()})", "",
              "The demo llama's decode step (32 sequences at context 190, 2 threads), ms, median of "
              f"{steps}; every case in a fresh process, the cases interleaved twice.", "",
-             "| ORT thread pools | demo llama alone | with MiniLM's session (an embedding every 5th step) |", "|---|---:|---:|"]
+             "| encoder session | demo llama alone | with MiniLM's session (an embedding every 5th step) |", "|---|---:|---:|"]
     cells: dict[tuple[str, str], list[float]] = {}
     for _ in range(1 if args.tiny else 2):
-        for pools in ("shared", "per-session"):
+        for pools in ("quiet", "spinning"):
             for models in ("alone", "both"):
                 cells.setdefault((pools, models), []).append(step_ms(llama, minilm, pools, models, steps))
-    for pools, label in (("shared", "one shared pool (now)"), ("per-session", "one per session (before)")):
+    for pools, label in (("quiet", "the encoder's threads do not spin (now)"), ("spinning", "the encoder's threads spin (before)")):
         lines.append(f"| {label} | {statistics.median(cells[pools, 'alone']):.1f} | {statistics.median(cells[pools, 'both']):.1f} |")
     lines += ["", f"`ortinf bench serve` against the demo: {num_prompts} requests, {length} in / {length} out, 16 at once.", "",
               "| server | output tok/s | TPOT mean ms | embeddings answered meanwhile |", "|---|---:|---:|---:|"]

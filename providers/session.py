@@ -32,36 +32,6 @@ COMPUTE_OPS = frozenset({
 })
 
 
-class SharedThreadPool:
-    """Every session of the process runs on ORT's one global intra-op pool.
-
-    Two sessions with pools of their own (the default `ortinf serve` holds the demo llama and
-    MiniLM; speculative decoding a target and a draft) spin against each other on a small machine:
-    measured on 2 cores, the demo's decode step took 15.9 ms with MiniLM's session beside it against
-    8.0 ms alone; on the shared pool 7.0 ms (docs/performance.md). A process has one such pool by
-    nature, so its size is process state: the first session sets it (its intra_op_threads; 0 = ORT's
-    default, one thread per physical core) and later requests for another size are logged, not applied.
-    """
-
-    threads: int | None = None  # the size set, once per process
-
-    @classmethod
-    def join(cls, options: ort.SessionOptions, threads: int) -> None:
-        """Puts the session of `options` on the shared pool, sizing the pool on first use."""
-        setter = getattr(ort.capi._pybind_state, "set_global_thread_pool_sizes", None)
-        if setter is None:  # an onnxruntime without global pools: per-session pools, as before
-            if threads:
-                options.intra_op_num_threads = threads
-            return
-        if cls.threads is None:
-            setter(threads, 1)
-            cls.threads = threads
-        elif threads and threads != cls.threads:
-            log.info("ORT's shared thread pool already has %s threads; a session asked for %d",
-                     cls.threads or "the default number of", threads)
-        options.use_per_session_threads = False
-
-
 @dataclass(frozen=True, slots=True)
 class Placement:
     """Where ORT put the graph's nodes: counts per provider and the compute ops left on the CPU."""
@@ -77,9 +47,17 @@ class Placement:
 
 def create_session(model_path: Path, found: Found, intra_op_threads: int = 0, options: dict[str, str] | None = None,
                    allow_cpu_fallback: bool = False, custom_ops_library: Path | None = None,
-                   profile_prefix: str | None = None) -> tuple[ort.InferenceSession, Placement]:
+                   profile_prefix: str | None = None, spin: bool = True) -> tuple[ort.InferenceSession, Placement]:
     """An InferenceSession on `found`'s provider (CPU for the nodes it lacks), and where its nodes run;
     `custom_ops_library` (ortinf's CPU kernels) is registered first when given.
+
+    `spin`: whether the session's intra-op threads spin after a call, waiting for the next one
+    (ORT's default). Only the session that runs back to back (the engine's decoder) should: the
+    spinning threads of a second session in the process (an encoder beside the decoder, a draft
+    model) steal the cores from the decoder's. Measured on 2 cores: the demo's decode step took
+    17.0 ms with MiniLM's spinning session beside it, 8.1 ms alone (benchmarks/two_models.py).
+    One global ORT pool for every session would also fix it, but ORT then refuses every session
+    in the process that has a pool of its own, the user's and other libraries' included.
 
     Raises ProviderUnavailableError when the provider does not run the graph, unless allow_cpu_fallback."""
     provider = found.provider
@@ -87,7 +65,10 @@ def create_session(model_path: Path, found: Found, intra_op_threads: int = 0, op
     session_options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     session_options.log_severity_level = 3
     session_options.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
-    SharedThreadPool.join(session_options, intra_op_threads)
+    if intra_op_threads:
+        session_options.intra_op_num_threads = intra_op_threads
+    if not spin:
+        session_options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if profile_prefix is not None:  # ORT's profiler (benchmarks): session.end_profiling() writes the file
         session_options.enable_profiling = True
         session_options.profile_file_prefix = profile_prefix

@@ -43,10 +43,13 @@ class DecoderGraph:
         shape_buckets: bool | None = None,
         cpu_kernel: bool | None = None,
         profile_prefix: str | None = None,
+        spin: bool = True,
     ) -> None:
         """`cpu_kernel`: run the package's graph for ortinf's CPU kernel library (model.cpu.onnx) on
         the CPU provider: None = when the package has it and the library loads, else the portable
-        graph; True = required (ConfigError otherwise); False = never."""
+        graph; True = required (ConfigError otherwise); False = never.
+        `spin`: let the session's threads spin between calls (the engine's decoder); False for a
+        session that shares the cores with one that does (a draft model; providers/session.py)."""
         self.manifest = Manifest.load(package_dir)
         if self.manifest.task != TEXT_GENERATION or self.manifest.decoder is None:
             raise ConfigError(f"{package_dir} holds a {self.manifest.task} model, not a text-generation decoder")
@@ -74,7 +77,7 @@ class DecoderGraph:
                                    if kernels is not None else self.spec.kernel)
         self.session, self.placement = create_session(
             Path(package_dir) / graph_file, self.found, intra_op_threads, provider_options, allow_cpu_fallback,
-            kernels.path if kernels is not None else None, profile_prefix)
+            kernels.path if kernels is not None else None, profile_prefix, spin)
         self.block_size = block_size
         self.pool = KVPool(self.spec, num_blocks, block_size, self.provider)
         self.binding = self.session.io_binding()

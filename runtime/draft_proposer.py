@@ -47,7 +47,8 @@ class DraftProposer:
         check_same_tokenizer(draft_dir, target_dir)
         self.k = num_speculative_tokens
         self.block_size = block_size
-        self.graph = DecoderGraph(draft_dir, num_blocks, block_size, provider, intra_op_threads, provider_options)
+        # spin=False: the target's decoder steps right after the draft's calls, on the same cores
+        self.graph = DecoderGraph(draft_dir, num_blocks, block_size, provider, intra_op_threads, provider_options, spin=False)
         self.max_model_len = self.graph.spec.max_model_len
         self.pool = BlockPool(num_blocks, enable_caching=False)
         self.blocks: dict[str, list[KVCacheBlock]] = {}

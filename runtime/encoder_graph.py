@@ -25,8 +25,10 @@ class EncoderGraph:
             raise ConfigError(f"{package_dir} holds a {self.manifest.task} model, not an encoder")
         self.spec: EncoderSpec = self.manifest.encoder
         self.provider = resolve(provider)
+        # spin=False: an encoder is called now and then beside a decoder that steps back to back; its
+        # idle threads must not spin on the decoder's cores (providers/session.py)
         self.session, self.placement = create_session(folder / MODEL_NAME, self.provider, intra_op_threads, provider_options,
-                                                      allow_cpu_fallback)
+                                                      allow_cpu_fallback, spin=False)
         self.tokenizer = load_checked_tokenizer(folder, self.spec.vocab_size)
         self.tokenizer.no_padding()
         self.tokenizer.no_truncation()  # truncation is per call (the tokenizer is shared by threads)
