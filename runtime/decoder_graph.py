@@ -72,10 +72,6 @@ class DecoderGraph:
         kernels = self._cpu_kernels(package_dir, cpu_kernel) if graph_file == MODEL_NAME else None
         if kernels is not None:
             graph_file = self.manifest.cpu_kernel.graph
-        #: whether a call's attention pads every sequence to the call's longest query and context (the
-        #: portable kernel; the contrib kernel keeps the call planner it was measured with); the CPU
-        #: kernel library's op pads nothing, so one call per step is cheapest there
-        self.pads_attention = kernels is None
         #: which attention kernel this session runs, in words (`ortinf inspect`, logs)
         self.kernel_description = (f"{library.DOMAIN}.{'/'.join(self.manifest.cpu_kernel.ops)} ({kernels.isa})"
                                    if kernels is not None else self.spec.kernel)

@@ -6,8 +6,7 @@ It sees only the scheduler's output (never Request objects): it builds ModelInpu
 A step may run as several graph calls (runtime/call_planner.py): the portable kernel pads every
 sequence to the longest query in the call, so one 256-token chunk would make 31 decodes cost 256
 query rows each (benchmarks/decode_step.py: ~460 ms instead of ~70 ms), and prompts of very
-different lengths are cheaper in separate calls. The CPU kernel library's graph pads nothing (each
-sequence stops at its own length), so there every step is one call: the weights are read once.
+different lengths are cheaper in separate calls.
 """
 
 from __future__ import annotations
@@ -54,9 +53,7 @@ class ModelRunner:
         prompt_rows: dict[int, np.ndarray] = {}
         query_lens = [len(s.token_ids) for s in scheduled]
         try:
-            groups = ([list(range(len(scheduled)))] if not self.graph.pads_attention else
-                      plan_calls(query_lens, [s.num_computed_tokens for s in scheduled], self.graph.block_size))
-            for group in groups:
+            for group in plan_calls(query_lens, [s.num_computed_tokens for s in scheduled], self.graph.block_size):
                 self._run_group(scheduled, group, last_rows, prompt_rows)
         finally:
             grammar_masks = masks.result() if masks is not None else None  # never leave a matcher in use by the worker

@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import onnx
 import pytest
@@ -97,28 +96,3 @@ def test_cpu_kernel_on_a_package_without_the_graph_refuses(tmp_path, decoder_pac
     assert DecoderGraph(copy, num_blocks=16, block_size=16, provider="cpu").kernel_description == "portable"
     with pytest.raises(ConfigError, match="has no graph for ortinf's CPU kernel library"):
         DecoderGraph(copy, num_blocks=16, block_size=16, provider="cpu", cpu_kernel=True)
-
-
-@needs_library
-def test_a_step_is_one_call_on_the_cpu_kernel_and_planned_on_the_portable_one(decoder_package):
-    """The CPU kernel pads nothing, so a step mixing prompts of very different lengths with decodes
-    is one graph call (the weights read once); the portable graph keeps the call planner's split.
-    Both give the same greedy tokens."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
-    from engine_helpers import make_engine, run_to_completion
-
-    _, package = decoder_package("llama")
-    prompts = [[5] * 3, list(range(3, 200)), [7, 8], list(range(10, 60))]
-    tokens, calls = {}, {}
-    for fused in (True, False):
-        engine = make_engine(package, cpu_kernel=fused, max_num_seqs=8)
-        graph = engine.graph
-        counted = []
-        real_run = graph.run
-        graph.run = lambda model_input, real_run=real_run, counted=counted: counted.append(len(model_input.query_lens)) or real_run(model_input)
-        outputs = run_to_completion(engine, prompts)
-        tokens[fused] = [outputs[k].outputs[0].token_ids for k in sorted(outputs, key=int)]
-        calls[fused] = counted
-    assert calls[True][0] == 4, calls[True]  # the first step carries all four prompts, in one call
-    assert len(calls[False]) > len(calls[True]) and calls[False][0] < 4  # the planner split it
-    assert tokens[True] == tokens[False]
