@@ -42,6 +42,21 @@ ROWS = [("single process, 2 threads", ["--intra-op-threads", "2"]),
         ("Ray Serve, 2 replicas x 1 thread", ["--ray", "--num-replicas", "2", "--cpus-per-replica", "1", "--intra-op-threads", "1"])]
 
 
+def wait_healthy(url: str, server: subprocess.Popen, what: object, seconds: float = 300) -> float:
+    """Waits for `url`'s /health to answer 200; returns the seconds it took. SystemExit when the
+    server dies or is not up in time."""
+    start = time.monotonic()
+    while True:
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return time.monotonic() - start
+        except httpx.TransportError:
+            pass
+        if time.monotonic() - start > seconds or server.poll() is not None:
+            raise SystemExit(f"the server did not start: {what}")
+        time.sleep(0.2)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -78,17 +93,7 @@ def measure(package: Path, extra: list[str], workload=None) -> dict:
                                "--log-level", "warning", "--kv-cache-memory", "256MiB", *extra],
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        start = time.monotonic()
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() - start > 300 or server.poll() is not None:
-                raise SystemExit(f"the server did not start: {extra}")
-            time.sleep(0.2)
-        ready = time.monotonic() - start
+        ready = wait_healthy(url, server, extra)
         if workload is not None:
             time.sleep(3)  # the front learns of every replica
             return workload(url)

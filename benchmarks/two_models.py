@@ -22,7 +22,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,6 +32,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ray_serve import free_port, wait_healthy  # noqa: E402
 from record import finish  # noqa: E402
 
 from ortinf.bundled import ensure_exported  # noqa: E402
@@ -73,12 +73,6 @@ def step_ms(llama: Path, minilm: Path, pools: str, models: str, steps: int) -> f
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def serve(args: list[str], num_prompts: int, length: int, embeddings: bool) -> dict:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -96,16 +90,7 @@ def serve(args: list[str], num_prompts: int, length: int, embeddings: bool) -> d
                 time.sleep(0.05)
 
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline or server.poll() is not None:
-                raise SystemExit(f"the server did not start: {args}")
-            time.sleep(0.2)
+        wait_healthy(url, server, args)
         worker = threading.Thread(target=embed, daemon=True)
         if embeddings:
             worker.start()

@@ -24,6 +24,7 @@ from ortinf.exporter.quantize import BITS, DEFAULT_ACCURACY_LEVEL, DEFAULT_BLOCK
 from ortinf.exporter.package import staging, token_ids, write_generation_config, write_tokenizer
 from ortinf.exporter.source import ModelSource, resolve_model
 from ortinf.exporter.verify import verify_decoder, verify_encoder, verify_quality
+from ortinf.kernels import cpu_paged
 from ortinf.manifest import (
     CONTRIB_PAGED, CPU_MODEL_NAME, KERNELS, MODEL_NAME, PORTABLE, TASKS, TEXT_GENERATION, CpuKernel, Manifest, Quantization,
 )
@@ -139,7 +140,7 @@ def export(
             has_chat_template=has_template,
             source=str(source.name),
             versions=_versions(),
-            cpu_kernel=CpuKernel(CPU_MODEL_NAME, cpu_paged_domain(), ("PagedAttention",), float("nan"), "")
+            cpu_kernel=CpuKernel(CPU_MODEL_NAME, cpu_paged.DOMAIN, (cpu_paged.OP,), float("nan"), "")
             if cpu_traced is not None else None,
             **kind,
         )
@@ -188,12 +189,6 @@ def wants_cpu_graph(kernel: str, dtype: str) -> bool:
                     "on the CPU it runs the portable kernel. Build the library and re-export for the faster graph")
         return False
     return True
-
-
-def cpu_paged_domain() -> str:
-    from ortinf.kernels.library import DOMAIN
-
-    return DOMAIN
 
 
 def kv_cache_dtype(dtype: str, kv_dtype: str, kernel: str) -> str:

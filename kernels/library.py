@@ -33,25 +33,18 @@ class KernelLibrary:
     isa: str
 
 
-def library_path() -> Path | None:
-    """The library file, or None when it was not built (or ORTINF_KERNELS_LIB=off)."""
-    configured = os.environ.get(ENV_PATH)
-    if configured:
-        return None if configured.lower() == "off" else Path(configured)
-    path = Path(__file__).resolve().parent / "lib" / LIB_NAME
-    return path if path.is_file() else None
-
-
 @functools.cache
 def load() -> KernelLibrary | None:
-    """The library when it exists and ORT accepts it; None (logged once, with the reason) otherwise."""
-    path = library_path()
-    if os.environ.get(ENV_PATH, "").lower() == "off":
+    """The library when it exists and ORT accepts it; None (logged once, with the reason) otherwise.
+    ORTINF_KERNELS_LIB names a library elsewhere, or is "off"."""
+    configured = os.environ.get(ENV_PATH, "")
+    if configured.lower() == "off":
         log.info("CPU kernel library switched off (%s=off): CPU packages run the portable kernel", ENV_PATH)
         return None
-    if path is None or not path.is_file():
+    path = Path(configured) if configured else Path(__file__).resolve().parent / "lib" / LIB_NAME
+    if not path.is_file():
         log.warning("ortinf's CPU kernel library is not built (%s): CPU packages run the portable kernel, which is "
-                    "slower; build it with `python -m ortinf.kernels.build`", path or f"kernels/lib/{LIB_NAME}")
+                    "slower; build it with `python -m ortinf.kernels.build`", path)
         return None
     try:
         ort.SessionOptions().register_custom_ops_library(str(path))
