@@ -20,7 +20,7 @@ from ortinf.exporter.architectures import resolve_task
 from ortinf.exporter.decoder import CPU_PAGED, decoder_spec, trace_decoder
 from ortinf.exporter.encoder import TracedEncoder, encoder_inputs, encoder_spec, read_pooling, trace_encoder
 from ortinf.exporter.kv_write import place_decoder
-from ortinf.exporter.quantize import BITS, DEFAULT_ACCURACY_LEVEL, DEFAULT_BLOCK_SIZE, quantize
+from ortinf.exporter.quantize import BITS, DEFAULT_ACCURACY_LEVEL, DEFAULT_BLOCK_SIZES, quantize
 from ortinf.exporter.package import staging, token_ids, write_generation_config, write_tokenizer
 from ortinf.exporter.source import ModelSource, resolve_model
 from ortinf.exporter.verify import verify_decoder, verify_encoder, verify_quality
@@ -51,13 +51,14 @@ def export(
     progress: bool = True,
     external_data_threshold: int = EXTERNAL_DATA_THRESHOLD,
     kernel: str = PORTABLE,
-    quant_block_size: int = DEFAULT_BLOCK_SIZE,
+    quant_block_size: int | None = None,
     accuracy_level: int = DEFAULT_ACCURACY_LEVEL,
     kv_dtype: str = "auto",
     cpu_kernel: bool = True,
 ) -> Manifest:
     """Exports MODEL (a local folder or a cached hub id) to the package folder OUT and verifies it.
 
+    `quant_block_size`: int8/int4 weights per scale (default: int8 128, int4 32; exporter/quantize.py).
     `cpu_kernel`: also write model.cpu.onnx, the graph for ortinf's CPU kernel library (portable
     fp32/int8/int4 decoders; needs the library built here, to verify it; skipped with a warning if not).
 
@@ -76,6 +77,7 @@ def export(
     out_path = Path(out).expanduser().resolve()
     source = resolve_model(str(model))
     task = resolve_task(source.model_type, source.config.get("architectures"), task)
+    quant_block_size = quant_block_size or DEFAULT_BLOCK_SIZES.get(dtype, 32)
     if dtype in QUANTIZED and (quant_block_size < 16 or quant_block_size & (quant_block_size - 1)):
         raise ExportError(f"--quant-block-size must be a power of two >= 16, got {quant_block_size}")
     if task != TEXT_GENERATION:
@@ -192,11 +194,15 @@ def wants_cpu_graph(kernel: str, dtype: str) -> bool:
 
 
 def kv_cache_dtype(dtype: str, kv_dtype: str, kernel: str) -> str:
-    """The pool's dtype: the compute dtype by default (fp32 under int8/int4 weights), or fp16 asked for
-    under fp32/int8/int4 weights (half the KV memory; the graph widens what it gathers)."""
+    """The pool's dtype. auto: the compute dtype for fp32/fp16 weights (fp32 stays exact), fp16 under
+    int8/int4 weights (half the KV bytes a decode step reads: the 32-sequence step of the benchmark's
+    llama 10% faster on the CPU kernel, quality figures unchanged; docs/performance.md). fp16 may be
+    asked for under fp32 weights, fp32 under int8/int4."""
     if kv_dtype not in ("auto", "fp32", "fp16"):
         raise ExportError(f"unknown KV cache dtype '{kv_dtype}': choose auto, fp32 or fp16")
-    natural = "fp32" if dtype in QUANTIZED else dtype
+    if dtype in QUANTIZED and kv_dtype in ("auto", "fp32"):
+        return "fp16" if kv_dtype == "auto" and kernel == PORTABLE else "fp32"
+    natural = dtype
     if kv_dtype in ("auto", natural):
         return natural
     if kv_dtype == "fp32":

@@ -46,12 +46,13 @@ def cli(verbose: bool) -> None:
 )
 @click.option("--dtype", type=click.Choice(["fp32", "fp16", "int8", "int4"]), default="fp32", show_default=True,
               help="Precision: fp32/fp16 for weights, activations and KV cache; int8/int4 quantize the decoder's "
-                   "MatMul weights (MatMulNBits; activations and KV cache fp32), gated by quality figures.")
-@click.option("--quant-block-size", type=int, default=32, show_default=True, help="int8/int4: weights per quantization block.")
+                   "MatMul weights (MatMulNBits; fp32 activations, fp16 KV cache by default), gated by quality figures.")
+@click.option("--quant-block-size", type=int, default=None, help="int8/int4: weights per quantization block [int8: 128, int4: 32].")
 @click.option("--accuracy-level", type=click.IntRange(0, 4), default=4, show_default=True,
               help="int8/int4: MatMulNBits activation precision on the CPU (0: fp32; 4: int8, faster, may flip argmaxes).")
 @click.option("--kv-dtype", type=click.Choice(["auto", "fp32", "fp16"]), default="auto", show_default=True,
-              help="Decoders: dtype of the paged KV cache (auto: the compute dtype; fp16 under fp32/int8/int4 weights halves its memory).")
+              help="Decoders: dtype of the paged KV cache (auto: fp16 under int8/int4 weights, else the compute dtype; "
+                   "fp16 under fp32 weights halves its memory).")
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists (only once the new export has verified).")
 @click.option("--tolerance", type=float, default=None, help="Max abs logit difference vs PyTorch allowed at verification [fp32: 1e-3, fp16: 5e-2].")
 @click.option("--kernel", type=click.Choice(["portable", "paged-attention"]), default="portable", show_default=True,
@@ -69,7 +70,7 @@ def cli(verbose: bool) -> None:
     callback=_list_architectures,
     help="Print the supported architectures per task and exit.",
 )
-def export(model: str | None, out: Path | None, task: str, dtype: str, quant_block_size: int, accuracy_level: int, kv_dtype: str,
+def export(model: str | None, out: Path | None, task: str, dtype: str, quant_block_size: int | None, accuracy_level: int, kv_dtype: str,
            overwrite: bool, tolerance: float | None, kernel: str, cpu_kernel: bool, quiet: bool) -> None:
     """Export MODEL (a local Hugging Face folder, or a hub id already in the local HF cache) to an ONNX package.
 

@@ -1,4 +1,4 @@
-"""An fp16 KV cache under fp32 or int8 weights (`ortinf export --kv-dtype fp16`): half the pool's
+"""An fp16 KV cache under fp32 or int8 weights (`ortinf export --kv-dtype fp16`; int8's default): half the pool's
 bytes, logits within the fp16 tolerance of PyTorch, and a paged engine whose greedy tokens do not
 depend on how it was scheduled."""
 
@@ -21,7 +21,7 @@ def test_fp16_kv_cache_export_and_engine(dtype, tmp_path):
     # so only level 0 makes scheduling-independent tokens a property to test
     options = {"accuracy_level": 0} if dtype == "int8" else {}
     manifest = ortinf.export(tmp_path / "hf", tmp_path / "pkg", dtype=dtype, kv_dtype="fp16", progress=False, **options)
-    full = ortinf.export(tmp_path / "hf", tmp_path / "full", dtype=dtype, progress=False, **options)
+    full = ortinf.export(tmp_path / "hf", tmp_path / "full", dtype=dtype, kv_dtype="fp32", progress=False, **options)
     assert manifest.dtype == dtype and manifest.decoder.kv_dtype == "fp16" and full.decoder.kv_dtype == "fp32"
     assert block_bytes(manifest.decoder, 16) * 2 == block_bytes(full.decoder, 16)
     if dtype == "fp32":

@@ -25,8 +25,9 @@ def test_quantized_export_per_architecture(model_type, dtype, tmp_path):
     build_decoder(model_type, tmp_path / "hf")
     manifest = ortinf.export(tmp_path / "hf", tmp_path / "pkg", dtype=dtype, progress=False)
     q = manifest.quality
-    assert manifest.dtype == dtype and manifest.decoder.kv_dtype == "fp32"
-    assert manifest.quantization.bits == {"int8": 8, "int4": 4}[dtype] and manifest.quantization.block_size == 32
+    assert manifest.dtype == dtype and manifest.decoder.kv_dtype == "fp16"  # the default under quantized weights
+    assert manifest.quantization.bits == {"int8": 8, "int4": 4}[dtype]
+    assert manifest.quantization.block_size == {"int8": 128, "int4": 32}[dtype]
     assert manifest.quantization.accuracy_level == 4  # the default: int8 activations in the CPU kernel
     assert not q.failures() and q.top1_agreement >= q.min_top1_agreement >= 0.35 and q.mean_kl <= q.max_mean_kl <= 0.1
     graph = onnx.load(str(tmp_path / "pkg" / MODEL_NAME), load_external_data=False).graph
@@ -61,6 +62,8 @@ def test_quantized_options_and_refusals(tmp_path):
     manifest = ortinf.export(tmp_path / "hf", tmp_path / "pkg", dtype="int4", quant_block_size=16, accuracy_level=0, progress=False)
     recorded = json.loads((tmp_path / "pkg" / "ortinf.json").read_text())
     assert recorded["quantization"]["block_size"] == 16 and recorded["quantization"]["accuracy_level"] == 0
+    assert manifest.decoder.kv_dtype == "fp16"
+    assert ortinf.export(tmp_path / "hf", tmp_path / "full", dtype="int8", kv_dtype="fp32", progress=False).decoder.kv_dtype == "fp32"
     assert manifest.quality.description.startswith("4 random prompts of 48 tokens")
     cpu = resolve("cpu")
     fp_only = Found(dataclasses.replace(cpu.provider, dtypes=("fp32", "fp16")), cpu.devices)  # as webgpu, openvino, ...
