@@ -36,6 +36,10 @@ class DecoderArch:
     model_type: str
     example: str
     default_scaling: Callable[[torch.nn.Module, int], float] = _inverse_sqrt
+    # RoPE is transformers' rotate_half form through the modeling module's apply_rotary_pos_emb(q, k,
+    # cos, sin, ...) on the first cos.shape[-1] dims, so the CPU kernel graph may apply it inside
+    # ortinf.PagedAttention (kernels/cpu_paged.py). False for learned positions or another RoPE form.
+    rope_in_kernel: bool = True
 
 
 DECODERS: dict[str, DecoderArch] = {
@@ -47,7 +51,7 @@ DECODERS: dict[str, DecoderArch] = {
         DecoderArch("qwen3", "Qwen3 (qk-norm)"),
         DecoderArch("phi3", "Phi-3, Phi-3.5 mini (fused qkv)"),
         DecoderArch("gemma2", "Gemma 2 (soft-capping, alternating sliding window)"),
-        DecoderArch("gpt2", "GPT-2, DistilGPT2 (learned positions, Conv1D qkv)", _gpt2_scaling),
+        DecoderArch("gpt2", "GPT-2, DistilGPT2 (learned positions, Conv1D qkv)", _gpt2_scaling, rope_in_kernel=False),
     )
 }
 

@@ -81,12 +81,15 @@ class PagedDecoder(torch.nn.Module):
                 head_dim=self.head_dim,
                 default_scaling=self.default_scaling,
             )
-        hidden = self.base(
-            input_ids=input_ids[None],
-            position_ids=positions[None],
-            use_cache=False,
-            ortinf_paged=batch,
-        ).last_hidden_state[0]
+        rope = (cpu_paged.rope_in_kernel(self.model, batch)
+                if self.kernel == CPU_PAGED and DECODERS[self.model.config.model_type].rope_in_kernel else contextlib.nullcontext())
+        with rope:
+            hidden = self.base(
+                input_ids=input_ids[None],
+                position_ids=positions[None],
+                use_cache=False,
+                ortinf_paged=batch,
+            ).last_hidden_state[0]
         logits = self.lm_head(hidden[logits_indices])
         if self.final_softcap:
             logits = torch.tanh(logits / self.final_softcap) * self.final_softcap

@@ -9,12 +9,21 @@ serve both; only the attention differs: the op reads the cached K/V in place thr
 table, stops at each sequence's own length and needs no masks, pad indices or gathers, so none of
 those nodes are in this graph.
 
+RoPE moves into the op too where the architecture allows it (DecoderArch.rope_in_kernel): while the
+CPU graph is traced, `rope_in_kernel` makes the modeling module's apply_rotary_pos_emb return q and k
+unrotated and hands the step's cos/sin to the op, which rotates the query rows as it loads them and
+the step's keys once, and returns the rotated keys for the pool write. Measured on the benchmark's
+llama (docs/performance.md): ~22 of each layer's ~70 nodes go (the two rotate_half chains and the
+shape arithmetic that sizes their halves), which is what one-sequence decode steps pay for.
+
 Traced torch code like kernels/portable.py: the exporter imports it, the runtime never does.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -39,6 +48,30 @@ class CpuBatch:
     default_scaling: Callable[[torch.nn.Module, int], float]
     new_keys: list[torch.Tensor] = field(default_factory=list)
     new_values: list[torch.Tensor] = field(default_factory=list)
+    cos: torch.Tensor | None = None  # [T, rotary_dim], set when RoPE runs in the op (rope_in_kernel)
+    sin: torch.Tensor | None = None
+
+
+@contextlib.contextmanager
+def rope_in_kernel(model: torch.nn.Module, batch: CpuBatch) -> Iterator[None]:
+    """While tracing, the modeling modules' apply_rotary_pos_emb(q, k, cos, sin, ...) returns q and k
+    unrotated and records cos/sin (the same for every layer) for the op to apply."""
+    modules = {sys.modules[type(m).__module__] for m in model.modules()}
+    patched = [(m, m.apply_rotary_pos_emb) for m in modules if callable(getattr(m, "apply_rotary_pos_emb", None))]
+
+    def deferred(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *args: object, **kwargs: object):
+        if batch.cos is None:
+            assert cos.dim() == 3 and cos.shape[0] == 1, "expected cos/sin of shape [1, num_tokens, rotary_dim]"
+            batch.cos, batch.sin = cos[0].float(), sin[0].float()
+        return q, k
+
+    for module, _ in patched:
+        module.apply_rotary_pos_emb = deferred
+    try:
+        yield
+    finally:
+        for module, original in patched:
+            module.apply_rotary_pos_emb = original
 
 
 class PagedAttentionOp(torch.autograd.Function):
@@ -57,6 +90,25 @@ class PagedAttentionOp(torch.autograd.Function):
                    softcap_f=softcap)
         out.setType(query.type())  # the tracer cannot infer a custom op's shape
         return out
+
+
+class RotaryPagedAttentionOp(torch.autograd.Function):
+    """The same node with cos/sin inputs (RoPE in the op) and the rotated keys as a second output."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, key_cache, value_cache, tables, context_lens, query_lens, cos, sin,  # noqa: ANN001
+                num_heads, kv_num_heads, scale, sliding_window, softcap):
+        return torch.zeros_like(query), torch.zeros_like(key)
+
+    @staticmethod
+    def symbolic(g, query, key, value, key_cache, value_cache, tables, context_lens, query_lens, cos, sin,  # noqa: ANN001
+                 num_heads, kv_num_heads, scale, sliding_window, softcap):
+        out, rotated = g.op(f"{DOMAIN}::{OP}", query, key, value, key_cache, value_cache, tables, context_lens, query_lens,
+                            cos, sin, num_heads_i=num_heads, kv_num_heads_i=kv_num_heads, scale_f=scale,
+                            sliding_window_i=sliding_window, softcap_f=softcap, outputs=2)
+        out.setType(query.type())
+        rotated.setType(key.type())
+        return out, rotated
 
 
 def paged_attention(
@@ -81,12 +133,17 @@ def paged_attention(
     k = key[0].transpose(0, 1)  # [T, KVH, D]: the graph's new K/V output (the KV write's input)
     v = value[0].transpose(0, 1)
     key_cache, value_cache = batch.key_caches[layer], batch.value_caches[layer]
-    batch.new_keys.append(k.to(key_cache.dtype))
-    batch.new_values.append(v.to(value_cache.dtype))
     if scaling is None:
         scaling = batch.default_scaling(module, batch.head_dim)
     flat = num_tokens, batch.num_kv_heads * batch.head_dim
-    out = PagedAttentionOp.apply(
-        q, k.reshape(flat), v.reshape(flat), key_cache, value_cache, batch.block_tables, batch.context_lens,
-        batch.query_lens, batch.num_heads, batch.num_kv_heads, float(scaling), int(sliding_window or 0), float(softcap or 0.0))
+    common = (batch.block_tables, batch.context_lens, batch.query_lens)
+    attributes = (batch.num_heads, batch.num_kv_heads, float(scaling), int(sliding_window or 0), float(softcap or 0.0))
+    if batch.cos is not None:  # q and k arrive unrotated (rope_in_kernel): the op rotates them
+        out, rotated = RotaryPagedAttentionOp.apply(q, k.reshape(flat), v.reshape(flat), key_cache, value_cache, *common,
+                                                    batch.cos, batch.sin, *attributes)
+        k = rotated.reshape(num_tokens, batch.num_kv_heads, batch.head_dim)
+    else:
+        out = PagedAttentionOp.apply(q, k.reshape(flat), v.reshape(flat), key_cache, value_cache, *common, *attributes)
+    batch.new_keys.append(k.to(key_cache.dtype))
+    batch.new_values.append(v.to(value_cache.dtype))
     return out.reshape(1, num_tokens, batch.num_heads, batch.head_dim), None

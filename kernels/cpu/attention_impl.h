@@ -34,8 +34,11 @@ struct Job {
 // j % block_size) followed by the step's own new keys 0 .. i (rows starts[s] .. starts[s] + i of
 // `key`), so a sequence stops at its own length: nothing is padded to the longest context.
 struct Step {
-  const float* query;      // [T, num_heads * head_dim]
-  const float* key;        // [T, kv_heads * head_dim]: this step's new keys (after RoPE)
+  const float* query;      // [T, num_heads * head_dim] (before RoPE when cos is set)
+  const float* key;        // [T, kv_heads * head_dim]: this step's new keys, after RoPE
+  const float* cos;        // [T, rotary_dim] or null: RoPE is applied to each query row as it is loaded
+  const float* sin;
+  int64_t rotary_dim;
   const float* value;      // [T, kv_heads * head_dim]
   const void* key_cache;   // [kv_heads, pool_blocks, block_size, head_dim], float or IEEE half
   const void* value_cache;
@@ -58,6 +61,17 @@ struct Step {
 // The largest query tile per job and the head_dim limit of the per-thread scratch buffers.
 constexpr int64_t kQueryTile = 16;
 constexpr int64_t kMaxHeadDim = 512;
+
+// RoPE as transformers' apply_rotary_pos_emb computes it (rotate_half on the first `rotary_dim`
+// elements, the rest passed through): out = x * cos + rotate_half(x) * sin, where rotate_half(x) is
+// (-x[h:], x[:h]) with h = rotary_dim / 2. `scale` multiplies the result (the query's softmax scale).
+inline void rope(const float* x, const float* cos, const float* sin, int64_t rotary_dim, int64_t dim, float scale,
+                 float* out) {
+  const int64_t h = rotary_dim / 2;
+  for (int64_t d = 0; d < h; ++d) out[d] = (x[d] * cos[d] - x[d + h] * sin[d]) * scale;
+  for (int64_t d = h; d < rotary_dim; ++d) out[d] = (x[d] * cos[d] + x[d - h] * sin[d]) * scale;
+  for (int64_t d = rotary_dim; d < dim; ++d) out[d] = x[d] * scale;
+}
 
 void run_job_avx512(const Step& step, const Job& job);
 void run_job_avx2(const Step& step, const Job& job);

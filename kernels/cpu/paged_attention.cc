@@ -8,14 +8,19 @@
 // KernelContext_ParallelFor, the last call it uses, is from 1.17.
 //
 // The op, per layer (inputs, then attributes):
-//   query [T, H*D] f32, key [T, KVH*D] f32, value [T, KVH*D] f32   this step's tokens, after RoPE
+//   query [T, H*D] f32, key [T, KVH*D] f32, value [T, KVH*D] f32   this step's tokens
 //   key_cache, value_cache [KVH, blocks, block_size, D] f32 or f16   the paged pool, read in place
 //   block_tables [S, max_blocks] i64, context_lens [S] i64, query_lens [S] i64
+//   cos, sin [T, R] f32 (optional, both or neither)                  RoPE of each token, R <= D, even
 //   num_heads, kv_num_heads (int), scale (float), sliding_window (int, 0 none), softcap (float, 0 none)
-//   -> output [T, H*D] f32
-// The step's new K/V are not written here: the graph's ScatterND writes them into the pool
-// (exporter/kv_write.py), and this op reads them from its key/value inputs, so it never depends
-// on whether the write ran before it.
+//   -> output [T, H*D] f32, and (optional) rotated_key [T, KVH*D] f32
+// Without cos/sin, query and key come rotated already (graphs exported before RoPE moved here).
+// With them the op rotates the query rows as it loads them and the step's keys once, and returns
+// the rotated keys for the pool: the graph then has no RoPE nodes (14 elementwise nodes and a
+// shape chain per layer; the graph's node count, not its arithmetic, is what a one-sequence decode
+// step pays for). The step's new K/V are not written here: the graph's ScatterND writes them into
+// the pool (exporter/kv_write.py), and this op reads them from its key/value inputs, so it never
+// depends on whether the write ran before it.
 //
 // Threads: the jobs (sequence x KV head x query tile) run on ORT's own intra-op pool through
 // KernelContext_ParallelFor, which hands them out one at a time (jobs differ in cost: contexts are
@@ -24,6 +29,7 @@
 #include <onnxruntime_c_api.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -108,9 +114,21 @@ void run_one(void* data, size_t index) {
   g_run_job(call->step, call->jobs[index]);
 }
 
+constexpr size_t kInputs = 10, kRequiredInputs = 8;
+
 OrtStatus* compute(const Kernel& k, OrtKernelContext* context) {
-  Tensor t[8];
-  for (size_t i = 0; i < 8; ++i) RETURN_IF_ERROR(read_input(context, i, &t[i]));
+  Tensor t[kInputs];
+  size_t given = 0;
+  RETURN_IF_ERROR(g_api->KernelContext_GetInputCount(context, &given));
+  for (size_t i = 0; i < std::min(given, kInputs); ++i) {
+    const OrtValue* value = nullptr;
+    RETURN_IF_ERROR(g_api->KernelContext_GetInput(context, i, &value));
+    if (value == nullptr) {  // an omitted optional input
+      if (i < kRequiredInputs) return fail("PagedAttention: a required input is missing");
+      continue;
+    }
+    RETURN_IF_ERROR(read_input(context, i, &t[i]));
+  }
   const Tensor &query = t[0], &key = t[1], &value = t[2], &key_cache = t[3], &value_cache = t[4];
   const Tensor &tables = t[5], &context_lens = t[6], &query_lens = t[7];
 
@@ -155,16 +173,54 @@ OrtStatus* compute(const Kernel& k, OrtKernelContext* context) {
       for (int64_t h = 0; h < kv_heads; ++h) call.jobs.push_back({s, h, q0, std::min(qlen[s], q0 + ortinf::kQueryTile)});
   }
   if (total != num_tokens) return fail("PagedAttention: query_lens do not add up to the number of tokens");
+  const Tensor &cos = t[8], &sin = t[9];
+  const bool rotate = cos.data != nullptr;
+  int64_t rotary_dim = 0;
+  if (rotate || sin.data != nullptr) {
+    if (!rotate || sin.data == nullptr || cos.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || sin.type != cos.type ||
+        cos.shape.size() != 2 || cos.shape != sin.shape || cos.shape[0] != num_tokens)
+      return fail("PagedAttention: cos and sin must both be float32 [num_tokens, rotary_dim]");
+    rotary_dim = cos.shape[1];
+    if (rotary_dim <= 0 || rotary_dim > dim || rotary_dim % 2 != 0)
+      return fail("PagedAttention: rotary_dim must be even and in 1..head_dim");
+  }
 
   OrtValue* output = nullptr;
   const int64_t out_shape[2] = {num_tokens, k.num_heads * dim};
   RETURN_IF_ERROR(g_api->KernelContext_GetOutput(context, 0, out_shape, 2, &output));
   float* out = nullptr;
   RETURN_IF_ERROR(g_api->GetTensorMutableData(output, reinterpret_cast<void**>(&out)));
+  size_t outputs = 0;
+  RETURN_IF_ERROR(g_api->KernelContext_GetOutputCount(context, &outputs));
+  const float* keys = static_cast<const float*>(key.data);
+  std::vector<float> rotated_scratch;
+  if (rotate) {  // the step's keys, rotated once: the jobs read them, the pool gets them (output 1)
+    float* rotated = nullptr;
+    if (outputs > 1) {
+      OrtValue* key_out = nullptr;
+      const int64_t key_shape[2] = {num_tokens, kv_heads * dim};
+      RETURN_IF_ERROR(g_api->KernelContext_GetOutput(context, 1, key_shape, 2, &key_out));
+      RETURN_IF_ERROR(g_api->GetTensorMutableData(key_out, reinterpret_cast<void**>(&rotated)));
+    } else {
+      rotated_scratch.resize(static_cast<size_t>(num_tokens * kv_heads * dim));
+      rotated = rotated_scratch.data();
+    }
+    const float* c = static_cast<const float*>(cos.data);
+    const float* s = static_cast<const float*>(sin.data);
+    for (int64_t token = 0; token < num_tokens; ++token)
+      for (int64_t h = 0; h < kv_heads; ++h) {
+        const int64_t at = (token * kv_heads + h) * dim;
+        ortinf::rope(keys + at, c + token * rotary_dim, s + token * rotary_dim, rotary_dim, dim, 1.f, rotated + at);
+      }
+    keys = rotated;
+  } else if (outputs > 1) {
+    return fail("PagedAttention: the rotated_key output needs the cos and sin inputs");
+  }
 
-  step = {static_cast<const float*>(query.data), static_cast<const float*>(key.data), static_cast<const float*>(value.data),
-          key_cache.data, value_cache.data, half, table, ctx, starts.data(), max_blocks, pool_blocks, block_size,
-          k.num_heads, kv_heads, dim, k.scale, k.sliding_window, k.softcap, out};
+  step = {static_cast<const float*>(query.data), keys,
+          rotate ? static_cast<const float*>(cos.data) : nullptr, rotate ? static_cast<const float*>(sin.data) : nullptr,
+          rotary_dim, static_cast<const float*>(value.data), key_cache.data, value_cache.data, half, table, ctx, starts.data(), max_blocks, pool_blocks,
+          block_size, k.num_heads, kv_heads, dim, k.scale, k.sliding_window, k.softcap, out};
   if (call.jobs.size() == 1) {
     run_one(&call, 0);
     return nullptr;
@@ -211,15 +267,20 @@ void ORT_API_CALL kernel_destroy(void* kernel) { delete static_cast<Kernel*>(ker
 
 const char* ORT_API_CALL op_name(const OrtCustomOp*) { return "PagedAttention"; }
 const char* ORT_API_CALL op_provider(const OrtCustomOp*) { return "CPUExecutionProvider"; }
-size_t ORT_API_CALL input_count(const OrtCustomOp*) { return 8; }
-size_t ORT_API_CALL output_count(const OrtCustomOp*) { return 1; }
+size_t ORT_API_CALL input_count(const OrtCustomOp*) { return kInputs; }
+size_t ORT_API_CALL output_count(const OrtCustomOp*) { return 2; }
 ONNXTensorElementDataType ORT_API_CALL input_type(const OrtCustomOp*, size_t index) {
-  if (index < 3) return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  if (index < 3 || index >= kRequiredInputs) return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
   if (index < 5) return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;  // the pool: float or float16, checked in compute
   return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
 }
 ONNXTensorElementDataType ORT_API_CALL output_type(const OrtCustomOp*, size_t) { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
-OrtCustomOpInputOutputCharacteristic ORT_API_CALL required(const OrtCustomOp*, size_t) { return INPUT_OUTPUT_REQUIRED; }
+OrtCustomOpInputOutputCharacteristic ORT_API_CALL input_required(const OrtCustomOp*, size_t index) {
+  return index < kRequiredInputs ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;
+}
+OrtCustomOpInputOutputCharacteristic ORT_API_CALL output_required(const OrtCustomOp*, size_t index) {
+  return index == 0 ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;
+}
 OrtMemType ORT_API_CALL memory_type(const OrtCustomOp*, size_t) { return OrtMemTypeDefault; }
 int ORT_API_CALL zero(const OrtCustomOp*) { return 0; }
 int ORT_API_CALL start_version(const OrtCustomOp*) { return 1; }
@@ -236,8 +297,8 @@ OrtCustomOp make_op() {
   op.GetOutputType = output_type;
   op.GetOutputTypeCount = output_count;
   op.KernelDestroy = kernel_destroy;
-  op.GetInputCharacteristic = required;
-  op.GetOutputCharacteristic = required;
+  op.GetInputCharacteristic = input_required;
+  op.GetOutputCharacteristic = output_required;
   op.GetInputMemoryType = memory_type;
   op.GetVariadicInputMinArity = zero;
   op.GetVariadicInputHomogeneity = zero;

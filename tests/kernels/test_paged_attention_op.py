@@ -144,3 +144,55 @@ def test_bad_inputs_are_errors_not_reads(change, message):
     change(case)
     with pytest.raises(Exception, match=message):
         op_session(4, 2, 0.125, 0, 0.0, False).run(None, dict(zip(INPUTS, case)))
+
+
+def rope_session(num_heads: int, kv_heads: int, scale: float, outputs: int = 2) -> ort.InferenceSession:
+    """The op with its optional cos/sin inputs (RoPE in the op) and the rotated-key output."""
+    names = [*INPUTS, "cos", "sin"]
+    types = [TensorProto.FLOAT] * 5 + [TensorProto.INT64] * 3 + [TensorProto.FLOAT] * 2
+    ranks = [2, 2, 2, 4, 4, 2, 1, 1, 2, 2]
+    inputs = [helper.make_tensor_value_info(n, t, [None] * r) for n, t, r in zip(names, types, ranks)]
+    out_names = ["out", "rotated_key"][:outputs]
+    node = helper.make_node("PagedAttention", names, out_names, domain="ortinf", num_heads=num_heads,
+                            kv_num_heads=kv_heads, scale=scale)
+    graph = helper.make_graph([node], "op", inputs, [helper.make_tensor_value_info(n, TensorProto.FLOAT, [None, None]) for n in out_names])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ortinf", 1)])
+    options = ort.SessionOptions()
+    library.register(options)
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, heads: int) -> np.ndarray:
+    """transformers' apply_rotary_pos_emb on the first cos.shape[1] dims of each head (float64)."""
+    tokens, width = x.shape
+    x = x.reshape(tokens, heads, width // heads).astype(np.float64)
+    rot = cos.shape[1]
+    part, rest = x[..., :rot], x[..., rot:]
+    half = np.concatenate([-part[..., rot // 2:], part[..., : rot // 2]], -1)
+    out = np.concatenate([part * cos[:, None] + half * sin[:, None], rest], -1)
+    return out.reshape(tokens, width)
+
+
+@pytest.mark.parametrize("rotary_dim", [64, 32], ids=["full", "partial (Phi-3)"])
+def test_rope_in_the_op(rotary_dim):
+    """With cos/sin the op rotates the queries and the step's keys itself (and returns the rotated
+    keys): the same as attention over pre-rotated inputs."""
+    rng = np.random.default_rng(rotary_dim)
+    case = list(random_case(rng, [0, 60, 130], [20, 1, 3], 8, 4, 64, shared_prefix=1))
+    positions = np.concatenate([c + np.arange(n) for c, n in zip(case[6], case[7])])
+    angles = positions[:, None] * (10000.0 ** (-np.arange(0, rotary_dim, 2) / rotary_dim))[None]
+    cos = np.cos(np.concatenate([angles, angles], 1)).astype(np.float32)
+    sin = np.sin(np.concatenate([angles, angles], 1)).astype(np.float32)
+    out, rotated = rope_session(8, 4, 0.125).run(None, dict(zip([*INPUTS, "cos", "sin"], [*case, cos, sin])))
+    want_keys = rotate(case[1], cos, sin, 4)
+    assert np.abs(rotated - want_keys).max() < 1e-5
+    rotated_case = [rotate(case[0], cos, sin, 8).astype(np.float32), want_keys.astype(np.float32), *case[2:]]
+    want = reference(*rotated_case, 8, 4, 0.125, 0, 0.0)
+    error = float(np.abs(out - want).max())
+    print(f"rope {rotary_dim}: max abs error {error:.2e}")
+    assert error < 2e-5
+    # without the second output the op rotates into scratch and gives the same attention
+    alone = rope_session(8, 4, 0.125, outputs=1).run(None, dict(zip([*INPUTS, "cos", "sin"], [*case, cos, sin])))[0]
+    assert np.array_equal(alone, out)
+    with pytest.raises(Exception, match="rotary_dim must be even"):
+        rope_session(8, 4, 0.125).run(None, dict(zip([*INPUTS, "cos", "sin"], [*case, cos[:, :3], sin[:, :3]])))
