@@ -173,8 +173,11 @@ def table(rows: list[Row], reference: list[list[int]]) -> list[str]:
 def ratios(rows: list[Row]) -> list[str]:
     done = [r for r in rows if r.result]
     best = {}
+    # a peer's own default precision (OpenVINO's bf16 compute and 8-bit KV under fp32 weights) is not
+    # an exact-fp32 peer: it gets its own ratio line, not the fp32 target's
+    defaults = [r for r in done if r.engine.job_precision == "default" and r.mode == "batch"]
     for row in done:
-        if row.engine.runner != "ortinf":
+        if row.engine.runner != "ortinf" and row.engine.job_precision != "default":
             key = (row.mode, row.engine.precision)
             if key not in best or row.throughput > best[key].throughput:
                 best[key] = row
@@ -188,17 +191,22 @@ def ratios(rows: list[Row]) -> list[str]:
         if p != "fp32" and ("batch", "fp32") in best:
             peer = best[("batch", "fp32")]
             parts.append(f"{row.throughput / peer.throughput:.2f}x the best fp32 peer")
+        parts += [f"{row.throughput / d.throughput:.2f}x {d.engine.name} at its default precision" for d in defaults]
         if parts:
             lines.append(f"- {row.engine.name} {p}, {NUM_PROMPTS} at once: " + "; ".join(parts))
     singles = [r for r in done if r.mode == "single"]
     if singles:
-        tpot = {(r.engine.name, r.engine.runner, r.engine.precision): statistics.mean(r.result["tpot"]) * 1e3 for r in singles}
-        for (name, runner, p), ms in tpot.items():
-            if runner == "ortinf":
-                peers = {k: v for k, v in tpot.items() if k[1] != "ortinf" and k[2] == p}
+        tpot = [(r.engine, statistics.mean(r.result["tpot"]) * 1e3) for r in singles]  # (Engine holds dicts: unhashable)
+        for engine, ms in tpot:
+            if engine.runner == "ortinf":
+                p = engine.precision
+                peers = [(k, v) for k, v in tpot if k.runner != "ortinf" and k.precision == p and k.job_precision != "default"]
                 if peers:
-                    k, v = min(peers.items(), key=lambda kv: kv[1])
-                    lines.append(f"- single-request TPOT {p}: {name} {ms:.1f} ms vs best peer {v:.1f} ms ({k[0]}; target: no worse)")
+                    k, v = min(peers, key=lambda kv: kv[1])
+                    line = f"- single-request TPOT {p}: {engine.name} {ms:.1f} ms vs best peer {v:.1f} ms ({k.name}; target: no worse)"
+                    line += "".join(f"; {d.name} at its default precision {t:.1f} ms" for d, t in tpot
+                                    if d.job_precision == "default" and p == "fp32")
+                    lines.append(line)
     return lines
 
 
