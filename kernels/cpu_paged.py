@@ -128,22 +128,23 @@ def paged_attention(
     batch = ortinf_paged
     assert batch is not None, "paged_attention runs only inside the ortinf export wrapper"
     layer = module.layer_idx
-    num_tokens = query.shape[2]
-    q = query[0].transpose(0, 1).reshape(num_tokens, batch.num_heads * batch.head_dim)
-    k = key[0].transpose(0, 1)  # [T, KVH, D]: the graph's new K/V output (the KV write's input)
-    v = value[0].transpose(0, 1)
+    # shapes with -1 for the token count, never query.shape[2]: a traced size becomes a Shape -> Gather
+    # -> Unsqueeze -> Concat chain per reshape, and node count is what a one-sequence step pays for
+    q = query.transpose(1, 2).reshape(-1, batch.num_heads * batch.head_dim)
+    k = key.transpose(1, 2).reshape(-1, batch.num_kv_heads, batch.head_dim)  # [T, KVH, D]: the KV write's input
+    v = value.transpose(1, 2).reshape(-1, batch.num_kv_heads, batch.head_dim)
     key_cache, value_cache = batch.key_caches[layer], batch.value_caches[layer]
     if scaling is None:
         scaling = batch.default_scaling(module, batch.head_dim)
-    flat = num_tokens, batch.num_kv_heads * batch.head_dim
+    flat = -1, batch.num_kv_heads * batch.head_dim
     common = (batch.block_tables, batch.context_lens, batch.query_lens)
     attributes = (batch.num_heads, batch.num_kv_heads, float(scaling), int(sliding_window or 0), float(softcap or 0.0))
     if batch.cos is not None:  # q and k arrive unrotated (rope_in_kernel): the op rotates them
         out, rotated = RotaryPagedAttentionOp.apply(q, k.reshape(flat), v.reshape(flat), key_cache, value_cache, *common,
                                                     batch.cos, batch.sin, *attributes)
-        k = rotated.reshape(num_tokens, batch.num_kv_heads, batch.head_dim)
+        k = rotated.reshape(-1, batch.num_kv_heads, batch.head_dim)
     else:
         out = PagedAttentionOp.apply(q, k.reshape(flat), v.reshape(flat), key_cache, value_cache, *common, *attributes)
     batch.new_keys.append(k.to(key_cache.dtype))
     batch.new_values.append(v.to(value_cache.dtype))
-    return out.reshape(1, num_tokens, batch.num_heads, batch.head_dim), None
+    return out.reshape(1, -1, batch.num_heads, batch.head_dim), None
