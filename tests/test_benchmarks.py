@@ -26,6 +26,7 @@ SCRIPTS = {
     "compare.py": ["--precisions", "fp32"],
     "ray_serve.py": [],
     "two_models.py": [],
+    "package_forms.py": [],
 }
 SLOW = {"ray_serve.py"}  # starts Ray clusters: minutes
 
