@@ -8,14 +8,29 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$py" -m venv .venv
-.venv/bin/pip install -q --disable-pip-version-check -c constraints.txt -e ".[export,demo,test]"
+pip=(.venv/bin/pip install --disable-pip-version-check --progress-bar on)
+# torch: the CPU build of the pinned version (PyPI's Linux torch is the CUDA build, gigabytes of nvidia-*
+# wheels). scripts/torch_cpu.py says where it comes from: PyTorch's CPU index when it answers, else this
+# machine's pip configuration if that resolves to a CPU build; otherwise it stops with what to do.
+torch_pin=$(grep -E '^torch==' constraints.txt)
+if ! .venv/bin/python -c "import importlib.metadata as m, sys; sys.exit(m.version('torch').split('+')[0] != '${torch_pin#torch==}')" 2>/dev/null; then
+  echo "== installing ${torch_pin} (CPU build)"
+  torch_args=$(.venv/bin/python scripts/torch_cpu.py)
+  # shellcheck disable=SC2086  # torch_args is pip arguments, split on purpose
+  "${pip[@]}" -c constraints.txt $torch_args "$torch_pin"
+fi
+echo "== installing ortinf and its export, demo and test extras (pinned by constraints.txt)"
+"${pip[@]}" -c constraints.txt -e ".[export,demo,test]"
+echo "== building ortinf's CPU kernel library"
 # ortinf's CPU kernel library (kernels/build.py: ONNX Runtime's C API headers from ORTINF_ORT_INCLUDE
 # or Debian trixie's libonnxruntime-dev, fetched into build/). Without it: one warning, and CPU
 # packages run the portable kernel.
 .venv/bin/python kernels/build.py
 if [ "${ORTINF_SKIP_WEBGPU:-0}" != 1 ]; then
+  echo "== the WebGPU provider (scripts/setup_webgpu.sh)"
   bash scripts/setup_webgpu.sh
 fi
 if [ "${ORTINF_SKIP_OPENVINO:-0}" != 1 ]; then
+  echo "== the OpenVINO environment (scripts/setup_openvino_env.sh)"
   bash scripts/setup_openvino_env.sh
 fi
