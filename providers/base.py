@@ -58,3 +58,10 @@ class Provider:
     max_tensor_bytes: int | None = None  # the largest single tensor it computes on correctly
     max_query_len: dict[str, int] = field(default_factory=dict)  # kernel -> most new tokens per sequence per call it computes right
     no_device_hint: str = ""  # appended to "installed but finds no device"
+    # how to install it, as `ortinf providers` and the not-installed error say it (default: pip install <package>)
+    install: str = ""
+    preload_dlls: bool = False  # call onnxruntime.preload_dlls() first (CUDA/cuDNN from nvidia-* wheels)
+
+    @property
+    def install_hint(self) -> str:
+        return self.install or f"pip install {self.package}"

@@ -6,5 +6,6 @@ PROVIDER = Provider(
     name="coreml",
     ort_name="CoreMLExecutionProvider",
     package="onnxruntime (macOS)",
+    install="pip install onnxruntime, on a Mac (CoreML is built into its macOS wheel)",
     memory=HOST,
 )

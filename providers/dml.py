@@ -1,4 +1,9 @@
-"""Windows GPUs through the onnxruntime-directml wheel (DirectML)."""
+"""Windows GPUs through the onnxruntime-directml wheel (DirectML).
+
+onnxruntime-directml (Windows x64 only) replaces the onnxruntime wheel, so it needs an environment of
+its own (scripts/setup_directml_env.sh, from Git Bash: .venv-dml, onnxruntime-directml 1.24.4). It
+needs a DirectX 12 GPU and nothing else installed.
+"""
 
 from ortinf.providers.base import DEVICE, Provider
 
@@ -9,4 +14,5 @@ PROVIDER = Provider(
     memory=DEVICE,
     device_type="dml",
     dtypes=("fp32", "fp16"),
+    install="bash scripts/setup_directml_env.sh (Windows; onnxruntime-directml replaces onnxruntime: its own .venv-dml)",
 )

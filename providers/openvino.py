@@ -20,4 +20,5 @@ PROVIDER = Provider(
     kv_write=HOST_WRITE,
     dtypes=("fp32", "fp16"),
     options={"device_type": "CPU"},
+    install="bash scripts/setup_openvino_env.sh (onnxruntime-openvino replaces onnxruntime: its own .venv-openvino)",
 )

@@ -65,6 +65,25 @@ def register_plugin(provider: Provider) -> bool:
     return True
 
 
+_preloaded: list[bool] = []
+
+
+def preload_dlls() -> None:
+    """onnxruntime.preload_dlls() once per process (onnxruntime-gpu >= 1.21): it loads the CUDA and
+    cuDNN libraries of the nvidia-* wheels that onnxruntime-gpu[cuda,cudnn] installs, which ORT does
+    not find by itself. Without those wheels (a system CUDA), it finds nothing and that is fine."""
+    if _preloaded:
+        return
+    _preloaded.append(True)
+    preload = getattr(ort, "preload_dlls", None)
+    if preload is None:
+        return
+    try:
+        preload()
+    except Exception as exc:  # noqa: BLE001 - a missing wheel is not an error: a system CUDA may serve
+        log.debug("onnxruntime.preload_dlls() found nothing to load (%s)", exc)
+
+
 def installed(provider: Provider) -> bool:
     """Whether the package carrying the provider is installed (it may still find no device)."""
     if provider.plugin_module is not None:
@@ -81,6 +100,8 @@ def find(provider: Provider) -> Found | None:
         return Found(provider, devices) if devices else None
     if provider.ort_name not in ort.get_available_providers():
         return None
+    if provider.preload_dlls:
+        preload_dlls()
     devices = tuple(d for d in ort.get_ep_devices() if d.ep_name == provider.ort_name)
     return Found(provider, devices)
 
@@ -107,7 +128,7 @@ def resolve(name: str) -> Found:
     if found is None:
         provider = PROVIDERS[name]
         if not installed(provider):
-            raise ProviderUnavailableError(f"provider '{name}' is not installed: pip install {provider.package}")
+            raise ProviderUnavailableError(f"provider '{name}' is not installed: {provider.install_hint}")
         raise ProviderUnavailableError(f"provider '{name}' is installed but finds no device{provider.no_device_hint}")
     return found
 

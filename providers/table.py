@@ -37,7 +37,7 @@ def rows() -> list[tuple[str, ...]]:
             status = "available" + (" (auto)" if name == chosen else "") + (" (software device)" if found.software else "")
             devices = "; ".join(device_text(d) for d in found.devices) or "(not reported)"
         table.append((name, status, devices, provider.memory, ",".join(provider.dtypes), ",".join(provider.kernels),
-                      "-" if installed(provider) else f"pip install {provider.package}"))
+                      "-" if installed(provider) else provider.install_hint))
     return table
 
 
