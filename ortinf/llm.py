@@ -22,7 +22,8 @@ Prompt = str | Sequence[int]
 
 class LLM:
     """An exported package (or a Hugging Face model folder, exported into the package cache on first
-    use), ready to generate (decoders) or embed (encoders).
+    use, or a bundled model's name; none: the bundled demo llama), ready to generate (decoders) or
+    embed (encoders).
 
     Keyword options are EngineConfig's fields: block_size, num_blocks, kv_cache_memory,
     max_num_seqs, max_num_batched_tokens, max_model_len, enable_prefix_caching, intra_op_threads, seed,
@@ -30,7 +31,7 @@ class LLM:
     e.g. {"method": "ngram", "num_speculative_tokens": 4}).
     """
 
-    def __init__(self, package_dir: str | Path, provider: str = "auto", **options: Any) -> None:
+    def __init__(self, package_dir: str | Path | None = None, provider: str = "auto", **options: Any) -> None:
         from ortinf.bundled import resolve_package
         from ortinf.runtime.speculative import SpeculativeConfig
 
