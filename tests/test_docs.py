@@ -1,0 +1,107 @@
+"""The docs name only CLI options that exist: every `ortinf <command> --option` in README.md and docs/
+(usage blocks, command lines in code, inline code) is an option of that command, and every option
+written alone in inline code (`--kv-dtype fp16`) is an option of some ortinf command or of a script
+the docs name. Docs link the repository's own architecture document, never ../shared."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import click
+
+from ortinf.cli import cli
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+OPTION = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")
+COMMAND = re.compile(r"(?:^|\s|/)(?<!from )ortinf ((?:bench )?(?!import\b)[a-z]+)\b(.*)")
+
+
+def commands() -> dict[str, set[str]]:
+    found: dict[str, set[str]] = {}
+
+    def walk(command: click.Command, path: list[str]) -> None:
+        if isinstance(command, click.Group):
+            for name, sub in command.commands.items():
+                walk(sub, [*path, name])
+            return
+        options = {"--help"}
+        for param in command.params:
+            if isinstance(param, click.Option):
+                options.update(o for o in (*param.opts, *param.secondary_opts) if o.startswith("--"))
+        found[" ".join(path)] = options
+
+    walk(cli, [])
+    return found
+
+
+def command_lines(text: str) -> list[tuple[str, str]]:
+    """(command, rest of the line) for every `ortinf <command> ...` in code: fenced blocks (with their
+    indented continuation lines) and inline code spans."""
+    lines = []
+    fenced = re.findall(r"```[a-z]*\n(.*?)```", text, re.S)
+    for block in fenced:
+        current = None
+        for line in block.splitlines():
+            match = COMMAND.search(line)
+            if match:
+                current = match.group(1)
+                lines.append((current, match.group(2)))
+            elif current and line.startswith(" "):
+                lines.append((current, line))
+            else:
+                current = None
+    for span in re.findall(r"`([^`\n]+)`", re.sub(r"```.*?```", "", text, flags=re.S)):
+        match = COMMAND.search(span)
+        if match:
+            lines.append((match.group(1), match.group(2)))
+    return lines
+
+
+def test_every_documented_option_of_a_command_exists():
+    known = commands()
+    wrong = []
+    for doc in DOCS:
+        for command, rest in command_lines(doc.read_text(encoding="utf-8")):
+            name = command if command in known else command.split()[0]
+            if name not in known:
+                if name in ("bench",):
+                    continue
+                wrong.append(f"{doc.name}: `ortinf {command}` is not a command")
+                continue
+            for option in OPTION.findall(rest):
+                if option not in known[name]:
+                    wrong.append(f"{doc.name}: ortinf {name} has no {option}")
+    assert not wrong, "\n".join(sorted(set(wrong)))
+
+
+def test_docs_link_the_repository_architecture_document():
+    for doc in DOCS:
+        text = doc.read_text(encoding="utf-8")
+        assert "../shared" not in text, f"{doc.name} links ../shared (not in a clone): link docs/architecture.md"
+    assert (ROOT / "docs" / "architecture.md").is_file()
+    assert "docs/architecture.md" in (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def script_options() -> set[str]:
+    """Options of the scripts the docs also describe (benchmarks/, scripts/, kernels/build.py)."""
+    found: set[str] = set()
+    for path in [*ROOT.joinpath("benchmarks").rglob("*.py"), *ROOT.joinpath("scripts").glob("*"), ROOT / "kernels" / "build.py"]:
+        text = path.read_text(encoding="utf-8", errors="ignore")
+        found |= set(re.findall(r"[\"'](--[a-z][a-z0-9-]*)[\"']", text))
+        if path.suffix == ".sh":
+            found |= set(OPTION.findall(text))
+    return found
+
+
+def test_every_option_written_alone_exists_somewhere():
+    known = set().union(*commands().values()) | script_options() | {"--dry-run", "--isolated", "--no-deps"}  # pip's
+    wrong = []
+    for doc in DOCS:
+        text = re.sub(r"```.*?```", "", doc.read_text(encoding="utf-8"), flags=re.S)
+        for span in re.findall(r"`([^`\n]+)`", text):
+            if COMMAND.search(span):
+                continue  # checked against its own command above
+            wrong += [f"{doc.name}: {option} (in `{span}`)" for option in OPTION.findall(span) if option not in known]
+    assert not wrong, "no such option:\n" + "\n".join(sorted(set(wrong)))
