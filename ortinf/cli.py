@@ -433,6 +433,12 @@ def bench_serve(url: str, model: str | None, num_prompts: int, input_len: int, o
         raise click.ClickException(f"no request succeeded against {url}: {'; '.join(summary['errors']) or 'no response'}")
 
 
+# Modules of the optional extras (pyproject.toml) -> the extra that installs them. The serving install
+# (`pip install ortinf`) has none of them: a command that needs one says which extra in one line.
+EXTRA_MODULES = {"torch": "export", "transformers": "export", "optimum": "export", "onnx": "export", "onnx_ir": "export",
+                 "safetensors": "export", "huggingface_hub": "export", "ray": "ray"}
+
+
 def main() -> None:
     """Console entry point: runs the CLI and turns ortinf errors into one line and exit code 2."""
     try:
@@ -447,6 +453,13 @@ def main() -> None:
         sys.exit(130)
     except OrtinfError as exc:
         click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_USER_ERROR)
+    except ModuleNotFoundError as exc:
+        extra = EXTRA_MODULES.get((exc.name or "").split(".")[0])
+        if extra is None:
+            raise
+        click.echo(f"error: this command needs ortinf's '{extra}' extra ({exc.name} is not installed): "
+                   f"pip install 'ortinf[{extra}]' (in a clone: pip install -c constraints.txt '.[{extra}]')", err=True)
         sys.exit(EXIT_USER_ERROR)
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
