@@ -50,6 +50,7 @@ def staging(out: Path, overwrite: bool) -> Iterator[Path]:
     stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
     try:
         yield stage
+        publish_modes(stage)
         if out.exists():
             trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
             os.replace(out, trash / "old")
@@ -59,6 +60,17 @@ def staging(out: Path, overwrite: bool) -> Iterator[Path]:
             os.replace(stage, out)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
+
+
+def publish_modes(folder: Path) -> None:
+    """Gives the package the modes of a folder made with mkdir, per the umask (typically 755/644):
+    mkdtemp makes the staging folder 700 and temporary files are 600, which would leave the package
+    (and the shared package cache) readable by its owner only."""
+    mask = os.umask(0)
+    os.umask(mask)
+    folder.chmod(0o777 & ~mask)
+    for path in folder.rglob("*"):
+        path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
 
 
 def write_tokenizer(source: ModelSource, stage: Path, vocab_size: int | None) -> tuple[bool, bool]:

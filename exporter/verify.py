@@ -7,6 +7,7 @@ with the PyTorch model's logits at the same position.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -58,7 +59,8 @@ def verify_decoder(model: PreTrainedModel, package: Path, tolerance: float, prog
     calls = [(s, min(s + chunk_len, PROMPT_LEN)) for s in range(0, PROMPT_LEN, chunk_len)]
     calls += [(p, p + 1) for p in range(PROMPT_LEN, len(tokens))]
     worst = 0.0
-    for start, end in tqdm(calls, desc="verifying", disable=not progress, leave=False, position=1):
+    # nested under export's bar: only on a terminal (in a log, a second bar's cursor moves print as "[A")
+    for start, end in tqdm(calls, desc="verifying", disable=not progress or not sys.stderr.isatty(), leave=False, position=1):
         chunk = SequenceChunk(tokens[start:end], start, block_table)
         logits = graph.run(build_model_input([chunk], block_size))
         worst = max(worst, float(np.abs(logits[0].astype(np.float32) - reference[end - 1]).max()))

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 import ortinf
-from ortinf.errors import OrtinfError
+from ortinf.errors import ConfigError, OrtinfError
 from ortinf.manifest import TASKS, TEXT_GENERATION, Manifest
 from ortinf.providers.registry import parse_options
 
@@ -175,6 +175,25 @@ def chat(package: str | None, system: str | None, max_tokens: int, temperature: 
              dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed))
 
 
+def check_port(host: str, port: int) -> None:
+    """Refuses, in one line, a host that does not resolve or a port something already listens on."""
+    import socket
+
+    if port == 0:
+        return
+    try:
+        family, kind, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as exc:
+        raise ConfigError(f"cannot listen on --host {host}: {exc.strerror}") from exc
+    with socket.socket(family, kind) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: a port in TIME_WAIT is free
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            raise ConfigError(f"port {port} on {host} is in use ({exc.strerror}): pass another --port, "
+                                   "or stop what listens there") from exc
+
+
 def _parse_ids(text: str) -> list[int]:
     try:
         return [int(part) for part in text.replace(" ", "").split(",") if part]
@@ -280,6 +299,8 @@ def serve(packages: tuple[Path, ...], host: str, port: int, provider: str, provi
     from ortinf.serve.server import run
     from ortinf.serve.state import ServerConfig
 
+    if not use_ray:
+        check_port(host, port)  # before minutes of loading (or exporting) models, not after
     if not packages:
         from ortinf.bundled import ensure_exported
 

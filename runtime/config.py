@@ -22,7 +22,7 @@ class EngineConfig:
     provider: str = "auto"
     block_size: int = 16
     num_blocks: int | None = None
-    kv_cache_memory: int | None = None
+    kv_cache_memory: int | str | None = None  # bytes, or a size as the CLI takes it ("256MiB", "4GiB")
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None
@@ -37,6 +37,8 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "speculative_config", SpeculativeConfig.parse(self.speculative_config))
+        if isinstance(self.kv_cache_memory, str):  # the same sizes as --kv-cache-memory
+            object.__setattr__(self, "kv_cache_memory", parse_size(self.kv_cache_memory))
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -44,7 +46,8 @@ class EngineConfig:
         for name in ("num_blocks", "kv_cache_memory", "max_model_len"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+                what = "a positive number of bytes or a size such as 256MiB" if name == "kv_cache_memory" else "a positive integer"
+                raise ConfigError(f"{name} must be {what}, got {value!r}")
 
 
 def parse_size(text: str) -> int:
