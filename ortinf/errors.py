@@ -31,6 +31,10 @@ class RequestError(OrtinfError):
         self.param = param
 
 
+class ShuttingDownError(OrtinfError):
+    """The server's drain time ran out while this request was still running (the server answers 503)."""
+
+
 class StepFailedError(OrtinfError):
     """An engine step failed while running this request: the request ended, the engine goes on.
 

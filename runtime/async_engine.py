@@ -126,6 +126,10 @@ class AsyncEngine:
         """Asks the engine thread to end a request and free its blocks before its next step."""
         self._send(("abort", request_id, None))
 
+    def fail_all(self, error: BaseException) -> None:
+        """Ends every open request now, each stream receiving `error` (the server's drain deadline)."""
+        self._send(("fail_all", None, error))
+
     def shutdown(self, timeout: float = 5.0) -> None:
         self._stopping = True
         self._wake.set()
@@ -158,6 +162,13 @@ class AsyncEngine:
             except queue.Empty:
                 return
             try:
+                if kind == "fail_all":
+                    with self._lock:
+                        open_ids = list(self._streams)
+                    for open_id in open_ids:
+                        self.engine.abort(open_id)
+                        self._deliver(open_id, payload)
+                    continue
                 if kind == "add":
                     self.engine.add_request(payload, request_id=request_id)
                 elif kind == "abort":

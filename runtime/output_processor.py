@@ -64,7 +64,15 @@ class OutputProcessor:
         state.num_detokenized = request.num_output_tokens
         if state.detokenizer is None:
             return None
-        return state.detokenizer.add_tokens(self._text_tokens(request, new_tokens))
+        stop = state.detokenizer.add_tokens(self._text_tokens(request, new_tokens))
+        if stop is not None:  # tokens after the one that completed the stop string (speculative steps) go, with their logprobs
+            extra = len(new_tokens) - state.detokenizer.tokens_used
+            if extra > 0:
+                request.drop_last_outputs(extra)
+                if state.logprobs is not None:
+                    del state.logprobs[len(state.logprobs) - extra:]
+                state.num_detokenized = request.num_output_tokens
+        return stop
 
     @staticmethod
     def _text_tokens(request: Request, new_tokens: list[int]) -> list[int]:

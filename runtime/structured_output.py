@@ -26,6 +26,7 @@ from llguidance.numpy import allocate_token_bitmask, consume_token_par, fill_nex
 from tokenizers import Tokenizer
 
 from ortinf.errors import RequestError
+from ortinf.runtime import json_text
 
 Kind = Literal["json", "regex", "choice", "grammar"]
 CACHE_SIZE = 256  # compiled grammars kept (least recently used dropped first)
@@ -45,7 +46,7 @@ class StructuredOutput:
     def json_schema(cls, schema: dict | str, param: str = "response_format") -> StructuredOutput:
         if isinstance(schema, str):
             try:
-                schema = json.loads(schema)
+                schema = json_text.loads(schema)
             except ValueError as exc:
                 raise RequestError(f"the JSON schema is not valid JSON: {exc}", param=param) from exc
         if schema is True:  # the schema `true`: any JSON value
@@ -54,12 +55,17 @@ class StructuredOutput:
             raise RequestError("the JSON schema `false` allows no output at all", param=param)
         if not isinstance(schema, dict):
             raise RequestError("a JSON schema must be an object", param=param)
-        return cls("json", json.dumps(schema, sort_keys=True), param)
+        try:
+            return cls("json", json_text.dumps(schema, sort_keys=True), param)
+        except ValueError as exc:
+            raise RequestError(f"the JSON schema is {exc}", param=param) from exc
 
     @classmethod
     def choice(cls, options: Sequence[str], param: str = "structured_outputs") -> StructuredOutput:
         if not options or not all(isinstance(o, str) for o in options):
             raise RequestError("choice must be a non-empty list of strings", param=param)
+        if any(option == "" for option in options):
+            raise RequestError("choice options must be non-empty strings (an empty one would allow no output at all)", param=param)
         return cls("choice", json.dumps(list(options)), param)
 
     def grammar(self) -> str:

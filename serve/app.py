@@ -24,7 +24,7 @@ from ortinf.runtime.sampling_params import SamplingParams
 from ortinf.serve import chat, completions, embeddings, responses, tokens
 from ortinf.serve.chat_template import ChatTemplate
 from ortinf.serve.tools import resolve_parser
-from ortinf.serve.errors import error_body, error_response, install_error_handlers
+from ortinf.serve.errors import error_body, error_response, from_exception, install_error_handlers
 from ortinf.serve.models import ServedModel
 from ortinf.serve.state import ServerConfig, ServerState
 
@@ -68,6 +68,35 @@ class BodyLimit:
             return await receive()
 
         await self.app(scope, replay, send)
+
+
+class CatchAll:
+    """Pure ASGI middleware, innermost of ours: an exception no handler took becomes the 500 answer
+    here. Starlette's own catch-all (ServerErrorMiddleware) sends that answer and then re-raises, and
+    uvicorn then drops the keep-alive connection without `Connection: close`, so a client's next
+    request on it failed with a reset. A response already started (a stream) cannot be replaced:
+    that exception goes on up (the routes turn stream failures into error events themselves)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def watch(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        except Exception as exc:  # noqa: BLE001 - every error leaves as an OpenAI-shaped answer
+            if started:
+                raise
+            err = from_exception(exc)
+            await error_response(err.status, err.message, err.param, err.code)(scope, receive, send)
 
 
 class Gate:
@@ -165,6 +194,7 @@ def build_app(config: ServerConfig, load_in_background: bool = True) -> FastAPI:
     app.include_router(tokens.router)
 
     # the last added runs first: the API key is checked before a byte of the body is read
+    app.add_middleware(CatchAll)
     app.add_middleware(BodyLimit, limit=config.max_body_size)
     app.add_middleware(Gate, state=state)
 

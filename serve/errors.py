@@ -11,7 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ortinf.errors import ConfigError, OrtinfError, RequestError, StepFailedError
+from ortinf.errors import ConfigError, OrtinfError, RequestError, ShuttingDownError, StepFailedError
 from ortinf.runtime.async_engine import EngineDeadError
 
 log = logging.getLogger(__name__)
@@ -50,6 +50,8 @@ def from_exception(exc: BaseException) -> APIError:
         return APIError(400, str(exc), param=exc.param)
     if isinstance(exc, StepFailedError):
         return APIError(500, str(exc), code="request_failed")
+    if isinstance(exc, ShuttingDownError):
+        return APIError(503, str(exc), code="server_shutting_down")
     if isinstance(exc, (ConfigError, OrtinfError)):
         return APIError(400, str(exc))
     if isinstance(exc, EngineDeadError):

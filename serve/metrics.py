@@ -54,8 +54,8 @@ class EngineMetrics:
                                     [*labels, "position"], registry=r)
         self._seen_spec: dict[str, tuple[int, int, int, list[int]]] = {}
         self._live: dict[str, _Live] = {}
-        self._seen_prefix = (0, 0)
-        self._seen_preemptions = 0
+        # per model: each engine's running totals (prefix queries, hits, preemptions) seen so far
+        self._seen: dict[str, tuple[int, int, int]] = {}
 
     def hook(self, model_name: str):
         """The on_step callback for the engine serving `model_name`."""
@@ -69,12 +69,12 @@ class EngineMetrics:
         self.running.labels(model).set(len(scheduler.running))
         self.waiting.labels(model).set(len(scheduler.waiting))
         self.kv_usage.labels(model).set(kv.usage())
-        queries, hits = kv.stats.num_queries, kv.stats.num_hits
-        self.prefix_queries.labels(model).inc(queries - self._seen_prefix[0])
-        self.prefix_hits.labels(model).inc(hits - self._seen_prefix[1])
-        self._seen_prefix = (queries, hits)
-        self.preemptions.labels(model).inc(scheduler.stats.num_preemptions - self._seen_preemptions)
-        self._seen_preemptions = scheduler.stats.num_preemptions
+        totals = (kv.stats.num_queries, kv.stats.num_hits, scheduler.stats.num_preemptions)
+        seen = self._seen.get(model, (0, 0, 0))
+        for counter, now_total, before in zip((self.prefix_queries, self.prefix_hits, self.preemptions), totals, seen):
+            if now_total > before:
+                counter.labels(model).inc(now_total - before)
+        self._seen[model] = totals
         self._observe_spec(model, scheduler.spec_stats)
 
     def _observe_spec(self, model: str, spec) -> None:
@@ -91,7 +91,7 @@ class EngineMetrics:
         self._seen_spec[model] = (spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens, list(spec.accepted_per_position))
 
     def _observe_output(self, model: str, output: RequestOutput, now: float) -> None:
-        live = self._live.setdefault(output.request_id, _Live())
+        live = self._live.setdefault(f"{model}\0{output.request_id}", _Live())
         num_tokens = len(output.outputs[0].token_ids)
         metrics = output.metrics
         if num_tokens > live.num_tokens:
@@ -105,7 +105,7 @@ class EngineMetrics:
                 self.itl.labels(model).observe(now - live.last_token_time)
             live.num_tokens, live.last_token_time = num_tokens, now
         if output.finished:
-            self._live.pop(output.request_id, None)
+            self._live.pop(f"{model}\0{output.request_id}", None)
             reason = "error" if output.error is not None else output.outputs[0].finish_reason or "abort"
             self.success.labels(model, reason).inc()
             if metrics is not None:

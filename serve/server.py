@@ -1,11 +1,18 @@
 """Running the app under uvicorn. SIGTERM: stop accepting, finish in-flight requests for up to
-`shutdown_timeout` seconds, then exit 0 (uvicorn's graceful shutdown)."""
+`shutdown_timeout` seconds, then exit 0 (uvicorn's graceful shutdown).
+
+When the drain time is about to run out, the server ends what is still running itself (DRAIN_MARGIN
+seconds before uvicorn's deadline): a non-streamed request gets an OpenAI-shaped 503, a stream an
+error event and `[DONE]`. Left to uvicorn, the deadline cancels the request tasks: a text/plain 500,
+and streams cut mid-chunk with neither."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import signal
 import sys
+from collections.abc import Callable
 from types import FrameType
 
 import uvicorn
@@ -14,12 +21,27 @@ from ortinf.serve.app import build_app
 from ortinf.serve.state import ServerConfig
 
 
+DRAIN_MARGIN = 1.0  # seconds before uvicorn's drain deadline at which the server ends what still runs
+
+
 class _Server(uvicorn.Server):
     """uvicorn re-raises a captured SIGTERM after its graceful shutdown, so the process dies by the
-    signal (exit -15); a drained SIGTERM is a clean stop here, and exits 0."""
+    signal (exit -15); a drained SIGTERM is a clean stop here, and exits 0. The first exit signal also
+    arms the drain deadline (`on_drain_deadline`, after `drain_seconds`)."""
+
+    on_drain_deadline: Callable[[], None] | None = None
+    drain_seconds: float = 0.0
+    _loop: asyncio.AbstractEventLoop | None = None
+
+    async def serve(self, sockets=None) -> None:  # noqa: ANN001 - uvicorn's signature
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        first = not self.should_exit
         super().handle_exit(sig, frame)
+        if first and self.on_drain_deadline is not None and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.call_later, self.drain_seconds, self.on_drain_deadline)
         captured = getattr(self, "_captured_signals", None)
         if sig == signal.SIGTERM and captured and captured[-1] == sig:
             captured.pop()
@@ -36,6 +58,8 @@ def run(config: ServerConfig, log_level: str = "info") -> None:
     ))
     state = app.state.ortinf
     state.request_exit = lambda: setattr(server, "should_exit", True)  # uvicorn polls the flag
+    server.drain_seconds = max(0.0, config.shutdown_timeout - min(DRAIN_MARGIN, config.shutdown_timeout / 2))
+    server.on_drain_deadline = state.end_running_requests
     server.run()
     if state.fatal_error is not None:
         sys.exit(1)

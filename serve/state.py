@@ -66,6 +66,18 @@ class ServerState:
         if self.request_exit is not None:
             self.request_exit()
 
+    def end_running_requests(self) -> None:
+        """The drain deadline (serve/server.py): every request still running ends now with a 503 error
+        (streams: an error event, then [DONE]) instead of being cut off by uvicorn."""
+        from ortinf.errors import ShuttingDownError
+
+        error = ShuttingDownError(f"the server is shutting down and its drain time (--shutdown-timeout "
+                                  f"{self.config.shutdown_timeout:g} s) ran out before this request finished; retry it")
+        for model in self.registry.models.values():
+            if model.engine is not None and model.engine.num_unfinished:
+                log.warning("drain time ran out: ending %d running request(s) of '%s'", model.engine.num_unfinished, model.name)
+                model.engine.fail_all(error)
+
     def healthy(self) -> tuple[bool, str]:
         if self.load_error is not None:
             return False, f"the model failed to load: {self.load_error}"

@@ -10,12 +10,12 @@ parallel_tool_calls), a named function generates its arguments object.
 
 from __future__ import annotations
 
-import json
 import re
 import uuid
 from dataclasses import dataclass
 
 from ortinf.errors import RequestError
+from ortinf.runtime import json_text
 from ortinf.runtime.structured_output import StructuredOutput
 
 HERMES_OPEN = "<tool_call>"
@@ -61,7 +61,8 @@ class ToolPlan:
             return (None, [ToolCall(self.named or "", text, new_call_id())]) if _is_json(text) else (text, [])
         if self.mode == "required":
             try:  # the grammar's shape, unless a stop string or max_tokens cut it: then it stays text
-                calls = [ToolCall(c["name"], json.dumps(c.get("parameters", {}), ensure_ascii=False), new_call_id()) for c in json.loads(text)]
+                calls = [ToolCall(c["name"], json_text.dumps(c.get("parameters", {}), ensure_ascii=False), new_call_id())
+                         for c in json_text.loads(text)]
             except (ValueError, TypeError, KeyError, AttributeError):
                 return text, []
             return None, calls
@@ -87,9 +88,10 @@ def plan(tools: list[dict] | None, tool_choice, parallel: bool, parser: str | No
                                param="tool_choice")
         return ToolPlan(tools, "auto")
     if choice == "required":
-        options = [{"type": "object", "properties": {"name": {"const": name}, "parameters": _parameters(f)},
-                    "required": ["name", "parameters"], "additionalProperties": False} for name, f in functions.items()]
-        schema = {"type": "array", "items": {"anyOf": options}, "minItems": 1}
+        defs: dict = {}
+        options = [{"type": "object", "properties": {"name": {"const": name}, "parameters": _hoisted(f, f"tool{i}", defs)},
+                    "required": ["name", "parameters"], "additionalProperties": False} for i, (name, f) in enumerate(functions.items())]
+        schema = {"type": "array", "items": {"anyOf": options}, "minItems": 1, "$defs": defs}
         if not parallel:
             schema["maxItems"] = 1
         return ToolPlan(tools, "required", structured_output=StructuredOutput.json_schema(schema, param="tools"))
@@ -104,6 +106,41 @@ def _parameters(function: dict) -> dict:
     return function.get("parameters") or {"type": "object", "properties": {}}
 
 
+def _hoisted(function: dict, key: str, defs: dict) -> dict:
+    """A reference to the function's parameters schema moved into the root's `defs` as `key`, with its
+    own `$defs` / `definitions` beside it (as `key.Name`) and every local `$ref` rewritten to match.
+
+    Under tool_choice "required" each tool's schema sits inside one combined schema, so its local
+    references (`#/$defs/Loc`, what pydantic emits; `#` for a recursive schema) would otherwise
+    point into the combined root, where they do not exist."""
+    params = dict(_parameters(function))
+    moved: dict[str, str] = {}  # "#/$defs/Loc" -> "#/$defs/tool0.Loc"
+    subs: dict[str, object] = {}
+    for section in ("$defs", "definitions"):
+        for name, schema in (params.pop(section, None) or {}).items():
+            moved[f"#/{section}/{name}"] = f"#/$defs/{key}.{name}"
+            subs[f"{key}.{name}"] = schema
+
+    def target(ref: str) -> str:
+        if ref == "#":
+            return f"#/$defs/{key}"
+        for old, new in moved.items():
+            if ref == old or ref.startswith(old + "/"):
+                return new + ref[len(old):]
+        return f"#/$defs/{key}{ref[1:]}" if ref.startswith("#/") else ref
+
+    def rewrite(node: object) -> object:
+        if isinstance(node, dict):
+            return {k: (target(v) if k == "$ref" and isinstance(v, str) else rewrite(v)) for k, v in node.items()}
+        if isinstance(node, list):
+            return [rewrite(item) for item in node]
+        return node
+
+    defs[key] = rewrite(params)
+    defs.update({name: rewrite(schema) for name, schema in subs.items()})
+    return {"$ref": f"#/$defs/{key}"}
+
+
 def parse_hermes(text: str) -> tuple[str | None, list[ToolCall]]:
     """Hermes/Qwen calls: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks; the text
     before the first block is the content. A block that is not a JSON call stays in the content."""
@@ -113,13 +150,17 @@ def parse_hermes(text: str) -> tuple[str | None, list[ToolCall]]:
     calls = []
     for body in _HERMES_CALL.findall(text[start:]):
         try:
-            call = json.loads(body)
+            call = json_text.loads(body)
             name, arguments = call["name"], call.get("arguments", call.get("parameters", {}))
-        except (ValueError, KeyError, TypeError):
+            if not isinstance(name, str):
+                return text, []
+            if isinstance(arguments, str):
+                json_text.loads(arguments)  # arguments given as a string must hold JSON too
+            else:
+                arguments = json_text.dumps(arguments, ensure_ascii=False)
+        except (ValueError, KeyError, TypeError, AttributeError):
             return text, []
-        if not isinstance(name, str):
-            return text, []
-        calls.append(ToolCall(name, arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False), new_call_id()))
+        calls.append(ToolCall(name, arguments, new_call_id()))
     return (text[:start] or None), calls
 
 
@@ -159,14 +200,14 @@ def template_messages(messages: list) -> list[dict]:
 
 def _arguments(text: str):
     try:
-        return json.loads(text)
+        return json_text.loads(text)
     except ValueError as exc:
         raise RequestError(f"a tool call's arguments are not JSON: {exc}", param="messages") from exc
 
 
 def _is_json(text: str) -> bool:
     try:
-        json.loads(text)
+        json_text.loads(text)
     except ValueError:
         return False
     return True

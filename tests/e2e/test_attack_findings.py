@@ -1,0 +1,151 @@
+"""What an outside attack found on the landed server (issue 21), each fixed and kept fixed: deep JSON
+nesting was a 500 that also reset the keep-alive connection, $defs under tool_choice "required" were
+refused, speculative decoding kept tokens past a stop string, and the drain deadline cut requests
+off without an OpenAI-shaped answer."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+
+import httpx
+import pytest
+from tokenizers import Tokenizer
+
+from ortinf.bundled import DEMO_LLAMA
+from server_helpers import running_server
+
+pytestmark = pytest.mark.skipif(not (DEMO_LLAMA / "config.json").is_file(), reason="no committed demo checkpoint")
+DEEP = 1200  # deeper than Python's recursion limit allows json.loads to go
+
+
+@pytest.fixture(scope="module")
+def demo_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture(scope="module")
+def demo(demo_cache, tmp_path_factory):
+    with running_server([str(DEMO_LLAMA), "--served-model-name", "demo"], tmp_path_factory.mktemp("logs"),
+                        env={"ORTINF_CACHE": str(demo_cache)}, timeout=300) as server:
+        yield server
+
+
+def test_deep_json_is_a_400_and_the_connection_survives(demo):
+    with httpx.Client(base_url=demo.url, timeout=60) as client:  # one keep-alive connection for every request
+        schema = client.post("/v1/completions", json={"model": "demo", "prompt": "hi", "structured_outputs": {"json": "[" * DEEP}})
+        assert schema.status_code == 400 and "nested too deeply" in schema.json()["error"]["message"]
+        arguments = "[" * DEEP
+        call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments}}
+        messages = [{"role": "user", "content": "x"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+                    {"role": "tool", "tool_call_id": "c1", "content": "ok"}]
+        chat = client.post("/v1/chat/completions", json={"model": "demo", "messages": messages, "max_tokens": 2})
+        assert chat.status_code == 400 and chat.json()["error"]["param"] == "messages"
+        tokenize = client.post("/tokenize", json={"model": "demo", "messages": messages})
+        assert tokenize.status_code == 400
+        after = client.post("/v1/completions", json={"model": "demo", "prompt": "def f():", "max_tokens": 2})
+        assert after.status_code == 200  # the same connection, still open
+
+
+def test_the_models_own_deep_output_under_a_forced_tool_call_is_not_a_500(demo):
+    bracket = Tokenizer.from_file(str(DEMO_LLAMA / "tokenizer.json")).token_to_id("[")
+    assert bracket is not None
+    tool = {"type": "function", "function": {"name": "nest", "parameters": {"type": "array", "items": {"$ref": "#"}}}}
+    body = {"model": "demo", "messages": [{"role": "user", "content": "nest"}], "tools": [tool],
+            "tool_choice": {"type": "function", "function": {"name": "nest"}}, "logit_bias": {str(bracket): 100}, "max_tokens": 1000}
+    plain = httpx.post(f"{demo.url}/v1/chat/completions", json=body, timeout=120)
+    assert plain.status_code == 200, plain.text
+    message = plain.json()["choices"][0]["message"]
+    assert message["content"] is not None or message["tool_calls"]  # cut JSON stays text; a complete call is a call
+    with httpx.stream("POST", f"{demo.url}/v1/chat/completions", json={**body, "stream": True}, timeout=120) as stream:
+        lines = [line for line in stream.iter_lines() if line.startswith("data:")]
+    assert lines[-1] == "data: [DONE]" and not any('"error"' in line for line in lines)
+
+
+def test_local_refs_in_tool_parameters_under_required(demo):
+    location = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"]}
+    tool = {"type": "function", "function": {"name": "weather", "parameters": {
+        "type": "object", "properties": {"where": {"$ref": "#/$defs/Loc"}}, "required": ["where"], "$defs": {"Loc": location}}}}
+    response = httpx.post(f"{demo.url}/v1/chat/completions", timeout=120, json={
+        "model": "demo", "messages": [{"role": "user", "content": "weather?"}], "tools": [tool], "tool_choice": "required",
+        "max_tokens": 60, "temperature": 0})
+    assert response.status_code == 200, response.text
+    message = response.json()["choices"][0]["message"]
+    if message["tool_calls"]:  # 60 tokens may cut the call short: then it is text
+        call = message["tool_calls"][0]["function"]
+        assert call["name"] == "weather" and isinstance(json.loads(call["arguments"])["where"]["city"], str)
+
+
+def test_speculative_steps_stop_exactly_at_a_stop_string():
+    """A stop string inside a step that accepted several draft tokens: the tokens after it go, with
+    their logprobs, exactly as without speculation."""
+    from ortinf import LLM, SamplingParams
+
+    prompt = "for i in range(10):\n    print(i)\n" * 12
+    params = SamplingParams(temperature=0, max_tokens=40, stop=["print"], logprobs=1)
+    plain = LLM(DEMO_LLAMA).generate([prompt], params)[0].outputs[0]
+    spec = LLM(DEMO_LLAMA, speculative_config={"method": "ngram", "num_speculative_tokens": 4}).generate([prompt], params)[0].outputs[0]
+    assert plain.finish_reason == spec.finish_reason == "stop" and plain.stop_reason == spec.stop_reason == "print"
+    assert spec.text == plain.text and spec.token_ids == plain.token_ids
+    assert len(spec.logprobs) == len(spec.token_ids) == len(plain.logprobs)
+
+
+def test_the_drain_deadline_answers_every_client(demo_cache, tmp_path):
+    """SIGTERM with --shutdown-timeout 1 while requests run longer: the non-streamed one gets an
+    OpenAI-shaped 503, the stream an error event and [DONE], and the server exits 0."""
+    with running_server([str(DEMO_LLAMA), "--served-model-name", "demo", "--shutdown-timeout", "1"], tmp_path,
+                        env={"ORTINF_CACHE": str(demo_cache)}, timeout=300) as server:
+        long = {"model": "demo", "prompt": "import os\n", "max_tokens": 1000, "ignore_eos": True}
+        answers: dict = {}
+
+        def plain() -> None:
+            answers["plain"] = httpx.post(f"{server.url}/v1/completions", json=long, timeout=60)
+
+        worker = threading.Thread(target=plain)
+        worker.start()
+        events = []
+        with httpx.stream("POST", f"{server.url}/v1/completions", json={**long, "stream": True}, timeout=60) as stream:
+            for line in stream.iter_lines():
+                if not line.startswith("data:"):
+                    continue
+                events.append(line)
+                if len(events) == 3:
+                    server.process.send_signal(signal.SIGTERM)
+        worker.join(60)
+        assert events[-1] == "data: [DONE]"
+        error = json.loads(events[-2][5:])["error"]
+        assert error["code"] == "server_shutting_down" and "--shutdown-timeout" in error["message"]
+        response = answers["plain"]
+        assert response.status_code == 503 and response.headers["content-type"] == "application/json"
+        assert response.json()["error"]["code"] == "server_shutting_down"
+        assert server.process.wait(30) == 0
+
+
+def labelled(text: str, name: str, model: str) -> float:
+    """A metric's value for one model_name label (0 when absent)."""
+    for line in text.splitlines():
+        if line.startswith(f"{name}{{") and f'model_name="{model}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_metrics_of_two_generation_models_are_their_own(decoder_package, tmp_path):
+    """Two decoders in one server: each model's prefix-cache, preemption and token counters count its
+    own requests, and no counter is ever decremented (that raised in every step before)."""
+    _, llama = decoder_package("llama")
+    _, qwen = decoder_package("qwen2")
+    with running_server([str(llama), str(qwen), "--served-model-name", "a", "--served-model-name", "b",
+                         "--kv-cache-memory", "16MiB"], tmp_path) as server:
+        prompt = list(range(3, 60))  # 57 tokens: three full blocks the second request finds cached
+        for _ in range(2):
+            done = httpx.post(f"{server.url}/v1/completions", json={"model": "b", "prompt": prompt, "max_tokens": 3, "ignore_eos": True})
+            assert done.status_code == 200
+        done = httpx.post(f"{server.url}/v1/completions", json={"model": "a", "prompt": [5, 6, 7], "max_tokens": 5, "ignore_eos": True})
+        assert done.status_code == 200
+        text = httpx.get(f"{server.url}/metrics").text
+        log = server.log()
+    assert labelled(text, "ortinf:generation_tokens_total", "a") == 5 and labelled(text, "ortinf:generation_tokens_total", "b") == 6
+    assert labelled(text, "ortinf:prefix_cache_hits_total", "b") >= 48 and labelled(text, "ortinf:prefix_cache_hits_total", "a") == 0
+    assert labelled(text, "ortinf:prefix_cache_queries_total", "a") >= 3
+    assert "Counters can only be incremented" not in log and "Traceback" not in log
