@@ -198,10 +198,11 @@ class LLMEngine:
         return results
 
     def _execute_one_by_one(self, scheduler_output: SchedulerOutput, exc: Exception) -> tuple[SchedulerOutput, ModelRunnerOutput, list[RequestOutput]]:
-        """After a failed graph call: runs each request of the step alone, so that only the ones
-        that fail alone are failed. Re-running is safe: nothing was committed (the K/V of the same
-        slots is written again, the scheduler has not advanced). When every request fails, the
-        step counts as failed (see `num_failed_steps_in_a_row`)."""
+        """After a failed step: runs each request of the step alone, so that only the ones that fail
+        alone are failed. Re-running is safe: nothing was committed (the K/V of the same slots is
+        written again, the scheduler has not advanced, and the model runner put back the random
+        generators and grammar matchers its sampling had advanced before the failure). When every
+        request fails, the step counts as failed (see `num_failed_steps_in_a_row`)."""
         scheduled = scheduler_output.scheduled
         merged = ModelRunnerOutput()
         kept, failed = [], []

@@ -37,6 +37,7 @@ class ModelRunner:
         self.matchers: dict = {}  # request id -> its llguidance matcher (structured output)
         self.allowed_ids: dict[str, np.ndarray] = {}  # request id -> its allowed_token_ids as a mask, built once
         self._mask_worker = ThreadPoolExecutor(1, thread_name_prefix="ortinf-masks") if grammars else None
+        self._advanced_matchers: list = []  # matchers this call advanced (rolled back if the call fails after)
 
     def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         for request_id in scheduler_output.finished_request_ids:
@@ -59,12 +60,25 @@ class ModelRunner:
             grammar_masks = masks.result() if masks is not None else None  # never leave a matcher in use by the worker
 
         output = ModelRunnerOutput()
-        if sampling:
-            self._sample([scheduled[i] for i in sampling], np.stack([last_rows[i][-1] for i in sampling]), output, grammar_masks)
-        for i in speculated:
-            self._verify(scheduled[i], last_rows[i], output)
-        for index, rows in prompt_rows.items():
-            output.prompt_logprobs[scheduled[index].request_id] = (scheduled[index].num_computed_tokens + 1, prompt_logprobs(scheduled[index], rows))
+        # Sampling advances state that outlives the call (random generators, grammar matchers). If
+        # anything after it fails, that state is put back, so that the engine's one-by-one re-run of
+        # the step (engine.py) samples exactly what a step without the failure would have.
+        states = {id(g): (g, g.bit_generator.state) for g in {id(g): g for g in map(self._generator, scheduled)}.values()}
+        self._advanced_matchers = []
+        try:
+            if sampling:
+                self._sample([scheduled[i] for i in sampling], np.stack([last_rows[i][-1] for i in sampling]), output, grammar_masks)
+            for i in speculated:
+                self._verify(scheduled[i], last_rows[i], output)
+            for index, rows in prompt_rows.items():
+                output.prompt_logprobs[scheduled[index].request_id] = (scheduled[index].num_computed_tokens + 1,
+                                                                       prompt_logprobs(scheduled[index], rows))
+        except BaseException:
+            for generator, state in states.values():
+                generator.bit_generator.state = state
+            for matcher in self._advanced_matchers:
+                matcher.rollback(1)
+            raise
         return output
 
     def _run_group(self, scheduled: Sequence[ScheduledRequest], group: list[int], last_rows: list, prompt_rows: dict[int, np.ndarray]) -> None:
@@ -121,6 +135,8 @@ class ModelRunner:
         if constrained and self.grammars is not None:  # every matcher advances on its accepted token, in parallel
             outcomes = self.grammars.advance([(self.matchers[rid], token) for rid, token in constrained])
             for (rid, _), (complete, error) in zip(constrained, outcomes):
+                if error is None:
+                    self._advanced_matchers.append(self.matchers[rid])
                 if error is not None:
                     output.cannot_continue[rid] = error
                 elif complete:

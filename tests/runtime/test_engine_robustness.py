@@ -15,6 +15,7 @@ from ortinf.errors import StepFailedError
 from ortinf.runtime.async_engine import MAX_FAILED_STEPS, AsyncEngine, EngineDeadError
 from ortinf.runtime.faults import FaultInjection
 from ortinf.runtime.sampling_params import SamplingParams
+from ortinf.runtime.structured_output import StructuredOutput
 
 GREEDY = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
 PROMPTS = [[(11 * i + 7 * j) % 250 + 3 for j in range(8 + 9 * i)] for i in range(4)]
@@ -175,3 +176,34 @@ def test_shutdown_ends_open_streams(decoder_package):
     assert isinstance(asyncio.run(asyncio.wait_for(main(), 30)), EngineDeadError)
     assert time.monotonic() - started < 30
     np.testing.assert_equal(engine.is_alive, False)
+
+
+def test_a_retried_step_samples_what_a_clean_step_would(decoder_package, monkeypatch):
+    """A step that fails after sampling (here: prompt logprobs, once) is re-run request by request;
+    the sampling state it had advanced (seeded generators, the shared one, grammar matchers) is put
+    back first, so the retry draws exactly the tokens of a run without the failure."""
+    from ortinf.runtime import model_runner
+
+    _, package = decoder_package("llama")
+    seeded = SamplingParams(temperature=1.0, max_tokens=6, ignore_eos=True, seed=7, prompt_logprobs=1)
+    unseeded = SamplingParams(temperature=1.0, max_tokens=6, ignore_eos=True)
+    grammar = SamplingParams(temperature=1.0, max_tokens=6, seed=3, structured_output=StructuredOutput("regex", "[a-z]{3,12}"))
+
+    def run() -> list[list[int]]:
+        engine = make_engine(package, seed=11)
+        ids = [engine.add_request(PROMPTS[0], seeded), engine.add_request(PROMPTS[1], unseeded), engine.add_request(PROMPTS[2], grammar)]
+        finished = drain(engine, ids)
+        assert all(finished[i].error is None for i in ids)
+        return [list(finished[i].outputs[0].token_ids) for i in ids]
+
+    clean = run()
+    original, calls = model_runner.prompt_logprobs, []
+
+    def fails_once(*args):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("transient fault after sampling")
+        return original(*args)
+
+    monkeypatch.setattr(model_runner, "prompt_logprobs", fails_once)
+    assert run() == clean and len(calls) > 1
