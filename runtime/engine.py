@@ -67,6 +67,11 @@ class LLMEngine:
         self.num_failed_steps_in_a_row = 0
         self.outputs = OutputProcessor(self.tokenizer)
         self._ids = itertools.count()
+        # A text prompt longer than this many characters cannot fit the context in any tokenization:
+        # it is refused before the tokenizer spends seconds on megabytes (2x the longest vocabulary
+        # entry per token, for normalizers that expand text).
+        longest = max((len(t) for t in self.tokenizer.get_vocab()), default=16) if self.tokenizer else 16
+        self.max_prompt_chars = self.max_model_len * 2 * max(longest, 1)
 
     @staticmethod
     def _draft_proposer(config: EngineConfig, num_blocks: int, found) -> DraftProposer | None:
@@ -118,6 +123,9 @@ class LLMEngine:
             self.grammars.compile(params.structured_output)  # compiled (or found cached) here, off the engine loop
         if params.bad_words:
             params = replace(params, bad_words_ids=params.bad_words_ids + self._bad_words_ids(params.bad_words))
+        if isinstance(prompt, str) and params.truncate_prompt_tokens is None and len(prompt) > self.max_prompt_chars:
+            raise RequestError(f"the prompt has {len(prompt)} characters, more than {self.max_model_len} tokens (the context "
+                               f"length) can hold: shorten it, or pass truncate_prompt_tokens", param="prompt")
         text, token_ids = self.tokenize(prompt)
         if params.truncate_prompt_tokens is not None and len(token_ids) > params.truncate_prompt_tokens:
             text, token_ids = None, token_ids[-params.truncate_prompt_tokens:]  # the prompt's end is what the model continues

@@ -188,15 +188,16 @@ def run_matrix(packages: list[Path], pythons: list[str], output: Path, threads: 
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        reference, reference_run = None, None
+        reference = None
         if fp32 and cpu_python:
+            # a run of its own: the cpu x fp32 row is then measured against it like every other row,
+            # so its quality columns show the CPU's run-to-run determinism instead of a self-comparison
             progress(f"reference: {fp32[0]} on cpu ({cpu_python})")
-            data, error, rss = run_row(cpu_python, fp32[0], "cpu", threads, None, work)
+            (work / "reference").mkdir()
+            data, error, _ = run_row(cpu_python, fp32[0], "cpu", threads, None, work / "reference")
             if data is None:
                 raise RuntimeError(f"the reference run failed: {error}")
-            reference = work / f"cpu-{fp32[0].name}.json"
-            logits, tokens = np.load(reference.with_suffix(".logits.npy")), json.loads(reference.with_suffix(".tokens.json").read_text())
-            reference_run = ({**data, **_quality(logits, logits, tokens, tokens)}, "", rss)  # the cpu x fp32 row itself
+            reference = work / "reference" / f"cpu-{fp32[0].name}.json"
         seen = set()
         for python, names in by_env.items():
             for provider in names:
@@ -205,10 +206,7 @@ def run_matrix(packages: list[Path], pythons: list[str], output: Path, threads: 
                 seen.add(provider)
                 for package in packages:
                     progress(f"{provider} x {package} ({python})")
-                    if reference_run and (provider, package, python) == ("cpu", fp32[0], cpu_python):
-                        data, error, rss = reference_run
-                    else:
-                        data, error, rss = run_row(python, package, provider, threads, reference, work)
+                    data, error, rss = run_row(python, package, provider, threads, reference, work)
                     row = Row(provider, package.name, dtypes[package], "measured" if data else f"failed: {error}",
                               peak_rss_mib=rss if data else None, machine=where, date=stamp)
                     for key, value in (data or {}).items():

@@ -84,8 +84,54 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return (f"{param}: {message}" if param else message), param
 
 
+ERROR_SCHEMA = {"type": "object", "required": ["error"], "properties": {"error": {
+    "type": "object", "required": ["message", "type"],
+    "properties": {"message": {"type": "string"}, "type": {"type": "string"}, "param": {"type": ["string", "null"]},
+                   "code": {"type": ["string", "null"]}}}}}
+# What each route may answer besides 200, as the server really sends it (never FastAPI's 422 shape)
+ERRORS_SENT = {
+    "post": {400: "invalid request (a field, its bounds, or what the model allows)", 401: "missing or wrong API key",
+             404: "no such model", 413: "request body too large", 429: "the server is at capacity; retry later",
+             500: "the request failed in the engine", 503: "the model is loading, or the server is shutting down"},
+    "get": {401: "missing or wrong API key", 500: "internal error", 503: "the model is loading"},
+}
+
+
+def document_errors(schema: dict) -> dict:
+    """The OpenAPI schema with the error responses each route really sends, in OpenAI's shape, and
+    without the 422 FastAPI documents by default (validation errors are 400s here)."""
+    schema.setdefault("components", {}).setdefault("schemas", {})["ErrorResponse"] = ERROR_SCHEMA
+    for path, operations in schema.get("paths", {}).items():
+        for method, operation in operations.items():
+            responses = operation.setdefault("responses", {})
+            responses.pop("422", None)
+            if path == "/health":
+                sent = {503: "not healthy: a model is loading or failed, or an engine died"}
+            elif path.startswith("/v1/") or path in ("/tokenize", "/detokenize"):
+                sent = dict(ERRORS_SENT.get(method, {}))
+                if "{" in path:
+                    sent[404] = "no such model"
+            else:
+                continue
+            for status, description in sorted(sent.items()):
+                responses.setdefault(str(status), {"description": description, "content": {
+                    "application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}})
+    schema.get("components", {}).get("schemas", {}).pop("HTTPValidationError", None)
+    schema.get("components", {}).get("schemas", {}).pop("ValidationError", None)
+    return schema
+
+
 def install_error_handlers(app: FastAPI) -> None:
-    """Every error leaves the server in OpenAI's shape (never FastAPI's default 422 shape)."""
+    """Every error leaves the server in OpenAI's shape (never FastAPI's default 422 shape), and the
+    OpenAPI schema says so."""
+    default_openapi = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            app.openapi_schema = document_errors(default_openapi())
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
     @app.exception_handler(APIError)
     async def _api_error(_request: Request, exc: APIError) -> JSONResponse:
@@ -98,7 +144,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response(exc.status_code, str(exc.detail))
+        return error_response(exc.status_code, str(exc.detail), headers=exc.headers)  # a 405 keeps its Allow header
 
     @app.exception_handler(OrtinfError)
     async def _ortinf(_request: Request, exc: OrtinfError) -> JSONResponse:

@@ -23,9 +23,11 @@ MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit
 MAX_LOGIT_BIAS = 1024  # entries in logit_bias (each is applied on every step of the request)
 TOKEN_ID_KEY = re.compile(r"\s*[0-9]{1,12}\s*")
 Finite = Annotated[float, Field(allow_inf_nan=False)]
-TokenId = Annotated[int, Field(ge=0, description="a token id, below the model's vocabulary size (400 otherwise)")]
+TokenId = Annotated[int, Field(strict=True, ge=0, description="a token id, below the model's vocabulary size (400 otherwise)")]
 TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 STRICT = ConfigDict(extra="forbid")
+# Integer fields are strict (Field(strict=True)): pydantic's lax mode would read "2" and false as 2
+# and 0 (`"n": "2"`, `prompt: [[false]]` were accepted); floats stay lax, so 1 is a valid temperature.
 
 
 class StreamOptions(BaseModel):
@@ -101,17 +103,17 @@ class SamplingFields(BaseModel):
     model: str | None = None
     temperature: Annotated[Finite, Field(ge=0.0, le=2.0, description="0 (or below 1e-5) is greedy")] | None = None
     top_p: Annotated[Finite, Field(gt=0.0, le=1.0)] | None = None
-    top_k: Annotated[int, Field(ge=-1)] | None = None
+    top_k: Annotated[int, Field(strict=True, ge=-1)] | None = None
     min_p: Annotated[Finite, Field(ge=0.0, le=1.0)] | None = None
     repetition_penalty: Annotated[Finite, Field(gt=0.0)] | None = None
     presence_penalty: Annotated[Finite, Field(ge=-2.0, le=2.0)] | None = None
     frequency_penalty: Annotated[Finite, Field(ge=-2.0, le=2.0)] | None = None
-    seed: Annotated[int, Field(description="any integer; mapped into [0, 2**64) as vLLM does")] | None = None
-    n: Annotated[int, Field(ge=1, le=MAX_N)] = 1
+    seed: Annotated[int, Field(strict=True, description="any integer; mapped into [0, 2**64) as vLLM does")] | None = None
+    n: Annotated[int, Field(strict=True, ge=1, le=MAX_N)] = 1
     stop: str | Annotated[list[str], Field(max_length=MAX_STOP)] | None = None
     stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP)] | None = None
     ignore_eos: bool = False
-    min_tokens: Annotated[int, Field(ge=0)] = 0
+    min_tokens: Annotated[int, Field(strict=True, ge=0)] = 0
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
@@ -123,8 +125,8 @@ class SamplingFields(BaseModel):
     bad_words: Annotated[list[str], Field(max_length=MAX_STOP)] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
-    prompt_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
-    truncate_prompt_tokens: Annotated[int, Field(ge=1, description="keep only the last k prompt tokens (vLLM's field)")] | None = None
+    prompt_logprobs: Annotated[int, Field(strict=True, ge=0, le=MAX_LOGPROBS)] | None = None
+    truncate_prompt_tokens: Annotated[int, Field(strict=True, ge=1, description="keep only the last k prompt tokens (vLLM's field)")] | None = None
 
     def sampling_params(self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None = None) -> SamplingParams:
         """SamplingParams for one sample; raises RequestError naming a bad parameter."""
@@ -171,8 +173,8 @@ class CompletionRequest(SamplingFields):
     """POST /v1/completions."""
 
     prompt: str | Annotated[list[str], Field(max_length=MAX_PROMPTS)] | TokenIds | Annotated[list[TokenIds], Field(max_length=MAX_PROMPTS)]
-    max_tokens: Annotated[int, Field(ge=0)] | None = 16
-    logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    max_tokens: Annotated[int, Field(strict=True, ge=0)] | None = 16
+    logprobs: Annotated[int, Field(strict=True, ge=0, le=MAX_LOGPROBS)] | None = None
     echo: bool = False
     suffix: str | None = None
 
@@ -257,10 +259,10 @@ class ChatCompletionRequest(SamplingFields):
     """POST /v1/chat/completions."""
 
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_tokens: Annotated[int, Field(ge=1)] | None = None
-    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_tokens: Annotated[int, Field(strict=True, ge=1)] | None = None
+    max_completion_tokens: Annotated[int, Field(strict=True, ge=1)] | None = None
     logprobs: bool = False
-    top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    top_logprobs: Annotated[int, Field(strict=True, ge=0, le=MAX_LOGPROBS)] | None = None
     tools: Annotated[list[Tool], Field(max_length=128)] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
@@ -286,8 +288,8 @@ class EmbeddingRequest(BaseModel):
     input: (str | Annotated[list[str], Field(min_length=1, max_length=MAX_EMBEDDING_INPUTS)] | TokenIds
             | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_EMBEDDING_INPUTS)])
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: Annotated[int, Field(ge=1)] | None = None
-    truncate_prompt_tokens: Annotated[int, Field(ge=1, description=(
+    dimensions: Annotated[int, Field(strict=True, ge=1)] | None = None
+    truncate_prompt_tokens: Annotated[int, Field(strict=True, ge=1, description=(
         "keep at most this many tokens of each input (vLLM's field); without it, an input beyond the "
         "model's context length is a 400"))] | None = None
     user: str | None = None

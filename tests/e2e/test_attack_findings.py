@@ -149,3 +149,22 @@ def test_metrics_of_two_generation_models_are_their_own(decoder_package, tmp_pat
     assert labelled(text, "ortinf:prefix_cache_hits_total", "b") >= 48 and labelled(text, "ortinf:prefix_cache_hits_total", "a") == 0
     assert labelled(text, "ortinf:prefix_cache_queries_total", "a") >= 3
     assert "Counters can only be incremented" not in log and "Traceback" not in log
+
+
+def test_a_huge_prompt_is_refused_before_it_is_tokenized(demo):
+    response = httpx.post(f"{demo.url}/v1/completions", json={"model": "demo", "prompt": "x" * 1_500_000, "max_tokens": 1}, timeout=60)
+    assert response.status_code == 400
+    assert "characters, more than 1024 tokens (the context length) can hold" in response.json()["error"]["message"]
+
+
+def test_integers_are_integers_405_says_allow_and_the_schema_lists_the_real_errors(demo):
+    for body in ({"model": "demo", "prompt": "x", "n": "2"}, {"model": "demo", "prompt": [[False]]}, {"model": "demo", "prompt": [True, 1]}):
+        assert httpx.post(f"{demo.url}/v1/completions", json=body).status_code == 400, body
+    wrong_method = httpx.get(f"{demo.url}/v1/completions")
+    assert wrong_method.status_code == 405 and wrong_method.headers["allow"] == "POST"
+    assert wrong_method.json()["error"]["type"] == "invalid_request_error"
+    schema = httpx.get(f"{demo.url}/openapi.json").json()
+    completions = schema["paths"]["/v1/completions"]["post"]["responses"]
+    assert "422" not in completions and {"400", "404", "413", "429", "500", "503"} <= set(completions)
+    assert completions["400"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/ErrorResponse"}
+    assert "404" in schema["paths"]["/v1/models/{model_id}"]["get"]["responses"]
