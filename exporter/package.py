@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -52,6 +53,8 @@ def staging(out: Path, overwrite: bool) -> Iterator[Path]:
         yield stage
         publish_modes(stage)
         if out.exists():
+            if exchange(stage, out):  # one atomic step: `out` is never missing (stage now holds the old package)
+                return
             trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
             os.replace(out, trash / "old")
             os.replace(stage, out)
@@ -60,6 +63,25 @@ def staging(out: Path, overwrite: bool) -> Iterator[Path]:
             os.replace(stage, out)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
+
+
+RENAME_EXCHANGE = 2  # linux/fs.h
+
+
+def exchange(a: Path, b: Path) -> bool:
+    """Swaps two paths atomically (Linux renameat2 RENAME_EXCHANGE), so that a server starting while
+    an --overwrite export lands finds the old package or the new one, never no folder. False where the
+    kernel, the C library or the filesystem cannot: the caller then renames twice."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)
+    if renameat2 is None:  # glibc < 2.28
+        return False
+    at_fdcwd = -100
+    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), RENAME_EXCHANGE) == 0
 
 
 def publish_modes(folder: Path) -> None:

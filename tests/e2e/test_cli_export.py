@@ -84,6 +84,22 @@ def test_existing_output_needs_overwrite_and_overwrite_replaces_only_packages(ll
     result = ortinf("export", llama_folder, "-o", package, "-q", "--overwrite")
     assert result.returncode == 0, result.stderr
     assert not (package / "stale.txt").exists() and (package / "ortinf.json").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pkg", "real"]  # no staging or old copies left behind
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="renameat2 is Linux's")
+def test_overwrite_swaps_the_package_in_one_step(tmp_path):
+    """The primitive --overwrite lands with: two folders exchanged atomically, so that the package
+    path never stops existing (a server starting meanwhile finds the old package or the new one)."""
+    from ortinf.exporter.package import exchange
+
+    old, new = tmp_path / "pkg", tmp_path / ".pkg.partial"
+    old.mkdir()
+    new.mkdir()
+    (old / "which").write_text("old")
+    (new / "which").write_text("new")
+    assert exchange(new, old)
+    assert (old / "which").read_text() == "new" and (new / "which").read_text() == "old"
 
 
 def test_output_into_the_current_folder_is_refused(llama_folder, tmp_path):
