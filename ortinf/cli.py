@@ -175,6 +175,33 @@ def chat(package: str | None, system: str | None, max_tokens: int, temperature: 
              dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed))
 
 
+ENGINE_PREFIX = "engine_"
+
+
+def engine_options(command):  # noqa: ANN001, ANN201 - a click decorator
+    """Adds one option per EngineConfig field that carries a "cli" help text (runtime/config.py), so an
+    engine setting becomes a server option by being declared once: `--block-size`, `--max-model-len`,
+    `--seed`, `--num-blocks`, `--enable-prefix-caching/--no-enable-prefix-caching`."""
+    import dataclasses
+
+    from ortinf.runtime.config import EngineConfig
+
+    for spec in reversed(dataclasses.fields(EngineConfig)):
+        help_text = spec.metadata.get("cli")
+        if help_text is None:
+            continue
+        flag = "--" + spec.name.replace("_", "-")
+        envvar = "ORTINF_" + spec.name.upper()
+        dest = ENGINE_PREFIX + spec.name
+        if isinstance(spec.default, bool):
+            option = click.option(f"{flag}/--no-{flag[2:]}", dest, default=spec.default, show_default=True, envvar=envvar, help=help_text)
+        else:
+            option = click.option(flag, dest, type=click.IntRange(min=0 if spec.name == "seed" else 1), default=spec.default,
+                                  show_default=spec.default is not None, envvar=envvar, help=help_text)
+        command = option(command)
+    return command
+
+
 def check_port(host: str, port: int) -> None:
     """Refuses, in one line, a host that does not resolve or a port something already listens on."""
     import socket
@@ -278,6 +305,7 @@ def _load_yaml_config(ctx: click.Context, _param: click.Parameter, value: Path |
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info", show_default=True, envvar="ORTINF_LOG_LEVEL")
 @click.option("--debug-fail-after-steps", type=int, hidden=True, envvar="ORTINF_DEBUG_FAIL_AFTER_STEPS")
 @click.option("--debug-fail-token-id", type=int, hidden=True, envvar="ORTINF_DEBUG_FAIL_TOKEN_ID")
+@engine_options
 def serve(packages: tuple[Path, ...], host: str, port: int, provider: str, provider_options: tuple[str, ...], allow_cpu_fallback: bool,
           shape_buckets: str, cpu_kernel: str, served_model_names: tuple[str, ...], api_key: str | None,
           max_num_seqs: int, max_queued_requests: int, max_num_batched_tokens: int, kv_cache_memory: str | None,
@@ -286,7 +314,7 @@ def serve(packages: tuple[Path, ...], host: str, port: int, provider: str, provi
           target_ongoing_requests: float | None, cpus_per_replica: float, gpus_per_replica: float, prefix_routing: bool,
           log_level: str,
           debug_fail_after_steps: int | None,
-          debug_fail_token_id: int | None) -> None:
+          debug_fail_token_id: int | None, **engine_fields: object) -> None:
     """Serve PACKAGES behind an OpenAI-compatible API (/v1/completions, /v1/chat/completions, /v1/embeddings).
 
     PACKAGES are folders made by `ortinf export`, or Hugging Face model folders, exported into the package
@@ -347,6 +375,7 @@ def serve(packages: tuple[Path, ...], host: str, port: int, provider: str, provi
         shutdown_timeout=shutdown_timeout, max_body_size=parse_size(max_body_size), intra_op_threads=intra_op_threads,
         tool_call_parser=tool_call_parser, speculative_config=speculative_config, metrics_prefix=metrics_prefix,
         debug_fail_after_steps=debug_fail_after_steps, debug_fail_token_id=debug_fail_token_id,
+        engine_options={name.removeprefix(ENGINE_PREFIX): value for name, value in engine_fields.items() if value is not None},
     )
     names = model_names(config)
     duplicates = sorted({name for name in names if names.count(name) > 1})

@@ -20,15 +20,17 @@ class EngineConfig:
 
     package_dir: Path
     provider: str = "auto"
-    block_size: int = 16
-    num_blocks: int | None = None
+    # fields with a "cli" help text become `ortinf serve` options generated from here (ortinf/cli.py
+    # engine_options); the others have hand-written serve options (their CLI spelling differs)
+    block_size: int = field(default=16, metadata={"cli": "Tokens per KV-cache block."})
+    num_blocks: int | None = field(default=None, metadata={"cli": "KV-cache blocks per model [default: from --kv-cache-memory]."})
     kv_cache_memory: int | str | None = None  # bytes, or a size as the CLI takes it ("256MiB", "4GiB")
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
-    max_model_len: int | None = None
-    enable_prefix_caching: bool = True
+    max_model_len: int | None = field(default=None, metadata={"cli": "Context length cap (prompt + output) [default: the model's]."})
+    enable_prefix_caching: bool = field(default=True, metadata={"cli": "Reuse the KV blocks of prompt prefixes seen before."})
     intra_op_threads: int = 0
-    seed: int | None = None
+    seed: int | None = field(default=None, metadata={"cli": "Seed of the engine's shared sampler (requests without a seed)."})
     provider_options: dict[str, str] = field(default_factory=dict)
     allow_cpu_fallback: bool = False
     shape_buckets: bool | None = None  # pad steps to bucket shapes; None: the provider's choice

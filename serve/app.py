@@ -132,6 +132,7 @@ def load_model(package: Path, name: str, config: ServerConfig, state: ServerStat
             cpu_kernel=config.cpu_kernel,
             max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
             intra_op_threads=config.intra_op_threads, speculative_config=config.speculative_config,
+            **config.engine_options,
         ))
         engine.add_request([manifest.bos_token_id or 0] * 4, SamplingParams(max_tokens=2, ignore_eos=True), request_id="warmup")
         while engine.has_unfinished_requests():
@@ -199,8 +200,8 @@ def build_app(config: ServerConfig, load_in_background: bool = True) -> FastAPI:
     app.add_middleware(Gate, state=state)
 
     def card(m: ServedModel) -> responses.ModelCard:
-        return responses.ModelCard(id=m.name, created=m.created, task=m.manifest.task,
-                                   max_model_len=(m.manifest.decoder or m.manifest.encoder).max_model_len)
+        length = m.engine.engine.max_model_len if m.engine is not None else (m.manifest.decoder or m.manifest.encoder).max_model_len
+        return responses.ModelCard(id=m.name, created=m.created, task=m.manifest.task, max_model_len=length)
 
     @app.get("/v1/models", response_model=responses.ModelList)
     async def list_models():

@@ -64,3 +64,42 @@ def test_kv_cache_memory_takes_sizes_in_python_too(decoder_package):
         ortinf.LLM(package, kv_cache_memory="lots")
     with pytest.raises(ConfigError, match="kv_cache_memory must be a positive number of bytes or a size such as 256MiB"):
         ortinf.LLM(package, kv_cache_memory=0)
+
+
+# EngineConfig fields whose serve option is written by hand (a different spelling or parsing)
+HAND_WRITTEN = {"provider": "--provider", "kv_cache_memory": "--kv-cache-memory", "max_num_seqs": "--max-num-seqs",
+                "max_num_batched_tokens": "--max-num-batched-tokens", "intra_op_threads": "--intra-op-threads",
+                "provider_options": "--provider-option", "allow_cpu_fallback": "--allow-cpu-fallback",
+                "shape_buckets": "--shape-buckets", "cpu_kernel": "--cpu-kernel", "speculative_config": "--speculative-config"}
+
+
+def test_every_engine_setting_is_a_serve_option():
+    import dataclasses
+
+    from ortinf.cli import serve
+    from ortinf.runtime.config import EngineConfig
+
+    options = {o for p in serve.params for o in getattr(p, "opts", [])}
+    for spec in dataclasses.fields(EngineConfig):
+        if spec.name == "package_dir":
+            continue
+        flag = HAND_WRITTEN.get(spec.name) or "--" + spec.name.replace("_", "-")
+        assert flag in options, f"EngineConfig.{spec.name} has no `ortinf serve` option ({flag})"
+        assert spec.name in HAND_WRITTEN or "cli" in spec.metadata
+
+
+def test_engine_options_reach_the_engine(decoder_package, tmp_path):
+    from server_helpers import running_server
+
+    _, package = decoder_package("llama")
+    with running_server([str(package), "--max-model-len", "100", "--block-size", "32", "--seed", "0",
+                         "--no-enable-prefix-caching", "--num-blocks", "40"], tmp_path) as server:
+        import httpx
+
+        card = httpx.get(f"{server.url}/v1/models").json()["data"][0]
+        assert card["max_model_len"] == 100
+        too_long = httpx.post(f"{server.url}/v1/completions", json={"prompt": list(range(3, 99)), "max_tokens": 10})
+        assert too_long.status_code == 400 and "100" in too_long.json()["error"]["message"]
+        same = [httpx.post(f"{server.url}/v1/completions", json={"prompt": list(range(3, 40)), "max_tokens": 2}).json()
+                for _ in range(2)]
+        assert same[1]["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}  # no prefix caching (on: 32 of 37 cached)
