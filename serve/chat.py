@@ -105,8 +105,10 @@ def _stream(state: ServerState, model: ServedModel, body: ChatCompletionRequest,
     completion_tokens = [0] * len(prepared)
     cached = [0] * len(prepared)
 
-    def choice(index: int, delta: dict, logprobs: dict | None = None, finish_reason: str | None = None) -> dict:
-        return {**head, "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}]}
+    def choice(index: int, delta: dict, logprobs: dict | None = None, finish_reason: str | None = None,
+               stop_reason: int | str | None = None) -> dict:
+        return {**head, "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason,
+                                     "stop_reason": stop_reason}]}
 
     async def chunks() -> AsyncIterator[dict]:
         sent_text = [0] * len(prepared)
@@ -140,7 +142,7 @@ def _stream(state: ServerState, model: ServedModel, body: ChatCompletionRequest,
             if calls:
                 yield choice(index, {"tool_calls": [c.to_openai(i) for i, c in enumerate(calls)]})
             if completion.finish_reason:
-                yield choice(index, {}, finish_reason=_finish_reason(completion.finish_reason, bool(calls)))
+                yield choice(index, {}, finish_reason=_finish_reason(completion.finish_reason, bool(calls)), stop_reason=completion.stop_reason)
 
     def last() -> dict | None:
         if not body.include_usage():

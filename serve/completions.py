@@ -133,7 +133,8 @@ def _stream(state: ServerState, model: ServedModel, body: CompletionRequest, pre
             # string prefix, an incomplete character, a package without tokenizer)
             cached[index] = output.num_cached_tokens or 0
             if text or new_tokens or completion.finish_reason or logprobs:
-                chunk = {**head, "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": completion.finish_reason}]}
+                chunk = {**head, "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": completion.finish_reason,
+                                              "stop_reason": completion.stop_reason}]}
                 if body.continuous_usage():
                     chunk["usage"] = usage(prepared, body.n, sum(completion_tokens))
                 yield chunk
