@@ -62,15 +62,14 @@ def chat(package: Path, system: str | None, provider: str, kv_cache_memory: str 
 
 def _reply(engine: LLMEngine, template: ChatTemplate, messages: list[dict], params: dict, stdout: TextIO) -> str:
     prompt = engine.tokenizer.encode(template.render(messages), add_special_tokens=False).ids
-    engine.add_request(prompt, SamplingParams(**params))
-    printed, text = 0, ""
+    engine.add_request(prompt, SamplingParams(**params, output_kind="delta"))
+    text = ""
     while engine.has_unfinished_requests():
-        for output in engine.step():
+        for output in engine.step():  # deltas: each output holds only the new text
             if output.error is not None:
                 raise output.error
-            text = output.outputs[0].text
-            stdout.write(text[printed:])
+            text += output.outputs[0].text
+            stdout.write(output.outputs[0].text)
             stdout.flush()
-            printed = len(text)
     stdout.write("\n")
     return text

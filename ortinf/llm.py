@@ -85,8 +85,8 @@ class LLM:
         added = []
         try:
             for i, (prompt, p) in enumerate(zip(batch, params)):
-                for j in range(p.n):
-                    request_id = engine.add_request(prompt, p.for_sample(j))
+                for j in range(p.n):  # one output per request, when it finishes: no per-step copies
+                    request_id = engine.add_request(prompt, replace(p.for_sample(j), output_kind="final_only"))
                     added.append(request_id)
                     children[request_id] = (i, j)
         except RequestError:

@@ -39,8 +39,9 @@ class EngineDeadError(RuntimeError):
 
 
 class _Stream:
-    """One request's mailbox: the latest cumulative output (or an exception), set from the engine
-    thread through the caller's event loop."""
+    """One request's mailbox between the engine thread and its reader: what the reader has not taken
+    yet, as one output (a cumulative output replaces the pending one, a delta is joined to it, so a
+    slow reader holds one item, never a backlog of steps), or an exception, which is final."""
 
     __slots__ = ("loop", "latest", "ready")
 
@@ -52,6 +53,8 @@ class _Stream:
     def put(self, item: RequestOutput | BaseException) -> None:
         if isinstance(self.latest, BaseException):
             return  # an error is final
+        if isinstance(self.latest, RequestOutput) and isinstance(item, RequestOutput):
+            item = self.latest.followed_by(item)
         self.latest = item
         self.ready.set()
 

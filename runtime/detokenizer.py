@@ -90,6 +90,9 @@ class IncrementalDetokenizer:
 
     def visible_text(self, finished: bool) -> str:
         """The text a client may see now: all of it once finished, else minus the held-back tail."""
+        return self.text[: self.visible_length(finished)]
+
+    def visible_length(self, finished: bool) -> int:
         if finished or not self.stop or self.stopped_by is not None:
-            return self.text
-        return self.text[: max(0, len(self.text) - self.hold_back)]
+            return len(self.text)
+        return max(0, len(self.text) - self.hold_back)

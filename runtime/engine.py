@@ -199,7 +199,9 @@ class LLMEngine:
                 stop = self.outputs.record_step(request, runner_output, now)
                 if stop is not None:
                     self._finish_by_stop_string(request, stop)
-                results.append(self._emit(request))
+                output = self._emit(request)
+                if output is not None:  # None: a final_only request that has not finished
+                    results.append(output)
             except Exception as exc:  # noqa: BLE001 - detokenising one request must not fail the others
                 results += self._fail_requests([request.request_id], exc, "detokenizing")
         self.num_failed_steps_in_a_row = 0
@@ -261,7 +263,8 @@ class LLMEngine:
             if self.draft is not None:
                 self.draft.release([request_id])
             completion = CompletionOutput(0, "", list(request.output_token_ids), FinishReason.ABORT.value)
-            results.append(RequestOutput(request_id, None, request.prompt_token_ids, [completion], finished=True, error=error))
+            results.append(RequestOutput(request_id, None, request.prompt_token_ids, [completion], finished=True, error=error,
+                                         num_output_tokens=request.num_output_tokens))
         return results
 
     def abort(self, request_id: str) -> RequestOutput | None:
@@ -272,7 +275,7 @@ class LLMEngine:
         self.scheduler.finish_request(request_id, FinishReason.ABORT)
         return self._emit(request)
 
-    def _emit(self, request: Request) -> RequestOutput:
+    def _emit(self, request: Request) -> RequestOutput | None:
         output = self.outputs.make_output(request)
         if request.is_finished:
             self.outputs.remove(request.request_id)

@@ -23,6 +23,11 @@ class RequestState:
     logprobs: list[TokenLogprobs] | None = None
     prompt_logprobs: list[TokenLogprobs | None] | None = None
     num_detokenized: int = 0
+    kind: str = "cumulative"  # SamplingParams.output_kind
+    # with kind "delta": what earlier outputs already carried
+    sent_tokens: int = 0
+    sent_chars: int = 0
+    sent_logprobs: int = 0
 
 
 class OutputProcessor:
@@ -41,6 +46,7 @@ class OutputProcessor:
             metrics=RequestMetrics(arrival_time=request.arrival_time),
             logprobs=[] if params.logprobs is not None else None,
             prompt_logprobs=[None] * request.num_prompt_tokens if params.prompt_logprobs is not None else None,
+            kind=params.output_kind,
         )
 
     def record_prompt_logprobs(self, runner_output: ModelRunnerOutput) -> None:
@@ -81,20 +87,35 @@ class OutputProcessor:
             return new_tokens[:-1]
         return new_tokens
 
-    def make_output(self, request: Request) -> RequestOutput:
+    def make_output(self, request: Request) -> RequestOutput | None:
+        """The request's output after this step, as its SamplingParams.output_kind asks: everything so
+        far, only what is new (copying O(new), not O(all), per step), or None until it finishes."""
         state = self.states[request.request_id]
         finished = request.is_finished
+        if state.kind == "final_only" and not finished:
+            return None
         if finished and state.metrics.finished_time is None:
             state.metrics.finished_time = time.monotonic()
         state.metrics.first_scheduled_time = request.first_scheduled_time
-        text = state.detokenizer.visible_text(finished) if state.detokenizer else ""
+        delta = state.kind == "delta"
+        if delta:
+            visible = state.detokenizer.visible_length(finished) if state.detokenizer else 0
+            text = state.detokenizer.text[state.sent_chars:visible] if state.detokenizer else ""
+            token_ids = request.output_token_ids[state.sent_tokens:]
+            logprobs = state.logprobs[state.sent_logprobs:] if state.logprobs is not None else None
+            state.sent_chars, state.sent_tokens = max(visible, state.sent_chars), request.num_output_tokens
+            state.sent_logprobs = len(state.logprobs) if state.logprobs is not None else 0
+        else:
+            text = state.detokenizer.visible_text(finished) if state.detokenizer else ""
+            token_ids = list(request.output_token_ids)
+            logprobs = list(state.logprobs) if state.logprobs is not None else None
         completion = CompletionOutput(
             index=0,
             text=text,
-            token_ids=list(request.output_token_ids),
+            token_ids=token_ids,
             finish_reason=request.finish_reason.value if finished and request.finish_reason else None,
             stop_reason=request.stop_reason,
-            logprobs=list(state.logprobs) if state.logprobs is not None else None,
+            logprobs=logprobs,
         )
         return RequestOutput(
             request_id=request.request_id,
@@ -105,6 +126,8 @@ class OutputProcessor:
             prompt_logprobs=state.prompt_logprobs,
             num_cached_tokens=request.num_cached_tokens,
             metrics=state.metrics,
+            num_output_tokens=request.num_output_tokens,
+            delta=delta,
         )
 
     def remove(self, request_id: str) -> None:

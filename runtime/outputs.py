@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ortinf.runtime.scheduler_output import TokenLogprobs
 
@@ -35,7 +35,8 @@ class RequestMetrics:
 
 @dataclass(slots=True)
 class RequestOutput:
-    """The state of one request after a step (cumulative, not a delta)."""
+    """A request after a step: everything so far, or with `delta` only what is new since its previous
+    output (SamplingParams.output_kind)."""
 
     request_id: str
     prompt: str | None
@@ -46,3 +47,15 @@ class RequestOutput:
     num_cached_tokens: int = 0
     metrics: RequestMetrics | None = field(default=None, repr=False)
     error: Exception | None = None  # set when an engine step failed this request (it is finished)
+    num_output_tokens: int = 0  # tokens generated so far in all, whatever the output kind (metrics read it)
+    delta: bool = False
+
+    def followed_by(self, later: RequestOutput) -> RequestOutput:
+        """This output and the request's next one as one: the later one itself when it is cumulative,
+        the two deltas joined when it is a delta (a mailbox whose reader fell behind keeps one item)."""
+        if not later.delta or later.error is not None:
+            return later
+        a, b = self.outputs[0], later.outputs[0]
+        logprobs = None if a.logprobs is None and b.logprobs is None else (a.logprobs or []) + (b.logprobs or [])
+        joined = CompletionOutput(b.index, a.text + b.text, a.token_ids + b.token_ids, b.finish_reason, b.stop_reason, logprobs)
+        return replace(later, outputs=[joined])

@@ -15,6 +15,9 @@ SEED_RANGE = 2**64  # numpy's generators take seeds in [0, 2**64); any int maps 
 GREEDY_BELOW = 1e-5  # a temperature below this is greedy: dividing logits by it overflows float32 (vLLM's rule)
 
 
+OUTPUT_KINDS = ("cumulative", "delta", "final_only")
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     """Per-request sampling and stopping parameters (vLLM's names and meanings).
@@ -48,6 +51,10 @@ class SamplingParams:
     truncate_prompt_tokens: int | None = None  # keep only the last k prompt tokens (vLLM's rule)
     bad_words: tuple[str, ...] = ()  # words that may not be generated (vLLM's rule: their last token is banned where it would complete one)
     bad_words_ids: tuple[tuple[int, ...], ...] = ()  # the same as token sequences (filled from bad_words by the engine)
+    # What each engine output of the request holds (vLLM's RequestOutputKind): "cumulative", everything so
+    # far; "delta", only what is new since the request's previous output (the server's: no O(n) copy
+    # per step); "final_only", one output when it finishes (LLM.generate's).
+    output_kind: str = "cumulative"
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -85,6 +92,8 @@ class SamplingParams:
                 raise RequestError(f"{name} must be an integer in [0, {MAX_LOGPROBS}], got {value}", param=name)
         if self.truncate_prompt_tokens is not None and (not isinstance(self.truncate_prompt_tokens, int) or self.truncate_prompt_tokens < 1):
             raise RequestError(f"truncate_prompt_tokens must be a positive integer, got {self.truncate_prompt_tokens}", param="truncate_prompt_tokens")
+        if self.output_kind not in OUTPUT_KINDS:
+            raise RequestError(f"output_kind must be one of {', '.join(OUTPUT_KINDS)}, got {self.output_kind!r}", param="output_kind")
         if not isinstance(self.n, int) or self.n < 1:
             raise RequestError(f"n must be a positive integer, got {self.n}", param='n')
         if self.seed is not None:

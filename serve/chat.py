@@ -112,11 +112,13 @@ def _stream(state: ServerState, model: ServedModel, body: ChatCompletionRequest,
 
     async def chunks() -> AsyncIterator[dict]:
         sent_text = [0] * len(prepared)
-        sent_logprobs = [0] * len(prepared)
+        texts = [""] * len(prepared)  # each sample's text so far (the engine sends deltas)
         for index in range(len(prepared)):  # the role comes first, before any content
             yield choice(index, {"role": "assistant", "content": ""})
         async for index, output in merged(model.require_engine(), prepared, request_id):
-            completion = output.outputs[0]
+            delta = output.outputs[0]
+            texts[index] += delta.text
+            completion = replace(delta, text=texts[index])
             # text that may belong to a tool call is held back until the output is finished
             visible = len(completion.text) if completion.finish_reason else held_back(completion.text, tools.mode, model.tool_parser)
             calls = []
@@ -126,13 +128,12 @@ def _stream(state: ServerState, model: ServedModel, body: ChatCompletionRequest,
                     visible = len(content or "") if tools.mode == "auto" else 0
             delta_text = completion.text[sent_text[index]:max(visible, sent_text[index])]
             sent_text[index] = max(visible, sent_text[index])
-            new_tokens = len(completion.token_ids) - completion_tokens[index]
-            completion_tokens[index] = len(completion.token_ids)
+            new_tokens = len(delta.token_ids)
+            completion_tokens[index] = output.num_output_tokens
             cached[index] = output.num_cached_tokens or 0
             logprobs = None
             if body.logprobs:
-                entries = (completion.logprobs or [])[sent_logprobs[index]:]
-                sent_logprobs[index] += len(entries)
+                entries = delta.logprobs or []
                 logprobs = chat_logprobs(model, entries) if entries else None
             if delta_text or logprobs or (new_tokens and not completion.finish_reason):
                 chunk = choice(index, {"content": delta_text}, logprobs)

@@ -25,8 +25,10 @@ router = APIRouter()
 
 
 def prepare_samples(model: ServedModel, prompts: list, body_params, n: int) -> list[PreparedRequest]:
-    """One PreparedRequest per prompt x sample (prompt-major); validation happens here, before any runs."""
+    """One PreparedRequest per prompt x sample (prompt-major); validation happens here, before any runs.
+    The engine returns deltas (each output only what is new): the routes frame or join them."""
     engine = model.require_engine().engine
+    body_params = replace(body_params, output_kind="delta")
     prepared = []
     for prompt in prompts:
         if not prompt:
@@ -109,26 +111,22 @@ def _stream(state: ServerState, model: ServedModel, body: CompletionRequest, pre
     cached = [0] * len(prepared)
 
     async def chunks() -> AsyncIterator[dict]:
-        sent_text = [0] * len(prepared)
-        sent_logprobs = [0] * len(prepared)
         started = [False] * len(prepared)
         async for index, output in merged(model.require_engine(), prepared, request_id):
-            completion = output.outputs[0]
-            text = completion.text[sent_text[index]:]
+            completion = output.outputs[0]  # a delta: only what is new since the previous chunk
+            text = completion.text
             logprobs = None
             if body.logprobs is not None:
-                entries = (completion.logprobs or [])[sent_logprobs[index]:]
+                entries = completion.logprobs or []
                 if body.echo and not started[index]:
                     logprobs = echo_logprobs(model, prepared[index].token_ids, output.prompt_logprobs, entries)
                 else:
                     logprobs = completion_logprobs(model, entries)
-                sent_logprobs[index] += len(entries)
             if body.echo and not started[index]:
                 text = _prompt_text(model, prepared[index]) + text
             started[index] = True
-            sent_text[index] = len(completion.text)
-            new_tokens = len(completion.token_ids) - completion_tokens[index]
-            completion_tokens[index] = len(completion.token_ids)
+            new_tokens = len(completion.token_ids)
+            completion_tokens[index] = output.num_output_tokens
             # one chunk per step with new tokens, even when they add no text yet (a held-back stop
             # string prefix, an incomplete character, a package without tokenizer)
             cached[index] = output.num_cached_tokens or 0

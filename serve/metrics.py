@@ -72,8 +72,9 @@ class EngineMetrics:
         totals = (kv.stats.num_queries, kv.stats.num_hits, scheduler.stats.num_preemptions)
         seen = self._seen.get(model, (0, 0, 0))
         for counter, now_total, before in zip((self.prefix_queries, self.prefix_hits, self.preemptions), totals, seen):
+            child = counter.labels(model)  # exported from the first step on, at 0
             if now_total > before:
-                counter.labels(model).inc(now_total - before)
+                child.inc(now_total - before)
         self._seen[model] = totals
         self._observe_spec(model, scheduler.spec_stats)
 
@@ -92,7 +93,7 @@ class EngineMetrics:
 
     def _observe_output(self, model: str, output: RequestOutput, now: float) -> None:
         live = self._live.setdefault(f"{model}\0{output.request_id}", _Live())
-        num_tokens = len(output.outputs[0].token_ids)
+        num_tokens = output.num_output_tokens  # the running total, whether the output is a delta or not
         metrics = output.metrics
         if num_tokens > live.num_tokens:
             self.generation_tokens.labels(model).inc(num_tokens - live.num_tokens)

@@ -70,10 +70,10 @@ class AdmittedStream(StreamingResponse):
 
 
 async def merged(engine: AsyncEngine, prepared: Sequence[PreparedRequest], request_id: str) -> AsyncIterator[tuple[int, RequestOutput]]:
-    """Yields (sample index, latest output) from all samples as they advance; closing it aborts them all.
+    """Yields (sample index, output) from all samples as they advance; closing it aborts them all.
 
-    Coalescing: outputs are cumulative, so only each sample's latest one is kept until the consumer
-    takes it; a slow consumer costs O(samples) memory, never O(steps).
+    The engine's outputs are deltas (the routes ask for output_kind "delta"); what a slow consumer
+    has not taken yet is joined into one pending output per sample (RequestOutput.followed_by).
     """
     latest: dict[int, RequestOutput] = {}
     changed = asyncio.Event()
@@ -84,7 +84,7 @@ async def merged(engine: AsyncEngine, prepared: Sequence[PreparedRequest], reque
         nonlocal remaining
         try:
             async for output in engine.generate(item, request_id=f"{request_id}-{index}"):
-                latest[index] = output
+                latest[index] = latest[index].followed_by(output) if index in latest else output
                 changed.set()
         except Exception as exc:  # noqa: BLE001 - handed to the consumer
             failure.append(exc)
@@ -109,9 +109,11 @@ async def merged(engine: AsyncEngine, prepared: Sequence[PreparedRequest], reque
 
 
 async def final_outputs(engine: AsyncEngine, prepared: Sequence[PreparedRequest], request_id: str) -> list[RequestOutput]:
+    """Each sample's whole output: its deltas joined."""
     finals: list[RequestOutput | None] = [None] * len(prepared)
     async for index, output in merged(engine, prepared, request_id):
-        finals[index] = output
+        previous = finals[index]
+        finals[index] = previous.followed_by(output) if previous is not None else output
     return finals  # type: ignore[return-value]
 
 

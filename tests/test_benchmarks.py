@@ -27,6 +27,7 @@ SCRIPTS = {
     "ray_serve.py": [],
     "two_models.py": [],
     "package_forms.py": [],
+    "output_path.py": [],
 }
 SLOW = {"ray_serve.py"}  # starts Ray clusters: minutes
 

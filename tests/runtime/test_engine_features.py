@@ -166,3 +166,31 @@ def test_admission_rejects_what_cannot_fit(llama):
     with pytest.raises(RequestError, match="token ids must be in"):
         engine.add_request([5, 999], GREEDY)
     assert not engine.has_unfinished_requests() and engine.kv_cache.num_free_blocks == 512
+
+
+def test_output_kinds_deltas_join_to_the_cumulative_output(decoder_package):
+    """output_kind "delta": each output holds only what is new (tokens, text, logprobs), and joined
+    they are the cumulative output; "final_only": one output per request, when it finishes."""
+    from dataclasses import replace as with_
+
+    _, package = decoder_package("llama")
+    base = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=1, stop=["zz"])
+    outputs = {}
+    for kind in ("cumulative", "delta", "final_only"):
+        engine = make_engine(package)
+        request_id = engine.add_request([5, 6, 7, 8], with_(base, output_kind=kind))
+        steps = []
+        while engine.has_unfinished_requests():
+            steps += [o for o in engine.step() if o.request_id == request_id]
+        outputs[kind] = steps
+    cumulative, deltas, finals = outputs["cumulative"], outputs["delta"], outputs["final_only"]
+    assert len(finals) == 1 and finals[0].finished and len(deltas) == len(cumulative) > 1
+    joined = deltas[0]
+    for delta in deltas[1:]:
+        assert delta.delta and len(delta.outputs[0].token_ids) <= 1
+        joined = joined.followed_by(delta)
+    whole = cumulative[-1].outputs[0]
+    for result in (joined.outputs[0], finals[0].outputs[0]):
+        assert result.token_ids == whole.token_ids and result.text == whole.text and result.finish_reason == whole.finish_reason
+        assert [e.token_id for e in result.logprobs] == [e.token_id for e in whole.logprobs]
+    assert [d.num_output_tokens for d in deltas] == [len(c.outputs[0].token_ids) for c in cumulative]
