@@ -170,7 +170,7 @@ def main() -> None:
     REPEATS = 3 if args.tiny else REPEATS
     from export_llama import report
 
-    from ortinf.runtime.matrix import machine
+    from ortinf.matrix import machine
 
     data = inputs(args.sequential)
     rows, reference = ort_rows(data)

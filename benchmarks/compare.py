@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PEERS = ROOT / "benchmarks" / "peers"
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from ortinf.runtime.matrix import machine  # noqa: E402
+from ortinf.matrix import machine  # noqa: E402
 
 NUM_PROMPTS, NEW_TOKENS, THREADS = 32, 128, 2
 SINGLE = slice(14, 18)  # the single-stream rows' prompts

@@ -29,7 +29,7 @@ from record import finish
 from ortinf.bundled import ensure_exported
 from ortinf.runtime.config import EngineConfig
 from ortinf.runtime.engine import LLMEngine
-from ortinf.runtime.matrix import machine
+from ortinf.matrix import machine
 from ortinf.runtime.sampling_params import SamplingParams
 from ortinf.runtime.structured_output import StructuredOutput
 

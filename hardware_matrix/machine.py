@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ortinf.runtime.matrix import machine as describe  # noqa: F401 - the one description, `ortinf matrix`'s
+from ortinf.matrix import machine as describe  # noqa: F401 - the one description, `ortinf matrix`'s
 
 
 def report(lines: list[str], record: bool) -> None:

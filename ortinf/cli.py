@@ -141,7 +141,7 @@ def generate(package: str | None, prompt: str | None, prompt_ids: str | None, ma
     PACKAGE is a folder made by `ortinf export`, a Hugging Face model folder (exported into the package
     cache on first use), or a bundled model's name; default: the bundled demo llama (ortinf-demo-llama)."""
     from ortinf.bundled import resolve_package
-    from ortinf.runtime.generate_cli import stream_generation
+    from ortinf.generate_cli import stream_generation
 
     if (prompt is None) == (prompt_ids is None):
         raise click.UsageError("pass exactly one of --prompt and --prompt-ids")
@@ -418,7 +418,7 @@ def matrix(packages: tuple[str, ...], output: Path, pythons: tuple[str, ...], th
     """Measure every installed provider x every decoder PACKAGE: quality against the fp32 package on
     the CPU, greedy agreement, tokens/s and TTFT at concurrency 1 and 32, peak RSS."""
     from ortinf.providers.registry import PROVIDERS
-    from ortinf.runtime.matrix import markdown, run_matrix
+    from ortinf.matrix import markdown, run_matrix
 
     from ortinf.bundled import resolve_package
 
@@ -472,7 +472,7 @@ def bench_serve(url: str, model: str | None, num_prompts: int, input_len: int, o
     import asyncio
     import json
 
-    from ortinf.serve.bench import BenchConfig, format_summary, run_bench
+    from ortinf.bench_cli import BenchConfig, format_summary, run_bench
 
     config = BenchConfig(url.rstrip("/"), model, num_prompts, input_len, output_len, max_concurrency, request_rate, vocab_size, seed, api_key)
     summary = asyncio.run(run_bench(config))

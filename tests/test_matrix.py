@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import ortinf
-from ortinf.runtime.matrix import BEGIN, END, Row, write
+from ortinf.matrix import BEGIN, END, Row, write
 from tiny_models import build_decoder
 
 

@@ -1,6 +1,6 @@
 """`ortinf matrix`: every installed provider x every given package, measured the same way.
 
-For each (provider, package) pair one child process (`python -m ortinf.runtime.matrix row ...`)
+For each (provider, package) pair one child process (`python -m ortinf.matrix row ...`)
 loads the package on the provider and measures:
 
 - quality against the reference (the fp32 package on the CPU provider, measured first): the max abs
@@ -150,7 +150,7 @@ def child_env() -> dict[str, str]:
 
 def providers_in(python: str) -> list[str]:
     """The providers an environment runs (asked in a child, since its onnxruntime may differ)."""
-    proc = subprocess.run([python, "-m", "ortinf.runtime.matrix", "providers"], capture_output=True, text=True, timeout=300,
+    proc = subprocess.run([python, "-m", "ortinf.matrix", "providers"], capture_output=True, text=True, timeout=300,
                           env=child_env())
     if proc.returncode != 0:
         raise RuntimeError(f"{python} cannot run ortinf: {(proc.stderr.strip().splitlines() or ['no output'])[-1]}")
@@ -160,7 +160,7 @@ def providers_in(python: str) -> list[str]:
 def run_row(python: str, package: Path, provider: str, threads: int, reference: Path | None, work: Path) -> tuple[dict | None, str, float]:
     """(measurements, error, peak RSS MiB) of one child."""
     out = work / f"{provider}-{package.name}.json"
-    cmd = [python, "-m", "ortinf.runtime.matrix", "row", str(package), provider, str(threads), str(out), str(reference or "")]
+    cmd = [python, "-m", "ortinf.matrix", "row", str(package), provider, str(threads), str(out), str(reference or "")]
     with tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=child_env())
         _, status, usage = os.wait4(proc.pid, 0)
