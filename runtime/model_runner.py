@@ -63,7 +63,8 @@ class ModelRunner:
         # Sampling advances state that outlives the call (random generators, grammar matchers). If
         # anything after it fails, that state is put back, so that the engine's one-by-one re-run of
         # the step (engine.py) samples exactly what a step without the failure would have.
-        states = {id(g): (g, g.bit_generator.state) for g in {id(g): g for g in map(self._generator, scheduled)}.values()}
+        generators = {id(g): g for g in (self._generator(scheduled[i]) for i in (*sampling, *speculated))}
+        states = [(g, g.bit_generator.state) for g in generators.values()]
         self._advanced_matchers = []
         try:
             if sampling:
@@ -74,7 +75,7 @@ class ModelRunner:
                 output.prompt_logprobs[scheduled[index].request_id] = (scheduled[index].num_computed_tokens + 1,
                                                                        prompt_logprobs(scheduled[index], rows))
         except BaseException:
-            for generator, state in states.values():
+            for generator, state in states:
                 generator.bit_generator.state = state
             for matcher in self._advanced_matchers:
                 matcher.rollback(1)
