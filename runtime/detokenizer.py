@@ -41,7 +41,6 @@ class IncrementalDetokenizer:
         self.read_offset = len(self.ids)
         self.text = ""  # all decoded output text (up to a stop string, once found)
         self.stopped_by: str | None = None
-        self.tokens_used = 0  # of the last add_tokens call's tokens, up to the one that completed a stop string
         self.stream = None
         if DecodeStream is not None:
             try:
@@ -53,11 +52,9 @@ class IncrementalDetokenizer:
         return self.tokenizer.decode(list(ids), skip_special_tokens=self.skip_special_tokens)
 
     def add_tokens(self, token_ids: Sequence[int]) -> str | None:
-        """Appends tokens; returns the stop string if one now appears in the text. Then
-        `tokens_used` says how many of `token_ids` it took to reach it (the ones after it, e.g. a
-        speculative step's further accepted tokens, belong to no output and are to be dropped)."""
-        for used, token_id in enumerate(token_ids, start=1):
-            self.tokens_used = used
+        """Appends tokens; returns the stop string if one now appears in the text (then the text ends
+        there, and no more tokens are to come: runtime/stopping.py feeds one token at a time)."""
+        for token_id in token_ids:
             if self.stream is not None:
                 chunk = self.stream.step(self.tokenizer, token_id)
                 if chunk:

@@ -26,6 +26,7 @@ from ortinf.runtime.request import FinishReason, Request
 from ortinf.runtime.sampling_params import SamplingParams
 from ortinf.runtime.scheduler import Scheduler, SchedulerConfig, check_fits
 from ortinf.runtime.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from ortinf.runtime.stopping import judge
 from ortinf.runtime.structured_output import GrammarCompiler
 from ortinf.runtime.tokenizer import check_unicode, load_checked_tokenizer
 
@@ -185,24 +186,23 @@ class LLMEngine:
                 runner_output = self.runner.execute(scheduler_output)
             except Exception as exc:  # noqa: BLE001 - find the requests at fault, keep the others
                 scheduler_output, runner_output, results = self._execute_one_by_one(scheduler_output, exc)
-            changed = self.scheduler.update_from_output(scheduler_output, runner_output)
+            verdicts, misjudged = self._judge(scheduler_output, runner_output)
+            changed = self.scheduler.update_from_output(scheduler_output, runner_output, verdicts)
             self.outputs.record_prompt_logprobs(runner_output)
         except Exception as exc:  # noqa: BLE001 - the step's requests end; the engine goes on
             return results + self._fail_step([s.request_id for s in scheduler_output.scheduled], exc, "running")
         for request_id, reason in runner_output.cannot_continue.items():
-            error = RequestError(f"the output cannot continue: {reason}")
-            results += self._fail_requests([request_id], error, "sampling")
-        changed = [r for r in changed if r.request_id not in runner_output.cannot_continue]
+            results += self._fail_requests([request_id], RequestError(f"the output cannot continue: {reason}"), "sampling")
+        for request_id, exc in misjudged.items():
+            results += self._fail_requests([request_id], exc, "detokenizing")
         now = time.monotonic()
         for request in changed:
             try:
-                stop = self.outputs.record_step(request, runner_output, now)
-                if stop is not None:
-                    self._finish_by_stop_string(request, stop)
+                self.outputs.record_step(request, runner_output, now)
                 output = self._emit(request)
                 if output is not None:  # None: a final_only request that has not finished
                     results.append(output)
-            except Exception as exc:  # noqa: BLE001 - detokenising one request must not fail the others
+            except Exception as exc:  # noqa: BLE001 - one request's output must not fail the others
                 results += self._fail_requests([request.request_id], exc, "detokenizing")
         self.num_failed_steps_in_a_row = 0
         return results
@@ -235,12 +235,22 @@ class LLMEngine:
             results += self._fail_requests([request_id], alone, "running")
         return replace(scheduler_output, scheduled=tuple(kept)), merged, results
 
-    def _finish_by_stop_string(self, request: Request, stop: str) -> None:
-        """A stop string wins over the length limit reached in the same step (finish_reason "stop")."""
-        if request.is_finished:
-            request.finish_reason, request.stop_reason = FinishReason.STOP, stop
-        else:
-            self.scheduler.finish_request(request.request_id, FinishReason.STOP, stop_reason=stop)
+    def _judge(self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput) -> tuple[dict, dict[str, Exception]]:
+        """Each sampled request's verdict (runtime/stopping.py: the one place that decides that a
+        request has finished), and the requests whose judging failed (they fail alone)."""
+        verdicts, failed = {}, {}
+        for scheduled in scheduler_output.scheduled:
+            request_id = scheduled.request_id
+            request = self.scheduler.requests.get(request_id)
+            if not scheduled.sample or request is None or request.is_finished or request_id in runner_output.cannot_continue:
+                continue
+            try:
+                verdicts[request_id] = judge(request, runner_output.sampled_token_ids.get(request_id, []),
+                                             self.outputs.detokenizer(request_id), self.max_model_len,
+                                             request_id in runner_output.format_complete)
+            except Exception as exc:  # noqa: BLE001
+                failed[request_id] = exc
+        return verdicts, failed
 
     def _fail_step(self, request_ids: list[str], exc: Exception, stage: str) -> list[RequestOutput]:
         self.num_failed_steps_in_a_row += 1

@@ -31,7 +31,7 @@ class RequestState:
 
 
 class OutputProcessor:
-    """Detokenises, finds stop strings and collects logprobs for each request."""
+    """Keeps each request's text (its detokenizer), logprobs and times, and frames its outputs."""
 
     def __init__(self, tokenizer: Tokenizer | None) -> None:
         self.tokenizer = tokenizer
@@ -57,35 +57,22 @@ class OutputProcessor:
             if state is not None and state.prompt_logprobs is not None:
                 state.prompt_logprobs[first : first + len(chunk)] = chunk
 
-    def record_step(self, request: Request, runner_output: ModelRunnerOutput, now: float) -> str | None:
-        """Takes one step's new token for a request; returns a stop string that ends it, if any."""
+    def detokenizer(self, request_id: str) -> IncrementalDetokenizer | None:
+        """The request's detokenizer (runtime/stopping.py feeds it, token by token, while it judges)."""
+        return self.states[request_id].detokenizer
+
+    def record_step(self, request: Request, runner_output: ModelRunnerOutput, now: float) -> None:
+        """Takes the tokens a step kept for a request (their text is already in its detokenizer):
+        their logprobs, cut to the same count, and the first token's time."""
         state = self.states[request.request_id]
-        new_tokens = request.output_token_ids[state.num_detokenized :]
-        if not new_tokens:
-            return None
+        num_new = request.num_output_tokens - state.num_detokenized
+        if num_new <= 0:
+            return
         if state.metrics.first_token_time is None:
             state.metrics.first_token_time = now
         if state.logprobs is not None and request.request_id in runner_output.logprobs:
-            state.logprobs += runner_output.logprobs[request.request_id][: len(new_tokens)]
+            state.logprobs += runner_output.logprobs[request.request_id][:num_new]
         state.num_detokenized = request.num_output_tokens
-        if state.detokenizer is None:
-            return None
-        stop = state.detokenizer.add_tokens(self._text_tokens(request, new_tokens))
-        if stop is not None:  # tokens after the one that completed the stop string (speculative steps) go, with their logprobs
-            extra = len(new_tokens) - state.detokenizer.tokens_used
-            if extra > 0:
-                request.drop_last_outputs(extra)
-                if state.logprobs is not None:
-                    del state.logprobs[len(state.logprobs) - extra:]
-                state.num_detokenized = request.num_output_tokens
-        return stop
-
-    @staticmethod
-    def _text_tokens(request: Request, new_tokens: list[int]) -> list[int]:
-        # An EOS that ended the request is not part of the text (its id is kept in token_ids).
-        if request.is_finished and request.finish_reason == "stop" and request.stop_reason is None and new_tokens and new_tokens[-1] in request.eos_token_ids:
-            return new_tokens[:-1]
-        return new_tokens
 
     def make_output(self, request: Request) -> RequestOutput | None:
         """The request's output after this step, as its SamplingParams.output_kind asks: everything so

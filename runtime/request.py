@@ -70,12 +70,3 @@ class Request:
     def append_output_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
-
-    def drop_last_outputs(self, count: int) -> None:
-        """Takes back the last `count` output tokens (a step accepted several tokens and a stop string
-        ended the request within them). Only for a request that is finishing: its K/V is not rewound."""
-        if count <= 0:
-            return
-        del self.output_token_ids[-count:]
-        del self.all_token_ids[-count:]
-        self.num_computed_tokens = min(self.num_computed_tokens, len(self.all_token_ids))

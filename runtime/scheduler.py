@@ -18,6 +18,7 @@ from ortinf.runtime.kv_cache_manager import KVCacheManager
 from ortinf.runtime.request import FinishReason, Request, RequestStatus
 from ortinf.runtime.scheduler_output import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from ortinf.runtime.speculative import SpeculativeConfig, SpecStats, can_speculate, propose_ngram
+from ortinf.runtime.stopping import Verdict
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,9 +189,12 @@ class Scheduler:
         self.stats.num_preemptions += 1
         self.waiting.appendleft(request)
 
-    def update_from_output(self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput) -> list[Request]:
-        """Advances the scheduled requests, appends sampled tokens, applies stop rules, frees the
-        finished. Returns the requests that produced a token or finished this step."""
+    def update_from_output(self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput,
+                           verdicts: dict[str, Verdict]) -> list[Request]:
+        """Advances the scheduled requests, appends the tokens each verdict keeps (runtime/stopping.py
+        decides them), finishes the finished and frees their blocks. Returns the requests that
+        produced a token or finished this step. A sampled request without a verdict (its format
+        cannot continue, or judging it failed) only advances: the engine fails it."""
         changed = []
         for scheduled in scheduler_output.scheduled:
             request = self.requests.get(scheduled.request_id)
@@ -199,52 +203,24 @@ class Scheduler:
             if scheduled.num_computed_tokens < request.num_prompt_tokens:
                 request.num_prefill_chunks += 1
             request.num_computed_tokens += len(scheduled.token_ids) - len(scheduled.spec_token_ids)
-            if not scheduled.sample:
+            verdict = verdicts.get(scheduled.request_id) if scheduled.sample else None
+            if verdict is None:
                 self.kv_cache.cache_blocks(request)
                 continue
-            if request.sampling_params.max_tokens == 0:  # prompt logprobs only (echo)
-                self.kv_cache.cache_blocks(request)
-                self.finish_request(request.request_id, FinishReason.LENGTH)
-                changed.append(request)
-                continue
-            if scheduled.request_id in runner_output.cannot_continue:
-                self.kv_cache.cache_blocks(request)
-                continue  # no token may follow: the engine fails the request, with the reason
-            tokens = runner_output.sampled_token_ids[scheduled.request_id]
-            finish, appended = None, 0
-            for token_id in tokens:
+            tokens = runner_output.sampled_token_ids.get(scheduled.request_id, [])
+            for token_id in tokens[: verdict.keep]:
                 request.append_output_token(token_id)
-                appended += 1
-                finish = self._stop(request, token_id)
-                if finish is not None:
-                    break
             if scheduled.spec_token_ids:
                 accepted = len(tokens) - 1  # the proposals kept: their K/V is computed, the last token's is not
                 self.spec_stats.record(len(scheduled.spec_token_ids), accepted)
-                request.num_computed_tokens += min(accepted, appended)
-            if finish is None and scheduled.request_id in runner_output.format_complete:  # the format is complete
-                finish = (FinishReason.STOP, None)
+                request.num_computed_tokens += min(accepted, verdict.keep)
             self.kv_cache.cache_blocks(request)  # before finishing: a finished request's blocks stay as prefix hits
-            if finish is not None:
-                self.finish_request(request.request_id, *finish)
+            if verdict.finish_reason is not None:
+                self.finish_request(request.request_id, verdict.finish_reason, verdict.stop_reason)
             elif scheduled.spec_token_ids:
                 self.kv_cache.trim(request)
             changed.append(request)
         return changed
-
-    def _stop(self, request: Request, token_id: int) -> tuple[FinishReason, int | None] | None:
-        """Whether the token just appended ends the request: (reason, stop token id), else None."""
-        params = request.sampling_params
-        if request.num_output_tokens >= params.min_tokens:
-            if not params.ignore_eos and token_id in request.eos_token_ids:
-                return FinishReason.STOP, None
-            if token_id in params.stop_token_ids:
-                return FinishReason.STOP, token_id
-        if params.max_tokens is not None and request.num_output_tokens >= params.max_tokens:
-            return FinishReason.LENGTH, None
-        if request.num_tokens >= self.config.max_model_len:
-            return FinishReason.LENGTH, None
-        return None
 
     def finish_request(self, request_id: str, reason: FinishReason, stop_reason: int | str | None = None) -> None:
         """Ends a request (stop rule, stop string or abort) and frees its blocks at once."""
