@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from ortinf.errors import RequestError
 from ortinf.runtime.engine import LLMEngine, PreparedRequest
 from ortinf.runtime.faults import FaultInjection
-from ortinf.runtime.outputs import RequestOutput
+from ortinf.runtime.outputs import EngineStats, RequestOutput
 from ortinf.runtime.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -69,9 +69,10 @@ class _Stream:
 class AsyncEngine:
     """Runs an LLMEngine in a thread; `generate` yields cumulative RequestOutputs."""
 
-    def __init__(self, engine: LLMEngine, on_step: Callable[[LLMEngine, list[RequestOutput]], None] | None = None,
+    def __init__(self, engine: LLMEngine, on_step: Callable[[EngineStats, list[RequestOutput]], None] | None = None,
                  faults: FaultInjection | None = None, on_dead: Callable[[BaseException], None] | None = None) -> None:
-        """`on_step` runs in the engine thread after every step (metrics); `on_dead` once, in the
+        """`on_step` runs in the engine thread after every step with the engine's stats and the step's
+        outputs (metrics); `on_dead` once, in the
         engine thread, when the engine is declared dead; `faults` are for fault tests only."""
         self.engine = engine
         self._on_step = on_step
@@ -189,7 +190,7 @@ class AsyncEngine:
     def _report(self, outputs: list[RequestOutput]) -> None:
         if self._on_step is not None:
             try:
-                self._on_step(self.engine, outputs)
+                self._on_step(self.engine.stats(), outputs)
             except Exception:  # noqa: BLE001 - metrics must never stop the engine
                 log.exception("the on_step hook failed")
         for output in outputs:

@@ -21,7 +21,7 @@ from ortinf.runtime.kv_cache_manager import KVCacheManager
 from ortinf.runtime.kv_pool import resolve_num_blocks
 from ortinf.runtime.model_runner import ModelRunner
 from ortinf.runtime.output_processor import OutputProcessor
-from ortinf.runtime.outputs import CompletionOutput, RequestOutput
+from ortinf.runtime.outputs import CompletionOutput, EngineStats, RequestOutput
 from ortinf.runtime.request import FinishReason, Request
 from ortinf.runtime.sampling_params import SamplingParams
 from ortinf.runtime.scheduler import Scheduler, SchedulerConfig, check_fits
@@ -293,6 +293,13 @@ class LLMEngine:
             if self.draft is not None:
                 self.draft.release([request.request_id])
         return output
+
+    def stats(self) -> EngineStats:
+        """The engine now, as data (the metrics' only source)."""
+        scheduler, kv, spec = self.scheduler, self.kv_cache, self.scheduler.spec_stats
+        return EngineStats(len(scheduler.running), len(scheduler.waiting), kv.usage(), kv.stats.num_queries, kv.stats.num_hits,
+                           scheduler.stats.num_preemptions, spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens,
+                           tuple(spec.accepted_per_position))
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.num_unfinished > 0

@@ -59,3 +59,20 @@ class RequestOutput:
         logprobs = None if a.logprobs is None and b.logprobs is None else (a.logprobs or []) + (b.logprobs or [])
         joined = CompletionOutput(b.index, a.text + b.text, a.token_ids + b.token_ids, b.finish_reason, b.stop_reason, logprobs)
         return replace(later, outputs=[joined])
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    """The engine after a step, as data (vLLM's SchedulerStats): what runs and waits now, and running
+    totals since the engine started. Metrics read this, never the scheduler or the KV cache."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_cache_usage: float = 0.0  # fraction of KV blocks in use
+    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache
+    prefix_cache_hits: int = 0
+    num_preemptions: int = 0
+    spec_num_drafts: int = 0  # steps in which a request verified proposals
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_position: tuple[int, ...] = ()

@@ -11,8 +11,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from ortinf.runtime.engine import LLMEngine
-from ortinf.runtime.outputs import RequestOutput
+from ortinf.runtime.outputs import EngineStats, RequestOutput
 
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 
@@ -52,44 +51,35 @@ class EngineMetrics:
         self.spec_accepted = Counter(f"{prefix}:spec_decode_num_accepted_tokens", "Proposed tokens accepted.", labels, registry=r)
         self.spec_per_pos = Counter(f"{prefix}:spec_decode_num_accepted_tokens_per_pos", "Proposed tokens accepted, by position.",
                                     [*labels, "position"], registry=r)
-        self._seen_spec: dict[str, tuple[int, int, int, list[int]]] = {}
         self._live: dict[str, _Live] = {}
-        # per model: each engine's running totals (prefix queries, hits, preemptions) seen so far
-        self._seen: dict[str, tuple[int, int, int]] = {}
+        self._seen: dict[str, EngineStats] = {}  # per model: the engine's running totals counted so far
 
     def hook(self, model_name: str):
         """The on_step callback for the engine serving `model_name`."""
-        return lambda engine, outputs: self.observe_step(model_name, engine, outputs)
+        return lambda stats, outputs: self.observe_step(model_name, stats, outputs)
 
-    def observe_step(self, model: str, engine: LLMEngine, outputs: list[RequestOutput]) -> None:
+    def observe_step(self, model: str, stats: EngineStats, outputs: list[RequestOutput]) -> None:
+        """One engine step: its outputs (tokens, latencies, finishes) and the engine's stats after it
+        (gauges set, counters advanced by the running totals' growth since the model's last step)."""
         now = time.monotonic()
         for output in outputs:
             self._observe_output(model, output, now)
-        scheduler, kv = engine.scheduler, engine.kv_cache
-        self.running.labels(model).set(len(scheduler.running))
-        self.waiting.labels(model).set(len(scheduler.waiting))
-        self.kv_usage.labels(model).set(kv.usage())
-        totals = (kv.stats.num_queries, kv.stats.num_hits, scheduler.stats.num_preemptions)
-        seen = self._seen.get(model, (0, 0, 0))
-        for counter, now_total, before in zip((self.prefix_queries, self.prefix_hits, self.preemptions), totals, seen):
+        self.running.labels(model).set(stats.num_running)
+        self.waiting.labels(model).set(stats.num_waiting)
+        self.kv_usage.labels(model).set(stats.kv_cache_usage)
+        seen = self._seen.get(model, EngineStats())
+        for counter, field in ((self.prefix_queries, "prefix_cache_queries"), (self.prefix_hits, "prefix_cache_hits"),
+                               (self.preemptions, "num_preemptions"), (self.spec_drafts, "spec_num_drafts"),
+                               (self.spec_draft_tokens, "spec_num_draft_tokens"), (self.spec_accepted, "spec_num_accepted_tokens")):
             child = counter.labels(model)  # exported from the first step on, at 0
-            if now_total > before:
-                child.inc(now_total - before)
-        self._seen[model] = totals
-        self._observe_spec(model, scheduler.spec_stats)
-
-    def _observe_spec(self, model: str, spec) -> None:
-        drafts, tokens, accepted, per_pos = self._seen_spec.get(model, (0, 0, 0, []))
-        if spec.num_drafts == drafts:
-            return
-        self.spec_drafts.labels(model).inc(spec.num_drafts - drafts)
-        self.spec_draft_tokens.labels(model).inc(spec.num_draft_tokens - tokens)
-        self.spec_accepted.labels(model).inc(spec.num_accepted_tokens - accepted)
-        for position, count in enumerate(spec.accepted_per_position):
-            seen = per_pos[position] if position < len(per_pos) else 0
-            if count > seen:
-                self.spec_per_pos.labels(model, str(position)).inc(count - seen)
-        self._seen_spec[model] = (spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens, list(spec.accepted_per_position))
+            grown = getattr(stats, field) - getattr(seen, field)
+            if grown > 0:
+                child.inc(grown)
+        for position, count in enumerate(stats.spec_accepted_per_position):
+            before = seen.spec_accepted_per_position[position] if position < len(seen.spec_accepted_per_position) else 0
+            if count > before:
+                self.spec_per_pos.labels(model, str(position)).inc(count - before)
+        self._seen[model] = stats
 
     def _observe_output(self, model: str, output: RequestOutput, now: float) -> None:
         live = self._live.setdefault(f"{model}\0{output.request_id}", _Live())
