@@ -238,8 +238,6 @@ def _parse_ids(text: str) -> list[int]:
               help="With --ray: send requests that share a prompt prefix to the same replica (its prefix cache), "
                    "through a front deployment; the least loaded replica when that one is far behind.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info", show_default=True, envvar="ORTINF_LOG_LEVEL")
-@click.option("--debug-fail-after-steps", type=int, hidden=True, envvar="ORTINF_DEBUG_FAIL_AFTER_STEPS")
-@click.option("--debug-fail-token-id", type=int, hidden=True, envvar="ORTINF_DEBUG_FAIL_TOKEN_ID")
 @engine_options
 def serve(packages: tuple[Path, ...], host: str, port: int, provider: str, provider_options: tuple[str, ...], allow_cpu_fallback: bool,
           shape_buckets: str, cpu_kernel: str, served_model_names: tuple[str, ...], api_key: str | None,
@@ -247,9 +245,7 @@ def serve(packages: tuple[Path, ...], host: str, port: int, provider: str, provi
           shutdown_timeout: float, max_body_size: str, intra_op_threads: int, tool_call_parser: str, speculative_config: str | None,
           metrics_prefix: str, use_ray: bool, num_replicas: int, min_replicas: int | None, max_replicas: int | None,
           target_ongoing_requests: float | None, cpus_per_replica: float, gpus_per_replica: float, prefix_routing: bool,
-          log_level: str,
-          debug_fail_after_steps: int | None,
-          debug_fail_token_id: int | None, **engine_fields: object) -> None:
+          log_level: str, **engine_fields: object) -> None:
     """Serve PACKAGES behind an OpenAI-compatible API (/v1/completions, /v1/chat/completions, /v1/embeddings).
 
     PACKAGES are folders made by `ortinf export`, or Hugging Face model folders, exported into the package
@@ -309,7 +305,6 @@ def serve(packages: tuple[Path, ...], host: str, port: int, provider: str, provi
         max_num_batched_tokens=max_num_batched_tokens, kv_cache_memory=parse_size(kv_cache_memory) if kv_cache_memory else None,
         shutdown_timeout=shutdown_timeout, max_body_size=parse_size(max_body_size), intra_op_threads=intra_op_threads,
         tool_call_parser=tool_call_parser, speculative_config=speculative_config, metrics_prefix=metrics_prefix,
-        debug_fail_after_steps=debug_fail_after_steps, debug_fail_token_id=debug_fail_token_id,
         engine_options={name.removeprefix(ENGINE_PREFIX): value for name, value in engine_fields.items() if value is not None},
     )
     names = model_names(config)

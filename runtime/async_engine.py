@@ -1,12 +1,12 @@
-"""AsyncEngine: the engine's step loop in a background thread, an async stream per request.
+"""AsyncEngine: the engine's step loop in a background thread, one async mailbox per caller.
 
 Only the engine thread touches the LLMEngine. Callers validate their request in their own thread
 (`LLMEngine.prepare` is pure), then hand it over through a command queue; outputs come back to each
-request's stream with `call_soon_threadsafe`. Closing a stream before it finishes (a client that
+caller's mailbox with `call_soon_threadsafe`. Closing a stream before it finishes (a client that
 went away) aborts the request, which frees its KV blocks before the next step.
 
-Bounded memory: outputs are cumulative, so a stream keeps only the latest one (a reader that stalls
-for a thousand steps finds one output, not a thousand copies of a growing token list).
+Bounded memory: a caller's mailbox keeps one pending output per request, the deltas it has not read
+joined (a reader that stalls for a thousand steps finds one output per request, not a thousand).
 
 Failure isolation: a step that fails ends only its own requests (LLMEngine.step); the loop goes on.
 Only when `MAX_FAILED_STEPS` steps in a row fail (each with different requests, since a failed
@@ -25,7 +25,6 @@ from collections.abc import AsyncIterator, Callable, Sequence
 
 from ortinf.errors import RequestError
 from ortinf.runtime.engine import LLMEngine, PreparedRequest
-from ortinf.runtime.faults import FaultInjection
 from ortinf.runtime.outputs import EngineStats, RequestOutput
 from ortinf.runtime.sampling_params import SamplingParams
 
@@ -38,51 +37,55 @@ class EngineDeadError(RuntimeError):
     """The engine loop failed for a reason no request explains; the process must restart."""
 
 
-class _Stream:
-    """One request's mailbox between the engine thread and its reader: what the reader has not taken
-    yet, as one output (a cumulative output replaces the pending one, a delta is joined to it, so a
-    slow reader holds one item, never a backlog of steps), or an exception, which is final."""
+class _Mailbox:
+    """One caller's mailbox between the engine thread and its reader (an HTTP request and its n samples
+    share one): per sample, what the reader has not taken yet as one output (a delta is joined to the
+    pending one, a cumulative output replaces it, so a slow reader holds one item per sample, never a
+    backlog of steps), or an exception, which is final for the whole caller."""
 
-    __slots__ = ("loop", "latest", "ready")
+    __slots__ = ("loop", "pending", "error", "ready")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.latest: RequestOutput | BaseException | None = None
+        self.pending: dict[int, RequestOutput] = {}
+        self.error: BaseException | None = None
         self.ready = asyncio.Event()
 
-    def put(self, item: RequestOutput | BaseException) -> None:
-        if isinstance(self.latest, BaseException):
-            return  # an error is final
-        if isinstance(self.latest, RequestOutput) and isinstance(item, RequestOutput):
-            item = self.latest.followed_by(item)
-        self.latest = item
+    def put(self, index: int, item: RequestOutput | BaseException) -> None:
+        if self.error is not None:
+            return
+        if isinstance(item, BaseException):
+            self.error = item
+        else:
+            earlier = self.pending.get(index)
+            self.pending[index] = earlier.followed_by(item) if earlier is not None else item
         self.ready.set()
 
-    async def take(self) -> RequestOutput | BaseException:
+    async def take(self) -> dict[int, RequestOutput]:
+        """Everything pending, by sample index; raises the error once there is one."""
         await self.ready.wait()
         self.ready.clear()
-        item, self.latest = self.latest, None
-        assert item is not None
-        return item
+        if self.error is not None:
+            raise self.error
+        taken, self.pending = self.pending, {}
+        return taken
 
 
 class AsyncEngine:
-    """Runs an LLMEngine in a thread; `generate` yields cumulative RequestOutputs."""
+    """Runs an LLMEngine in a thread; `generate` streams one request's outputs, `generate_many` a
+    caller's several requests (the n samples of one HTTP request) through one mailbox."""
 
     def __init__(self, engine: LLMEngine, on_step: Callable[[EngineStats, list[RequestOutput]], None] | None = None,
-                 faults: FaultInjection | None = None, on_dead: Callable[[BaseException], None] | None = None) -> None:
+                 on_dead: Callable[[BaseException], None] | None = None) -> None:
         """`on_step` runs in the engine thread after every step with the engine's stats and the step's
-        outputs (metrics); `on_dead` once, in the
-        engine thread, when the engine is declared dead; `faults` are for fault tests only."""
+        outputs (metrics); `on_dead` once, in the engine thread, when the engine is declared dead."""
         self.engine = engine
         self._on_step = on_step
         self._on_dead = on_dead
-        if faults is not None and faults.active:
-            faults.install(engine.runner)
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
-        self._lock = threading.Lock()  # guards _streams and error: a stream is registered before death or sees it
-        self._streams: dict[str, _Stream] = {}
+        self._lock = threading.Lock()  # guards _streams and error: a request is registered before death or sees it
+        self._streams: dict[str, tuple[_Mailbox, int]] = {}  # request id -> its caller's mailbox, its sample index
         self._ids = itertools.count()
         self._stopping = False
         self.error: BaseException | None = None
@@ -102,29 +105,37 @@ class AsyncEngine:
         """Streams the request's outputs until it finishes; RequestError is raised before anything runs,
         StepFailedError when a step fails it, EngineDeadError when the engine dies."""
         prepared = prompt if isinstance(prompt, PreparedRequest) else self.engine.prepare(prompt, params)
-        request_id = request_id or f"req-{next(self._ids)}"
-        stream = _Stream(asyncio.get_running_loop())
+        outputs = self.generate_many([prepared], [request_id or f"req-{next(self._ids)}"])
+        try:
+            async for _, output in outputs:
+                yield output
+        finally:
+            await outputs.aclose()  # now, not when collected: closing aborts an unfinished request
+
+    async def generate_many(self, prepared: Sequence[PreparedRequest], request_ids: Sequence[str]) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """Streams (index, output) for several requests as they advance, until all have finished;
+        the first error ends them all. Closing it early aborts the unfinished ones."""
+        mailbox = _Mailbox(asyncio.get_running_loop())
         with self._lock:
             if self.error is not None or not self._thread.is_alive():
                 raise EngineDeadError(f"the engine has failed: {self.error or 'its thread has stopped'}")
-            if request_id in self._streams:
-                raise RequestError(f"request id {request_id!r} is already in use")
-            self._streams[request_id] = stream
-        self._send(("add", request_id, prepared))
-        finished = False
+            in_use = next((r for r in request_ids if r in self._streams), None)
+            if in_use is not None or len(set(request_ids)) < len(request_ids):
+                raise RequestError(f"request id {in_use or request_ids[0]!r} is already in use")
+            for index, request_id in enumerate(request_ids):
+                self._streams[request_id] = (mailbox, index)
+        for request_id, item in zip(request_ids, prepared):
+            self._send(("add", request_id, item))
+        unfinished = len(request_ids)
         try:
-            while True:
-                item = await stream.take()
-                if isinstance(item, BaseException):
-                    finished = True  # the engine has already forgotten the request
-                    raise item
-                finished = item.finished
-                yield item
-                if finished:
-                    return
-        finally:
-            if not finished:
-                self.abort(request_id)
+            while unfinished:
+                for index, output in sorted((await mailbox.take()).items()):
+                    unfinished -= output.finished
+                    yield index, output
+        finally:  # a request still registered has neither finished nor failed (delivering either unregisters it)
+            for request_id in request_ids:
+                if request_id in self._streams:
+                    self.abort(request_id)
 
     def abort(self, request_id: str) -> None:
         """Asks the engine thread to end a request and free its blocks before its next step."""
@@ -148,11 +159,12 @@ class AsyncEngine:
             item = item.error
         done = isinstance(item, BaseException) or item.finished
         with self._lock:
-            stream = self._streams.pop(request_id, None) if done else self._streams.get(request_id)
-        if stream is None:
+            found = self._streams.pop(request_id, None) if done else self._streams.get(request_id)
+        if found is None:
             return
+        mailbox, index = found
         try:
-            stream.loop.call_soon_threadsafe(stream.put, item)
+            mailbox.loop.call_soon_threadsafe(mailbox.put, index, item)
         except RuntimeError:  # the caller's event loop is closed: nobody is listening any more
             with self._lock:
                 self._streams.pop(request_id, None)

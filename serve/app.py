@@ -19,7 +19,6 @@ from ortinf.runtime.async_engine import AsyncEngine
 from ortinf.runtime.config import EngineConfig
 from ortinf.runtime.encoder_graph import EncoderGraph
 from ortinf.runtime.engine import LLMEngine
-from ortinf.runtime.faults import FaultInjection
 from ortinf.runtime.sampling_params import SamplingParams
 from ortinf.serve import chat, completions, embeddings, responses, tokens
 from ortinf.serve.chat_template import ChatTemplate
@@ -137,7 +136,7 @@ def load_model(package: Path, name: str, config: ServerConfig, state: ServerStat
         engine.add_request([manifest.bos_token_id or 0] * 4, SamplingParams(max_tokens=2, ignore_eos=True), request_id="warmup")
         while engine.has_unfinished_requests():
             engine.step()
-        model.engine = AsyncEngine(engine, on_step=state.metrics.hook(name), faults=FaultInjection(config.debug_fail_after_steps, config.debug_fail_token_id),
+        model.engine = AsyncEngine(engine, on_step=state.metrics.hook(name),
                                    on_dead=lambda exc: state.fatal(f"the engine of '{name}' died", exc))
         model.chat_template = ChatTemplate.load(package)
         model.tool_parser = resolve_parser(config.tool_call_parser, model.chat_template.source if model.chat_template else None)

@@ -38,8 +38,6 @@ class ServerConfig:
     tool_call_parser: str = "auto"
     speculative_config: str | None = None  # JSON, vLLM's speculative_config
     metrics_prefix: str = "ortinf"  # or "vllm": the names dashboards and cluster routers look for
-    debug_fail_after_steps: int | None = None
-    debug_fail_token_id: int | None = None
     engine_options: dict = field(default_factory=dict)  # EngineConfig fields given on the CLI (runtime/config.py "cli")
 
 

@@ -69,43 +69,11 @@ class AdmittedStream(StreamingResponse):
             await self.body_iterator.aclose()  # type: ignore[attr-defined] - aborts the engine requests
 
 
-async def merged(engine: AsyncEngine, prepared: Sequence[PreparedRequest], request_id: str) -> AsyncIterator[tuple[int, RequestOutput]]:
-    """Yields (sample index, output) from all samples as they advance; closing it aborts them all.
-
-    The engine's outputs are deltas (the routes ask for output_kind "delta"); what a slow consumer
-    has not taken yet is joined into one pending output per sample (RequestOutput.followed_by).
-    """
-    latest: dict[int, RequestOutput] = {}
-    changed = asyncio.Event()
-    remaining = len(prepared)
-    failure: list[BaseException] = []
-
-    async def pump(index: int, item: PreparedRequest) -> None:
-        nonlocal remaining
-        try:
-            async for output in engine.generate(item, request_id=f"{request_id}-{index}"):
-                latest[index] = latest[index].followed_by(output) if index in latest else output
-                changed.set()
-        except Exception as exc:  # noqa: BLE001 - handed to the consumer
-            failure.append(exc)
-        finally:
-            remaining -= 1
-            changed.set()
-
-    tasks = [asyncio.create_task(pump(i, item)) for i, item in enumerate(prepared)]
-    try:
-        while True:
-            await changed.wait()
-            changed.clear()
-            if failure:
-                raise failure[0]
-            for index in sorted(latest):
-                yield index, latest.pop(index)
-            if remaining == 0 and not latest:
-                return
-    finally:
-        for task in tasks:
-            task.cancel()  # each task's stream closes, which aborts its request
+def merged(engine: AsyncEngine, prepared: Sequence[PreparedRequest], request_id: str) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """Yields (sample index, output) from all samples as they advance, through the engine's one
+    mailbox per caller (the routes ask for deltas: what a slow consumer has not taken is joined);
+    closing it aborts them all."""
+    return engine.generate_many(prepared, [f"{request_id}-{index}" for index in range(len(prepared))])
 
 
 async def final_outputs(engine: AsyncEngine, prepared: Sequence[PreparedRequest], request_id: str) -> list[RequestOutput]:

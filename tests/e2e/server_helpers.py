@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 
 ORTINF = str(Path(sys.executable).with_name("ortinf"))
+FAULT_INJECTION = Path(__file__).resolve().parents[1] / "fault_injection.py"
 
 
 def free_port() -> int:
@@ -40,12 +41,17 @@ class Server:
 
 @contextlib.contextmanager
 def running_server(args: list[str], log_dir: Path, env: dict[str, str] | None = None, wait_healthy: bool = True,
-                   timeout: float = 120.0) -> Iterator[Server]:
-    """Runs `ortinf serve ARGS --port P`, waits for /health, and stops it (SIGTERM, then kill)."""
+                   timeout: float = 120.0, faults: dict[str, int] | None = None) -> Iterator[Server]:
+    """Runs `ortinf serve ARGS --port P`, waits for /health, and stops it (SIGTERM, then kill).
+    `faults` (e.g. {"after_steps": 3} or {"token_id": 7}) starts it through tests/fault_injection.py."""
     port = free_port()
     log_path = log_dir / f"server-{port}.log"
+    command = [ORTINF]
+    if faults:
+        command = [sys.executable, str(FAULT_INJECTION)]
+        env = {**(env or {}), **{f"ORTINF_TEST_FAIL_{key.upper()}": str(value) for key, value in faults.items()}}
     with log_path.open("w") as log:
-        process = subprocess.Popen([ORTINF, "serve", *args, "--host", "127.0.0.1", "--port", str(port)],
+        process = subprocess.Popen([*command, "serve", *args, "--host", "127.0.0.1", "--port", str(port)],
                                    stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
     server = Server(process, port, log_path)
     try:

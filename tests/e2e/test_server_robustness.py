@@ -158,7 +158,7 @@ def test_a_poisoned_request_fails_alone(chat_package, tmp_path, reference):
     good_ids = LLM(chat_package, provider="cpu", num_blocks=64).generate(GREEDY["prompt"], SamplingParams(temperature=0, max_tokens=12))
     if poison in good_ids[0].outputs[0].token_ids:
         pytest.skip("the reference generates the poison token")
-    with running_server([str(chat_package)], tmp_path, env={"ORTINF_DEBUG_FAIL_TOKEN_ID": str(poison)}) as server:
+    with running_server([str(chat_package)], tmp_path, faults={"token_id": poison}) as server:
         url = server.url
 
         async def batch() -> list[httpx.Response]:
@@ -182,7 +182,7 @@ def test_a_poisoned_request_fails_alone(chat_package, tmp_path, reference):
 def test_an_engine_that_keeps_failing_exits_non_zero(chat_package, tmp_path):
     """Every graph call from the third on fails: requests get 500 while the server lives, and after
     three failed steps in a row the process stops with exit status 1 for its supervisor."""
-    with running_server([str(chat_package)], tmp_path, env={"ORTINF_DEBUG_FAIL_AFTER_STEPS": "3"}) as server:
+    with running_server([str(chat_package)], tmp_path, faults={"after_steps": 3}) as server:
         first = complete(server.url, {"prompt": "fail", "max_tokens": 20, "ignore_eos": True})
         assert_error(first, 500, "engine failed")
         assert httpx.get(f"{server.url}/health").status_code == 200  # one failure may be the request's

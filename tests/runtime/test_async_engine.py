@@ -74,3 +74,27 @@ def test_invalid_request_raises_before_running(engine_and_model):
 
     asyncio.run(main())
     assert engine.num_unfinished == 0 and engine.is_alive
+
+
+def test_one_mailbox_for_several_requests_joins_what_a_slow_reader_missed(engine_and_model):
+    """generate_many: n requests through one mailbox; a reader that sleeps through many steps gets one
+    joined delta per request (never a backlog), and the joined deltas are transformers' tokens."""
+    engine, model = engine_and_model
+    prompts = [[5, 9, 13], [7, 7, 7, 7, 7], [3, 100, 200, 50]]
+    prepared = [engine.engine.prepare(p, SamplingParams(temperature=0, max_tokens=16, output_kind="delta")) for p in prompts]
+
+    async def main():
+        tokens: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
+        takes = 0
+        async for index, output in engine.generate_many(prepared, ["m-0", "m-1", "m-2"]):
+            assert output.delta
+            tokens[index] += output.outputs[0].token_ids
+            takes += 1
+            await asyncio.sleep(0.3)  # many engine steps pass while the reader sleeps
+        return tokens, takes
+
+    tokens, takes = asyncio.run(main())
+    for index, prompt in enumerate(prompts):
+        assert tokens[index] == hf_greedy(model, prompt, 16)
+    assert takes < 3 * 16  # deltas were joined, not queued one per step
+    assert engine.num_unfinished == 0

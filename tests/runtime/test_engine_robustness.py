@@ -13,7 +13,7 @@ from engine_helpers import drain, make_engine, run_to_completion
 from ortinf import LLM
 from ortinf.errors import StepFailedError
 from ortinf.runtime.async_engine import MAX_FAILED_STEPS, AsyncEngine, EngineDeadError
-from ortinf.runtime.faults import FaultInjection
+from fault_injection import FaultInjection
 from ortinf.runtime.sampling_params import SamplingParams
 from ortinf.runtime.structured_output import StructuredOutput
 
@@ -110,7 +110,9 @@ def test_a_dead_engine_fails_every_stream_and_refuses_new_ones(decoder_package):
     engine is dead; open streams get EngineDeadError, later ones fail at once (never hang)."""
     _, package = decoder_package("llama")
     deaths: list[BaseException] = []
-    engine = AsyncEngine(make_engine(package), faults=FaultInjection(after_steps=1), on_dead=deaths.append)
+    engine = make_engine(package)
+    FaultInjection(after_steps=1).install(engine.runner)
+    engine = AsyncEngine(engine, on_dead=deaths.append)
 
     async def run(prompt) -> BaseException | None:
         try:
