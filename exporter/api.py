@@ -24,7 +24,7 @@ from ortinf.exporter.quantize import BITS, DEFAULT_ACCURACY_LEVEL, DEFAULT_BLOCK
 from ortinf.exporter.package import staging, token_ids, write_generation_config, write_tokenizer
 from ortinf.exporter.source import ModelSource, resolve_model
 from ortinf.exporter.verify import verify_decoder, verify_encoder, verify_quality
-from ortinf.kernels import cpu_paged
+from ortinf.exporter import attention_cpu as cpu_paged
 from ortinf.manifest import (
     CONTRIB_PAGED, CPU_MODEL_NAME, KERNELS, MODEL_NAME, PORTABLE, TASKS, TEXT_GENERATION, CpuKernel, Manifest, Quantization,
 )
@@ -226,7 +226,7 @@ def quality_hints(dtype: str, accuracy_level: int, block_size: int) -> str:
 
 
 def contrib_dtypes() -> tuple[str, ...]:
-    from ortinf.kernels.contrib_paged import DTYPES as CONTRIB_DTYPES
+    from ortinf.exporter.attention_contrib import DTYPES as CONTRIB_DTYPES
 
     return CONTRIB_DTYPES
 

@@ -1,6 +1,6 @@
 """What the exporter supports, per task, and each architecture's quirks.
 
-Decoders hook in through transformers' attention interface (kernels/portable.py), so a new
+Decoders hook in through transformers' attention interface (exporter/attention_portable.py), so a new
 architecture needs an entry here and a parity test, not a new graph. Quirks that live outside the
 attention function (final-logit soft-capping, non-standard attention scaling) are recorded here.
 """
@@ -38,7 +38,7 @@ class DecoderArch:
     default_scaling: Callable[[torch.nn.Module, int], float] = _inverse_sqrt
     # RoPE is transformers' rotate_half form through the modeling module's apply_rotary_pos_emb(q, k,
     # cos, sin, ...) on the first cos.shape[-1] dims, so the CPU kernel graph may apply it inside
-    # ortinf.PagedAttention (kernels/cpu_paged.py). False for learned positions or another RoPE form.
+    # ortinf.PagedAttention (exporter/attention_cpu.py). False for learned positions or another RoPE form.
     rope_in_kernel: bool = True
 
 

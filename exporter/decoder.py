@@ -17,7 +17,7 @@ from transformers import AttentionInterface, PretrainedConfig, PreTrainedModel
 
 from ortinf.exporter.architectures import DECODERS
 from ortinf.exporter.tracing import OPSET, quiet_tracing
-from ortinf.kernels import contrib_paged, cpu_paged, portable
+from ortinf.exporter import attention_contrib as contrib_paged, attention_cpu as cpu_paged, attention_portable as portable
 from ortinf.manifest import CONTRIB_PAGED, KV_LAYOUTS, LOGITS, PORTABLE, DecoderSpec, cache_names, new_kv_names
 
 # The attention a graph is traced with: the package's kernel (the manifest's), or the CPU kernel

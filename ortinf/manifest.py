@@ -22,7 +22,7 @@ MODEL_NAME = "model.onnx"
 HOST_WRITE_MODEL_NAME = "model.host-write.onnx"
 WEIGHTS_NAME = MODEL_NAME + ".data"
 # Decoders: the graph for ONNX Runtime's CPU provider with ortinf's compiled kernel library (one
-# ortinf.PagedAttention op per layer: kernels/cpu_paged.py), sharing model.onnx.data. Optional: the
+# ortinf.PagedAttention op per layer: exporter/attention_cpu.py), sharing model.onnx.data. Optional: the
 # runtime falls back to model.onnx where it is missing or the library does not load.
 CPU_MODEL_NAME = "model.cpu.onnx"
 FORMAT_VERSION = 3  # 3: the graph writes K/V into its pool (key_cache_out.{i}); see exporter/kv_write.py

@@ -3,7 +3,7 @@
 For packages that target the providers that implement it (ORT 1.32: CUDA fp16/bf16, WebGPU fp16):
 one fused op per layer reads the pool through the block table and writes the step's K/V into it in
 place (its `key_cache_out` output aliases `key_cache`), so the graph needs no gather, mask or
-ScatterND of its own. Traced torch code like kernels/portable.py: the exporter imports it, the
+ScatterND of its own. Traced torch code like exporter/attention_portable.py: the exporter imports it, the
 runtime never does.
 
 Differences from the portable kernel that the runtime honours (the manifest records the kernel):

@@ -16,7 +16,7 @@ the step's keys once, and returns the rotated keys for the pool write. Measured 
 llama (docs/performance.md): ~22 of each layer's ~70 nodes go (the two rotate_half chains and the
 shape arithmetic that sizes their halves), which is what one-sequence decode steps pay for.
 
-Traced torch code like kernels/portable.py: the exporter imports it, the runtime never does.
+Traced torch code like exporter/attention_portable.py: the exporter imports it, the runtime never does.
 """
 
 from __future__ import annotations
