@@ -98,6 +98,41 @@ class CatchAll:
             await error_response(err.status, err.message, err.param, err.code)(scope, receive, send)
 
 
+class ClientGone:
+    """Pure ASGI middleware, outermost of ours: an answer that cannot be written because the client
+    closed the connection is nobody's error. uvicorn's httptools protocol marks only the last parsed
+    request of a connection as disconnected, so a pipelined request queued behind it runs on and its
+    write to the closed transport raises (uvloop); uncaught, that logged an "unexpected error" and
+    uvicorn's "Exception in ASGI application". Here the failed write ends the request quietly, and
+    the request's cycle is marked disconnected, as uvicorn would have had it."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        gone = False
+
+        async def guarded(message: Message) -> None:
+            nonlocal gone
+            try:
+                await send(message)
+            except (OSError, RuntimeError):
+                gone = True
+                raise
+
+        try:
+            await self.app(scope, receive, guarded)
+        except Exception as exc:  # noqa: BLE001
+            if not gone:
+                raise
+            log.debug("the client closed the connection before its answer was written (%s)", exc)
+            cycle = getattr(receive, "__self__", None)  # uvicorn's RequestResponseCycle, when it is that server
+            if hasattr(cycle, "disconnected"):
+                cycle.disconnected = True
+
+
 class Gate:
     """Pure ASGI middleware (BaseHTTPMiddleware would hide client disconnects from the routes):
     the API key on /v1 routes, compared in constant time, and 503 while the models load."""
@@ -197,6 +232,7 @@ def build_app(config: ServerConfig, load_in_background: bool = True) -> FastAPI:
     app.add_middleware(CatchAll)
     app.add_middleware(BodyLimit, limit=config.max_body_size)
     app.add_middleware(Gate, state=state)
+    app.add_middleware(ClientGone)
 
     def card(m: ServedModel) -> responses.ModelCard:
         length = m.engine.engine.max_model_len if m.engine is not None else (m.manifest.decoder or m.manifest.encoder).max_model_len

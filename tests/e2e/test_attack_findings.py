@@ -1,13 +1,15 @@
 """What an outside attack found on the landed server (issue 21), each fixed and kept fixed: deep JSON
 nesting was a 500 that also reset the keep-alive connection, $defs under tool_choice "required" were
 refused, speculative decoding kept tokens past a stop string, and the drain deadline cut requests
-off without an OpenAI-shaped answer."""
+off without an OpenAI-shaped answer, and pipelined requests on a closed connection logged errors."""
 
 from __future__ import annotations
 
 import json
 import signal
+import socket
 import threading
+import time
 
 import httpx
 import pytest
@@ -168,3 +170,24 @@ def test_integers_are_integers_405_says_allow_and_the_schema_lists_the_real_erro
     assert "422" not in completions and {"400", "404", "413", "429", "500", "503"} <= set(completions)
     assert completions["400"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/ErrorResponse"}
     assert "404" in schema["paths"]["/v1/models/{model_id}"]["get"]["responses"]
+
+
+def test_pipelined_requests_on_a_closed_connection_log_no_error(demo):
+    """Requests pipelined on one connection that the client closes at once: their answers cannot be
+    written, which is nobody's error (uvicorn's httptools protocol did not mark the queued ones as
+    disconnected; writing them raised and was logged as an unexpected error)."""
+    def raw(path: str, body: dict) -> bytes:
+        data = json.dumps(body).encode()
+        return b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (path.encode(), len(data), data)
+
+    before = demo.log_path.read_text(errors="replace")
+    for path, body in [("/tokenize", {"model": "demo", "prompt": "hi"}), ("/v1/completions", {"model": "demo", "prompt": "hi", "max_tokens": 8}),
+                       ("/v1/completions", {"model": "demo", "prompt": "hi", "max_tokens": 8, "stream": True})]:
+        for delay in (0, 0.005, 0.05):
+            with socket.create_connection(("127.0.0.1", demo.port)) as sock:
+                sock.sendall(raw(path, body) * 4)
+                time.sleep(delay)
+    time.sleep(1.0)
+    assert httpx.get(f"{demo.url}/health").status_code == 200
+    added = demo.log_path.read_text(errors="replace")[len(before):]
+    assert "ERROR" not in added and "Traceback" not in added, added[-3000:]
