@@ -19,6 +19,7 @@ import statistics
 import sys
 import tempfile
 import time
+import tracemalloc
 from dataclasses import replace
 from pathlib import Path
 
@@ -35,8 +36,10 @@ from ortinf.runtime.sampling_params import SamplingParams  # noqa: E402
 KINDS = ("cumulative", "delta")
 
 
-def overheads(package: Path, kind: str, streams: int, tokens: int, max_len: int) -> list[float]:
-    """ms per step outside the graph call, one entry per step."""
+def overheads(package: Path, kind: str, streams: int, tokens: int, max_len: int) -> tuple[list[float], int]:
+    """ms per step outside the graph call, one entry per step; and the bytes the last step allocated
+    at its peak (tracemalloc, traced for that step only: a cumulative output copies the whole
+    request, so this grows with the tokens so far)."""
     engine = LLMEngine(EngineConfig(package_dir=package, provider="cpu", max_num_seqs=max(streams, 1), enable_prefix_caching=False,
                                     max_model_len=max_len, kv_cache_memory=256 * 2**20, intra_op_threads=1))
     graph_time = [0.0]
@@ -53,13 +56,20 @@ def overheads(package: Path, kind: str, streams: int, tokens: int, max_len: int)
     params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True, logprobs=1, output_kind=kind)
     for i in range(streams):
         engine.add_request([3 + (i + j) % 200 for j in range(8)], replace(params))
-    steps = []
+    steps, last_step_bytes = [], 0
     while engine.has_unfinished_requests():
+        last = len(steps) == tokens - 1
+        if last:
+            tracemalloc.start()
         graph_time[0] = 0.0
         start = time.perf_counter()
-        engine.step()
+        outputs = engine.step()
         steps.append((time.perf_counter() - start - graph_time[0]) * 1e3)
-    return steps
+        if last:
+            last_step_bytes = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+        del outputs
+    return steps, last_step_bytes
 
 
 def main() -> None:
@@ -69,20 +79,23 @@ def main() -> None:
     args = parser.parse_args()
     long_tokens, short_tokens, tail = (300, 16, 100) if args.tiny else (8000, 256, 1000)
     results: dict[tuple[str, str], list[float]] = {}
+    step_bytes: dict[str, int] = {}
     with tempfile.TemporaryDirectory() as tmp:
         build(Path(tmp) / "hf", **{**TINY, "max_position_embeddings": long_tokens + 64})
         ortinf.export(Path(tmp) / "hf", Path(tmp) / "pkg", progress=False)
         for _ in range(1 if args.tiny else 2):
             for kind in KINDS:
-                one = overheads(Path(tmp) / "pkg", kind, 1, long_tokens, long_tokens + 64)
+                one, step_bytes[kind] = overheads(Path(tmp) / "pkg", kind, 1, long_tokens, long_tokens + 64)
                 results.setdefault((kind, "one"), []).extend(one[-tail:])
-                many = overheads(Path(tmp) / "pkg", kind, 64, short_tokens, long_tokens + 64)
+                many, _ = overheads(Path(tmp) / "pkg", kind, 64, short_tokens, long_tokens + 64)
                 results.setdefault((kind, "many"), []).extend(many[1:])
     lines = [f"### Engine output path: ms per step outside the graph call, tiny 2-layer llama ({time.strftime('%Y-%m-%d')})", "",
              f"CPU: {platform.machine()}, {cpu_flags()}; medians.", "",
-             f"| output kind | 1 stream, steps {long_tokens - tail}..{long_tokens} | 64 streams x {short_tokens} tokens |", "|---|---:|---:|"]
+             f"| output kind | 1 stream, steps {long_tokens - tail}..{long_tokens} | 64 streams x {short_tokens} tokens "
+             f"| memory one step allocates at token {long_tokens} (1 stream) |", "|---|---:|---:|---:|"]
     for kind in KINDS:
-        lines.append(f"| {kind} | {statistics.median(results[kind, 'one']):.3f} | {statistics.median(results[kind, 'many']):.3f} |")
+        lines.append(f"| {kind} | {statistics.median(results[kind, 'one']):.3f} | {statistics.median(results[kind, 'many']):.3f} "
+                     f"| {step_bytes[kind] / 1024:.1f} KiB |")
     finish(lines, args.record)
 
 
