@@ -51,6 +51,11 @@ DECODERS: dict[str, DecoderArch] = {
         DecoderArch("qwen3", "Qwen3 (qk-norm)"),
         DecoderArch("phi3", "Phi-3, Phi-3.5 mini (fused qkv)"),
         DecoderArch("gemma2", "Gemma 2 (soft-capping, alternating sliding window)"),
+        DecoderArch("gemma3_text", "Gemma 3 1B and the text of 4B/12B/27B (5:1 local/global, qk-norm, two RoPE bases)"),
+        DecoderArch("olmo2", "OLMo 2 (qk-norm on the projections, post-norm)"),
+        DecoderArch("granite", "IBM Granite 3.x (embedding, residual, attention and logit multipliers)"),
+        DecoderArch("smollm3", "SmolLM3 (RoPE skipped on every 4th layer)"),
+        DecoderArch("gpt_neox", "GPT-NeoX, Pythia (partial rotary, parallel residual)"),
         DecoderArch("gpt2", "GPT-2, DistilGPT2 (learned positions, Conv1D qkv)", _gpt2_scaling, rope_in_kernel=False),
     )
 }

@@ -48,21 +48,23 @@ class CpuBatch:
     default_scaling: Callable[[torch.nn.Module, int], float]
     new_keys: list[torch.Tensor] = field(default_factory=list)
     new_values: list[torch.Tensor] = field(default_factory=list)
-    cos: torch.Tensor | None = None  # [T, rotary_dim], set when RoPE runs in the op (rope_in_kernel)
+    # [T, rotary_dim] for the next layer's op when RoPE runs in it (rope_in_kernel); taken by that call
+    cos: torch.Tensor | None = None
     sin: torch.Tensor | None = None
 
 
 @contextlib.contextmanager
 def rope_in_kernel(model: torch.nn.Module, batch: CpuBatch) -> Iterator[None]:
     """While tracing, the modeling modules' apply_rotary_pos_emb(q, k, cos, sin, ...) returns q and k
-    unrotated and records cos/sin (the same for every layer) for the op to apply."""
+    unrotated and hands cos/sin to the layer's own attention call, which gives them to the op. Per
+    layer: Gemma 3's local and global layers have different bases, and SmolLM3's NoPE layers call
+    no RoPE at all (their op gets no cos/sin)."""
     modules = {sys.modules[type(m).__module__] for m in model.modules()}
     patched = [(m, m.apply_rotary_pos_emb) for m in modules if callable(getattr(m, "apply_rotary_pos_emb", None))]
 
     def deferred(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *args: object, **kwargs: object):
-        if batch.cos is None:
-            assert cos.dim() == 3 and cos.shape[0] == 1, "expected cos/sin of shape [1, num_tokens, rotary_dim]"
-            batch.cos, batch.sin = cos[0].float(), sin[0].float()
+        assert cos.dim() == 3 and cos.shape[0] == 1, "expected cos/sin of shape [1, num_tokens, rotary_dim]"
+        batch.cos, batch.sin = cos[0].float(), sin[0].float()
         return q, k
 
     for module, _ in patched:
@@ -139,9 +141,10 @@ def paged_attention(
     flat = -1, batch.num_kv_heads * batch.head_dim
     common = (batch.block_tables, batch.context_lens, batch.query_lens)
     attributes = (batch.num_heads, batch.num_kv_heads, float(scaling), int(sliding_window or 0), float(softcap or 0.0))
-    if batch.cos is not None:  # q and k arrive unrotated (rope_in_kernel): the op rotates them
+    cos, sin, batch.cos, batch.sin = batch.cos, batch.sin, None, None
+    if cos is not None:  # q and k arrive unrotated (rope_in_kernel): the op rotates them
         out, rotated = RotaryPagedAttentionOp.apply(q, k.reshape(flat), v.reshape(flat), key_cache, value_cache, *common,
-                                                    batch.cos, batch.sin, *attributes)
+                                                    cos, sin, *attributes)
         k = rotated.reshape(-1, batch.num_kv_heads, batch.head_dim)
     else:
         out = PagedAttentionOp.apply(q, k.reshape(flat), v.reshape(flat), key_cache, value_cache, *common, *attributes)

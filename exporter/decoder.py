@@ -40,9 +40,11 @@ class PagedDecoder(torch.nn.Module):
         super().__init__()
         self.model = model
         self.kernel = kernel
-        self.base = model.base_model
+        base = model.base_model
+        self.base = model.model if base is model else base  # Gemma 3's prefix names the multimodal model's part
         self.lm_head = model.get_output_embeddings()
         self.final_softcap = getattr(model.config, "final_logit_softcapping", None)
+        self.logits_scaling = getattr(model.config, "logits_scaling", None)  # Granite divides its logits
         self.num_layers = model.config.num_hidden_layers
         self.default_scaling = DECODERS[model.config.model_type].default_scaling
         self.num_heads, self.num_kv_heads, self.head_dim = head_shape(model.config)
@@ -91,6 +93,8 @@ class PagedDecoder(torch.nn.Module):
                 ortinf_paged=batch,
             ).last_hidden_state[0]
         logits = self.lm_head(hidden[logits_indices])
+        if self.logits_scaling:
+            logits = logits / self.logits_scaling
         if self.final_softcap:
             logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
         new_kv = [t for pair in zip(batch.new_keys, batch.new_values) for t in pair]

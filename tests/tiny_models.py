@@ -25,6 +25,28 @@ DECODERS = {
         dict(DECODER, head_dim=16, sliding_window=16, query_pre_attn_scalar=16, attn_logit_softcapping=5.0,
              final_logit_softcapping=3.0, pad_token_id=0),
     ),
+    "gemma3_text": (
+        transformers.Gemma3TextConfig,
+        transformers.Gemma3ForCausalLM,
+        # local (sliding, RoPE base 10k) then global (base 1M) layers, qk-norm, soft-capped final logits
+        dict(DECODER, num_hidden_layers=3, head_dim=16, sliding_window=16, query_pre_attn_scalar=16, pad_token_id=0,
+             layer_types=["sliding_attention", "full_attention", "sliding_attention"], rope_local_base_freq=10000.0,
+             rope_theta=1000000.0, final_logit_softcapping=3.0),
+    ),
+    "olmo2": (transformers.Olmo2Config, transformers.Olmo2ForCausalLM, dict(DECODER, pad_token_id=0)),
+    "granite": (
+        transformers.GraniteConfig,
+        transformers.GraniteForCausalLM,
+        dict(DECODER, embedding_multiplier=3.0, residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=4.0),
+    ),
+    "smollm3": (  # the second of every 2 layers has no RoPE (NoPE)
+        transformers.SmolLM3Config, transformers.SmolLM3ForCausalLM, dict(DECODER, num_hidden_layers=3, no_rope_layer_interval=2, pad_token_id=0),
+    ),
+    "gpt_neox": (  # Pythia: partial rotary, parallel residual, fused qkv
+        transformers.GPTNeoXConfig,
+        transformers.GPTNeoXForCausalLM,
+        dict(COMMON, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, rotary_pct=0.25),
+    ),
     "gpt2": (
         transformers.GPT2Config,
         transformers.GPT2LMHeadModel,

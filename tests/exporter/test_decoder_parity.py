@@ -136,7 +136,7 @@ def test_manifest_records_export(setup, decoder_package):
     manifest: Manifest = graph.manifest
     assert manifest.decoder is not None and manifest.parity is not None
     assert manifest.parity.max_abs_diff <= TOLERANCE
-    assert manifest.decoder.num_layers == 2 and manifest.decoder.kernel == "portable"
+    assert manifest.decoder.num_layers == model.config.num_hidden_layers and manifest.decoder.kernel == "portable"
     # the pool is [kv_heads, num_blocks, block_size, head_dim]: GQA K/V are not repeated per head
     assert graph.read_pool(0).shape == (manifest.decoder.num_kv_heads, NUM_BLOCKS, BLOCK_SIZE, manifest.decoder.head_dim)
     assert manifest.eos_token_ids == (model.config.eos_token_id,)

@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 
 from engine_helpers import GREEDY, drain, hf_greedy, make_engine, run_to_completion
+from ortinf.exporter.architectures import DECODERS
+from ortinf.runtime.sampling_params import SamplingParams
 
 LENGTHS = [1, 2, 5, 17, 31, 64, 100, 128, 150, 199, 200, 233, 256, 270, 299, 300]
 
@@ -122,3 +124,20 @@ def test_shape_buckets_change_nothing(setup):
     finished = run_to_completion(engine, prompts)
     assert engine.scheduler.stats.num_preemptions > 0
     assert token_lists(finished, [str(i) for i in range(16)]) == expected
+
+
+@pytest.mark.parametrize("model_type", sorted(DECODERS))
+def test_every_architecture_in_one_hard_run(model_type, decoder_package):
+    """Every supported decoder, greedy against transformers token for token, in one run that has it all:
+    ragged prompts sharing a prefix (prefix-cache hits), prompts longer than the sliding windows,
+    prefill in chunks, and a pool small enough to preempt."""
+    model, package = decoder_package(model_type)
+    rng = np.random.default_rng(5)
+    shared = rng.integers(3, 256, 32).tolist()
+    prompts = [shared + rng.integers(3, 256, int(n)).tolist() for n in (1, 9, 30, 3, 17, 40)]
+    expected = [hf_greedy(model, p, 16) for p in prompts]
+    engine = make_engine(package, block_size=16, num_blocks=14, max_num_batched_tokens=48, enable_prefix_caching=True, max_model_len=128)
+    first = run_to_completion(engine, prompts[:1], SamplingParams(temperature=0, max_tokens=16))  # caches the prefix
+    finished = run_to_completion(engine, prompts[1:], SamplingParams(temperature=0, max_tokens=16))
+    assert [first["0"].outputs[0].token_ids, *(o.outputs[0].token_ids for o in sorted(finished.values(), key=lambda o: int(o.request_id)))] == expected
+    assert engine.scheduler.stats.num_preemptions > 0 and engine.kv_cache.stats.num_hits > 0
