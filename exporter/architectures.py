@@ -56,6 +56,8 @@ DECODERS: dict[str, DecoderArch] = {
         DecoderArch("granite", "IBM Granite 3.x (embedding, residual, attention and logit multipliers)"),
         DecoderArch("smollm3", "SmolLM3 (RoPE skipped on every 4th layer)"),
         DecoderArch("gpt_neox", "GPT-NeoX, Pythia (partial rotary, parallel residual)"),
+        DecoderArch("qwen3_moe", "Qwen3-30B-A3B, Qwen3-235B-A22B (mixture of experts, qk-norm)"),
+        DecoderArch("mixtral", "Mixtral 8x7B, 8x22B (mixture of experts)"),
         DecoderArch("gpt2", "GPT-2, DistilGPT2 (learned positions, Conv1D qkv)", _gpt2_scaling, rope_in_kernel=False),
     )
 }

@@ -16,6 +16,7 @@ import torch
 from transformers import AttentionInterface, PretrainedConfig, PreTrainedModel
 
 from ortinf.exporter.architectures import DECODERS
+from ortinf.exporter.moe import traceable_moe
 from ortinf.exporter.tracing import OPSET, quiet_tracing
 from ortinf.exporter import attention_contrib as contrib_paged, attention_cpu as cpu_paged, attention_portable as portable
 from ortinf.manifest import CONTRIB_PAGED, KV_LAYOUTS, LOGITS, PORTABLE, DecoderSpec, cache_names, new_kv_names
@@ -85,7 +86,7 @@ class PagedDecoder(torch.nn.Module):
             )
         rope = (cpu_paged.rope_in_kernel(self.model, batch)
                 if self.kernel == CPU_PAGED and DECODERS[self.model.config.model_type].rope_in_kernel else contextlib.nullcontext())
-        with rope:
+        with rope, traceable_moe(self.model):
             hidden = self.base(
                 input_ids=input_ids[None],
                 position_ids=positions[None],

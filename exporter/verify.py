@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
 from ortinf.exporter.encoder import TracedEncoder, example_batch
+from ortinf.exporter.moe import lower_index_ties
 from ortinf.errors import ExportError
 from ortinf.manifest import MODEL_NAME, Manifest, Parity, Quality, min_block_size
 from ortinf.providers.registry import AUTO_ORDER, PROVIDERS, find
@@ -32,7 +33,7 @@ NUM_BLOCKS = 64
 def greedy_reference(model: PreTrainedModel, prompt: list[int], steps: int) -> tuple[list[int], np.ndarray]:
     """Greedy continuation by the PyTorch model; returns all tokens and the logits at every position."""
     tokens = list(prompt)
-    with torch.no_grad():
+    with torch.no_grad(), lower_index_ties():
         for _ in range(steps):
             logits = model(torch.tensor([tokens])).logits[0, -1]
             tokens.append(int(logits.argmax()))

@@ -47,6 +47,15 @@ DECODERS = {
         transformers.GPTNeoXForCausalLM,
         dict(COMMON, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, rotary_pct=0.25),
     ),
+    # mixture of experts: 8 experts, 2 per token, small enough that some get no token in a short step
+    "qwen3_moe": (
+        transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM,
+        dict(DECODER, head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True),
+    ),
+    "mixtral": (
+        transformers.MixtralConfig, transformers.MixtralForCausalLM,
+        dict(DECODER, num_local_experts=8, num_experts_per_tok=2, intermediate_size=32, sliding_window=None),
+    ),
     "gpt2": (
         transformers.GPT2Config,
         transformers.GPT2LMHeadModel,
