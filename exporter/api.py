@@ -55,12 +55,14 @@ def export(
     accuracy_level: int = DEFAULT_ACCURACY_LEVEL,
     kv_dtype: str = "auto",
     cpu_kernel: bool = True,
+    enable_lora: bool = False,
 ) -> Manifest:
     """Exports MODEL (a local folder or a cached hub id) to the package folder OUT and verifies it.
 
     `quant_block_size`: int8/int4 weights per scale (default: int8 128, int4 32; exporter/quantize.py).
     `cpu_kernel`: also write model.cpu.onnx, the graph for ortinf's CPU kernel library (portable
     fp32/int8/int4 decoders; needs the library built here, to verify it; skipped with a warning if not).
+    `enable_lora`: decoders get LoRA inputs (exporter/lora.py) for serving adapters.
 
     Raises ExportError (or a subclass) with a message that says what to change.
     """
@@ -88,6 +90,8 @@ def export(
             raise ExportError(f"--kernel {kernel} is for decoders; {source.name} is a {task} model")
         if kv_dtype != dtype:
             raise ExportError(f"--kv-dtype is for decoders; {source.name} is a {task} model")
+        if enable_lora:
+            raise ExportError(f"--enable-lora is for decoders; {source.name} is a {task} model")
     elif kernel == CONTRIB_PAGED:
         check_contrib_paged(source.config)
 
@@ -102,7 +106,10 @@ def export(
         trace_dir.mkdir()
         cpu_traced = None
         if task == TEXT_GENERATION:
-            spec = decoder_spec(hf_model, kv_dtype, kernel)
+            spec = decoder_spec(hf_model, kv_dtype, kernel, enable_lora)
+            if enable_lora and not spec.lora_targets:
+                raise ExportError(f"--enable-lora: {source.model_type} has no nn.Linear projections under self_attn/mlp "
+                                  "to adapt (GPT-2's are Conv1D): export it without --enable-lora")
             trace_decoder(hf_model.to(DTYPES[dtype]), spec, trace_dir / MODEL_NAME, DTYPES[dtype])
             if cpu_kernel and wants_cpu_graph(kernel, dtype):
                 cpu_traced = trace_dir / "cpu" / MODEL_NAME

@@ -16,10 +16,11 @@ import torch
 from transformers import AttentionInterface, PretrainedConfig, PreTrainedModel
 
 from ortinf.exporter.architectures import DECODERS
+from ortinf.exporter.lora import example_lora_inputs, find_targets, lora_dynamic_axes, lora_linears
 from ortinf.exporter.moe import traceable_moe
 from ortinf.exporter.tracing import OPSET, quiet_tracing
 from ortinf.exporter import attention_contrib as contrib_paged, attention_cpu as cpu_paged, attention_portable as portable
-from ortinf.manifest import CONTRIB_PAGED, KV_LAYOUTS, LOGITS, PORTABLE, DecoderSpec, cache_names, new_kv_names
+from ortinf.manifest import CONTRIB_PAGED, KV_LAYOUTS, LOGITS, PORTABLE, DecoderSpec, cache_names, lora_input_names, new_kv_names
 
 # The attention a graph is traced with: the package's kernel (the manifest's), or the CPU kernel
 # library's op for the package's second graph, model.cpu.onnx (same inputs, pool and KV write).
@@ -37,9 +38,10 @@ INPUTS_HEAD = ("input_ids", "positions", "block_tables", "context_lens", "query_
 class PagedDecoder(torch.nn.Module):
     """The traced module: graph inputs in, `logits [num_seqs, vocab]` and new K/V per layer out."""
 
-    def __init__(self, model: PreTrainedModel, kernel: str = PORTABLE) -> None:
+    def __init__(self, model: PreTrainedModel, kernel: str = PORTABLE, lora_targets: dict | None = None) -> None:
         super().__init__()
         self.model = model
+        self.lora_targets = dict(lora_targets or {})
         self.kernel = kernel
         base = model.base_model
         self.base = model.model if base is model else base  # Gemma 3's prefix names the multimodal model's part
@@ -58,8 +60,9 @@ class PagedDecoder(torch.nn.Module):
         context_lens: torch.Tensor,
         query_lens: torch.Tensor,
         logits_indices: torch.Tensor,
-        *caches: torch.Tensor,
+        *rest: torch.Tensor,
     ) -> tuple[torch.Tensor, ...]:
+        caches, lora = rest[: 2 * self.num_layers], rest[2 * self.num_layers :]
         if self.kernel == CPU_PAGED:
             batch = cpu_paged.CpuBatch(
                 block_tables=block_tables, context_lens=context_lens, query_lens=query_lens,
@@ -86,7 +89,12 @@ class PagedDecoder(torch.nn.Module):
             )
         rope = (cpu_paged.rope_in_kernel(self.model, batch)
                 if self.kernel == CPU_PAGED and DECODERS[self.model.config.model_type].rope_in_kernel else contextlib.nullcontext())
-        with rope, traceable_moe(self.model):
+        adapters = contextlib.nullcontext()
+        if self.lora_targets:  # inputs: mask, then A and B per target (exporter/lora.py)
+            a = {t: lora[1 + 2 * i] for i, t in enumerate(self.lora_targets)}
+            b = {t: lora[2 + 2 * i] for i, t in enumerate(self.lora_targets)}
+            adapters = lora_linears(self.model, self.lora_targets, lora[0], a, b)
+        with rope, traceable_moe(self.model), adapters:
             hidden = self.base(
                 input_ids=input_ids[None],
                 position_ids=positions[None],
@@ -123,7 +131,7 @@ def head_shape(config: PretrainedConfig) -> tuple[int, int, int]:
     return num_heads, getattr(config, "num_key_value_heads", None) or num_heads, head_dim
 
 
-def decoder_spec(model: PreTrainedModel, kv_dtype: str, kernel: str = PORTABLE) -> DecoderSpec:
+def decoder_spec(model: PreTrainedModel, kv_dtype: str, kernel: str = PORTABLE, enable_lora: bool = False) -> DecoderSpec:
     """Shape facts of the model, read from its config."""
     config = model.config
     num_heads, num_kv_heads, head_dim = head_shape(config)
@@ -140,6 +148,7 @@ def decoder_spec(model: PreTrainedModel, kv_dtype: str, kernel: str = PORTABLE) 
         kv_dtype=kv_dtype,
         sliding_window=window if isinstance(window, int) else None,
         kv_layout=KV_LAYOUTS[kernel],
+        lora_targets={name: list(shape) for name, shape in find_targets(model).items()} if enable_lora else {},
     )
 
 
@@ -160,7 +169,8 @@ def example_inputs(spec: DecoderSpec, dtype: torch.dtype) -> tuple[torch.Tensor,
     else:
         shape = (spec.num_kv_heads, num_blocks, block_size, spec.head_dim)
     caches = [torch.randn(shape, dtype=KV_TORCH_DTYPES[spec.kv_dtype]) for _ in range(2 * spec.num_layers)]
-    return (input_ids, positions, block_tables, context_lens, query_lens, logits_indices, *caches)
+    lora = example_lora_inputs(spec.num_layers, spec.lora_targets, len(input_ids), dtype) if spec.lora_targets else []
+    return (input_ids, positions, block_tables, context_lens, query_lens, logits_indices, *caches, *lora)
 
 
 def trace_decoder(model: PreTrainedModel, spec: DecoderSpec, path: Path, dtype: torch.dtype,
@@ -172,7 +182,7 @@ def trace_decoder(model: PreTrainedModel, spec: DecoderSpec, path: Path, dtype: 
     cache_inputs, cache_outputs = cache_names(spec.num_layers)
     # the contrib op writes the pool itself: its outputs are the pools; the portable kernel's are the new K/V
     kv_outputs = cache_outputs if spec.kernel == CONTRIB_PAGED else new_kv_names(spec.num_layers)
-    inputs = [*INPUTS_HEAD, *cache_inputs]
+    inputs = [*INPUTS_HEAD, *cache_inputs, *(lora_input_names(spec.lora_targets) if spec.lora_targets else ())]
     outputs = [LOGITS, *kv_outputs]
     dynamic_axes: dict[str, dict[int, str]] = {
         "input_ids": {0: "num_tokens"},
@@ -189,7 +199,8 @@ def trace_decoder(model: PreTrainedModel, spec: DecoderSpec, path: Path, dtype: 
         dynamic_axes[name] = {0: "num_blocks", 1: "block_size"} if spec.kernel == CONTRIB_PAGED else {0: "num_tokens"}
     for name in cache_inputs if spec.kernel == CONTRIB_PAGED else ():
         dynamic_axes[name] = {0: "num_blocks", 1: "block_size"}
-    wrapper = PagedDecoder(model, attention).eval()
+    dynamic_axes.update(lora_dynamic_axes(spec.lora_targets) if spec.lora_targets else {})
+    wrapper = PagedDecoder(model, attention, spec.lora_targets).eval()
     with paged_attention_enabled(model, attention), torch.no_grad(), quiet_tracing():
         torch.onnx.export(
             wrapper,

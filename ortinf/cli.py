@@ -62,6 +62,9 @@ def cli(verbose: bool) -> None:
 @click.option("--cpu-kernel/--no-cpu-kernel", default=True, show_default=True,
               help="Also write model.cpu.onnx, the graph for ortinf's compiled CPU kernel library (fused paged attention; "
                    "portable fp32/int8/int4 decoders, when the library is built here).")
+@click.option("--enable-lora", is_flag=True,
+              help="Decoders: give the graph LoRA inputs, so `ortinf serve --lora-modules` can serve adapters "
+                   "(PEFT folders, any rank, a different one per request) on this package.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
 @click.option(
     "--list-architectures",
@@ -72,7 +75,7 @@ def cli(verbose: bool) -> None:
     help="Print the supported architectures per task and exit.",
 )
 def export(model: str | None, out: Path | None, task: str, dtype: str, quant_block_size: int | None, accuracy_level: int, kv_dtype: str,
-           overwrite: bool, tolerance: float | None, kernel: str, cpu_kernel: bool, quiet: bool) -> None:
+           overwrite: bool, tolerance: float | None, kernel: str, cpu_kernel: bool, enable_lora: bool, quiet: bool) -> None:
     """Export MODEL (a local Hugging Face folder, or a hub id already in the local HF cache) to an ONNX package.
 
     The export is verified against PyTorch before it is written; a failed export leaves nothing behind.
@@ -85,7 +88,7 @@ def export(model: str | None, out: Path | None, task: str, dtype: str, quant_blo
 
     manifest = run_export(model, out, task=task, dtype=dtype, overwrite=overwrite, tolerance=tolerance, progress=not quiet,
                           kernel=kernel, quant_block_size=quant_block_size, accuracy_level=accuracy_level, kv_dtype=kv_dtype,
-                          cpu_kernel=cpu_kernel)
+                          cpu_kernel=cpu_kernel, enable_lora=enable_lora)
     parity = manifest.parity
     assert parity is not None
     click.echo(f"exported {manifest.architecture} ({manifest.task}, {manifest.dtype}) to {out}: max abs diff vs PyTorch {parity.max_abs_diff:.2e}")

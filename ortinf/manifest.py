@@ -81,6 +81,23 @@ class DecoderSpec:
     kv_dtype: str
     sliding_window: int | None = None
     kv_layout: str = KV_LAYOUT
+    # `--enable-lora`: {target linear: [in_features, out_features]}, each with LoRA inputs (exporter/lora.py)
+    lora_targets: dict[str, list[int]] = field(default_factory=dict)
+
+
+LORA_MASK = "lora_mask"  # [num_tokens, lora_width]: each token's adapter scale on its adapter's columns
+
+
+def lora_a_name(target: str) -> str:
+    return f"lora_a.{target}"  # [num_layers, in_features, lora_width]
+
+
+def lora_b_name(target: str) -> str:
+    return f"lora_b.{target}"  # [num_layers, lora_width, out_features]
+
+
+def lora_input_names(targets) -> list[str]:  # noqa: ANN001 - any iterable of target names
+    return [LORA_MASK, *(name for t in targets for name in (lora_a_name(t), lora_b_name(t)))]
 
 
 @dataclass(frozen=True, slots=True)

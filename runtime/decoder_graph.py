@@ -18,13 +18,14 @@ import numpy as np
 from ortinf.errors import ConfigError
 from ortinf.kernels import library
 from ortinf.manifest import (
-    CONTRIB_PAGED, HOST_WRITE_MODEL_NAME, KV_LAYOUTS, LOGITS, MODEL_NAME, SLOT_MAPPING, TEXT_GENERATION, DecoderSpec, Manifest,
+    CONTRIB_PAGED, HOST_WRITE_MODEL_NAME, KV_LAYOUTS, LOGITS, LORA_MASK, MODEL_NAME, SLOT_MAPPING, TEXT_GENERATION, DecoderSpec, Manifest,
     check_block_size,
 )
 from ortinf.providers.base import GRAPH_WRITE, POWER_OF_TWO_BUCKETS
 from ortinf.providers.registry import PROVIDERS, Found, resolve
 from ortinf.providers.session import create_session
 from ortinf.runtime.kv_pool import KVPool
+from ortinf.runtime.lora import LoraSlots
 from ortinf.runtime.model_input import ModelInput, pad_to_buckets
 
 
@@ -84,10 +85,16 @@ class DecoderGraph:
         self.binding.bind_output(LOGITS, "cpu")  # first bound output: get_outputs()[0]
         self.pool.bind(self.binding)
         self._buffers: dict[str, np.ndarray] = {}
+        #: the loaded LoRA adapters (runtime/lora.py) for a package with LoRA inputs; none loaded: zeros
+        self.lora = LoraSlots(self.spec, dtype=self.lora_dtype) if self.spec.lora_targets else None
         if shape_buckets is None:
             self.buckets = self.provider.buckets
         else:
             self.buckets = (self.provider.buckets or POWER_OF_TWO_BUCKETS) if shape_buckets else None
+
+    @property
+    def lora_dtype(self) -> type:
+        return np.float16 if self.manifest.dtype == "fp16" else np.float32
 
     def _cpu_kernels(self, package_dir: str | Path, wanted: bool | None) -> library.KernelLibrary | None:
         """The kernel library when this session runs the package's CPU-kernel graph, else None."""
@@ -119,6 +126,13 @@ class DecoderGraph:
             del feeds[SLOT_MAPPING]
         for name, array in feeds.items():
             self._bind_input(name, array)
+        if self.lora is not None:
+            slots = model_input.lora_slots if model_input.lora_slots is not None else np.full(len(model_input.input_ids), -1)
+            for name, array in self.lora.feeds(slots).items():
+                if name == LORA_MASK:
+                    self._bind_input(name, array)
+                else:  # the adapters' weights, bound where they live (LoraSlots keeps them alive)
+                    self.binding.bind_input(name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)
         self.binding.bind_output(LOGITS, "cpu")  # unallocated again: its row count changes per step
         if not self.pool.graph_write:
             for name in self.pool.output_names:

@@ -21,6 +21,7 @@ class SequenceChunk:
     token_ids: Sequence[int]
     num_computed_tokens: int
     block_table: Sequence[int]
+    lora_slot: int = -1  # the LoRA adapter's slot (runtime/lora.py), -1 for the base model
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +36,7 @@ class ModelInput:
     logits_indices: np.ndarray  # [num_seqs], the last scheduled token of each sequence
     slot_mapping: np.ndarray  # [num_tokens], pool slot of each scheduled token
     full_block_tables: np.ndarray | None = None  # [num_seqs, blocks] covering the new tokens too (the contrib kernel's)
+    lora_slots: np.ndarray | None = None  # [num_tokens]: each token's LoRA slot, -1 for the base model
 
     @property
     def num_seqs(self) -> int:
@@ -83,6 +85,7 @@ def build_model_input(chunks: Sequence[SequenceChunk], block_size: int, all_logi
         logits_indices=_logits_indices(starts, query_lens, all_logits),
         slot_mapping=slot_mapping,
         full_block_tables=tables,
+        lora_slots=np.repeat(np.array([c.lora_slot for c in chunks], dtype=np.int64), query_lens),
     )
 
 
@@ -131,6 +134,7 @@ def pad_to_buckets(model_input: ModelInput, buckets: Buckets, scratch_slot: int,
         logits_indices=logits_indices,
         slot_mapping=np.concatenate([model_input.slot_mapping, scratch_slot + offsets % block_size]),
         full_block_tables=full_tables,
+        lora_slots=None if model_input.lora_slots is None else np.concatenate([model_input.lora_slots, np.full(pad_tokens, -1, np.int64)]),
     )
 
 
