@@ -35,16 +35,18 @@ EXCLUDED = ("gate",)  # a mixture-of-experts router, not a projection
 
 
 def layers_of(model: torch.nn.Module) -> torch.nn.ModuleList:
+    """The decoder layers (empty for a model without a `layers` list, e.g. GPT-2's `h` of Conv1D blocks)."""
     base = model.base_model
     base = model.model if base is model else base
-    return base.layers
+    return getattr(base, "layers", torch.nn.ModuleList())
 
 
 def find_targets(model: torch.nn.Module) -> dict[str, tuple[int, int]]:
     """{target name: (in_features, out_features)} of the linear layers that take LoRA, the same in every layer."""
     found: dict[str, tuple[int, int]] = {}
-    for parent in PARENTS:
-        module = getattr(layers_of(model)[0], parent, None)
+    layers = layers_of(model)
+    for parent in PARENTS if len(layers) else ():
+        module = getattr(layers[0], parent, None)
         for name, child in (module.named_children() if module is not None else ()):
             if isinstance(child, torch.nn.Linear) and name not in EXCLUDED:
                 found[name] = (child.in_features, child.out_features)

@@ -28,7 +28,8 @@ class LLM:
     Keyword options are EngineConfig's fields: block_size, num_blocks, kv_cache_memory,
     max_num_seqs, max_num_batched_tokens, max_model_len, enable_prefix_caching, intra_op_threads, seed,
     provider_options (a dict of the provider's options), allow_cpu_fallback, speculative_config (vLLM's dict or JSON,
-    e.g. {"method": "ngram", "num_speculative_tokens": 4}).
+    e.g. {"method": "ngram", "num_speculative_tokens": 4}), lora_modules ({name: PEFT folder}, on a package
+    exported with --enable-lora), max_loras, max_lora_rank.
     """
 
     def __init__(self, package_dir: str | Path | None = None, provider: str = "auto", **options: Any) -> None:
@@ -64,8 +65,11 @@ class LLM:
         prompts: Prompt | Sequence[Prompt],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = False,
+        lora: str | Sequence[str | None] | None = None,
     ) -> list[RequestOutput]:
         """Generates for every prompt (text or token ids), all batched together; outputs in prompt order.
+        `lora`: a loaded LoRA adapter's name (LLM(..., lora_modules={name: folder})) for every prompt, or
+        one name (or None: the base model) per prompt; adapters and the base model batch together.
 
         An invalid request raises RequestError before anything runs. Thread-safe: concurrent calls
         run one after the other (batch the prompts in one call to run them together).
@@ -73,20 +77,23 @@ class LLM:
         if self.engine is None:
             raise ConfigError(f"this package is a {self.manifest.task} model: use embed(), not generate()")
         with self._lock:
-            return self._generate(prompts, sampling_params, use_tqdm)
+            return self._generate(prompts, sampling_params, use_tqdm, lora)
 
     def _generate(self, prompts: Prompt | Sequence[Prompt], sampling_params: SamplingParams | Sequence[SamplingParams] | None,
-                  use_tqdm: bool) -> list[RequestOutput]:
+                  use_tqdm: bool, lora: str | Sequence[str | None] | None) -> list[RequestOutput]:
         assert self.engine is not None
         batch = _as_batch(prompts)
         params = _params_for(batch, sampling_params)
+        loras = [lora] * len(batch) if lora is None or isinstance(lora, str) else list(lora)
+        if len(loras) != len(batch):
+            raise RequestError(f"{len(loras)} LoRA names for {len(batch)} prompts: pass one name, or one per prompt")
         engine = self.engine
         children: dict[str, tuple[int, int]] = {}  # engine request id -> (prompt index, sample index)
         added = []
         try:
-            for i, (prompt, p) in enumerate(zip(batch, params)):
+            for i, (prompt, p, adapter) in enumerate(zip(batch, params, loras)):
                 for j in range(p.n):  # one output per request, when it finishes: no per-step copies
-                    request_id = engine.add_request(prompt, replace(p.for_sample(j), output_kind="final_only"))
+                    request_id = engine.add_request(prompt, replace(p.for_sample(j), output_kind="final_only"), lora_name=adapter)
                     added.append(request_id)
                     children[request_id] = (i, j)
         except RequestError:

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 # A block's identity for prefix caching: (parent block's hash, the block's token ids).
-PrefixKey = tuple[int | None, tuple[int, ...]]
+PrefixKey = tuple[int | str | None, tuple[int, ...]]  # (parent block hash, or the LoRA key of a first block; tokens)
 
 
 @dataclass(slots=True, eq=False)

@@ -36,12 +36,18 @@ class EngineConfig:
     shape_buckets: bool | None = None  # pad steps to bucket shapes; None: the provider's choice
     cpu_kernel: bool | None = None  # ortinf's CPU kernel library on the CPU provider; None: when it loads (DecoderGraph)
     speculative_config: SpeculativeConfig | dict | str | None = None  # vLLM's; e.g. {"method": "ngram", "num_speculative_tokens": 4}
+    lora_modules: dict[str, str] = field(default_factory=dict)  # adapter name -> PEFT folder, loaded at start
+    max_loras: int = field(default=0, metadata={"cli": "LoRA adapters loaded at once (slots) [default: as many as --lora-modules; "
+                                                        "raise it to load more at runtime]."})
+    max_lora_rank: int = field(default=16, metadata={"cli": "Highest LoRA rank an adapter may have."})
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "speculative_config", SpeculativeConfig.parse(self.speculative_config))
         if isinstance(self.kv_cache_memory, str):  # the same sizes as --kv-cache-memory
             object.__setattr__(self, "kv_cache_memory", parse_size(self.kv_cache_memory))
-        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
+        if self.lora_modules and self.max_loras < len(self.lora_modules):
+            object.__setattr__(self, "max_loras", len(self.lora_modules))
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_lora_rank"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")

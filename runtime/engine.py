@@ -19,6 +19,7 @@ from ortinf.runtime.decoder_graph import DecoderGraph
 from ortinf.runtime.draft_proposer import DraftProposer
 from ortinf.runtime.kv_cache_manager import KVCacheManager
 from ortinf.runtime.kv_pool import resolve_num_blocks
+from ortinf.runtime.lora import LoraAdapter, LoraSlots
 from ortinf.runtime.model_runner import ModelRunner
 from ortinf.runtime.output_processor import OutputProcessor
 from ortinf.runtime.outputs import CompletionOutput, EngineStats, RequestOutput
@@ -40,6 +41,7 @@ class PreparedRequest:
     text: str | None
     token_ids: list[int]
     params: SamplingParams
+    lora_name: str | None = None  # a loaded LoRA adapter, None for the base model
 
 
 class LLMEngine:
@@ -58,6 +60,7 @@ class LLMEngine:
         num_blocks = resolve_num_blocks(config, spec, self.max_model_len, found.provider)
         self.graph = DecoderGraph(config.package_dir, num_blocks, config.block_size, found, config.intra_op_threads,
                                   config.provider_options, config.allow_cpu_fallback, config.shape_buckets, config.cpu_kernel)
+        self.loras = self._lora_slots(config)
         self.kv_cache = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
         scheduler_config = SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len,
                                            self.graph.max_query_len or 0, speculative=config.speculative_config)
@@ -66,6 +69,8 @@ class LLMEngine:
         self.runner = ModelRunner(self.graph, seed=config.seed, grammars=self.grammars)
         self.draft = self._draft_proposer(config, num_blocks, found)
         self.num_failed_steps_in_a_row = 0
+        self._lora_loads = 0
+        self._lora_keys = {name: f"{name}#0" for name in self.lora_names()}  # name -> its identity in prefix-cache keys
         self.outputs = OutputProcessor(self.tokenizer)
         self._ids = itertools.count()
         # A text prompt longer than this many characters cannot fit the context in any tokenization:
@@ -73,6 +78,37 @@ class LLMEngine:
         # entry per token, for normalizers that expand text).
         longest = max((len(t) for t in self.tokenizer.get_vocab()), default=16) if self.tokenizer else 16
         self.max_prompt_chars = self.max_model_len * 2 * max(longest, 1)
+
+    def _lora_slots(self, config: EngineConfig) -> LoraSlots | None:
+        """The adapters' slots, with --lora-modules loaded; None when no adapter may load."""
+        if config.max_loras == 0:
+            return None
+        slots = LoraSlots(self.graph.spec, config.max_loras, config.max_lora_rank, self.graph.lora_dtype)
+        for name, path in config.lora_modules.items():
+            slots.add(LoraAdapter.load(name, path, self.graph.spec))
+        self.graph.lora = slots
+        return slots
+
+    def add_lora(self, name: str, path: str | Path) -> None:
+        """Loads a PEFT LoRA folder under `name` (engine thread); ConfigError says what is wrong."""
+        if self.loras is None:
+            raise ConfigError("no LoRA slots: start the engine with max_loras >= 1 (--max-loras) on a package exported with --enable-lora")
+        self.loras.add(LoraAdapter.load(name, path, self.graph.spec))
+        self._lora_loads += 1
+        self._lora_keys[name] = f"{name}#{self._lora_loads}"
+
+    def remove_lora(self, name: str) -> None:
+        """Unloads an adapter; refused while a request uses it."""
+        if self.loras is None or name not in self.loras.adapters:
+            raise ConfigError(f"no LoRA adapter named '{name}' is loaded")
+        users = [r.request_id for r in self.scheduler.requests.values() if r.lora_key == self._lora_keys.get(name) and not r.is_finished]
+        if users:
+            raise ConfigError(f"LoRA '{name}' is in use by {len(users)} request(s): unload it once they finish")
+        self.loras.remove(name)
+        self._lora_keys.pop(name, None)
+
+    def lora_names(self) -> list[str]:
+        return list(self.loras.adapters) if self.loras is not None else []
 
     @staticmethod
     def _draft_proposer(config: EngineConfig, num_blocks: int, found) -> DraftProposer | None:
@@ -110,9 +146,13 @@ class LLMEngine:
             raise RequestError(f"token id {bad} is out of range: token ids must be in [0, {vocab})", param="prompt")
         return None, ids
 
-    def prepare(self, prompt: str | Sequence[int], params: SamplingParams | None = None) -> PreparedRequest:
-        """Tokenises and validates a request without touching engine state (safe from any thread)."""
+    def prepare(self, prompt: str | Sequence[int], params: SamplingParams | None = None, lora_name: str | None = None) -> PreparedRequest:
+        """Tokenises and validates a request without touching engine state (safe from any thread).
+        `lora_name`: a loaded LoRA adapter to run the request with (None: the base model)."""
         params = params or SamplingParams()
+        if lora_name is not None and lora_name not in self.lora_names():
+            loaded = ", ".join(self.lora_names()) or "none"
+            raise RequestError(f"no LoRA adapter named '{lora_name}' is loaded (loaded: {loaded})", param="model")
         vocab = self.manifest.decoder.vocab_size
         bad = next((t for t in params.token_ids_to_check if t >= vocab), None)
         if bad is not None:
@@ -135,7 +175,7 @@ class LLMEngine:
                 raise RequestError(f"the prompt has {len(token_ids)} tokens; the context length is {self.max_model_len}", param="prompt")
             params = replace(params, max_tokens=self.max_model_len - len(token_ids))
         check_fits(len(token_ids), params.max_tokens, self.max_model_len)
-        return PreparedRequest(text, token_ids, params)
+        return PreparedRequest(text, token_ids, params, lora_name)
 
     def _bad_words_ids(self, words: Sequence[str]) -> tuple[tuple[int, ...], ...]:
         """Each word's token ids, alone and after a space (vLLM's rule: a word mid-text is usually
@@ -150,15 +190,20 @@ class LLMEngine:
                     found[ids] = None
         return tuple(found)
 
-    def add_request(self, prompt: str | Sequence[int] | PreparedRequest, params: SamplingParams | None = None, request_id: str | None = None) -> str:
+    def add_request(self, prompt: str | Sequence[int] | PreparedRequest, params: SamplingParams | None = None, request_id: str | None = None,
+                    lora_name: str | None = None) -> str:
         """Queues a request; raises RequestError (nothing queued) when it is invalid."""
-        prepared = prompt if isinstance(prompt, PreparedRequest) else self.prepare(prompt, params)
+        prepared = prompt if isinstance(prompt, PreparedRequest) else self.prepare(prompt, params, lora_name)
+        if prepared.lora_name is not None and prepared.lora_name not in self._lora_keys:  # unloaded since prepare()
+            raise RequestError(f"no LoRA adapter named '{prepared.lora_name}' is loaded", param="model")
         request = Request(
             request_id=request_id if request_id is not None else str(next(self._ids)),
             prompt_token_ids=prepared.token_ids,
             sampling_params=prepared.params,
             eos_token_ids=self.manifest.eos_token_ids,
             arrival_time=time.monotonic(),
+            lora_slot=self.loras.slot(prepared.lora_name) if self.loras is not None else -1,
+            lora_key=self._lora_keys.get(prepared.lora_name) if prepared.lora_name is not None else None,
         )
         self.scheduler.add_request(request)
         self.outputs.add_request(request, prepared.text)

@@ -51,7 +51,7 @@ class KVCacheManager:
         """(hash, key) of the request's first `num_full_blocks` blocks; hashes are memoised."""
         hashes = request.block_hashes
         keys = []
-        parent: int | None = None
+        parent: int | str | None = request.lora_key  # blocks computed under different adapters never match
         for i in range(num_full_blocks):
             tokens = tuple(request.all_token_ids[i * self.block_size : (i + 1) * self.block_size])
             key: PrefixKey = (parent, tokens)

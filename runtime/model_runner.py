@@ -83,7 +83,8 @@ class ModelRunner:
         return output
 
     def _run_group(self, scheduled: Sequence[ScheduledRequest], group: list[int], last_rows: list, prompt_rows: dict[int, np.ndarray]) -> None:
-        chunks = [SequenceChunk(scheduled[i].token_ids, scheduled[i].num_computed_tokens, scheduled[i].block_ids) for i in group]
+        chunks = [SequenceChunk(scheduled[i].token_ids, scheduled[i].num_computed_tokens, scheduled[i].block_ids, scheduled[i].lora_slot)
+                  for i in group]
         all_logits = [scheduled[i].wants_prompt_logprobs or bool(scheduled[i].spec_token_ids) for i in group]
         logits = self.graph.run(build_model_input(chunks, self.graph.block_size, all_logits))
         row = 0

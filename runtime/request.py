@@ -47,6 +47,8 @@ class Request:
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
     block_hashes: list[int] = field(default_factory=list)
+    lora_slot: int = -1  # its LoRA adapter's slot (runtime/lora.py), -1 for the base model
+    lora_key: str | None = None  # the adapter's identity in prefix-cache keys (a new one per load)
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids)

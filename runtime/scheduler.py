@@ -179,6 +179,7 @@ class Scheduler:
             all_token_ids=request.all_token_ids,
             num_prompt_tokens=request.num_prompt_tokens,
             num_output_tokens=request.num_output_tokens,
+            lora_slot=request.lora_slot,
         )
 
     def _preempt(self, request: Request) -> None:

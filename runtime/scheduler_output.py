@@ -32,6 +32,7 @@ class ScheduledRequest:
     num_prompt_tokens: int
     num_output_tokens: int
     spec_token_ids: tuple[int, ...] = ()  # proposed tokens at the end of token_ids, verified by this step's logits
+    lora_slot: int = -1  # the request's LoRA adapter slot, -1 for the base model
 
     @property
     def wants_prompt_logprobs(self) -> bool:

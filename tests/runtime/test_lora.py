@@ -1,0 +1,111 @@
+"""Multi-LoRA serving against transformers: PEFT adapters made here with `peft` on a tiny llama,
+greedy parity per adapter against the merged model, a batch mixing three adapters and the base
+model, prefix caching never shared across adapters, loading and unloading, and clear refusals."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import peft
+import pytest
+import torch
+
+import ortinf
+from engine_helpers import hf_greedy
+from ortinf import LLM, SamplingParams
+from ortinf.errors import ConfigError, RequestError
+from tiny_models import add_tokenizer, build_decoder
+
+ADAPTERS = {  # name -> LoraConfig: different ranks, scales and targets (rsLoRA on one)
+    "qv": dict(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]),
+    "all": dict(r=4, lora_alpha=4, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]),
+    "mlp": dict(r=16, lora_alpha=8, target_modules=["gate_proj", "down_proj"], use_rslora=True),
+}
+GREEDY = SamplingParams(temperature=0, max_tokens=12)
+
+
+@pytest.fixture(scope="module")
+def lora_setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lora")
+    model = build_decoder("llama", root / "hf")
+    add_tokenizer(root / "hf")
+    ortinf.export(root / "hf", root / "pkg", progress=False, enable_lora=True)
+    merged = {}
+    for index, (name, config) in enumerate(ADAPTERS.items()):
+        torch.manual_seed(100 + index)
+        adapted = peft.get_peft_model(copy.deepcopy(model), peft.LoraConfig(init_lora_weights=False, **config))
+        adapted.save_pretrained(root / name)
+        merged[name] = adapted.merge_and_unload().eval()
+    return model, root, merged
+
+
+def prompts(seed: int, count: int) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(3, 256, int(n)).tolist() for n in rng.integers(5, 40, count)]
+
+
+def test_a_batch_mixing_three_adapters_and_the_base_model(lora_setup):
+    model, root, merged = lora_setup
+    llm = LLM(root / "pkg", provider="cpu", num_blocks=256, lora_modules={name: str(root / name) for name in ADAPTERS})
+    batch = prompts(1, 8)
+    names = ["qv", "all", "mlp", None, "all", None, "qv", "mlp"]
+    outputs = llm.generate(batch, GREEDY, lora=names)
+    for prompt, name, output in zip(batch, names, outputs):
+        assert output.outputs[0].token_ids == hf_greedy(merged[name] if name else model, prompt, 12), name
+    # an adapter really changes the output (the test would pass for a no-op otherwise)
+    assert any(hf_greedy(merged[n], p, 12) != hf_greedy(model, p, 12) for p, n in zip(batch, names) if n)
+
+
+def test_prefix_cache_is_never_shared_across_adapters(lora_setup):
+    model, root, merged = lora_setup
+    llm = LLM(root / "pkg", provider="cpu", num_blocks=256, lora_modules={name: str(root / name) for name in ADAPTERS})
+    prompt = prompts(2, 1)[0] * 3  # 3 blocks and more
+    stats = llm.engine.kv_cache.stats
+    runs = [("qv", 0), ("all", 0), (None, 0), ("qv", 1), ("all", 1), (None, 1)]  # (adapter, hits expected?)
+    for name, hit in runs:
+        before = stats.num_hits
+        output = llm.generate([prompt], GREEDY, lora=name)[0]
+        assert (stats.num_hits > before) == bool(hit), name
+        assert output.outputs[0].token_ids == hf_greedy(merged[name] if name else model, prompt, 12)
+
+
+def test_loading_and_unloading_at_runtime(lora_setup):
+    model, root, merged = lora_setup
+    llm = LLM(root / "pkg", provider="cpu", num_blocks=256, max_loras=1, max_lora_rank=16)
+    engine = llm.engine
+    prompt = prompts(3, 1)[0] * 2
+    with pytest.raises(RequestError, match="no LoRA adapter named 'qv'"):
+        llm.generate([prompt], GREEDY, lora="qv")
+    engine.add_lora("x", root / "qv")
+    assert llm.generate([prompt], GREEDY, lora="x")[0].outputs[0].token_ids == hf_greedy(merged["qv"], prompt, 12)
+    with pytest.raises(ConfigError, match="all 1 LoRA slots are in use"):
+        engine.add_lora("y", root / "all")
+    request_id = engine.add_request(prompt, GREEDY, lora_name="x")
+    with pytest.raises(ConfigError, match="in use by 1 request"):
+        engine.remove_lora("x")
+    engine.abort(request_id)
+    engine.remove_lora("x")
+    # the same name, other weights: blocks cached under the old "x" must not be hit
+    engine.add_lora("x", root / "all")
+    before = engine.kv_cache.stats.num_hits
+    assert llm.generate([prompt], GREEDY, lora="x")[0].outputs[0].token_ids == hf_greedy(merged["all"], prompt, 12)
+    assert engine.kv_cache.stats.num_hits == before
+
+
+def test_clear_refusals(lora_setup, decoder_package, tmp_path):
+    _, root, _ = lora_setup
+    _, plain = decoder_package("llama")  # exported without --enable-lora
+    with pytest.raises(ConfigError, match="--enable-lora"):
+        LLM(plain, provider="cpu", num_blocks=64, lora_modules={"qv": str(root / "qv")})
+    with pytest.raises(ConfigError, match="rank 16, above max_lora_rank 8"):
+        LLM(root / "pkg", provider="cpu", num_blocks=64, max_lora_rank=8, lora_modules={"mlp": str(root / "mlp")})
+    with pytest.raises(ConfigError, match="not a PEFT adapter folder"):
+        LLM(root / "pkg", provider="cpu", num_blocks=64, lora_modules={"nope": str(tmp_path)})
+    other = build_decoder("llama", tmp_path / "wide", hidden_size=96)  # an adapter for another model's shapes
+    peft.get_peft_model(other, peft.LoraConfig(r=4, target_modules=["q_proj"])).save_pretrained(tmp_path / "wide-lora")
+    with pytest.raises(ConfigError, match="trained for another model"):
+        LLM(root / "pkg", provider="cpu", num_blocks=64, lora_modules={"wide": str(tmp_path / "wide-lora")})
+    with pytest.raises(ortinf.errors.ExportError, match="--enable-lora"):
+        build_decoder("gpt2", tmp_path / "g2")
+        ortinf.export(tmp_path / "g2", tmp_path / "g2-pkg", progress=False, enable_lora=True)
