@@ -227,6 +227,13 @@ def _parse_ids(text: str) -> list[int]:
 @click.option("--metrics-prefix", type=click.Choice(["ortinf", "vllm"]), default="ortinf", show_default=True, envvar="ORTINF_METRICS_PREFIX",
               help="Prefix of the /metrics names; vllm gives vllm:num_requests_waiting, vllm:kv_cache_usage_perc, ... "
                    "for dashboards and cluster routers (llm-d, the Gateway API Inference Extension) that look for them.")
+@click.option("--lora-modules", "lora_modules", multiple=True, metavar="NAME=PATH", envvar="ORTINF_LORA_MODULES",
+              help="A LoRA adapter (a PEFT folder) served as model NAME on the first text-generation package, which "
+                   "must be exported with --enable-lora; repeat for more. Requests pick one by `model`, and adapters "
+                   "and the base model batch together.")
+@click.option("--allow-runtime-lora-updates", is_flag=True, envvar="ORTINF_ALLOW_RUNTIME_LORA_UPDATES",
+              help="Mount /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's): a client may then make the server "
+                   "read any adapter folder it names; set --max-loras for the slots.")
 @click.option("--ray", "use_ray", is_flag=True, help="Serve on Ray Serve (pip install 'ortinf[ray]'): replicas behind Ray's HTTP proxy.")
 @click.option("--num-replicas", type=click.IntRange(min=1), default=1, show_default=True, help="With --ray: replicas (engines).")
 @click.option("--min-replicas", type=click.IntRange(min=1), default=None, help="With --ray: autoscale from this many replicas...")
@@ -248,7 +255,7 @@ def serve(packages: tuple[Path, ...], host: str, port: int, provider: str, provi
           shutdown_timeout: float, max_body_size: str, intra_op_threads: int, tool_call_parser: str, speculative_config: str | None,
           metrics_prefix: str, use_ray: bool, num_replicas: int, min_replicas: int | None, max_replicas: int | None,
           target_ongoing_requests: float | None, cpus_per_replica: float, gpus_per_replica: float, prefix_routing: bool,
-          log_level: str, **engine_fields: object) -> None:
+          lora_modules: tuple[str, ...], allow_runtime_lora_updates: bool, log_level: str, **engine_fields: object) -> None:
     """Serve PACKAGES behind an OpenAI-compatible API (/v1/completions, /v1/chat/completions, /v1/embeddings).
 
     PACKAGES are folders made by `ortinf export`, or Hugging Face model folders, exported into the package
@@ -258,6 +265,7 @@ def serve(packages: tuple[Path, ...], host: str, port: int, provider: str, provi
     """
     from ortinf.runtime.config import parse_size
     from ortinf.serve.app import model_names
+    from ortinf.serve_options import parse_lora_modules
     from ortinf.serve.server import run
     from ortinf.serve.state import ServerConfig
 
@@ -308,6 +316,7 @@ def serve(packages: tuple[Path, ...], host: str, port: int, provider: str, provi
         max_num_batched_tokens=max_num_batched_tokens, kv_cache_memory=parse_size(kv_cache_memory) if kv_cache_memory else None,
         shutdown_timeout=shutdown_timeout, max_body_size=parse_size(max_body_size), intra_op_threads=intra_op_threads,
         tool_call_parser=tool_call_parser, speculative_config=speculative_config, metrics_prefix=metrics_prefix,
+        lora_modules=parse_lora_modules(lora_modules), allow_runtime_lora_updates=allow_runtime_lora_updates,
         engine_options={name.removeprefix(ENGINE_PREFIX): value for name, value in engine_fields.items() if value is not None},
     )
     names = model_names(config)

@@ -30,10 +30,25 @@ def engine_options(command):  # noqa: ANN001, ANN201 - a click decorator
         if isinstance(spec.default, bool):
             option = click.option(f"{flag}/--no-{flag[2:]}", dest, default=spec.default, show_default=True, envvar=envvar, help=help_text)
         else:
-            option = click.option(flag, dest, type=click.IntRange(min=0 if spec.name == "seed" else 1), default=spec.default,
+            option = click.option(flag, dest, type=click.IntRange(min=0 if spec.name in ("seed", "max_loras") else 1), default=spec.default,
                                   show_default=spec.default is not None, envvar=envvar, help=help_text)
         command = option(command)
     return command
+
+
+def parse_lora_modules(values: tuple[str, ...]) -> dict[str, str]:
+    """--lora-modules NAME=PATH ... -> {name: path}; a malformed or repeated NAME is a usage error."""
+    modules: dict[str, str] = {}
+    for value in values:
+        name, sep, path = value.partition("=")
+        if not sep or not name.strip() or not path.strip():
+            raise click.UsageError(f"--lora-modules takes NAME=PATH (a PEFT adapter folder), got {value!r}")
+        if name in modules:
+            raise click.UsageError(f"--lora-modules names '{name}' twice")
+        if not Path(path).expanduser().is_dir():
+            raise click.UsageError(f"--lora-modules {name}: {path} is not a folder (pass a PEFT adapter folder)")
+        modules[name.strip()] = str(Path(path).expanduser())
+    return modules
 
 
 def check_port(host: str, port: int) -> None:

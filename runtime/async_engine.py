@@ -22,6 +22,7 @@ import logging
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
+from typing import TypeVar
 
 from ortinf.errors import RequestError
 from ortinf.runtime.engine import LLMEngine, PreparedRequest
@@ -30,6 +31,7 @@ from ortinf.runtime.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 MAX_FAILED_STEPS = 3  # failing steps in a row after which the engine, not a request, is at fault
 
 
@@ -137,6 +139,16 @@ class AsyncEngine:
                 if request_id in self._streams:
                     self.abort(request_id)
 
+    async def call(self, function: Callable[[LLMEngine], T]) -> T:
+        """Runs `function(engine)` on the engine thread between steps (what must not race a step:
+        loading a LoRA adapter) and returns its result, or raises its exception here."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future = loop.create_future()
+        if self.error is not None or not self._thread.is_alive():
+            raise EngineDeadError(f"the engine has failed: {self.error or 'its thread has stopped'}")
+        self._send(("call", future, function))
+        return await future
+
     def abort(self, request_id: str) -> None:
         """Asks the engine thread to end a request and free its blocks before its next step."""
         self._send(("abort", request_id, None))
@@ -177,6 +189,9 @@ class AsyncEngine:
                 kind, request_id, payload = self._commands.get_nowait()
             except queue.Empty:
                 return
+            if kind == "call":  # request_id is the caller's future, payload the function
+                self._call(request_id, payload)
+                continue
             try:
                 if kind == "fail_all":
                     with self._lock:
@@ -198,6 +213,21 @@ class AsyncEngine:
                 if kind == "abort":
                     log.exception("aborting request %s failed", request_id)
                 self._deliver(request_id, exc)
+
+    def _call(self, future: asyncio.Future, function: Callable[[LLMEngine], object]) -> None:
+        try:
+            result, error = function(self.engine), None
+        except Exception as exc:  # noqa: BLE001 - handed to the caller
+            result, error = None, exc
+
+        def settle() -> None:
+            if not future.done():
+                future.set_exception(error) if error is not None else future.set_result(result)
+
+        try:
+            future.get_loop().call_soon_threadsafe(settle)
+        except RuntimeError:  # the caller's loop is closed
+            pass
 
     def _report(self, outputs: list[RequestOutput]) -> None:
         if self._on_step is not None:

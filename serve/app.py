@@ -14,13 +14,14 @@ from fastapi.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import ortinf
+from ortinf.errors import ConfigError
 from ortinf.manifest import TEXT_GENERATION, Manifest
 from ortinf.runtime.async_engine import AsyncEngine
 from ortinf.runtime.config import EngineConfig
 from ortinf.runtime.encoder_graph import EncoderGraph
 from ortinf.runtime.engine import LLMEngine
 from ortinf.runtime.sampling_params import SamplingParams
-from ortinf.serve import chat, completions, embeddings, responses, tokens
+from ortinf.serve import chat, completions, embeddings, lora_routes, responses, tokens
 from ortinf.serve.chat_template import ChatTemplate
 from ortinf.serve.tools import resolve_parser
 from ortinf.serve.errors import error_body, error_response, from_exception, install_error_handlers
@@ -155,18 +156,24 @@ class Gate:
         await self.app(scope, receive, send)
 
 
-def load_model(package: Path, name: str, config: ServerConfig, state: ServerState) -> ServedModel:
-    """Builds one served model (blocking: runs in a worker thread) and warms it up."""
+def load_model(package: Path, name: str, config: ServerConfig, state: ServerState, lora_base: bool = False) -> ServedModel:
+    """Builds one served model (blocking: runs in a worker thread) and warms it up. `lora_base`: the
+    model that serves --lora-modules (and runtime loads); the others get no LoRA slots."""
     manifest = Manifest.load(package)
     model = ServedModel(name=name, package_dir=package, manifest=manifest, created=int(time.time()))
     if manifest.task == TEXT_GENERATION:
+        options = dict(config.engine_options)
+        if lora_base:
+            options["lora_modules"] = config.lora_modules
+        else:
+            options.pop("max_loras", None)
         engine = LLMEngine(EngineConfig(
             package_dir=package, provider=config.provider, provider_options=config.provider_options,
             allow_cpu_fallback=config.allow_cpu_fallback, shape_buckets=config.shape_buckets, kv_cache_memory=config.kv_cache_memory,
             cpu_kernel=config.cpu_kernel,
             max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
             intra_op_threads=config.intra_op_threads, speculative_config=config.speculative_config,
-            **config.engine_options,
+            **options,
         ))
         engine.add_request([manifest.bos_token_id or 0] * 4, SamplingParams(max_tokens=2, ignore_eos=True), request_id="warmup")
         while engine.has_unfinished_requests():
@@ -190,8 +197,15 @@ def model_names(config: ServerConfig) -> list[str]:
 async def _load_all(state: ServerState) -> None:
     config = state.config
     try:
-        for package, name in zip(config.packages, model_names(config)):
-            state.registry.add(await asyncio.to_thread(load_model, package, name, config, state))
+        packages = list(zip(config.packages, model_names(config)))
+        wants_lora = bool(config.lora_modules or config.engine_options.get("max_loras") or config.allow_runtime_lora_updates)
+        base = next((name for package, name in packages if Manifest.load(package).decoder is not None), None) if wants_lora else None
+        if wants_lora and base is None:
+            raise ConfigError("LoRA adapters need a text-generation package (exported with --enable-lora)")
+        for package, name in packages:
+            state.registry.add(await asyncio.to_thread(load_model, package, name, config, state, name == base))
+        for adapter in config.lora_modules:
+            state.registry.add_lora(adapter, base)
         state.ready = True
         log.info("ready: serving %s on http://%s:%d", ", ".join(state.registry.models), config.host, config.port)
     except Exception as exc:  # noqa: BLE001 - reported by /health and the log, then the process exits 1
@@ -227,6 +241,8 @@ def build_app(config: ServerConfig, load_in_background: bool = True) -> FastAPI:
     app.include_router(chat.router)
     app.include_router(embeddings.router)
     app.include_router(tokens.router)
+    if config.allow_runtime_lora_updates:
+        app.include_router(lora_routes.router)
 
     # the last added runs first: the API key is checked before a byte of the body is read
     app.add_middleware(CatchAll)
@@ -236,11 +252,15 @@ def build_app(config: ServerConfig, load_in_background: bool = True) -> FastAPI:
 
     def card(m: ServedModel) -> responses.ModelCard:
         length = m.engine.engine.max_model_len if m.engine is not None else (m.manifest.decoder or m.manifest.encoder).max_model_len
-        return responses.ModelCard(id=m.name, created=m.created, task=m.manifest.task, max_model_len=length)
+        root = None
+        if m.lora_name is not None and m.engine is not None and m.engine.engine.loras is not None:
+            adapter = m.engine.engine.loras.adapters.get(m.lora_name)
+            root = str(adapter.path) if adapter is not None else None
+        return responses.ModelCard(id=m.name, created=m.created, task=m.manifest.task, max_model_len=length, root=root, parent=m.parent)
 
     @app.get("/v1/models", response_model=responses.ModelList)
     async def list_models():
-        return responses.ModelList(data=[card(m) for m in state.registry.models.values()])
+        return responses.ModelList(data=[card(m) for m in (*state.registry.models.values(), *state.registry.adapters())])
 
     @app.get("/v1/models/{model_id:path}", response_model=responses.ModelCard)
     async def retrieve_model(model_id: str):

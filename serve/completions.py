@@ -33,7 +33,7 @@ def prepare_samples(model: ServedModel, prompts: list, body_params, n: int) -> l
     for prompt in prompts:
         if not prompt:
             raise APIError(400, "the prompt is empty", param="prompt")
-        first = engine.prepare(prompt, body_params)  # tokenised and checked once per prompt
+        first = engine.prepare(prompt, body_params, model.lora_name)  # tokenised and checked once per prompt
         prepared += [replace(first, params=first.params.for_sample(j)) for j in range(n)]
     return prepared
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tokenizers import Tokenizer
@@ -28,6 +28,8 @@ class ServedModel:
     tool_parser: str | None = None  # how tool calls are read from the output (serve/tools.py)
     _token_bytes: TokenBytes | None = None
     created: int = 0
+    lora_name: str | None = None  # set on the view of a LoRA adapter (its requests run with it)
+    parent: str | None = None  # the base model's name, for an adapter
 
     @property
     def tokenizer(self) -> Tokenizer | None:
@@ -75,18 +77,33 @@ class ModelRegistry:
 
     def __init__(self) -> None:
         self.models: dict[str, ServedModel] = {}
+        self.loras: dict[str, str] = {}  # LoRA adapter name -> its base model's name
 
     def add(self, model: ServedModel) -> None:
         self.models[model.name] = model
+
+    def add_lora(self, name: str, base: str) -> None:
+        if name in self.models:
+            raise APIError(400, f"'{name}' is already a model's name: name the adapter otherwise", param="lora_name")
+        self.loras[name] = base
+
+    def adapters(self) -> list[ServedModel]:
+        return [self.get(name) for name in self.loras]
+
+    @property
+    def names(self) -> list[str]:
+        return sorted([*self.models, *self.loras])
 
     def get(self, name: str | None) -> ServedModel:
         if name is None:
             if len(self.models) == 1:
                 return next(iter(self.models.values()))
-            raise APIError(400, f"pass `model`: this server serves {', '.join(sorted(self.models))}", param="model")
+            raise APIError(400, f"pass `model`: this server serves {', '.join(self.names)}", param="model")
         model = self.models.get(name)
+        if model is None and name in self.loras:  # the base model's engine, running the adapter
+            return replace(self.models[self.loras[name]], name=name, lora_name=name, parent=self.loras[name])
         if model is None:
-            raise APIError(404, f"the model '{name[:100]}' does not exist; available: {', '.join(sorted(self.models))}",
+            raise APIError(404, f"the model '{name[:100]}' does not exist; available: {', '.join(self.names)}",
                            param="model", code="model_not_found")
         return model
 

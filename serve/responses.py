@@ -127,6 +127,8 @@ class ModelCard(BaseModel):
     owned_by: str = "ortinf"
     task: str
     max_model_len: int
+    root: str | None = None  # a LoRA adapter's folder
+    parent: str | None = None  # a LoRA adapter's base model
 
 
 class ModelList(BaseModel):

@@ -38,6 +38,8 @@ class ServerConfig:
     tool_call_parser: str = "auto"
     speculative_config: str | None = None  # JSON, vLLM's speculative_config
     metrics_prefix: str = "ortinf"  # or "vllm": the names dashboards and cluster routers look for
+    lora_modules: dict[str, str] = field(default_factory=dict)  # adapter name -> PEFT folder, on the first decoder
+    allow_runtime_lora_updates: bool = False  # /v1/load_lora_adapter and /v1/unload_lora_adapter
     engine_options: dict = field(default_factory=dict)  # EngineConfig fields given on the CLI (runtime/config.py "cli")
 
 
