@@ -28,6 +28,8 @@ SCRIPTS = {
     "two_models.py": [],
     "package_forms.py": [],
     "output_path.py": [],
+    "moe.py": [],
+    "lora.py": [],
 }
 SLOW = {"ray_serve.py"}  # starts Ray clusters: minutes
 
