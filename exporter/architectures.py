@@ -57,7 +57,9 @@ DECODERS: dict[str, DecoderArch] = {
         DecoderArch("smollm3", "SmolLM3 (RoPE skipped on every 4th layer)"),
         DecoderArch("gpt_neox", "GPT-NeoX, Pythia (partial rotary, parallel residual)"),
         DecoderArch("qwen3_moe", "Qwen3-30B-A3B, Qwen3-235B-A22B (mixture of experts, qk-norm)"),
+        DecoderArch("qwen2_moe", "Qwen1.5-MoE-A2.7B, Qwen2-57B-A14B (mixture of experts with a gated shared expert)"),
         DecoderArch("mixtral", "Mixtral 8x7B, 8x22B (mixture of experts)"),
+        DecoderArch("olmoe", "OLMoE 1B-7B (mixture of experts, qk-norm, clip_qkv)"),
         DecoderArch("gpt2", "GPT-2, DistilGPT2 (learned positions, Conv1D qkv)", _gpt2_scaling, rope_in_kernel=False),
     )
 }

@@ -16,6 +16,7 @@ import torch
 from transformers import AttentionInterface, PretrainedConfig, PreTrainedModel
 
 from ortinf.exporter.architectures import DECODERS
+from ortinf.exporter.legacy_attention import has_legacy_attention, legacy_attention
 from ortinf.exporter.lora import example_lora_inputs, find_targets, lora_dynamic_axes, lora_linears
 from ortinf.exporter.moe import traceable_moe
 from ortinf.exporter.tracing import OPSET, quiet_tracing
@@ -94,12 +95,13 @@ class PagedDecoder(torch.nn.Module):
             a = {t: lora[1 + 2 * i] for i, t in enumerate(self.lora_targets)}
             b = {t: lora[2 + 2 * i] for i, t in enumerate(self.lora_targets)}
             adapters = lora_linears(self.model, self.lora_targets, lora[0], a, b)
-        with rope, traceable_moe(self.model), adapters:
+        legacy = has_legacy_attention(self.model)  # its base model's forward takes no ortinf_paged
+        with rope, traceable_moe(self.model), adapters, legacy_attention(self.model, batch):
             hidden = self.base(
                 input_ids=input_ids[None],
                 position_ids=positions[None],
                 use_cache=False,
-                ortinf_paged=batch,
+                **({} if legacy else {"ortinf_paged": batch}),
             ).last_hidden_state[0]
         logits = self.lm_head(hidden[logits_indices])
         if self.logits_scaling:

@@ -31,8 +31,6 @@ import torch
 import torch.nn.functional as F
 
 # the sparse MoE block class of each family whose block this module replaces while tracing
-# (Qwen2-MoE and OLMoE have the same block, but in transformers 4.57 their attention predates the
-# attention interface that the paged kernels hook into, so those families are not exported yet.)
 MOE_BLOCKS = ("MixtralSparseMoeBlock", "Qwen2MoeSparseMoeBlock", "Qwen3MoeSparseMoeBlock", "OlmoeSparseMoeBlock")
 
 

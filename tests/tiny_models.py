@@ -52,6 +52,15 @@ DECODERS = {
         transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM,
         dict(DECODER, head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True),
     ),
+    "qwen2_moe": (  # with the gated shared expert
+        transformers.Qwen2MoeConfig, transformers.Qwen2MoeForCausalLM,
+        dict(DECODER, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=64,
+             norm_topk_prob=False),
+    ),
+    "olmoe": (
+        transformers.OlmoeConfig, transformers.OlmoeForCausalLM,
+        dict(DECODER, num_experts=8, num_experts_per_tok=2, intermediate_size=32, pad_token_id=0, clip_qkv=4.0),
+    ),
     "mixtral": (
         transformers.MixtralConfig, transformers.MixtralForCausalLM,
         dict(DECODER, num_local_experts=8, num_experts_per_tok=2, intermediate_size=32, sliding_window=None),

@@ -15,7 +15,7 @@ from ortinf.runtime.decoder_graph import DecoderGraph
 from ortinf.runtime.model_input import SequenceChunk, build_model_input
 from tiny_models import add_tokenizer, build_decoder
 
-MOE = ["qwen3_moe", "mixtral"]
+MOE = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe"]
 TOLERANCE = 1e-4
 
 
