@@ -40,6 +40,9 @@ class DecoderArch:
     # cos, sin, ...) on the first cos.shape[-1] dims, so the CPU kernel graph may apply it inside
     # ortinf.PagedAttention (exporter/attention_cpu.py). False for learned positions or another RoPE form.
     rope_in_kernel: bool = True
+    # the modeling's cos/sin hold each frequency once ([T, D/2], gpt-oss's first/second-half rotation),
+    # where rotate_half's tables repeat them ([T, D]): the CPU op gets them repeated
+    rope_half_tables: bool = False
 
 
 DECODERS: dict[str, DecoderArch] = {
@@ -60,6 +63,8 @@ DECODERS: dict[str, DecoderArch] = {
         DecoderArch("qwen2_moe", "Qwen1.5-MoE-A2.7B, Qwen2-57B-A14B (mixture of experts with a gated shared expert)"),
         DecoderArch("mixtral", "Mixtral 8x7B, 8x22B (mixture of experts)"),
         DecoderArch("olmoe", "OLMoE 1B-7B (mixture of experts, qk-norm, clip_qkv)"),
+        DecoderArch("gpt_oss", "gpt-oss 20B/120B (mixture of experts, attention sinks, alternating sliding window)",
+                    rope_half_tables=True),
         DecoderArch("gpt2", "GPT-2, DistilGPT2 (learned positions, Conv1D qkv)", _gpt2_scaling, rope_in_kernel=False),
     )
 }

@@ -54,7 +54,7 @@ class CpuBatch:
 
 
 @contextlib.contextmanager
-def rope_in_kernel(model: torch.nn.Module, batch: CpuBatch) -> Iterator[None]:
+def rope_in_kernel(model: torch.nn.Module, batch: CpuBatch, half_tables: bool = False) -> Iterator[None]:
     """While tracing, the modeling modules' apply_rotary_pos_emb(q, k, cos, sin, ...) returns q and k
     unrotated and hands cos/sin to the layer's own attention call, which gives them to the op. Per
     layer: Gemma 3's local and global layers have different bases, and SmolLM3's NoPE layers call
@@ -64,6 +64,8 @@ def rope_in_kernel(model: torch.nn.Module, batch: CpuBatch) -> Iterator[None]:
 
     def deferred(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *args: object, **kwargs: object):
         assert cos.dim() == 3 and cos.shape[0] == 1, "expected cos/sin of shape [1, num_tokens, rotary_dim]"
+        if half_tables:  # gpt-oss's tables hold each frequency once: rotate_half's form repeats them
+            cos, sin = torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
         batch.cos, batch.sin = cos[0].float(), sin[0].float()
         return q, k
 
@@ -95,18 +97,20 @@ class PagedAttentionOp(torch.autograd.Function):
 
 
 class RotaryPagedAttentionOp(torch.autograd.Function):
-    """The same node with cos/sin inputs (RoPE in the op) and the rotated keys as a second output."""
+    """The same node with cos/sin inputs (RoPE in the op) and the rotated keys as a second output; and
+    with gpt-oss's attention sinks [num_heads] as an eleventh input when the model has them."""
 
     @staticmethod
-    def forward(ctx, query, key, value, key_cache, value_cache, tables, context_lens, query_lens, cos, sin,  # noqa: ANN001
+    def forward(ctx, query, key, value, key_cache, value_cache, tables, context_lens, query_lens, cos, sin, sinks,  # noqa: ANN001
                 num_heads, kv_num_heads, scale, sliding_window, softcap):
         return torch.zeros_like(query), torch.zeros_like(key)
 
     @staticmethod
-    def symbolic(g, query, key, value, key_cache, value_cache, tables, context_lens, query_lens, cos, sin,  # noqa: ANN001
+    def symbolic(g, query, key, value, key_cache, value_cache, tables, context_lens, query_lens, cos, sin, sinks,  # noqa: ANN001
                  num_heads, kv_num_heads, scale, sliding_window, softcap):
+        extra = () if sinks is None else (sinks,)
         out, rotated = g.op(f"{DOMAIN}::{OP}", query, key, value, key_cache, value_cache, tables, context_lens, query_lens,
-                            cos, sin, num_heads_i=num_heads, kv_num_heads_i=kv_num_heads, scale_f=scale,
+                            cos, sin, *extra, num_heads_i=num_heads, kv_num_heads_i=kv_num_heads, scale_f=scale,
                             sliding_window_i=sliding_window, softcap_f=softcap, outputs=2)
         out.setType(query.type())
         rotated.setType(key.type())
@@ -123,6 +127,7 @@ def paged_attention(
     sliding_window: int | None = None,
     softcap: float | None = None,
     ortinf_paged: CpuBatch | None = None,
+    s_aux: torch.Tensor | None = None,
     **kwargs: object,
 ) -> tuple[torch.Tensor, None]:
     """transformers attention-interface function: q [1, H, T, D], k/v [1, KVH, T, D] (post-RoPE)
@@ -142,9 +147,12 @@ def paged_attention(
     common = (batch.block_tables, batch.context_lens, batch.query_lens)
     attributes = (batch.num_heads, batch.num_kv_heads, float(scaling), int(sliding_window or 0), float(softcap or 0.0))
     cos, sin, batch.cos, batch.sin = batch.cos, batch.sin, None, None
+    sinks = None if s_aux is None else s_aux.float()  # gpt-oss: one sink logit per query head
+    if sinks is not None and cos is None:
+        raise NotImplementedError("attention sinks on the CPU kernel need RoPE in the op (DecoderArch.rope_in_kernel)")
     if cos is not None:  # q and k arrive unrotated (rope_in_kernel): the op rotates them
         out, rotated = RotaryPagedAttentionOp.apply(q, k.reshape(flat), v.reshape(flat), key_cache, value_cache, *common,
-                                                    cos, sin, *attributes)
+                                                    cos, sin, sinks, *attributes)
         k = rotated.reshape(-1, batch.num_kv_heads, batch.head_dim)
     else:
         out = PagedAttentionOp.apply(q, k.reshape(flat), v.reshape(flat), key_cache, value_cache, *common, *attributes)

@@ -117,9 +117,11 @@ def paged_attention(
     sliding_window: int | None = None,
     softcap: float | None = None,
     ortinf_paged: PagedBatch | None = None,
+    s_aux: torch.Tensor | None = None,
     **kwargs: object,
 ) -> tuple[torch.Tensor, None]:
-    """transformers attention-interface function over the paged pool.
+    """transformers attention-interface function over the paged pool. `s_aux`: gpt-oss's attention
+    sinks [H], one more logit per head that takes probability and gives no value.
 
     query [1, H, T, D], key/value [1, KVH, T, D] (flattened tokens of all sequences, post-RoPE).
     Returns the attention output as [1, T, H, D], as transformers expects.
@@ -163,7 +165,11 @@ def paged_attention(
     # Where on float inputs (ORT's CPU provider has no Where on bool); a finite fill keeps fully
     # masked padding rows free of NaN.
     scores = torch.where(batch.mask(sliding_window), scores, torch.tensor(torch.finfo(scores.dtype).min, dtype=scores.dtype))
-    probs = torch.softmax(scores, dim=-1)
+    if s_aux is not None:  # rows are (group member g, query) per KV head: head kv * group + g has sink s_aux[kv * group + g]
+        sinks = s_aux.to(scores.dtype).reshape(kv_heads, 1, group, 1, 1).expand(kv_heads, num_seqs, group, scores.shape[2] // group, 1)
+        probs = torch.softmax(torch.cat([scores, sinks.reshape(kv_heads, num_seqs, scores.shape[2], 1)], dim=-1), dim=-1)[..., :-1]
+    else:
+        probs = torch.softmax(scores, dim=-1)
     out = torch.matmul(probs[..., : batch.num_past], past_v) + torch.matmul(probs[..., batch.num_past :], new_v)  # [KVH, S, G * Q, D]
 
     out = out.reshape(kv_heads, num_seqs, group, -1, head_dim).permute(1, 3, 0, 2, 4)  # [S, Q, KVH, G, D]

@@ -88,8 +88,9 @@ class PagedDecoder(torch.nn.Module):
                 head_dim=self.head_dim,
                 default_scaling=self.default_scaling,
             )
-        rope = (cpu_paged.rope_in_kernel(self.model, batch)
-                if self.kernel == CPU_PAGED and DECODERS[self.model.config.model_type].rope_in_kernel else contextlib.nullcontext())
+        arch = DECODERS[self.model.config.model_type]
+        rope = (cpu_paged.rope_in_kernel(self.model, batch, arch.rope_half_tables)
+                if self.kernel == CPU_PAGED and arch.rope_in_kernel else contextlib.nullcontext())
         adapters = contextlib.nullcontext()
         if self.lora_targets:  # inputs: mask, then A and B per target (exporter/lora.py)
             a = {t: lora[1 + 2 * i] for i, t in enumerate(self.lora_targets)}

@@ -88,16 +88,41 @@ def lower_index_ties() -> Iterator[None]:
         torch.topk = original
 
 
+def _gpt_oss_expert(experts: torch.nn.Module, index: int):
+    """gpt-oss's expert `index`: interleaved gate/up with biases, clamped, (up + 1) * gate * sigmoid(alpha gate)."""
+    def expert(x: torch.Tensor) -> torch.Tensor:
+        gate_up = x @ experts.gate_up_proj[index] + experts.gate_up_proj_bias[index]
+        gate, up = gate_up[..., ::2].clamp(max=experts.limit), gate_up[..., 1::2].clamp(min=-experts.limit, max=experts.limit)
+        return ((up + 1) * (gate * torch.sigmoid(gate * experts.alpha))) @ experts.down_proj[index] + experts.down_proj_bias[index]
+
+    return expert
+
+
+def _gpt_oss_forward(block: torch.nn.Module, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """gpt-oss's MLP: top-k of the router's logits, softmax over those k (the same weights as the
+    renormalised softmax), then the experts on their tokens."""
+    shape = hidden_states.shape
+    hidden = hidden_states.reshape(-1, shape[-1])
+    router = block.router
+    logits = F.linear(hidden, router.weight, router.bias)
+    weights, ids = route(logits, router.top_k, normalize=True)
+    experts = [_gpt_oss_expert(block.experts, e) for e in range(block.experts.num_experts)]
+    return routed_experts(hidden, weights, ids, experts).reshape(shape), logits
+
+
+FORWARDS = {**dict.fromkeys(MOE_BLOCKS, _sparse_block_forward), "GptOssMLP": _gpt_oss_forward}
+
+
 def is_moe(model: torch.nn.Module) -> bool:
-    return any(type(m).__name__ in MOE_BLOCKS for m in model.modules())
+    return any(type(m).__name__ in FORWARDS for m in model.modules())
 
 
 @contextlib.contextmanager
 def traceable_moe(model: torch.nn.Module) -> Iterator[None]:
     """While tracing, every sparse MoE block of `model` runs this module's traceable forward."""
-    blocks = [m for m in model.modules() if type(m).__name__ in MOE_BLOCKS]
+    blocks = [m for m in model.modules() if type(m).__name__ in FORWARDS]
     for block in blocks:
-        block.forward = types.MethodType(_sparse_block_forward, block)
+        block.forward = types.MethodType(FORWARDS[type(block).__name__], block)
     try:
         yield
     finally:

@@ -65,6 +65,11 @@ DECODERS = {
         transformers.MixtralConfig, transformers.MixtralForCausalLM,
         dict(DECODER, num_local_experts=8, num_experts_per_tok=2, intermediate_size=32, sliding_window=None),
     ),
+    "gpt_oss": (  # attention sinks, alternating sliding window, biased experts with clamped SwiGLU
+        transformers.GptOssConfig, transformers.GptOssForCausalLM,
+        dict(DECODER, head_dim=16, num_local_experts=8, num_experts_per_tok=2, intermediate_size=32, sliding_window=16,
+             layer_types=["sliding_attention", "full_attention"], pad_token_id=0),
+    ),
     "gpt2": (
         transformers.GPT2Config,
         transformers.GPT2LMHeadModel,

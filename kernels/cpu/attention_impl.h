@@ -56,6 +56,8 @@ struct Step {
   int64_t sliding_window;  // 0: none; else a query at p sees keys k with p - k < sliding_window
   float softcap;           // 0: none; else scores become softcap * tanh(scores / softcap)
   float* out;              // [T, num_heads * head_dim]
+  const float* sinks;      // [num_heads] or null: gpt-oss's attention sinks, one more logit per head whose
+                           // probability weighs nothing (the softmax starts at max = sink, sum = 1)
 };
 
 // The largest query tile per job and the head_dim limit of the per-thread scratch buffers.

@@ -12,6 +12,7 @@
 //   key_cache, value_cache [KVH, blocks, block_size, D] f32 or f16   the paged pool, read in place
 //   block_tables [S, max_blocks] i64, context_lens [S] i64, query_lens [S] i64
 //   cos, sin [T, R] f32 (optional, both or neither)                  RoPE of each token, R <= D, even
+//   sinks [H] f32 (optional)                                         gpt-oss's attention sinks per head
 //   num_heads, kv_num_heads (int), scale (float), sliding_window (int, 0 none), softcap (float, 0 none)
 //   -> output [T, H*D] f32, and (optional) rotated_key [T, KVH*D] f32
 // Without cos/sin, query and key come rotated already (graphs exported before RoPE moved here).
@@ -114,7 +115,7 @@ void run_one(void* data, size_t index) {
   g_run_job(call->step, call->jobs[index]);
 }
 
-constexpr size_t kInputs = 10, kRequiredInputs = 8;
+constexpr size_t kInputs = 11, kRequiredInputs = 8;
 
 OrtStatus* compute(const Kernel& k, OrtKernelContext* context) {
   Tensor t[kInputs];
@@ -185,6 +186,11 @@ OrtStatus* compute(const Kernel& k, OrtKernelContext* context) {
       return fail("PagedAttention: rotary_dim must be even and in 1..head_dim");
   }
 
+  const Tensor& sinks = t[10];
+  if (sinks.data != nullptr && (sinks.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || sinks.shape.size() != 1 ||
+                                sinks.shape[0] != k.num_heads))
+    return fail("PagedAttention: sinks must be float32 [num_heads]");
+
   OrtValue* output = nullptr;
   const int64_t out_shape[2] = {num_tokens, k.num_heads * dim};
   RETURN_IF_ERROR(g_api->KernelContext_GetOutput(context, 0, out_shape, 2, &output));
@@ -220,7 +226,8 @@ OrtStatus* compute(const Kernel& k, OrtKernelContext* context) {
   step = {static_cast<const float*>(query.data), keys,
           rotate ? static_cast<const float*>(cos.data) : nullptr, rotate ? static_cast<const float*>(sin.data) : nullptr,
           rotary_dim, static_cast<const float*>(value.data), key_cache.data, value_cache.data, half, table, ctx, starts.data(), max_blocks, pool_blocks,
-          block_size, k.num_heads, kv_heads, dim, k.scale, k.sliding_window, k.softcap, out};
+          block_size, k.num_heads, kv_heads, dim, k.scale, k.sliding_window, k.softcap, out,
+          static_cast<const float*>(sinks.data)};
   if (call.jobs.size() == 1) {
     run_one(&call, 0);
     return nullptr;

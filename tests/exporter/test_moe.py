@@ -15,19 +15,26 @@ from ortinf.runtime.decoder_graph import DecoderGraph
 from ortinf.runtime.model_input import SequenceChunk, build_model_input
 from tiny_models import add_tokenizer, build_decoder
 
-MOE = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe"]
+MOE = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "gpt_oss"]
 TOLERANCE = 1e-4
 
 
 def moe_block(layer: torch.nn.Module) -> torch.nn.Module:
-    return getattr(layer, "block_sparse_moe", None) or layer.mlp  # Mixtral's name, Qwen3-MoE's
+    return getattr(layer, "block_sparse_moe", None) or layer.mlp  # Mixtral's name, the others'
+
+
+def router(layer: torch.nn.Module) -> torch.nn.Module:
+    block = moe_block(layer)
+    return getattr(block, "gate", None) or block.router  # gpt-oss: a router module with weight and bias
 
 
 def export(model_type: str, root, tie: bool = False):
     model = build_decoder(model_type, root / "hf")
     if tie:  # layer 0 routes every token to tied experts: all router rows equal except experts 5 and 6, equal to each other
-        gate = moe_block(model.model.layers[0]).gate.weight
+        gate, bias = router(model.model.layers[0]).weight, getattr(router(model.model.layers[0]), "bias", None)
         with torch.no_grad():
+            if bias is not None:  # gpt-oss's router has one
+                bias.zero_()
             gate[:] = 0.0
             gate[5] = gate[6] = torch.linspace(-1, 1, gate.shape[1])
         model.save_pretrained(root / "hf")
@@ -49,8 +56,11 @@ def reference(model, tokens: list[int]) -> np.ndarray:
 def experts_chosen(model, tokens: list[int]) -> list[set[int]]:
     """The experts transformers routes each layer's tokens to."""
     chosen = []
-    hooks = [moe_block(layer).gate.register_forward_hook(lambda m, i, out: chosen.append(set(torch.topk(out, 2, -1).indices.flatten().tolist())))
-             for layer in model.model.layers]
+    def record(module, inputs, out):
+        ids = out[1] if isinstance(out, tuple) else torch.topk(out, 2, -1).indices  # gpt-oss's router returns its choice
+        chosen.append(set(ids.flatten().tolist()))
+
+    hooks = [router(layer).register_forward_hook(record) for layer in model.model.layers]
     reference(model, tokens)
     for hook in hooks:
         hook.remove()

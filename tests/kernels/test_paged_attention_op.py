@@ -33,8 +33,9 @@ def op_session(num_heads: int, kv_heads: int, scale: float, window: int, softcap
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-def reference(q, k, v, key_cache, value_cache, tables, ctx, qlens, num_heads, kv_heads, scale, window, softcap):
-    """Dense attention per sequence over [pool slots | new tokens], in float64."""
+def reference(q, k, v, key_cache, value_cache, tables, ctx, qlens, num_heads, kv_heads, scale, window, softcap, sinks=None):
+    """Dense attention per sequence over [pool slots | new tokens], in float64; `sinks` [H]: one more
+    logit per head in the softmax, with no value (gpt-oss)."""
     dim = key_cache.shape[3]
     group = num_heads // kv_heads
     out = np.zeros((q.shape[0], num_heads, dim))
@@ -58,8 +59,10 @@ def reference(q, k, v, key_cache, value_cache, tables, ctx, qlens, num_heads, kv
             if window:
                 visible &= qpos - kpos < window
             scores = np.where(visible, scores, -np.inf)
-            probs = np.exp(scores - scores.max(1, keepdims=True))
-            out[start:start + n, h] = (probs / probs.sum(1, keepdims=True)) @ values[h // group]
+            top = scores.max(1, keepdims=True) if sinks is None else np.maximum(scores.max(1, keepdims=True), sinks[h])
+            probs = np.exp(scores - top)
+            total = probs.sum(1, keepdims=True) + (0.0 if sinks is None else np.exp(sinks[h] - top))
+            out[start:start + n, h] = (probs / total) @ values[h // group]
         start += n
     return out.reshape(q.shape[0], -1)
 
@@ -196,3 +199,26 @@ def test_rope_in_the_op(rotary_dim):
     assert np.array_equal(alone, out)
     with pytest.raises(Exception, match="rotary_dim must be even"):
         rope_session(8, 4, 0.125).run(None, dict(zip([*INPUTS, "cos", "sin"], [*case, cos[:, :3], sin[:, :3]])))
+
+
+def test_attention_sinks():
+    """gpt-oss's sinks (input 10, cos/sin omitted): each head's softmax has one more logit, with no value."""
+    rng = np.random.default_rng(7)
+    case = random_case(rng, [0, 19, 40], [5, 1, 3], 8, 4, 64)
+    sinks = rng.normal(0, 2, 8).astype(np.float32)
+    names = [*INPUTS, "", "", "sinks"]
+    types = [TensorProto.FLOAT] * 5 + [TensorProto.INT64] * 3
+    inputs = [helper.make_tensor_value_info(n, t, [None] * r) for n, t, r in zip(INPUTS, types, [2, 2, 2, 4, 4, 2, 1, 1])]
+    inputs.append(helper.make_tensor_value_info("sinks", TensorProto.FLOAT, [8]))
+    node = helper.make_node("PagedAttention", names, ["out"], domain="ortinf", num_heads=8, kv_num_heads=4, scale=0.125, sliding_window=16)
+    graph = helper.make_graph([node], "op", inputs, [helper.make_tensor_value_info("out", TensorProto.FLOAT, [None, None])])
+    options = ort.SessionOptions()
+    library.register(options)
+    session = ort.InferenceSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ortinf", 1)]
+                                                     ).SerializeToString(), options, providers=["CPUExecutionProvider"])
+    out = session.run(None, {**dict(zip(INPUTS, case)), "sinks": sinks})[0]
+    want = reference(*case, 8, 4, 0.125, 16, 0.0, sinks=sinks.astype(np.float64))
+    assert np.abs(out - want).max() < 1e-4
+    assert np.abs(out - reference(*case, 8, 4, 0.125, 16, 0.0)).max() > 1e-2  # the sinks change the output
+    with pytest.raises(Exception, match="sinks"):  # ORT checks the declared shape first
+        session.run(None, {**dict(zip(INPUTS, case)), "sinks": sinks[:4]})
