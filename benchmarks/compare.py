@@ -121,11 +121,12 @@ def prompts(vocab: int = 8192) -> list[list[int]]:
     return [rng.integers(3, vocab, 64 + 4 * i).tolist() for i in range(NUM_PROMPTS)]
 
 
-def run(engine: Engine, mode: str, work: Path, hf_dir: Path, prompt_set: list[list[int]], timeout: float) -> Row:
+def run(engine: Engine, mode: str, work: Path, hf_dir: Path, prompt_set: list[list[int]], timeout: float,
+        new_tokens: int = NEW_TOKENS) -> Row:
     python = ROOT / engine.venv / "bin" / "python"
     if not python.exists():
         return Row(engine, mode, None, f"not installed (bash benchmarks/peers/install_{engine.runner}.sh)")
-    job = engine.job(hf_dir=str(hf_dir), work_dir=str(work / engine.runner), prompts=prompt_set, new_tokens=NEW_TOKENS,
+    job = engine.job(hf_dir=str(hf_dir), work_dir=str(work / engine.runner), prompts=prompt_set, new_tokens=new_tokens,
                      threads=THREADS, mode=mode)
     job_file, result_file = work / "job.json", work / "result.json"
     job_file.write_text(json.dumps(job))

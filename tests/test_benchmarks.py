@@ -43,7 +43,7 @@ def test_every_script_is_covered():
 def test_benchmark_runs_in_tiny_mode(script, tmp_path):
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     extra = list(SCRIPTS[script])
-    if script in ("compare.py", "speculative.py", "structured_output.py"):
+    if script in ("compare.py", "speculative.py", "structured_output.py", "moe.py"):
         extra += ["--work-dir", str(tmp_path / "work")]
     done = subprocess.run([sys.executable, str(BENCHMARKS / script), "--tiny", *extra], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=900)

@@ -1,7 +1,9 @@
 """llama.cpp through llama-cpp-python's low-level API: one context, all sequences in llama_decode.
 
-Conversion: the Hugging Face llama is written to GGUF (F32) with the `gguf` package, as llama.cpp's
-convert_hf_to_gguf.py writes a llama (q/k rows permuted to GGML's rotary layout; a byte-fallback
+Conversion: the Hugging Face llama, qwen3 or qwen3_moe is written to GGUF (F32) with the `gguf`
+package, as llama.cpp's convert_hf_to_gguf.py writes them (llama: q/k rows permuted to GGML's rotary
+layout; qwen3: NEOX rotary, so no permutation, and q/k norms; qwen3_moe: the router as ffn_gate_inp
+and each layer's experts stacked into ffn_{gate,up,down}_exps [experts, ...]; a byte-fallback
 SentencePiece vocabulary of placeholder pieces, since the benchmark feeds token ids and the random
 model has no tokenizer), then quantized to Q8_0 / Q4_0 by llama.cpp's own llama_model_quantize.
 Batch mode: every prompt is prefilled in llama_decode calls of up to n_batch tokens spanning several
@@ -38,7 +40,13 @@ def write_gguf(hf_dir: Path, out: Path) -> None:
     weights = load_file(str(hf_dir / "model.safetensors"))
     heads, kv_heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
-    writer = gguf.GGUFWriter(str(out), "llama")
+    model_type = cfg.get("model_type", "llama")
+    arch = {"llama": "llama", "qwen3": "qwen3", "qwen3_moe": "qwen3moe"}[model_type]
+    writer = gguf.GGUFWriter(str(out), arch)
+    if model_type == "qwen3_moe":
+        writer.add_expert_count(cfg["num_experts"])
+        writer.add_expert_used_count(cfg["num_experts_per_tok"])
+        writer.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
     writer.add_context_length(cfg["max_position_embeddings"])
     writer.add_embedding_length(cfg["hidden_size"])
     writer.add_block_count(cfg["num_hidden_layers"])
@@ -63,17 +71,26 @@ def write_gguf(hf_dir: Path, out: Path) -> None:
     writer.add_eos_token_id(2)
     writer.add_unk_token_id(0)
     names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-             "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-             "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+             "self_attn.o_proj": "attn_output", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+    if model_type == "qwen3_moe":
+        names["mlp.gate"] = "ffn_gate_inp"
+    else:
+        names.update({"mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"})
+    if model_type != "llama":
+        names.update({"self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"})
     writer.add_tensor("token_embd.weight", weights["model.embed_tokens.weight"])
     for layer in range(cfg["num_hidden_layers"]):
         for hf, gg in names.items():
             w = weights[f"model.layers.{layer}.{hf}.weight"]
-            if hf == "self_attn.q_proj":
+            if model_type == "llama" and hf == "self_attn.q_proj":
                 w = permute(w, heads)
-            elif hf == "self_attn.k_proj":
+            elif model_type == "llama" and hf == "self_attn.k_proj":
                 w = permute(w, kv_heads)
             writer.add_tensor(f"blk.{layer}.{gg}.weight", np.ascontiguousarray(w))
+        if model_type == "qwen3_moe":
+            for hf, gg in (("gate_proj", "ffn_gate_exps"), ("up_proj", "ffn_up_exps"), ("down_proj", "ffn_down_exps")):
+                stacked = np.stack([weights[f"model.layers.{layer}.mlp.experts.{e}.{hf}.weight"] for e in range(cfg["num_experts"])])
+                writer.add_tensor(f"blk.{layer}.{gg}.weight", stacked)
     writer.add_tensor("output_norm.weight", weights["model.norm.weight"])
     lm_head = weights.get("lm_head.weight", weights["model.embed_tokens.weight"])
     writer.add_tensor("output.weight", lm_head)

@@ -70,7 +70,8 @@ def test_kv_cache_memory_takes_sizes_in_python_too(decoder_package):
 HAND_WRITTEN = {"provider": "--provider", "kv_cache_memory": "--kv-cache-memory", "max_num_seqs": "--max-num-seqs",
                 "max_num_batched_tokens": "--max-num-batched-tokens", "intra_op_threads": "--intra-op-threads",
                 "provider_options": "--provider-option", "allow_cpu_fallback": "--allow-cpu-fallback",
-                "shape_buckets": "--shape-buckets", "cpu_kernel": "--cpu-kernel", "speculative_config": "--speculative-config"}
+                "shape_buckets": "--shape-buckets", "cpu_kernel": "--cpu-kernel", "speculative_config": "--speculative-config",
+                "lora_modules": "--lora-modules"}
 
 
 def test_every_engine_setting_is_a_serve_option():
