@@ -92,9 +92,10 @@ class PagedDecoder(torch.nn.Module):
         rope = (cpu_paged.rope_in_kernel(self.model, batch, arch.rope_half_tables)
                 if self.kernel == CPU_PAGED and arch.rope_in_kernel else contextlib.nullcontext())
         adapters = contextlib.nullcontext()
-        if self.lora_targets:  # inputs: mask, then A and B per target (exporter/lora.py)
-            a = {t: lora[1 + 2 * i] for i, t in enumerate(self.lora_targets)}
-            b = {t: lora[2 + 2 * i] for i, t in enumerate(self.lora_targets)}
+        if self.lora_targets:  # inputs: mask, then per layer and target A and B (exporter/lora.py)
+            keys = [(layer, t) for layer in range(self.num_layers) for t in self.lora_targets]
+            a = {key: lora[1 + 2 * i] for i, key in enumerate(keys)}
+            b = {key: lora[2 + 2 * i] for i, key in enumerate(keys)}
             adapters = lora_linears(self.model, self.lora_targets, lora[0], a, b)
         legacy = has_legacy_attention(self.model)  # its base model's forward takes no ortinf_paged
         with rope, traceable_moe(self.model), adapters, legacy_attention(self.model, batch):
@@ -185,7 +186,7 @@ def trace_decoder(model: PreTrainedModel, spec: DecoderSpec, path: Path, dtype: 
     cache_inputs, cache_outputs = cache_names(spec.num_layers)
     # the contrib op writes the pool itself: its outputs are the pools; the portable kernel's are the new K/V
     kv_outputs = cache_outputs if spec.kernel == CONTRIB_PAGED else new_kv_names(spec.num_layers)
-    inputs = [*INPUTS_HEAD, *cache_inputs, *(lora_input_names(spec.lora_targets) if spec.lora_targets else ())]
+    inputs = [*INPUTS_HEAD, *cache_inputs, *(lora_input_names(spec.num_layers, spec.lora_targets) if spec.lora_targets else ())]
     outputs = [LOGITS, *kv_outputs]
     dynamic_axes: dict[str, dict[int, str]] = {
         "input_ids": {0: "num_tokens"},
@@ -202,7 +203,7 @@ def trace_decoder(model: PreTrainedModel, spec: DecoderSpec, path: Path, dtype: 
         dynamic_axes[name] = {0: "num_blocks", 1: "block_size"} if spec.kernel == CONTRIB_PAGED else {0: "num_tokens"}
     for name in cache_inputs if spec.kernel == CONTRIB_PAGED else ():
         dynamic_axes[name] = {0: "num_blocks", 1: "block_size"}
-    dynamic_axes.update(lora_dynamic_axes(spec.lora_targets) if spec.lora_targets else {})
+    dynamic_axes.update(lora_dynamic_axes(spec.num_layers, spec.lora_targets) if spec.lora_targets else {})
     wrapper = PagedDecoder(model, attention, spec.lora_targets).eval()
     with paged_attention_enabled(model, attention), torch.no_grad(), quiet_tracing():
         torch.onnx.export(

@@ -88,16 +88,17 @@ class DecoderSpec:
 LORA_MASK = "lora_mask"  # [num_tokens, lora_width]: each token's adapter scale on its adapter's columns
 
 
-def lora_a_name(target: str) -> str:
-    return f"lora_a.{target}"  # [num_layers, in_features, lora_width]
+def lora_a_name(layer: int, target: str) -> str:
+    return f"lora_a.{layer}.{target}"  # [in_features, lora_width]
 
 
-def lora_b_name(target: str) -> str:
-    return f"lora_b.{target}"  # [num_layers, lora_width, out_features]
+def lora_b_name(layer: int, target: str) -> str:
+    return f"lora_b.{layer}.{target}"  # [lora_width, out_features]
 
 
-def lora_input_names(targets) -> list[str]:  # noqa: ANN001 - any iterable of target names
-    return [LORA_MASK, *(name for t in targets for name in (lora_a_name(t), lora_b_name(t)))]
+def lora_input_names(num_layers: int, targets) -> list[str]:  # noqa: ANN001 - any iterable of target names
+    """The mask, then per layer, per target, A and B (one input each: bound once, never gathered)."""
+    return [LORA_MASK, *(n for layer in range(num_layers) for t in targets for n in (lora_a_name(layer, t), lora_b_name(layer, t)))]
 
 
 @dataclass(frozen=True, slots=True)

@@ -85,12 +85,25 @@ class DecoderGraph:
         self.binding.bind_output(LOGITS, "cpu")  # first bound output: get_outputs()[0]
         self.pool.bind(self.binding)
         self._buffers: dict[str, np.ndarray] = {}
-        #: the loaded LoRA adapters (runtime/lora.py) for a package with LoRA inputs; none loaded: zeros
-        self.lora = LoraSlots(self.spec, dtype=self.lora_dtype) if self.spec.lora_targets else None
+        self._lora: LoraSlots | None = None
+        if self.spec.lora_targets:  # no adapter slot until the engine sets some: one zero column
+            self.lora = LoraSlots(self.spec, dtype=self.lora_dtype)
         if shape_buckets is None:
             self.buckets = self.provider.buckets
         else:
             self.buckets = (self.provider.buckets or POWER_OF_TWO_BUCKETS) if shape_buckets else None
+
+    @property
+    def lora(self) -> LoraSlots | None:
+        """The loaded LoRA adapters (runtime/lora.py) of a package with LoRA inputs."""
+        return self._lora
+
+    @lora.setter
+    def lora(self, slots: LoraSlots) -> None:
+        """Binds the adapters' A/B inputs once, where they live (loading writes them in place)."""
+        self._lora = slots
+        for name, array in slots.weights().items():
+            self.binding.bind_input(name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)
 
     @property
     def lora_dtype(self) -> type:
@@ -126,13 +139,9 @@ class DecoderGraph:
             del feeds[SLOT_MAPPING]
         for name, array in feeds.items():
             self._bind_input(name, array)
-        if self.lora is not None:
+        if self._lora is not None:  # the A/B inputs stay bound (the lora setter); the mask is per step
             slots = model_input.lora_slots if model_input.lora_slots is not None else np.full(len(model_input.input_ids), -1)
-            for name, array in self.lora.feeds(slots).items():
-                if name == LORA_MASK:
-                    self._bind_input(name, array)
-                else:  # the adapters' weights, bound where they live (LoraSlots keeps them alive)
-                    self.binding.bind_input(name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)
+            self._bind_input(LORA_MASK, self._lora.mask(slots))
         self.binding.bind_output(LOGITS, "cpu")  # unallocated again: its row count changes per step
         if not self.pool.graph_write:
             for name in self.pool.output_names:

@@ -2,12 +2,13 @@
 graph's LoRA inputs (exporter/lora.py has the graph side), one adapter per request.
 
     slots:    adapter k (0 <= k < max_loras) owns columns [k * max_rank, k * max_rank + its rank)
-    lora_a.T  [num_layers, in, max_loras * max_rank]   A^T of each adapter in its columns
-    lora_b.T  [num_layers, max_loras * max_rank, out]  B^T in the same rows
+    a[target] [num_layers, in, max_loras * max_rank]   A^T of each adapter in its columns
+    b[target] [num_layers, max_loras * max_rank, out]  B^T in the same rows
     mask      [num_tokens, width]  a token's adapter scale (lora_alpha / r) on its columns, else 0
 
-Loading writes an adapter's columns in place (the arrays are bound to the graph by pointer on the
-CPU, copied per call elsewhere); unloading zeroes them. A package exported without --enable-lora has
+The graph takes each layer's slice as its own input (lora_a.{layer}.{target}); the slices are
+contiguous views of these arrays, bound once (DecoderGraph.lora) and read in place on the CPU.
+Loading writes an adapter's columns in place; unloading zeroes them; only the mask changes per step. A package exported without --enable-lora has
 no LoRA inputs: adapters are refused with the command that makes one that has.
 """
 
@@ -23,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from ortinf.errors import ConfigError
-from ortinf.manifest import LORA_MASK, DecoderSpec, lora_a_name, lora_b_name
+from ortinf.manifest import DecoderSpec, lora_a_name, lora_b_name
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -173,9 +174,11 @@ class LoraSlots:
                 mask[rows, start : start + self.adapters[name].rank] = self.adapters[name].scale
         return mask
 
-    def feeds(self, token_slots: np.ndarray) -> dict[str, np.ndarray]:
-        """The graph's LoRA inputs for a step whose tokens belong to `token_slots`."""
-        feeds = {LORA_MASK: self.mask(token_slots)}
+    def weights(self) -> dict[str, np.ndarray]:
+        """The graph's A/B inputs by name: contiguous per-layer views of the arrays (bind them once)."""
+        weights = {}
         for target in self.a:
-            feeds[lora_a_name(target)], feeds[lora_b_name(target)] = self.a[target], self.b[target]
-        return feeds
+            for layer in range(self.spec.num_layers):
+                weights[lora_a_name(layer, target)] = self.a[target][layer]
+                weights[lora_b_name(layer, target)] = self.b[target][layer]
+        return weights

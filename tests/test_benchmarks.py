@@ -30,6 +30,7 @@ SCRIPTS = {
     "output_path.py": [],
     "moe.py": [],
     "lora.py": [],
+    "lora_layouts.py": [],
 }
 SLOW = {"ray_serve.py"}  # starts Ray clusters: minutes
 
