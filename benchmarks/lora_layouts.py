@@ -39,29 +39,30 @@ class Stack(torch.nn.Module):
         self.layout = layout
         self.weights = torch.nn.ParameterList([torch.nn.Parameter(torch.randn(hidden, hidden) * 0.02) for _ in range(layers)])
 
-    def forward(self, x, slots, mask, a, b, a_flat, b_flat):  # a [L, S, H, r], b [L, S, r, H]; a_flat [L, H, S*r], b_flat [L, S*r, H]
+    def forward(self, x, slots, mask, *per_layer):  # per layer: a [S, H, r], b [S, r, H], a_flat [H, S*r], b_flat [S*r, H]
         for layer, weight in enumerate(self.weights):
+            a, b, a_flat, b_flat = per_layer[4 * layer : 4 * layer + 4]  # one input each, as the runtime binds them
             y = x @ weight
-            if self.layout == "masked":  # as runtime/lora.py lays them out
-                y = y + ((x @ a_flat[layer]) * mask) @ b_flat[layer]
+            if self.layout == "masked":  # as exporter/lora.py and runtime/lora.py lay them out
+                y = y + ((x @ a_flat) * mask) @ b_flat
             elif self.layout == "gathered":
-                y = y + torch.matmul(torch.matmul(x[:, None, :], a[layer][slots]), b[layer][slots])[:, 0]
+                y = y + torch.matmul(torch.matmul(x[:, None, :], a[slots]), b[slots])[:, 0]
             elif self.layout == "grouped":
-                for slot in range(a.shape[1]):
+                for slot in range(a.shape[0]):
                     rows = torch.nonzero(slots == slot)[:, 0]
-                    y = y.index_put((rows,), (x[rows] @ a[layer][slot]) @ b[layer][slot], accumulate=True)
+                    y = y.index_put((rows,), (x[rows] @ a[slot]) @ b[slot], accumulate=True)
             x = y
         return x
 
 
 def session(layout: str, folder: Path, layers: int, hidden: int) -> ort.InferenceSession:
     model = Stack(layout, layers, hidden).eval()
-    example = (torch.randn(4, hidden), torch.tensor([0, 1, -1, 2]), torch.rand(4, ADAPTERS * RANK),
-               torch.randn(layers, ADAPTERS, hidden, RANK), torch.randn(layers, ADAPTERS, RANK, hidden),
-               torch.randn(layers, hidden, ADAPTERS * RANK), torch.randn(layers, ADAPTERS * RANK, hidden))
+    per_layer = [t for _ in range(layers) for t in (torch.randn(ADAPTERS, hidden, RANK), torch.randn(ADAPTERS, RANK, hidden),
+                                                    torch.randn(hidden, ADAPTERS * RANK), torch.randn(ADAPTERS * RANK, hidden))]
+    example = (torch.randn(4, hidden), torch.tensor([0, 1, -1, 2]), torch.rand(4, ADAPTERS * RANK), *per_layer)
     path = folder / f"{layout}.onnx"
     with torch.no_grad():
-        torch.onnx.export(model, example, str(path), dynamo=False, input_names=["x", "slots", "mask", "a", "b", "a_flat", "b_flat"], output_names=["y"],
+        torch.onnx.export(model, example, str(path), dynamo=False, input_names=["x", "slots", "mask", *(f"{n}{i}" for i in range(layers) for n in ("a", "b", "a_flat", "b_flat"))], output_names=["y"],
                           dynamic_axes={"x": {0: "t"}, "slots": {0: "t"}, "mask": {0: "t"}}, opset_version=17)
     options = ort.SessionOptions()
     options.intra_op_num_threads = 2
@@ -76,9 +77,10 @@ def feeds(tokens: int, layers: int, hidden: int, rng: np.random.Generator, names
             mask[t, s * RANK : (s + 1) * RANK] = 2.0
     a = rng.standard_normal((layers, ADAPTERS, hidden, RANK)).astype(np.float32) * 0.01
     b = rng.standard_normal((layers, ADAPTERS, RANK, hidden)).astype(np.float32) * 0.01
-    everything = {"x": rng.standard_normal((tokens, hidden)).astype(np.float32), "slots": slots.astype(np.int64), "mask": mask, "a": a, "b": b,
-                  "a_flat": np.ascontiguousarray(a.transpose(0, 2, 1, 3).reshape(layers, hidden, -1)),
-                  "b_flat": np.ascontiguousarray(b.reshape(layers, -1, hidden))}
+    everything = {"x": rng.standard_normal((tokens, hidden)).astype(np.float32), "slots": slots.astype(np.int64), "mask": mask}
+    for i in range(layers):
+        everything.update({f"a{i}": a[i], f"b{i}": b[i], f"a_flat{i}": np.ascontiguousarray(a[i].transpose(1, 0, 2).reshape(hidden, -1)),
+                           f"b_flat{i}": np.ascontiguousarray(b[i].reshape(-1, hidden))})
     return {k: v for k, v in everything.items() if k in names}
 
 
