@@ -47,6 +47,8 @@ def manifest_rows(manifest: Manifest, folder: Path) -> list[tuple[str, str]]:
             ("attention kernel", f"{d.kernel} (runs on {', '.join(n for n, p in PROVIDERS.items() if d.kernel in p.kernels)})"),
             ("kv cache", f"{d.kv_dtype}, layout [{d.kv_layout}] per layer"),
             ("cpu kernel", cpu_kernel_row(manifest)),
+            ("lora", f"inputs on {', '.join(d.lora_targets)} (serve adapters with --lora-modules)" if d.lora_targets
+             else "none (export with --enable-lora to serve adapters)"),
         ]
     if manifest.encoder is not None:
         e = manifest.encoder
