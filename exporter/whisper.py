@@ -1,0 +1,155 @@
+"""Whisper (encoder-decoder speech recognition) on the paged contract: two graphs.
+
+    encoder.onnx   input_features [B, mels, 2 * source_positions]
+                   -> cross_key.{i}, cross_value.{i} [B, source_positions, heads, head_dim] per decoder layer
+                      (the encoder's output already through each decoder layer's cross-attention k/v
+                      projections: computed once per request)
+    model.onnx     the text decoders' inputs (flattened tokens, positions, block tables, context and
+                   query lengths, logits indices, per layer the paged pool) plus
+                   cross_block_tables [S, cross_blocks] and cross_lens [S]
+                   -> logits [S, vocab] and the step's new self-attention K/V per layer
+
+Where the cross-attention K/V live: in the same per-layer paged pool as the self-attention K/V, in
+blocks of their own (a request's cross table). One allocator then accounts for everything a request
+holds, a request that finishes frees both, and the decoder reads both kinds the same way (a gather
+through a block table). The other option, a per-request cache beside the pool, would need its own
+accounting in the scheduler and its own binding per step; the pool costs the encoder's positions
+rounded up to whole blocks (1500 positions: 94 blocks of 16).
+
+Status (issue 23, in progress): the two graphs and their parity with transformers, step by step,
+with the cross K/V written into pool blocks by numpy (tests/exporter/test_whisper.py). The runtime
+(scheduling cross blocks, the encoder batched across requests), the mel front end, the audio routes
+and `ortinf transcribe` are not built yet.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import AttentionInterface
+
+from ortinf.exporter import attention_portable as portable
+from ortinf.exporter.legacy_attention import CURRENT_BATCH
+from ortinf.exporter.tracing import OPSET, quiet_tracing
+
+ATTENTION_NAME = "ortinf_whisper_paged"
+CROSS_INPUTS = ("cross_block_tables", "cross_lens")
+
+
+def _self_attention(module, query, key, value, attention_mask, **kwargs):  # noqa: ANN001, ANN201
+    """Whisper's decoder self-attention calls this with no way to pass the batch: it comes from
+    CURRENT_BATCH. The encoder (the same config, no batch) keeps transformers' eager attention."""
+    batch = CURRENT_BATCH.get(None)
+    if batch is None:
+        from transformers.models.whisper.modeling_whisper import eager_attention_forward
+
+        return eager_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    return portable.paged_attention(module, query, key, value, attention_mask, scaling=kwargs.get("scaling"), ortinf_paged=batch)
+
+
+def cross_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, batch: portable.PagedBatch,
+                    cross_tables: torch.Tensor, cross_lens: torch.Tensor) -> torch.Tensor:
+    """query [T, H, D] (scaled) against each sequence's cross K/V in its pool blocks: [T, H, D]."""
+    heads, head_dim = key_cache.shape[0], key_cache.shape[3]
+    num_seqs = batch.num_seqs
+    keys = key_cache[:, cross_tables].reshape(heads, num_seqs, -1, head_dim)  # [H, S, C, D]
+    values = value_cache[:, cross_tables].reshape(heads, num_seqs, -1, head_dim)
+    q = query[batch.pad_index].permute(2, 0, 1, 3)  # [H, S, Q, D]
+    scores = torch.matmul(q, keys.transpose(2, 3))  # [H, S, Q, C]
+    visible = torch.arange(keys.shape[2], dtype=torch.int64)[None, None, :] < cross_lens[:, None, None]  # [S, 1, C]
+    scores = torch.where(visible[None], scores, torch.tensor(torch.finfo(scores.dtype).min, dtype=scores.dtype))
+    out = torch.matmul(torch.softmax(scores, dim=-1), values)  # [H, S, Q, D]
+    return out.permute(1, 2, 0, 3).reshape(-1, heads, head_dim)[batch.unpad_index]
+
+
+class WhisperEncoderGraph(torch.nn.Module):
+    """input_features -> every decoder layer's cross-attention K and V."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.encoder = model.model.encoder
+        self.cross = torch.nn.ModuleList(layer.encoder_attn for layer in model.model.decoder.layers)
+        self.heads = model.config.decoder_attention_heads
+        self.head_dim = model.config.d_model // self.heads
+
+    def forward(self, input_features: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        hidden = self.encoder(input_features).last_hidden_state  # [B, P, d_model]
+        shape = (hidden.shape[0], -1, self.heads, self.head_dim)
+        outputs = []
+        for attention in self.cross:
+            outputs += [attention.k_proj(hidden).reshape(shape), attention.v_proj(hidden).reshape(shape)]
+        return tuple(outputs)
+
+
+class PagedWhisperDecoder(torch.nn.Module):
+    """The paged decoder step: self-attention over the pool, cross-attention over each sequence's cross blocks."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self.decoder = model.model.decoder
+        self.num_layers = model.config.decoder_layers
+        self.heads = model.config.decoder_attention_heads
+        self.head_dim = model.config.d_model // self.heads
+
+    def forward(self, input_ids, positions, block_tables, context_lens, query_lens, logits_indices,  # noqa: ANN001, ANN201
+                cross_block_tables, cross_lens, *caches):
+        batch = portable.PagedBatch(block_tables=block_tables, context_lens=context_lens, query_lens=query_lens,
+                                    key_caches=list(caches[0::2]), value_caches=list(caches[1::2]), num_kv_heads=self.heads,
+                                    group=1, head_dim=self.head_dim, default_scaling=lambda module, dim: dim**-0.5)
+
+        def cross_forward(attention, hidden_states, key_value_states=None, **kwargs):  # noqa: ANN001, ANN202
+            query = (attention.q_proj(hidden_states) * attention.scaling).reshape(-1, self.heads, self.head_dim)
+            layer = attention.layer_idx
+            out = cross_attention(query, batch.key_caches[layer], batch.value_caches[layer], batch, cross_block_tables, cross_lens)
+            return attention.out_proj(out.reshape(1, -1, self.heads * self.head_dim)), None
+
+        import types
+
+        patched = [layer.encoder_attn for layer in self.decoder.layers]
+        for attention in patched:
+            attention.forward = types.MethodType(cross_forward, attention)
+        token = CURRENT_BATCH.set(batch)
+        try:
+            dummy = torch.zeros(1, 1, self.model.config.d_model, dtype=self.decoder.embed_tokens.weight.dtype)  # turns cross-attention on
+            hidden = self.decoder(input_ids=input_ids[None], position_ids=positions[None], encoder_hidden_states=dummy,
+                                  use_cache=False).last_hidden_state[0]
+        finally:
+            CURRENT_BATCH.reset(token)
+            for attention in patched:
+                del attention.forward
+        logits = self.model.proj_out(hidden[logits_indices])
+        return (logits, *[t for pair in zip(batch.new_keys, batch.new_values) for t in pair])
+
+
+def export_whisper_graphs(model: torch.nn.Module, folder: Path) -> None:
+    """Traces encoder.onnx and model.onnx (the decoder returns its new K/V: host write) into `folder`."""
+    config = model.config
+    AttentionInterface.register(ATTENTION_NAME, _self_attention)
+    previous = config._attn_implementation
+    config._attn_implementation = ATTENTION_NAME
+    layers, heads, head_dim = config.decoder_layers, config.decoder_attention_heads, config.d_model // config.decoder_attention_heads
+    try:
+        with torch.no_grad(), quiet_tracing():
+            features = torch.randn(1, config.num_mel_bins, 2 * config.max_source_positions)
+            names = [f"cross_{kind}.{i}" for i in range(layers) for kind in ("key", "value")]
+            torch.onnx.export(WhisperEncoderGraph(model).eval(), (features,), str(folder / "encoder.onnx"), dynamo=False,
+                              input_names=["input_features"], output_names=names,
+                              dynamic_axes={"input_features": {0: "batch"}, **{n: {0: "batch"} for n in names}}, opset_version=OPSET)
+            block_size, blocks = 4, 8
+            caches = [torch.randn(heads, blocks, block_size, head_dim) for _ in range(2 * layers)]
+            example = (torch.tensor([1, 2, 3, 4]), torch.tensor([2, 3, 4, 5]), torch.tensor([[3, 1], [0, 5]]), torch.tensor([2, 5]),
+                       torch.tensor([3, 1]), torch.tensor([2, 3]), torch.tensor([[6, 7], [2, 4]]), torch.tensor([6, 8]), *caches)
+            cache_names = [f"{kind}_cache.{i}" for i in range(layers) for kind in ("key", "value")]
+            new_names = [f"new_{kind}.{i}" for i in range(layers) for kind in ("key", "value")]
+            axes = {"input_ids": {0: "num_tokens"}, "positions": {0: "num_tokens"}, "block_tables": {0: "num_seqs", 1: "max_blocks"},
+                    "context_lens": {0: "num_seqs"}, "query_lens": {0: "num_seqs"}, "logits_indices": {0: "num_seqs"},
+                    "cross_block_tables": {0: "num_seqs", 1: "cross_blocks"}, "cross_lens": {0: "num_seqs"}, "logits": {0: "num_seqs"},
+                    **{n: {1: "num_blocks", 2: "block_size"} for n in cache_names}, **{n: {0: "num_tokens"} for n in new_names}}
+            torch.onnx.export(PagedWhisperDecoder(model).eval(), example, str(folder / "model.onnx"), dynamo=False,
+                              input_names=["input_ids", "positions", "block_tables", "context_lens", "query_lens", "logits_indices",
+                                           *CROSS_INPUTS, *cache_names],
+                              output_names=["logits", *new_names], dynamic_axes=axes, opset_version=OPSET)
+    finally:
+        config._attn_implementation = previous
