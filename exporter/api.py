@@ -26,7 +26,8 @@ from ortinf.exporter.source import ModelSource, resolve_model
 from ortinf.exporter.verify import verify_decoder, verify_encoder, verify_quality
 from ortinf.exporter import attention_cpu as cpu_paged
 from ortinf.manifest import (
-    CONTRIB_PAGED, CPU_MODEL_NAME, KERNELS, MODEL_NAME, PORTABLE, TASKS, TEXT_GENERATION, CpuKernel, Manifest, Quantization,
+    CONTRIB_PAGED, CPU_MODEL_NAME, KERNELS, MODEL_NAME, PORTABLE, SPEECH_RECOGNITION, TASKS, TEXT_GENERATION, CpuKernel, Manifest,
+    Quantization,
 )
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,13 @@ def export(
     quant_block_size = quant_block_size or DEFAULT_BLOCK_SIZES.get(dtype, 32)
     if dtype in QUANTIZED and (quant_block_size < 16 or quant_block_size & (quant_block_size - 1)):
         raise ExportError(f"--quant-block-size must be a power of two >= 16, got {quant_block_size}")
+    if task == SPEECH_RECOGNITION:
+        if dtype != "fp32" or kernel != PORTABLE or enable_lora:
+            raise ExportError(f"{source.name} is a speech model: export it at --dtype fp32 with the portable kernel "
+                              "(other forms are not built for Whisper yet)")
+        from ortinf.exporter.whisper import export_whisper
+
+        return export_whisper(source, out_path, overwrite, tolerance, progress)
     if task != TEXT_GENERATION:
         read_pooling(source)  # refuse unsupported sentence-transformers modules before loading weights
         if dtype in QUANTIZED:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from ortinf.errors import UnsupportedArchitectureError
-from ortinf.manifest import FEATURE_EXTRACTION, TEXT_CLASSIFICATION, TEXT_GENERATION
+from ortinf.manifest import FEATURE_EXTRACTION, SPEECH_RECOGNITION, TEXT_CLASSIFICATION, TEXT_GENERATION
 
 
 def _inverse_sqrt(module: torch.nn.Module, head_dim: int) -> float:
@@ -77,10 +77,16 @@ ENCODERS: dict[str, str] = {
     "distilbert": "DistilBERT",
 }
 
+# Encoder-decoders for speech recognition: an encoder graph and a paged decoder graph (exporter/whisper.py).
+SPEECH: dict[str, str] = {
+    "whisper": "Whisper tiny...large-v3, distil-whisper (encoder-decoder; the serving side is being built: issue 23)",
+}
+
 SUPPORTED: dict[str, tuple[str, ...]] = {
     TEXT_GENERATION: tuple(DECODERS),
     FEATURE_EXTRACTION: tuple(ENCODERS),
     TEXT_CLASSIFICATION: tuple(ENCODERS),
+    SPEECH_RECOGNITION: tuple(SPEECH),
 }
 
 
@@ -89,7 +95,7 @@ def describe_supported() -> str:
     lines = []
     for task, names in SUPPORTED.items():
         lines.append(f"{task}:")
-        table = DECODERS if task == TEXT_GENERATION else ENCODERS
+        table = DECODERS if task == TEXT_GENERATION else SPEECH if task == SPEECH_RECOGNITION else ENCODERS
         for name in names:
             entry = table[name]
             lines.append(f"  {name:<12} {entry.example if isinstance(entry, DecoderArch) else entry}")
@@ -99,14 +105,16 @@ def describe_supported() -> str:
 def resolve_task(model_type: str, architectures: list[str] | None, requested: str) -> str:
     """Picks the task: the requested one, or from the config's architectures when 'auto'."""
     archs = architectures or []
-    if requested == "auto" and model_type not in DECODERS and model_type not in ENCODERS:
+    if requested == "auto" and model_type not in DECODERS and model_type not in ENCODERS and model_type not in SPEECH:
         raise UnsupportedArchitectureError(
             f"model_type '{model_type}' is not supported; supported: text-generation: {', '.join(DECODERS)}; "
-            f"feature-extraction and text-classification: {', '.join(ENCODERS)}"
+            f"feature-extraction and text-classification: {', '.join(ENCODERS)}; automatic-speech-recognition: {', '.join(SPEECH)}"
         )
     if requested == "auto":
         if model_type in DECODERS:
             task = TEXT_GENERATION
+        elif model_type in SPEECH:
+            task = SPEECH_RECOGNITION
         elif any(a.endswith("ForSequenceClassification") for a in archs):
             task = TEXT_CLASSIFICATION
         else:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import torch
 from transformers import AttentionInterface
 
@@ -153,3 +154,137 @@ def export_whisper_graphs(model: torch.nn.Module, folder: Path) -> None:
                               output_names=["logits", *new_names], dynamic_axes=axes, opset_version=OPSET)
     finally:
         config._attn_implementation = previous
+
+
+def step_through_pool(encoder: object, decoder: object, model: torch.nn.Module, features: np.ndarray, prompts: list[list[int]],
+                      steps: int, block_size: int = 4) -> float:
+    """Runs the encoder graph, writes each request's cross K/V into pool blocks of its own (numpy),
+    then prefill and greedy decode steps of all requests together through the host-write decoder
+    graph; returns the max abs logit difference against transformers over every call. `encoder` and
+    `decoder` are onnxruntime sessions."""
+    from ortinf.runtime.model_input import SequenceChunk, build_model_input
+
+    config = model.config
+    layers, heads = config.decoder_layers, config.decoder_attention_heads
+    head_dim, positions = config.d_model // heads, config.max_source_positions
+    cross = encoder.run(None, {"input_features": features})  # per layer K, V: [B, P, H, D]
+    requests = len(prompts)
+    cross_blocks = -(-positions // block_size)
+    self_blocks = -(-(max(len(p) for p in prompts) + steps) // block_size)
+    num_blocks = requests * (cross_blocks + self_blocks)
+    pools = [np.zeros((heads, num_blocks, block_size, head_dim), np.float32) for _ in range(2 * layers)]
+    order = np.random.default_rng(1234).permutation(num_blocks).tolist()  # shuffled, non-contiguous blocks
+    cross_tables = [order[r * cross_blocks : (r + 1) * cross_blocks] for r in range(requests)]
+    base = requests * cross_blocks
+    self_tables = [order[base + r * self_blocks : base + (r + 1) * self_blocks] for r in range(requests)]
+
+    def flat(pool: np.ndarray) -> np.ndarray:
+        return pool.transpose(1, 2, 0, 3).reshape(-1, heads, head_dim)  # a view: [slots, H, D]
+
+    for request, table in enumerate(cross_tables):
+        slots = np.array([table[p // block_size] * block_size + p % block_size for p in range(positions)])
+        for index, pool in enumerate(pools):
+            view = flat(pool)
+            view[slots] = cross[index][request]
+            pool[...] = view.reshape(num_blocks, block_size, heads, head_dim).transpose(2, 0, 1, 3)
+    tokens = [list(p) for p in prompts]
+    done = [0] * requests
+    worst = 0.0
+    for _ in range(steps):
+        chunks = [SequenceChunk(t[d:], d, table) for t, d, table in zip(tokens, done, self_tables)]
+        step_input = build_model_input(chunks, block_size)
+        feeds = {k: v for k, v in step_input.feeds().items() if k != "slot_mapping"}
+        feeds.update(cross_block_tables=np.array(cross_tables, np.int64), cross_lens=np.full(requests, positions, np.int64))
+        feeds.update({f"{kind}_cache.{i}": pools[2 * i + (kind == "value")] for i in range(layers) for kind in ("key", "value")})
+        logits, *new_kv = decoder.run(None, feeds)
+        for index, pool in enumerate(pools):
+            view = flat(pool)
+            view[step_input.slot_mapping] = new_kv[index]
+            pool[...] = view.reshape(num_blocks, block_size, heads, head_dim).transpose(2, 0, 1, 3)
+        for request in range(requests):
+            with torch.no_grad():
+                ref = model(input_features=torch.from_numpy(features[request : request + 1]),
+                            decoder_input_ids=torch.tensor([tokens[request]])).logits[0, -1].float().numpy()
+            worst = max(worst, float(np.abs(logits[request] - ref).max()))
+            done[request] = len(tokens[request])
+            tokens[request].append(int(ref.argmax()))
+    return worst
+
+
+def export_whisper(source, out_path: Path, overwrite: bool, tolerance: float, progress: bool):  # noqa: ANN001, ANN201
+    """A Whisper package: encoder.onnx, the paged decoder (model.onnx with the KV write, and the
+    host-write graph), the mel filter bank, the tokenizer and generation config, and a manifest with
+    the parity of a ragged two-request batch against transformers. fp32 only for now."""
+    import dataclasses
+    import shutil
+
+    import onnx
+    import onnxruntime
+    import transformers
+    from tqdm.auto import tqdm
+
+    from ortinf.errors import ExportError
+    from ortinf.exporter.kv_write import place_decoder
+    from ortinf.exporter.package import staging, token_ids, write_generation_config, write_tokenizer
+    from ortinf.manifest import (
+        ENCODER_MODEL_NAME, HOST_WRITE_MODEL_NAME, MEL_FILTERS_NAME, PORTABLE, SPEECH_RECOGNITION, DecoderSpec, Manifest,
+        Parity, SpeechSpec,
+    )
+
+    bar = tqdm(total=3, desc="tracing", disable=not progress)
+    with staging(out_path, overwrite) as stage:
+        has_tokenizer, _ = write_tokenizer(source, stage, source.config.get("vocab_size"))
+        try:
+            model = transformers.WhisperForConditionalGeneration.from_pretrained(source.path, dtype=torch.float32,
+                                                                                 attn_implementation="eager").eval()
+        except Exception as exc:  # noqa: BLE001 - user-facing
+            raise ExportError(f"cannot load {source.name} as Whisper: {str(exc).strip().splitlines()[0] if str(exc).strip() else exc}") from exc
+        config = model.config
+        trace = stage / ".trace"
+        trace.mkdir()
+        export_whisper_graphs(model, trace)
+        bar.update()
+        heads = config.decoder_attention_heads
+        spec = DecoderSpec(num_layers=config.decoder_layers, num_heads=heads, num_kv_heads=heads, head_dim=config.d_model // heads,
+                           hidden_size=config.d_model, vocab_size=config.vocab_size, max_model_len=config.max_target_positions,
+                           kernel=PORTABLE, kv_dtype="fp32")
+        inputs, outputs = place_decoder(trace / "model.onnx", stage, spec)
+        encoder = onnx.load(str(trace / ENCODER_MODEL_NAME), load_external_data=True)
+        onnx.save_model(encoder, str(stage / ENCODER_MODEL_NAME), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=ENCODER_MODEL_NAME + ".data", size_threshold=1024)
+        shutil.rmtree(trace)
+        preprocessor = source.path / "preprocessor_config.json"
+        extractor = (transformers.WhisperFeatureExtractor.from_pretrained(source.path) if preprocessor.is_file()
+                     else transformers.WhisperFeatureExtractor(feature_size=config.num_mel_bins))
+        if extractor.feature_size != config.num_mel_bins:
+            raise ExportError(f"{preprocessor} has {extractor.feature_size} mel bins; the model takes {config.num_mel_bins}")
+        np.save(stage / MEL_FILTERS_NAME, extractor.mel_filters.astype(np.float32))
+        generation = write_generation_config(source, stage)
+        speech = SpeechSpec(num_mel_bins=config.num_mel_bins, source_positions=config.max_source_positions,
+                            window_samples=int(extractor.n_samples), decoder_start_token_id=int(config.decoder_start_token_id))
+        from ortinf.exporter.api import _versions
+
+        manifest = Manifest(task=SPEECH_RECOGNITION, architecture="WhisperForConditionalGeneration", model_type="whisper", dtype="fp32",
+                            inputs=tuple(inputs), outputs=tuple(outputs),
+                            eos_token_ids=token_ids(generation.get("eos_token_id", config.eos_token_id)),
+                            bos_token_id=generation.get("bos_token_id", config.bos_token_id),
+                            pad_token_id=generation.get("pad_token_id", config.pad_token_id), decoder=spec, speech=speech,
+                            has_tokenizer=has_tokenizer, source=str(source.name), versions=_versions())
+        bar.update()
+        bar.set_description_str("verifying")
+        sessions = [onnxruntime.InferenceSession(str(stage / name), providers=["CPUExecutionProvider"])
+                    for name in (ENCODER_MODEL_NAME, HOST_WRITE_MODEL_NAME, "model.onnx")]
+        rng = np.random.default_rng(1234)
+        features = rng.standard_normal((2, config.num_mel_bins, 2 * config.max_source_positions)).astype(np.float32)
+        start = int(config.decoder_start_token_id)
+        prompts = [[start, *rng.integers(3, config.vocab_size, 6).tolist()], [start]]
+        worst = step_through_pool(sessions[0], sessions[1], model, features, prompts, steps=8)
+        description = "encoder on 2 random inputs; decoder: a 7- and a 1-token prompt, then 8 greedy steps together, shuffled blocks, on cpu"
+        if not worst <= tolerance:
+            raise ExportError(f"verification failed: max abs difference {worst:.3g} vs PyTorch is above the tolerance {tolerance:g} "
+                              f"({description}); nothing was written")
+        manifest = dataclasses.replace(manifest, parity=Parity(worst, tolerance, description))
+        manifest.save(stage)
+        bar.update()
+        bar.close()
+    return manifest

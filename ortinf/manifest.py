@@ -30,7 +30,10 @@ FORMAT_VERSION = 3  # 3: the graph writes K/V into its pool (key_cache_out.{i});
 TEXT_GENERATION = "text-generation"
 FEATURE_EXTRACTION = "feature-extraction"
 TEXT_CLASSIFICATION = "text-classification"
-TASKS = (TEXT_GENERATION, FEATURE_EXTRACTION, TEXT_CLASSIFICATION)
+SPEECH_RECOGNITION = "automatic-speech-recognition"
+TASKS = (TEXT_GENERATION, FEATURE_EXTRACTION, TEXT_CLASSIFICATION, SPEECH_RECOGNITION)
+ENCODER_MODEL_NAME = "encoder.onnx"  # an encoder-decoder's encoder graph (Whisper: audio -> cross-attention K/V)
+MEL_FILTERS_NAME = "mel_filters.npy"  # Whisper's mel filter bank [1 + n_fft // 2, num_mel_bins]
 # The attention kernels a decoder graph can be exported with (kernels/), and the per-layer KV pool
 # layout (key_cache.{i} / value_cache.{i}) each one reads.
 PORTABLE = "portable"
@@ -99,6 +102,20 @@ def lora_b_name(layer: int, target: str) -> str:
 def lora_input_names(num_layers: int, targets) -> list[str]:  # noqa: ANN001 - any iterable of target names
     """The mask, then per layer, per target, A and B (one input each: bound once, never gathered)."""
     return [LORA_MASK, *(n for layer in range(num_layers) for t in targets for n in (lora_a_name(layer, t), lora_b_name(layer, t)))]
+
+
+@dataclass(frozen=True, slots=True)
+class SpeechSpec:
+    """An encoder-decoder speech model's encoder side (Whisper; exporter/whisper.py). The decoder side is
+    the package's DecoderSpec; its graph also takes cross_block_tables [S, blocks] and cross_lens [S]:
+    each sequence's cross-attention K/V sit in pool blocks of its own."""
+
+    num_mel_bins: int
+    source_positions: int  # cross-attention keys per request (1500 for 30 s)
+    window_samples: int  # 16 kHz samples per encoder window (480000: 30 s)
+    decoder_start_token_id: int
+    encoder_graph: str = ENCODER_MODEL_NAME
+    mel_filters: str = MEL_FILTERS_NAME
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +201,7 @@ class Manifest:
     pad_token_id: int | None = None
     decoder: DecoderSpec | None = None
     encoder: EncoderSpec | None = None
+    speech: SpeechSpec | None = None
     parity: Parity | None = None
     quantization: Quantization | None = None
     quality: Quality | None = None
@@ -209,7 +227,7 @@ class Manifest:
                 f"manifest format_version {version!r} is not {FORMAT_VERSION}: re-export the package "
                 "with this version of ortinf"
             )
-        for key, kind in (("decoder", DecoderSpec), ("encoder", EncoderSpec), ("parity", Parity),
+        for key, kind in (("decoder", DecoderSpec), ("encoder", EncoderSpec), ("speech", SpeechSpec), ("parity", Parity),
                           ("quantization", Quantization), ("quality", Quality), ("cpu_kernel", CpuKernel)):
             if data.get(key) is not None:
                 data[key] = _build(kind, data[key])
