@@ -45,7 +45,12 @@ class LLM:
         self._lock = threading.Lock()
         self.engine = None
         self.encoder = None
-        if self.manifest.task == TEXT_GENERATION:
+        self.transcriber = None
+        if self.manifest.speech is not None:  # Whisper: the offline transcriber (runtime/transcriber.py)
+            from ortinf.runtime.transcriber import Transcriber
+
+            self.transcriber = Transcriber(package_dir, intra_op_threads=options.get("intra_op_threads", 0))
+        elif self.manifest.task == TEXT_GENERATION:
             from ortinf.runtime.engine import LLMEngine
 
             try:
@@ -114,6 +119,14 @@ class LLM:
                     bar.update()
         bar.close()
         return _merge(finished, children, len(batch))
+
+    def transcribe(self, audios: np.ndarray | Sequence[np.ndarray], max_new_tokens: int | None = None) -> list[str]:
+        """The text of each audio (16 kHz mono float samples) with a Whisper package; greedy, windows of 30 s."""
+        if self.transcriber is None:
+            raise ConfigError(f"this package is a {self.manifest.task} model: transcribe() needs a speech-recognition package")
+        batch = [audios] if isinstance(audios, np.ndarray) and audios.ndim == 1 else list(audios)
+        with self._lock:
+            return self.transcriber.transcribe(batch, max_new_tokens)
 
     def embed(self, texts: str | Sequence[str]) -> np.ndarray:
         """Embeddings [len(texts), dim] of a feature-extraction package."""

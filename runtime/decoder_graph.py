@@ -18,7 +18,7 @@ import numpy as np
 from ortinf.errors import ConfigError
 from ortinf.kernels import library
 from ortinf.manifest import (
-    CONTRIB_PAGED, HOST_WRITE_MODEL_NAME, KV_LAYOUTS, LOGITS, LORA_MASK, MODEL_NAME, SLOT_MAPPING, TEXT_GENERATION, DecoderSpec, Manifest,
+    CONTRIB_PAGED, HOST_WRITE_MODEL_NAME, KV_LAYOUTS, LOGITS, LORA_MASK, MODEL_NAME, SLOT_MAPPING, DecoderSpec, Manifest,
     check_block_size,
 )
 from ortinf.providers.base import GRAPH_WRITE, POWER_OF_TWO_BUCKETS
@@ -52,7 +52,7 @@ class DecoderGraph:
         `spin`: let the session's threads spin between calls (the engine's decoder); False for a
         session that shares the cores with one that does (a draft model; providers/session.py)."""
         self.manifest = Manifest.load(package_dir)
-        if self.manifest.task != TEXT_GENERATION or self.manifest.decoder is None:
+        if self.manifest.decoder is None:  # a text decoder, or an encoder-decoder's (Whisper) decoder
             raise ConfigError(f"{package_dir} holds a {self.manifest.task} model, not a text-generation decoder")
         self.spec: DecoderSpec = self.manifest.decoder
         if self.spec.kernel not in KV_LAYOUTS or self.spec.kv_layout != KV_LAYOUTS[self.spec.kernel]:

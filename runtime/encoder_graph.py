@@ -22,8 +22,8 @@ class EncoderGraph:
         folder = Path(package_dir)
         self.manifest = Manifest.load(folder)
         if self.manifest.speech is not None:
-            raise ConfigError(f"{package_dir} holds a speech-recognition model (Whisper): its runtime and the "
-                              "/v1/audio routes are not built yet; this ortinf exports and verifies such packages only")
+            raise ConfigError(f"{package_dir} holds a speech-recognition model (Whisper): transcribe with "
+                              "LLM(package).transcribe(audio); the /v1/audio routes are not built yet")
         if self.manifest.task == TEXT_GENERATION or self.manifest.encoder is None:
             raise ConfigError(f"{package_dir} holds a {self.manifest.task} model, not an encoder")
         self.spec: EncoderSpec = self.manifest.encoder

@@ -123,11 +123,13 @@ class KVPool:
             else:
                 binding.bind_output(name_out, "cpu")
 
-    def write(self, slot_mapping: np.ndarray, new_kv: list[ort.OrtValue]) -> None:
-        """The host write: each layer's new K/V ([num_tokens, kv_heads, head_dim]) into their slots."""
+    def write(self, slot_mapping: np.ndarray, new_kv: list[ort.OrtValue | np.ndarray]) -> None:
+        """The host write: each layer's new K/V ([num_tokens, kv_heads, head_dim]) into their slots
+        (also how an encoder-decoder's cross-attention K/V reach their blocks)."""
         kv_heads, head_dim = self.shape[0], self.shape[3]
         for array, value in zip(self.arrays, new_kv):
-            array.reshape(kv_heads, -1, head_dim)[:, slot_mapping] = value.numpy().swapaxes(0, 1)
+            values = value.numpy() if isinstance(value, ort.OrtValue) else np.asarray(value)
+            array.reshape(kv_heads, -1, head_dim)[:, slot_mapping] = values.swapaxes(0, 1)
 
     def read(self, index: int) -> np.ndarray:
         """A host copy of tensor `index` (K of layer i is 2i, V is 2i + 1), without the scratch block."""

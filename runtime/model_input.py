@@ -22,6 +22,8 @@ class SequenceChunk:
     num_computed_tokens: int
     block_table: Sequence[int]
     lora_slot: int = -1  # the LoRA adapter's slot (runtime/lora.py), -1 for the base model
+    cross_blocks: Sequence[int] = ()  # an encoder-decoder's cross-attention K/V blocks (Whisper), and how many
+    cross_len: int = 0  # positions they hold
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,13 +39,17 @@ class ModelInput:
     slot_mapping: np.ndarray  # [num_tokens], pool slot of each scheduled token
     full_block_tables: np.ndarray | None = None  # [num_seqs, blocks] covering the new tokens too (the contrib kernel's)
     lora_slots: np.ndarray | None = None  # [num_tokens]: each token's LoRA slot, -1 for the base model
+    cross_block_tables: np.ndarray | None = None  # [num_seqs, cross_blocks]: encoder-decoders only
+    cross_lens: np.ndarray | None = None  # [num_seqs]
 
     @property
     def num_seqs(self) -> int:
         return int(self.query_lens.shape[0])
 
     def feeds(self) -> dict[str, np.ndarray]:
+        cross = {} if self.cross_lens is None else {"cross_block_tables": self.cross_block_tables, "cross_lens": self.cross_lens}
         return {
+            **cross,
             "input_ids": self.input_ids,
             "positions": self.positions,
             "block_tables": self.block_tables,
@@ -86,7 +92,19 @@ def build_model_input(chunks: Sequence[SequenceChunk], block_size: int, all_logi
         slot_mapping=slot_mapping,
         full_block_tables=tables,
         lora_slots=np.repeat(np.array([c.lora_slot for c in chunks], dtype=np.int64), query_lens),
+        **_cross_tables(chunks),
     )
+
+
+def _cross_tables(chunks: Sequence[SequenceChunk]) -> dict[str, np.ndarray]:
+    """Encoder-decoder steps: each sequence's cross-attention blocks (padded with block 0) and lengths."""
+    if not any(c.cross_len for c in chunks):
+        return {}
+    width = max(len(c.cross_blocks) for c in chunks)
+    tables = np.zeros((len(chunks), width), dtype=np.int64)
+    for row, chunk in zip(tables, chunks):
+        row[: len(chunk.cross_blocks)] = chunk.cross_blocks
+    return {"cross_block_tables": tables, "cross_lens": np.array([c.cross_len for c in chunks], dtype=np.int64)}
 
 
 def _logits_indices(starts: np.ndarray, query_lens: np.ndarray, all_logits: Sequence[bool] | None) -> np.ndarray:
@@ -135,6 +153,9 @@ def pad_to_buckets(model_input: ModelInput, buckets: Buckets, scratch_slot: int,
         slot_mapping=np.concatenate([model_input.slot_mapping, scratch_slot + offsets % block_size]),
         full_block_tables=full_tables,
         lora_slots=None if model_input.lora_slots is None else np.concatenate([model_input.lora_slots, np.full(pad_tokens, -1, np.int64)]),
+        cross_block_tables=None if model_input.cross_block_tables is None else np.concatenate(
+            [model_input.cross_block_tables, np.zeros((pad_seqs, model_input.cross_block_tables.shape[1]), np.int64)]),
+        cross_lens=None if model_input.cross_lens is None else np.concatenate([model_input.cross_lens, np.ones(pad_seqs, np.int64)]),
     )
 
 

@@ -1,0 +1,146 @@
+"""Transcriber: a Whisper package's encoder and paged decoder, many audio windows decoded together.
+
+Each 30-second window is one sequence: the encoder runs once for a batch of windows and its
+cross-attention K/V go into pool blocks of the window's own (exporter/whisper.py explains why the
+pool); then every active window advances one token per decoder call, greedy, through the same
+DecoderGraph as the text decoders, and a window that finishes frees its blocks for the next one.
+
+Status (issue 23, in progress): greedy decoding from the decoder's start token (and the language and
+task tokens when the package's generation config names them), no timestamps; audio longer than a
+window is cut into windows decoded independently (without the previous window's text as prompt).
+The text engine's scheduler (chunked prefill, preemption, prefix caching keyed by audio) and the
+server routes come next.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from ortinf.errors import ConfigError, RequestError
+from ortinf.manifest import SPEECH_RECOGNITION, Manifest
+from ortinf.providers.registry import resolve
+from ortinf.providers.session import create_session
+from ortinf.runtime.audio_features import SAMPLE_RATE, log_mel
+from ortinf.runtime.decoder_graph import DecoderGraph
+from ortinf.runtime.model_input import SequenceChunk, build_model_input
+
+
+class Transcriber:
+    """Speech recognition with a Whisper package on the CPU provider."""
+
+    def __init__(self, package_dir: str | Path, max_windows: int = 8, block_size: int = 16, intra_op_threads: int = 0) -> None:
+        self.package = Path(package_dir)
+        self.manifest = Manifest.load(self.package)
+        if self.manifest.task != SPEECH_RECOGNITION or self.manifest.speech is None or self.manifest.decoder is None:
+            raise ConfigError(f"{package_dir} holds a {self.manifest.task} model, not speech recognition")
+        self.speech, spec = self.manifest.speech, self.manifest.decoder
+        self.block_size = block_size
+        self.cross_blocks = -(-self.speech.source_positions // block_size)
+        self.self_blocks = -(-spec.max_model_len // block_size)
+        self.max_windows = max_windows
+        found = resolve("cpu")
+        self.graph = DecoderGraph(self.package, max_windows * (self.cross_blocks + self.self_blocks), block_size, found, intra_op_threads)
+        self.encoder, _ = create_session(self.package / self.speech.encoder_graph, found, intra_op_threads, spin=False)
+        self.mel_filters = np.load(self.package / self.speech.mel_filters)
+        self.prompt = self._prompt()
+        self.eos = set(self.manifest.eos_token_ids)
+
+    def _prompt(self, language: str | None = None, task: str = "transcribe") -> list[int]:
+        """The forced start: the decoder's start token, then language, task and no-timestamps where the
+        generation config names them (multilingual checkpoints)."""
+        prompt = [self.speech.decoder_start_token_id]
+        path = self.package / "generation_config.json"
+        config = json.loads(path.read_text()) if path.is_file() else {}
+        if config.get("is_multilingual") and language is not None:
+            token = config.get("lang_to_id", {}).get(f"<|{language}|>")
+            if token is None:
+                raise RequestError(f"unknown language '{language}'", param="language")
+            prompt.append(token)
+        if config.get("is_multilingual") and "task_to_id" in config:
+            prompt.append(config["task_to_id"][task])
+        if "no_timestamps_token_id" in config:
+            prompt.append(config["no_timestamps_token_id"])
+        return prompt
+
+    def windows(self, samples: np.ndarray) -> list[np.ndarray]:
+        """The log-mel features of each window of 16 kHz mono `samples`."""
+        samples = np.asarray(samples, dtype=np.float32)
+        if samples.ndim != 1 or samples.size == 0:
+            raise RequestError("audio must be a non-empty 1-D array of 16 kHz samples")
+        size = self.speech.window_samples
+        return [log_mel(samples[start : start + size], self.mel_filters, size) for start in range(0, len(samples), size)]
+
+    def transcribe_ids(self, audios: Sequence[np.ndarray], max_new_tokens: int | None = None) -> list[list[int]]:
+        """Greedy token ids of each audio (its windows' tokens joined, the forced prompt excluded)."""
+        budget = self.manifest.decoder.max_model_len - len(self.prompt)
+        max_new_tokens = budget if max_new_tokens is None else min(max_new_tokens, budget)
+        queue = [(index, features) for index, audio in enumerate(audios) for features in self.windows(audio)]
+        results: list[list[list[int]]] = [[] for _ in audios]
+        free = list(range(self.max_windows))  # window slots: each owns a fixed set of pool blocks
+        active: dict[int, dict] = {}
+        while queue or active:
+            admitted = []
+            while queue and free:
+                index, features = queue.pop(0)
+                slot = free.pop(0)
+                active[slot] = {"audio": index, "tokens": list(self.prompt), "done": 0, "window": len(results[index])}
+                results[index].append([])
+                admitted.append((slot, features))
+            if admitted:
+                self._encode(admitted)
+            chunks, slots = [], sorted(active)
+            for slot in slots:
+                state = active[slot]
+                chunks.append(SequenceChunk(state["tokens"][state["done"]:], state["done"], self._self_table(slot),
+                                            cross_blocks=self._cross_table(slot), cross_len=self.speech.source_positions))
+            logits = self.graph.run(build_model_input(chunks, self.block_size))
+            for row, slot in enumerate(slots):
+                state = active[slot]
+                state["done"] = len(state["tokens"])
+                token = int(np.argmax(logits[row]))
+                output = results[state["audio"]][state["window"]]
+                if token in self.eos or len(output) >= max_new_tokens:
+                    del active[slot]
+                    free.append(slot)
+                    continue
+                output.append(token)
+                state["tokens"].append(token)
+                if len(output) >= max_new_tokens:
+                    del active[slot]
+                    free.append(slot)
+        return [[t for window in windows for t in window] for windows in results]
+
+    def _cross_table(self, slot: int) -> list[int]:
+        first = slot * (self.cross_blocks + self.self_blocks)
+        return list(range(first, first + self.cross_blocks))
+
+    def _self_table(self, slot: int) -> list[int]:
+        first = slot * (self.cross_blocks + self.self_blocks) + self.cross_blocks
+        return list(range(first, first + self.self_blocks))
+
+    def _encode(self, admitted: list[tuple[int, np.ndarray]]) -> None:
+        """One encoder call for the newly admitted windows; their cross K/V into their blocks."""
+        cross = self.encoder.run(None, {"input_features": np.stack([f for _, f in admitted])})
+        positions = np.arange(self.speech.source_positions)
+        for row, (slot, _) in enumerate(admitted):
+            table = np.array(self._cross_table(slot))
+            slots = table[positions // self.block_size] * self.block_size + positions % self.block_size
+            self.graph.pool.write(slots, [layer[row] for layer in cross])
+
+    def transcribe(self, audios: Sequence[np.ndarray], max_new_tokens: int | None = None) -> list[str]:
+        """The text of each audio (16 kHz mono float samples)."""
+        ids = self.transcribe_ids(audios, max_new_tokens)
+        tokenizer_path = self.package / "tokenizer.json"
+        if not tokenizer_path.is_file():
+            raise ConfigError(f"{self.package} has no tokenizer: use transcribe_ids()")
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(tokenizer_path))
+        return [tokenizer.decode(t, skip_special_tokens=True).strip() for t in ids]
+
+
+__all__ = ["SAMPLE_RATE", "Transcriber"]
