@@ -428,7 +428,8 @@ def bench_serve(url: str, model: str | None, num_prompts: int, input_len: int, o
 # Modules of the optional extras (pyproject.toml) -> the extra that installs them. The serving install
 # (`pip install ortinf`) has none of them: a command that needs one says which extra in one line.
 EXTRA_MODULES = {"torch": "export", "transformers": "export", "optimum": "export", "onnx": "export", "onnx_ir": "export",
-                 "safetensors": "export", "huggingface_hub": "export", "ray": "ray"}
+                 "safetensors": "export", "huggingface_hub": "export", "ray": "ray", "soundfile": "audio", "soxr": "audio",
+                 "multipart": "audio"}
 
 
 def main() -> None:

@@ -48,6 +48,11 @@ class Transcriber:
         self.mel_filters = np.load(self.package / self.speech.mel_filters)
         self.prompt = self._prompt()
         self.eos = set(self.manifest.eos_token_ids)
+        self.tokenizer = None
+        if (self.package / "tokenizer.json").is_file():
+            from tokenizers import Tokenizer
+
+            self.tokenizer = Tokenizer.from_file(str(self.package / "tokenizer.json"))
 
     def _prompt(self, language: str | None = None, task: str = "transcribe") -> list[int]:
         """The forced start: the decoder's start token, then language, task and no-timestamps where the
@@ -62,6 +67,8 @@ class Transcriber:
             prompt.append(token)
         if config.get("is_multilingual") and "task_to_id" in config:
             prompt.append(config["task_to_id"][task])
+        elif task != "transcribe":
+            raise RequestError("this model is English-only: it transcribes, it does not translate", param="model")
         if "no_timestamps_token_id" in config:
             prompt.append(config["no_timestamps_token_id"])
         return prompt
@@ -76,7 +83,16 @@ class Transcriber:
 
     def transcribe_ids(self, audios: Sequence[np.ndarray], max_new_tokens: int | None = None) -> list[list[int]]:
         """Greedy token ids of each audio (its windows' tokens joined, the forced prompt excluded)."""
-        budget = self.manifest.decoder.max_model_len - len(self.prompt)
+        return [[t for window in windows for t in window] for windows in self._decode(audios, max_new_tokens, self.prompt)]
+
+    def transcribe_windows(self, samples: np.ndarray, language: str | None = None, task: str = "transcribe") -> list[str]:
+        """The text of each 30-second window of one audio (the server's segments)."""
+        prompt = self._prompt(language, task)
+        return [self._text(ids) for ids in self._decode([samples], None, prompt)[0]]
+
+    def _decode(self, audios: Sequence[np.ndarray], max_new_tokens: int | None, prompt: list[int]) -> list[list[list[int]]]:
+        """Greedy token ids of each window of each audio."""
+        budget = self.manifest.decoder.max_model_len - len(prompt)
         max_new_tokens = budget if max_new_tokens is None else min(max_new_tokens, budget)
         queue = [(index, features) for index, audio in enumerate(audios) for features in self.windows(audio)]
         results: list[list[list[int]]] = [[] for _ in audios]
@@ -87,7 +103,7 @@ class Transcriber:
             while queue and free:
                 index, features = queue.pop(0)
                 slot = free.pop(0)
-                active[slot] = {"audio": index, "tokens": list(self.prompt), "done": 0, "window": len(results[index])}
+                active[slot] = {"audio": index, "tokens": list(prompt), "done": 0, "window": len(results[index])}
                 results[index].append([])
                 admitted.append((slot, features))
             if admitted:
@@ -112,7 +128,7 @@ class Transcriber:
                 if len(output) >= max_new_tokens:
                     del active[slot]
                     free.append(slot)
-        return [[t for window in windows for t in window] for windows in results]
+        return results
 
     def _cross_table(self, slot: int) -> list[int]:
         first = slot * (self.cross_blocks + self.self_blocks)
@@ -132,15 +148,14 @@ class Transcriber:
             self.graph.pool.write(slots, [layer[row] for layer in cross])
 
     def transcribe(self, audios: Sequence[np.ndarray], max_new_tokens: int | None = None) -> list[str]:
-        """The text of each audio (16 kHz mono float samples)."""
-        ids = self.transcribe_ids(audios, max_new_tokens)
-        tokenizer_path = self.package / "tokenizer.json"
-        if not tokenizer_path.is_file():
-            raise ConfigError(f"{self.package} has no tokenizer: use transcribe_ids()")
-        from tokenizers import Tokenizer
+        """The text of each audio (16 kHz mono float samples): its windows' texts joined by a space."""
+        return [" ".join(t for t in (self._text(ids) for ids in windows) if t)
+                for windows in self._decode(audios, max_new_tokens, self.prompt)]
 
-        tokenizer = Tokenizer.from_file(str(tokenizer_path))
-        return [tokenizer.decode(t, skip_special_tokens=True).strip() for t in ids]
+    def _text(self, ids: list[int]) -> str:
+        if self.tokenizer is None:
+            raise ConfigError(f"{self.package} has no tokenizer: use transcribe_ids()")
+        return self.tokenizer.decode(ids, skip_special_tokens=True).strip()
 
 
 __all__ = ["SAMPLE_RATE", "Transcriber"]

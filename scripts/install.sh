@@ -19,8 +19,8 @@ if ! .venv/bin/python -c "import importlib.metadata as m, sys; sys.exit(m.versio
   # shellcheck disable=SC2086  # torch_args is pip arguments, split on purpose
   "${pip[@]}" -c constraints.txt $torch_args "$torch_pin"
 fi
-echo "== installing ortinf and its export, demo and test extras (pinned by constraints.txt)"
-"${pip[@]}" -c constraints.txt -e ".[export,demo,test]"
+echo "== installing ortinf and its export, demo, audio and test extras (pinned by constraints.txt)"
+"${pip[@]}" -c constraints.txt -e ".[export,demo,audio,test]"
 echo "== building ortinf's CPU kernel library"
 # ortinf's CPU kernel library (kernels/build.py: ONNX Runtime's C API headers from ORTINF_ORT_INCLUDE
 # or Debian trixie's libonnxruntime-dev, fetched into build/). Without it: one warning, and CPU

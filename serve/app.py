@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import importlib.util
 import logging
 import time
 from pathlib import Path
@@ -29,6 +30,7 @@ from ortinf.serve.models import ServedModel
 from ortinf.serve.state import ServerConfig, ServerState
 
 log = logging.getLogger(__name__)
+AUDIO_BODY_LIMIT = 26 * 2**20  # an audio upload (25 MiB, OpenAI's limit) and its form fields
 
 
 class BodyLimit:
@@ -43,9 +45,10 @@ class BodyLimit:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD"):
             return await self.app(scope, receive, send)
-        too_large = error_response(413, f"the request body is larger than {self.limit} bytes")
+        limit = max(self.limit, AUDIO_BODY_LIMIT) if scope["path"].startswith("/v1/audio/") else self.limit
+        too_large = error_response(413, f"the request body is larger than {limit} bytes")
         length = dict(scope.get("headers") or []).get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.limit:
+        if length is not None and length.isdigit() and int(length) > limit:
             return await too_large(scope, receive, send)
         chunks, size = [], 0
         while True:
@@ -54,7 +57,7 @@ class BodyLimit:
                 return  # the client went away before sending its body
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
-            if size > self.limit:
+            if size > limit:
                 return await too_large(scope, receive, send)
             if not message.get("more_body", False):
                 break
@@ -161,7 +164,13 @@ def load_model(package: Path, name: str, config: ServerConfig, state: ServerStat
     model that serves --lora-modules (and runtime loads); the others get no LoRA slots."""
     manifest = Manifest.load(package)
     model = ServedModel(name=name, package_dir=package, manifest=manifest, created=int(time.time()))
-    if manifest.task == TEXT_GENERATION:
+    if manifest.speech is not None:
+        if importlib.util.find_spec("soundfile") is None or importlib.util.find_spec("multipart") is None:
+            raise ConfigError(f"{name} is a speech-recognition model: its audio routes need pip install 'ortinf[audio]'")
+        from ortinf.runtime.transcriber import Transcriber
+
+        model.transcriber = Transcriber(package, intra_op_threads=config.intra_op_threads)
+    elif manifest.task == TEXT_GENERATION:
         options = dict(config.engine_options)
         if lora_base:
             options["lora_modules"] = config.lora_modules
@@ -243,6 +252,10 @@ def build_app(config: ServerConfig, load_in_background: bool = True) -> FastAPI:
     app.include_router(tokens.router)
     if config.allow_runtime_lora_updates:
         app.include_router(lora_routes.router)
+    if importlib.util.find_spec("multipart") is not None:  # FastAPI's form parsing (the audio extra)
+        from ortinf.serve import audio
+
+        app.include_router(audio.router)
 
     # the last added runs first: the API key is checked before a byte of the body is read
     app.add_middleware(CatchAll)

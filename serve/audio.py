@@ -1,0 +1,118 @@
+"""OpenAI's /v1/audio/transcriptions and /v1/audio/translations over a Whisper package (multipart form:
+file, model, language, prompt, response_format, temperature, timestamp_granularities[], stream).
+
+Audio is decoded by libsndfile (soundfile: wav, flac, ogg, mp3 and more), mixed to mono and resampled
+to 16 kHz with soxr. A file that is empty, not audio, or longer than MAX_AUDIO_SECONDS is a 400.
+
+What is honest today (issue 23, in progress): greedy decoding only (temperature 0), no streaming, no
+prompt conditioning; timestamps are the 30-second windows the audio was cut into (segments in
+verbose_json, srt and vtt), not the model's timestamp tokens. A request asking for more is a clear 400.
+Requests to one model take turns (each request's windows are batched together): joining the text
+engine's continuous batching is the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+
+import numpy as np
+from fastapi import APIRouter, File, Form, Request, UploadFile
+from fastapi.responses import PlainTextResponse
+
+from ortinf.runtime.audio_features import SAMPLE_RATE
+from ortinf.serve.errors import APIError
+from ortinf.serve.state import ServerState
+
+router = APIRouter()
+MAX_AUDIO_SECONDS = 3600
+MAX_AUDIO_BYTES = 25 * 2**20  # OpenAI's upload limit
+FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
+
+
+def decode_audio(data: bytes) -> np.ndarray:
+    """16 kHz mono float32 samples of an audio file's bytes; APIError 400 for anything else."""
+    import soundfile
+    import soxr
+
+    if not data:
+        raise APIError(400, "the audio file is empty", param="file")
+    try:
+        samples, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
+    except Exception as exc:  # noqa: BLE001 - libsndfile's many refusals are all "not audio we read"
+        raise APIError(400, f"the file is not audio this server reads (wav, flac, ogg, mp3): {str(exc)[:120]}", param="file") from exc
+    if samples.shape[0] == 0:
+        raise APIError(400, "the audio file holds no samples", param="file")
+    if samples.shape[0] / rate > MAX_AUDIO_SECONDS:
+        raise APIError(400, f"the audio is {samples.shape[0] / rate:.0f} s long; at most {MAX_AUDIO_SECONDS} s per request", param="file")
+    mono = samples.mean(axis=1)
+    return mono if rate == SAMPLE_RATE else soxr.resample(mono, rate, SAMPLE_RATE).astype(np.float32)
+
+
+def _clock(seconds: float, separator: str) -> str:
+    millis = int(round(seconds * 1000))
+    return f"{millis // 3_600_000:02d}:{millis // 60_000 % 60:02d}:{millis // 1000 % 60:02d}{separator}{millis % 1000:03d}"
+
+
+def render(segments: list[tuple[float, float, str]], response_format: str, task: str, duration: float):
+    text = " ".join(s[2] for s in segments if s[2]).strip()
+    if response_format == "json":
+        return {"text": text}
+    if response_format == "text":
+        return PlainTextResponse(text)
+    if response_format == "verbose_json":
+        return {"task": task, "duration": duration, "text": text,
+                "segments": [{"id": i, "start": a, "end": b, "text": t} for i, (a, b, t) in enumerate(segments)]}
+    if response_format == "srt":
+        return PlainTextResponse("\n".join(f"{i + 1}\n{_clock(a, ',')} --> {_clock(b, ',')}\n{t}\n" for i, (a, b, t) in enumerate(segments)))
+    return PlainTextResponse("WEBVTT\n\n" + "\n".join(f"{_clock(a, '.')} --> {_clock(b, '.')}\n{t}\n" for a, b, t in segments))
+
+
+async def _run(request: Request, task: str, file: UploadFile, model: str | None, language: str | None, prompt: str | None,
+               response_format: str, temperature: float, stream: bool):
+    state: ServerState = request.app.state.ortinf
+    served = state.registry.get(model)
+    if served.transcriber is None:
+        raise APIError(400, f"model '{served.name}' is a {served.manifest.task} model, not speech recognition", param="model")
+    if response_format not in FORMATS:
+        raise APIError(400, f"response_format must be one of {', '.join(FORMATS)}", param="response_format")
+    if temperature != 0:
+        raise APIError(400, "only greedy decoding (temperature 0) is implemented for speech recognition", param="temperature")
+    if stream:
+        raise APIError(400, "streamed transcription is not implemented yet: send stream=false", param="stream")
+    if prompt:
+        raise APIError(400, "prompt conditioning is not implemented yet for speech recognition", param="prompt")
+    data = await file.read(MAX_AUDIO_BYTES + 1)
+    if len(data) > MAX_AUDIO_BYTES:
+        raise APIError(413, f"the audio file is larger than {MAX_AUDIO_BYTES} bytes", param="file")
+    samples = await asyncio.to_thread(decode_audio, data)
+    transcriber = served.transcriber
+    ticket = state.admission.acquire(1)
+    try:
+        async with served.lock:
+            windows = await asyncio.to_thread(transcriber.transcribe_windows, samples, language, task)
+    finally:
+        ticket.release()
+    size = transcriber.speech.window_samples / SAMPLE_RATE
+    duration = len(samples) / SAMPLE_RATE
+    segments = [(i * size, min((i + 1) * size, duration), text) for i, text in enumerate(windows)]
+    return render(segments, response_format, "transcribe" if task == "transcribe" else "translate", duration)
+
+
+def _form(default=None, alias: str | None = None):  # noqa: ANN001, ANN202
+    return Form(default, alias=alias) if alias else Form(default)
+
+
+@router.post("/v1/audio/transcriptions", responses={200: {"description": "the transcription, in response_format"}})
+async def transcriptions(request: Request, file: UploadFile = File(...), model: str | None = _form(), language: str | None = _form(),
+                         prompt: str | None = _form(), response_format: str = _form("json"), temperature: float = _form(0.0),
+                         timestamp_granularities: list[str] | None = _form(None, "timestamp_granularities[]"), stream: bool = _form(False)):
+    if timestamp_granularities and timestamp_granularities != ["segment"]:
+        raise APIError(400, "only segment timestamps (the 30-second windows) are available", param="timestamp_granularities[]")
+    return await _run(request, "transcribe", file, model, language, prompt, response_format, temperature, stream)
+
+
+@router.post("/v1/audio/translations", responses={200: {"description": "the English translation, in response_format"}})
+async def translations(request: Request, file: UploadFile = File(...), model: str | None = _form(), prompt: str | None = _form(),
+                       response_format: str = _form("json"), temperature: float = _form(0.0)):
+    return await _run(request, "translate", file, model, None, prompt, response_format, temperature, False)

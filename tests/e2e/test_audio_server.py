@@ -1,0 +1,89 @@
+"""Speech recognition behind a real server: /v1/audio/transcriptions with the official openai client on
+audio made here (wav, flac, ogg, mp3 via libsndfile), the response formats, a Whisper package beside a
+text package, and bad files and unsupported options as OpenAI-shaped 400s."""
+
+from __future__ import annotations
+
+import io
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import soundfile
+import torch
+import transformers
+
+import ortinf
+from ortinf import LLM
+from server_helpers import running_server
+from tiny_models import add_byte_tokenizer
+
+RATE = 16_000
+
+
+@pytest.fixture(scope="module")
+def whisper_package(tmp_path_factory):
+    root = tmp_path_factory.mktemp("whisper-server")
+    config = transformers.WhisperConfig(vocab_size=384, num_mel_bins=80, d_model=64, encoder_layers=2, decoder_layers=2,
+                                        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
+                                        max_source_positions=1500, max_target_positions=24, pad_token_id=0, bos_token_id=1,
+                                        eos_token_id=2, decoder_start_token_id=1)
+    torch.manual_seed(0)
+    transformers.WhisperForConditionalGeneration(config).save_pretrained(root / "hf")
+    add_byte_tokenizer(root / "hf", 384)
+    ortinf.export(root / "hf", root / "whisper", progress=False)
+    return root / "whisper"
+
+
+def tone(seconds: float) -> np.ndarray:
+    t = np.arange(int(seconds * RATE)) / RATE
+    return (0.4 * np.sin(2 * np.pi * 330 * t) * np.sin(2 * np.pi * 2 * t)).astype(np.float32)
+
+
+def encoded(samples: np.ndarray, fmt: str, rate: int = RATE) -> bytes:
+    buffer = io.BytesIO()
+    soundfile.write(buffer, samples, rate, format=fmt)
+    return buffer.getvalue()
+
+
+def test_transcriptions(whisper_package, chat_package, tmp_path):
+    audio = tone(40)  # two windows
+    expected = LLM(whisper_package).transcribe(audio)[0]
+    assert expected  # the random model says something
+    with running_server([str(whisper_package), str(chat_package), "--served-model-name", "whisper", "--served-model-name", "text",
+                         "--kv-cache-memory", "32MiB"], tmp_path) as server:
+        wav = tmp_path / "speech.wav"
+        wav.write_bytes(encoded(audio, "WAV"))
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+        with wav.open("rb") as f:
+            assert client.audio.transcriptions.create(model="whisper", file=f).text == expected
+        url = f"{server.url}/v1/audio/transcriptions"
+
+        def post(data: bytes, name: str = "a.wav", **form) -> httpx.Response:
+            return httpx.post(url, files={"file": (name, data)}, data={"model": "whisper", **form}, timeout=120)
+
+        assert post(encoded(audio, "FLAC"), "a.flac").json()["text"] == expected  # lossless: the same samples
+        for fmt in ("OGG", "MP3"):
+            assert post(encoded(audio, fmt), f"a.{fmt.lower()}").status_code == 200
+        assert post(encoded(tone(3), "WAV", 44_100)).status_code == 200  # resampled to 16 kHz
+        verbose = post(encoded(audio, "WAV"), response_format="verbose_json").json()
+        assert [(s["start"], s["end"]) for s in verbose["segments"]] == [(0.0, 30.0), (30.0, 40.0)] and verbose["duration"] == 40.0
+        srt = post(encoded(audio, "WAV"), response_format="srt").text
+        assert srt.startswith("1\n00:00:00,000 --> 00:00:30,000\n") and "2\n00:00:30,000 --> 00:00:40,000" in srt
+        assert post(encoded(audio, "WAV"), response_format="vtt").text.startswith("WEBVTT")
+        assert post(encoded(audio, "WAV"), response_format="text").text == expected
+
+        def error(response: httpx.Response, fragment: str) -> None:
+            assert response.status_code == 400 and fragment in response.json()["error"]["message"], response.text
+
+        error(post(b"this is not audio", "a.txt"), "not audio")
+        error(post(b""), "empty")
+        error(post(encoded(audio, "WAV"), temperature="0.7"), "greedy")
+        error(post(encoded(audio, "WAV"), response_format="mp4"), "response_format")
+        error(post(encoded(audio, "WAV"), stream="true"), "stream")
+        error(httpx.post(url, files={"file": ("a.wav", encoded(audio, "WAV"))}, data={"model": "text"}, timeout=60), "not speech recognition")
+        error(httpx.post(f"{server.url}/v1/audio/translations", files={"file": ("a.wav", encoded(audio, "WAV"))},
+                         data={"model": "whisper"}, timeout=60), "English-only")
+        # the text model beside it still serves
+        assert httpx.post(f"{server.url}/v1/completions", json={"model": "text", "prompt": "hi", "max_tokens": 2}).status_code == 200
