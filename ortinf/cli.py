@@ -100,6 +100,21 @@ def export(model: str | None, out: Path | None, task: str, dtype: str, quant_blo
 
 
 @cli.command()
+@click.argument("package")
+@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--format", "output_format", type=click.Choice(["text", "json", "srt", "vtt"]), default="text", show_default=True,
+              help="What to print per file (srt/vtt: one cue per 30-second window).")
+def transcribe(package: str, files: tuple[Path, ...], output_format: str) -> None:
+    """Transcribe audio FILES (wav, flac, ogg, mp3) with PACKAGE, a Whisper package made by `ortinf export`.
+
+    All files are transcribed together (their 30-second windows batched); greedy decoding."""
+    from ortinf.bundled import resolve_package
+    from ortinf.transcribe_cli import transcribe_files
+
+    transcribe_files(resolve_package(package), files, output_format)
+
+
+@cli.command()
 @click.argument("package", required=False)
 def inspect(package: str | None) -> None:
     """Print the manifest of PACKAGE as a table.

@@ -87,15 +87,25 @@ class Transcriber:
 
     def transcribe_windows(self, samples: np.ndarray, language: str | None = None, task: str = "transcribe") -> list[str]:
         """The text of each 30-second window of one audio (the server's segments)."""
-        prompt = self._prompt(language, task)
-        return [self._text(ids) for ids in self._decode([samples], None, prompt)[0]]
+        return self.transcribe_segments([samples], language, task)[0]
 
-    def _decode(self, audios: Sequence[np.ndarray], max_new_tokens: int | None, prompt: list[int]) -> list[list[list[int]]]:
+    def transcribe_segments(self, audios: Sequence[np.ndarray], language: str | None = None, task: str = "transcribe",
+                            progress: bool = False) -> list[list[str]]:
+        """Per audio, the text of each of its 30-second windows; all windows batched together
+        (`progress`: a bar on stderr, one step per finished window)."""
+        prompt = self._prompt(language, task)
+        return [[self._text(ids) for ids in windows] for windows in self._decode(audios, None, prompt, progress)]
+
+    def _decode(self, audios: Sequence[np.ndarray], max_new_tokens: int | None, prompt: list[int],
+                progress: bool = False) -> list[list[list[int]]]:
         """Greedy token ids of each window of each audio."""
+        from tqdm.auto import tqdm
+
         budget = self.manifest.decoder.max_model_len - len(prompt)
         max_new_tokens = budget if max_new_tokens is None else min(max_new_tokens, budget)
         queue = [(index, features) for index, audio in enumerate(audios) for features in self.windows(audio)]
         results: list[list[list[int]]] = [[] for _ in audios]
+        bar = tqdm(total=len(queue), desc="windows", disable=not progress)
         free = list(range(self.max_windows))  # window slots: each owns a fixed set of pool blocks
         active: dict[int, dict] = {}
         while queue or active:
@@ -119,15 +129,14 @@ class Transcriber:
                 state["done"] = len(state["tokens"])
                 token = int(np.argmax(logits[row]))
                 output = results[state["audio"]][state["window"]]
+                if token not in self.eos and len(output) < max_new_tokens:
+                    output.append(token)
+                    state["tokens"].append(token)
                 if token in self.eos or len(output) >= max_new_tokens:
                     del active[slot]
                     free.append(slot)
-                    continue
-                output.append(token)
-                state["tokens"].append(token)
-                if len(output) >= max_new_tokens:
-                    del active[slot]
-                    free.append(slot)
+                    bar.update()
+        bar.close()
         return results
 
     def _cross_table(self, slot: int) -> list[int]:

@@ -87,3 +87,25 @@ def test_transcriptions(whisper_package, chat_package, tmp_path):
                          data={"model": "whisper"}, timeout=60), "English-only")
         # the text model beside it still serves
         assert httpx.post(f"{server.url}/v1/completions", json={"model": "text", "prompt": "hi", "max_tokens": 2}).status_code == 200
+
+
+def test_ortinf_transcribe_cli(whisper_package, tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    ortinf_bin = str(Path(sys.executable).with_name("ortinf"))
+    audios = [tone(5), tone(33)]
+    expected = LLM(whisper_package).transcribe(audios)
+    (tmp_path / "a.wav").write_bytes(encoded(audios[0], "WAV"))
+    (tmp_path / "b.flac").write_bytes(encoded(audios[1], "FLAC"))
+    done = subprocess.run([ortinf_bin, "transcribe", str(whisper_package), str(tmp_path / "a.wav"), str(tmp_path / "b.flac")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == expected and "windows" in done.stderr  # the progress bar
+    srt = subprocess.run([ortinf_bin, "transcribe", str(whisper_package), str(tmp_path / "b.flac"), "--format", "srt"],
+                         capture_output=True, text=True, timeout=300)
+    assert srt.returncode == 0 and "00:00:30,000 --> 00:00:33,000" in srt.stdout
+    (tmp_path / "bad.wav").write_text("not audio")
+    bad = subprocess.run([ortinf_bin, "transcribe", str(whisper_package), str(tmp_path / "bad.wav")], capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0 and "not audio" in bad.stderr and "Traceback" not in bad.stderr
