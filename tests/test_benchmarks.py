@@ -31,6 +31,7 @@ SCRIPTS = {
     "moe.py": [],
     "lora.py": [],
     "lora_layouts.py": [],
+    "whisper.py": [],
 }
 SLOW = {"ray_serve.py"}  # starts Ray clusters: minutes
 

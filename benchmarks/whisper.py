@@ -1,0 +1,98 @@
+"""Speech recognition: ortinf's Transcriber beside transformers' Whisper generate, same model, same run.
+
+usage: .venv/bin/python benchmarks/whisper.py [--record] [--tiny]
+
+Model: the shape of whisper-tiny (d_model 384, 4 encoder and 4 decoder layers, 6 heads, vocabulary
+51865, 80 mel bins), random weights (no checkpoint can be downloaded here), fp32, 2 threads. Each
+30-second window decodes 48 tokens greedily (EOS suppressed in both engines, so that both do the
+same work). Rows: 1 and 4 concurrent audios of 30 s, and 1 of 5 min (10 windows). Real-time factor =
+wall seconds / audio seconds (lower is better). transformers runs its windows as one padded batch
+through `generate`; ortinf batches them in its paged decoder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import transformers
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from decode_step import cpu_flags  # noqa: E402
+from record import finish  # noqa: E402
+
+import ortinf  # noqa: E402
+from ortinf.runtime.audio_features import SAMPLE_RATE  # noqa: E402
+from ortinf.runtime.transcriber import Transcriber  # noqa: E402
+
+SHAPE = dict(vocab_size=51865, num_mel_bins=80, d_model=384, encoder_layers=4, decoder_layers=4, encoder_attention_heads=6,
+             decoder_attention_heads=6, encoder_ffn_dim=1536, decoder_ffn_dim=1536, max_source_positions=1500,
+             max_target_positions=448, pad_token_id=50257, bos_token_id=50257, eos_token_id=50257, decoder_start_token_id=50258)
+TINY = dict(SHAPE, d_model=64, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
+            encoder_ffn_dim=128, decoder_ffn_dim=128, vocab_size=51865)
+
+
+def audio(seconds: float, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(seconds * SAMPLE_RATE)) / SAMPLE_RATE
+    return (0.3 * np.sin(2 * np.pi * (220 + 40 * seed) * t) + 0.05 * rng.standard_normal(t.shape)).astype(np.float32)
+
+
+def hf_transcribe(model, extractor, audios: list[np.ndarray], tokens: int) -> float:
+    windows = [a[s : s + 30 * SAMPLE_RATE] for a in audios for s in range(0, len(a), 30 * SAMPLE_RATE)]
+    start = time.monotonic()
+    features = torch.from_numpy(extractor(windows, sampling_rate=SAMPLE_RATE, return_tensors="np").input_features)
+    with torch.no_grad():
+        model.generate(input_features=features, decoder_input_ids=torch.full((len(windows), 1), model.config.decoder_start_token_id),
+                       max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False)
+    return time.monotonic() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tiny", action="store_true", help="a 1-layer model, short runs (smoke test)")
+    parser.add_argument("--record", action="store_true", help="append the table to benchmarks/RESULTS.md")
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    shape, tokens = (TINY, 4) if args.tiny else (SHAPE, 48)
+    cases = [("1 x 30 s", [30.0]), ("4 x 30 s", [30.0] * 4), ("1 x 5 min", [300.0])]
+    if args.tiny:
+        cases = [("1 x 30 s", [30.0]), ("2 x 30 s", [30.0] * 2)]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        torch.manual_seed(0)
+        model = transformers.WhisperForConditionalGeneration(transformers.WhisperConfig(**shape)).eval()
+        model.generation_config.suppress_tokens = None
+        model.generation_config.begin_suppress_tokens = None
+        model.save_pretrained(Path(tmp) / "hf")
+        ortinf.export(Path(tmp) / "hf", Path(tmp) / "pkg", progress=False)
+        transcriber = Transcriber(Path(tmp) / "pkg", max_windows=10, intra_op_threads=2)
+        transcriber.eos = set()  # decode `tokens` per window, as transformers does with min_new_tokens
+        extractor = transformers.WhisperFeatureExtractor(feature_size=shape["num_mel_bins"])
+        transcriber.transcribe_ids([audio(1, 0)], max_new_tokens=2)  # warm-up
+        hf_transcribe(model, extractor, [audio(1, 0)], 2)
+        for name, lengths in cases:
+            audios = [audio(s, i) for i, s in enumerate(lengths)]
+            seconds = sum(lengths)
+            start = time.monotonic()
+            transcriber.transcribe_ids(audios, max_new_tokens=tokens)
+            ours = time.monotonic() - start
+            theirs = hf_transcribe(model, extractor, audios, tokens)
+            rows.append((name, ours / seconds, theirs / seconds))
+    lines = [f"### Whisper (whisper-tiny shape, random weights): real-time factor ({time.strftime('%Y-%m-%d')})", "",
+             f"CPU: {platform.machine()}, {cpu_flags()}; fp32, 2 threads; {tokens} tokens per 30-second window; "
+             "wall seconds / audio seconds, lower is better.", "",
+             "| audio | ortinf | transformers generate | speed-up |", "|---|---:|---:|---:|"]
+    for name, ours, theirs in rows:
+        lines.append(f"| {name} | {ours:.4f} | {theirs:.4f} | {theirs / ours:.2f}x |")
+    finish(lines, args.record)
+
+
+if __name__ == "__main__":
+    main()
