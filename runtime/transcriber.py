@@ -8,14 +8,18 @@ DecoderGraph as the text decoders, and a window that finishes frees its blocks f
 Status (issue 23, in progress): greedy decoding from the decoder's start token (and the language and
 task tokens when the package's generation config names them), no timestamps; audio longer than a
 window is cut into windows decoded independently (without the previous window's text as prompt).
-The text engine's scheduler (chunked prefill, preemption, prefix caching keyed by audio) and the
-server routes come next.
+Requests submit their windows (`submit`) and a loop calls `step`: runtime/async_transcriber.py
+drives it for the server, so concurrent requests' windows decode together. The text engine's
+scheduler (chunked prefill, preemption, prefix caching keyed by audio) is not used yet.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +31,26 @@ from ortinf.providers.session import create_session
 from ortinf.runtime.audio_features import SAMPLE_RATE, log_mel
 from ortinf.runtime.decoder_graph import DecoderGraph
 from ortinf.runtime.model_input import SequenceChunk, build_model_input
+
+
+@dataclass(slots=True)
+class Job:
+    """One audio's windows: their token ids as they come, and who to tell when the last one ends."""
+
+    results: list[list[int]]
+    max_new_tokens: int
+    on_done: Callable[[Job], None] | None
+    windows_left: int
+    error: BaseException | None = None
+
+
+@dataclass(slots=True)
+class Window:
+    job: Job
+    index: int  # within the job
+    features: np.ndarray
+    tokens: list[int]  # the forced prompt, then what was decoded
+    done: int = 0  # tokens already in the pool
 
 
 class Transcriber:
@@ -42,6 +66,10 @@ class Transcriber:
         self.cross_blocks = -(-self.speech.source_positions // block_size)
         self.self_blocks = -(-spec.max_model_len // block_size)
         self.max_windows = max_windows
+        self._lock = threading.Lock()  # guards the queue: submit() runs on other threads than step()
+        self._queue: deque[Window] = deque()
+        self._active: dict[int, Window] = {}  # slot -> the window decoding in it
+        self._free = list(range(max_windows))  # each slot owns a fixed set of pool blocks
         found = resolve("cpu")
         self.graph = DecoderGraph(self.package, max_windows * (self.cross_blocks + self.self_blocks), block_size, found, intra_op_threads)
         self.encoder, _ = create_session(self.package / self.speech.encoder_graph, found, intra_op_threads, spin=False)
@@ -98,46 +126,79 @@ class Transcriber:
 
     def _decode(self, audios: Sequence[np.ndarray], max_new_tokens: int | None, prompt: list[int],
                 progress: bool = False) -> list[list[list[int]]]:
-        """Greedy token ids of each window of each audio."""
+        """Greedy token ids of each window of each audio: every window submitted, then steps until done."""
         from tqdm.auto import tqdm
 
-        budget = self.manifest.decoder.max_model_len - len(prompt)
-        max_new_tokens = budget if max_new_tokens is None else min(max_new_tokens, budget)
-        queue = [(index, features) for index, audio in enumerate(audios) for features in self.windows(audio)]
-        results: list[list[list[int]]] = [[] for _ in audios]
-        bar = tqdm(total=len(queue), desc="windows", disable=not progress)
-        free = list(range(self.max_windows))  # window slots: each owns a fixed set of pool blocks
-        active: dict[int, dict] = {}
-        while queue or active:
-            admitted = []
-            while queue and free:
-                index, features = queue.pop(0)
-                slot = free.pop(0)
-                active[slot] = {"audio": index, "tokens": list(prompt), "done": 0, "window": len(results[index])}
-                results[index].append([])
-                admitted.append((slot, features))
-            if admitted:
-                self._encode(admitted)
-            chunks, slots = [], sorted(active)
-            for slot in slots:
-                state = active[slot]
-                chunks.append(SequenceChunk(state["tokens"][state["done"]:], state["done"], self._self_table(slot),
-                                            cross_blocks=self._cross_table(slot), cross_len=self.speech.source_positions))
-            logits = self.graph.run(build_model_input(chunks, self.block_size))
-            for row, slot in enumerate(slots):
-                state = active[slot]
-                state["done"] = len(state["tokens"])
-                token = int(np.argmax(logits[row]))
-                output = results[state["audio"]][state["window"]]
-                if token not in self.eos and len(output) < max_new_tokens:
-                    output.append(token)
-                    state["tokens"].append(token)
-                if token in self.eos or len(output) >= max_new_tokens:
-                    del active[slot]
-                    free.append(slot)
-                    bar.update()
+        jobs = [self.submit(self.windows(audio), prompt, max_new_tokens) for audio in audios]
+        bar = tqdm(total=sum(len(job.results) for job in jobs), desc="windows", disable=not progress)
+        while self.busy:
+            bar.update(self.step())
         bar.close()
-        return results
+        return [job.results for job in jobs]
+
+    def submit(self, windows: list[np.ndarray], prompt: list[int], max_new_tokens: int | None = None,
+               on_done: Callable[[Job], None] | None = None) -> Job:
+        """Queues one audio's windows (features); `on_done(job)` runs, on the stepping thread, when its
+        last window ends. Thread-safe: the server submits from its event loop while a thread steps."""
+        budget = self.manifest.decoder.max_model_len - len(prompt)
+        job = Job([[] for _ in windows], min(max_new_tokens or budget, budget), on_done, len(windows))
+        with self._lock:
+            self._queue.extend(Window(job, index, features, list(prompt)) for index, features in enumerate(windows))
+        return job
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._queue or self._active)
+
+    def step(self) -> int:
+        """Admits queued windows into free slots (one encoder call for them), runs one decoder call for
+        every active window and ends those that finished; returns how many ended."""
+        admitted = []
+        with self._lock:
+            while self._queue and self._free:
+                slot = self._free.pop(0)
+                self._active[slot] = window = self._queue.popleft()
+                admitted.append((slot, window.features))
+        if admitted:
+            self._encode(admitted)
+        slots = sorted(self._active)
+        chunks = [SequenceChunk(self._active[s].tokens[self._active[s].done:], self._active[s].done, self._self_table(s),
+                                cross_blocks=self._cross_table(s), cross_len=self.speech.source_positions) for s in slots]
+        logits = self.graph.run(build_model_input(chunks, self.block_size))
+        ended = 0
+        for row, slot in enumerate(slots):
+            window = self._active[slot]
+            window.done = len(window.tokens)
+            token = int(np.argmax(logits[row]))
+            output = window.job.results[window.index]
+            if token not in self.eos and len(output) < window.job.max_new_tokens:
+                output.append(token)
+                window.tokens.append(token)
+            if token in self.eos or len(output) >= window.job.max_new_tokens:
+                self._end(slot)
+                ended += 1
+        return ended
+
+    def _end(self, slot: int, error: BaseException | None = None) -> None:
+        window = self._active.pop(slot)
+        self._free.append(slot)
+        job = window.job
+        job.windows_left -= 1
+        job.error = job.error or error
+        if job.windows_left == 0 and job.on_done is not None:
+            job.on_done(job)
+
+    def fail_all(self, error: BaseException) -> None:
+        """Ends every queued and active window with `error` (a failed step): each job reports once."""
+        with self._lock:
+            queued, self._queue = list(self._queue), deque()
+        for slot in list(self._active):
+            self._end(slot, error)
+        for window in queued:
+            window.job.windows_left -= 1
+            window.job.error = window.job.error or error
+            if window.job.windows_left == 0 and window.job.on_done is not None:
+                window.job.on_done(window.job)
 
     def _cross_table(self, slot: int) -> list[int]:
         first = slot * (self.cross_blocks + self.self_blocks)

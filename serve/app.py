@@ -167,9 +167,10 @@ def load_model(package: Path, name: str, config: ServerConfig, state: ServerStat
     if manifest.speech is not None:
         if importlib.util.find_spec("soundfile") is None or importlib.util.find_spec("multipart") is None:
             raise ConfigError(f"{name} is a speech-recognition model: its audio routes need pip install 'ortinf[audio]'")
+        from ortinf.runtime.async_transcriber import AsyncTranscriber
         from ortinf.runtime.transcriber import Transcriber
 
-        model.transcriber = Transcriber(package, intra_op_threads=config.intra_op_threads)
+        model.transcriber = AsyncTranscriber(Transcriber(package, intra_op_threads=config.intra_op_threads))
     elif manifest.task == TEXT_GENERATION:
         options = dict(config.engine_options)
         if lora_base:

@@ -7,8 +7,7 @@ to 16 kHz with soxr. A file that is empty, not audio, or longer than MAX_AUDIO_S
 What is honest today (issue 23, in progress): greedy decoding only (temperature 0), no streaming, no
 prompt conditioning; timestamps are the 30-second windows the audio was cut into (segments in
 verbose_json, srt and vtt), not the model's timestamp tokens. A request asking for more is a clear 400.
-Requests to one model take turns (each request's windows are batched together): joining the text
-engine's continuous batching is the next step.
+The windows of all requests in flight to one model decode together (runtime/async_transcriber.py).
 """
 
 from __future__ import annotations
@@ -86,14 +85,12 @@ async def _run(request: Request, task: str, file: UploadFile, model: str | None,
     if len(data) > MAX_AUDIO_BYTES:
         raise APIError(413, f"the audio file is larger than {MAX_AUDIO_BYTES} bytes", param="file")
     samples = await asyncio.to_thread(decode_audio, data)
-    transcriber = served.transcriber
     ticket = state.admission.acquire(1)
-    try:
-        async with served.lock:
-            windows = await asyncio.to_thread(transcriber.transcribe_windows, samples, language, task)
+    try:  # windows of concurrent requests decode together (runtime/async_transcriber.py)
+        windows = await served.transcriber.transcribe_segments(samples, language, task)
     finally:
         ticket.release()
-    size = transcriber.speech.window_samples / SAMPLE_RATE
+    size = served.transcriber.transcriber.speech.window_samples / SAMPLE_RATE
     duration = len(samples) / SAMPLE_RATE
     segments = [(i * size, min((i + 1) * size, duration), text) for i, text in enumerate(windows)]
     return render(segments, response_format, "transcribe" if task == "transcribe" else "translate", duration)

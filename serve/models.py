@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tokenizers import Tokenizer
@@ -29,8 +28,7 @@ class ServedModel:
     tool_parser: str | None = None  # how tool calls are read from the output (serve/tools.py)
     _token_bytes: TokenBytes | None = None
     created: int = 0
-    transcriber: object | None = None  # a speech-recognition package's runtime/transcriber.Transcriber
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # a transcriber serves one request at a time
+    transcriber: object | None = None  # a speech-recognition package's runtime/async_transcriber.AsyncTranscriber
     lora_name: str | None = None  # set on the view of a LoRA adapter (its requests run with it)
     parent: str | None = None  # the base model's name, for an adapter
 

@@ -64,3 +64,39 @@ def test_bad_audio_is_a_request_error(whisper):
     _, package = whisper
     with pytest.raises(ortinf.errors.RequestError, match="non-empty 1-D"):
         Transcriber(package).transcribe_ids([np.zeros(0, np.float32)])
+
+
+def test_concurrent_requests_decode_together(whisper):
+    """AsyncTranscriber: the windows of requests in flight at once share decoder calls, and each request
+    gets exactly what it gets alone; a step that fails fails its requests, and the next ones still work."""
+    import asyncio
+
+    from ortinf.runtime.async_transcriber import AsyncTranscriber
+
+    model, package = whisper
+    transcriber = Transcriber(package, max_windows=4)
+    audios = [audio(3, 0), audio(45, 1), audio(1, 2)]
+    alone = [transcriber.transcribe_ids([a])[0] for a in audios]
+    widest = []
+    step = transcriber.step
+
+    def watched() -> int:
+        widest.append(len(transcriber._active) + min(len(transcriber._queue), len(transcriber._free)))
+        return step()
+
+    transcriber.step = watched
+    transcriber._text = lambda ids: ids  # token ids, to compare (the tiny model has no tokenizer)
+    runner = AsyncTranscriber(transcriber)
+
+    async def main():
+        return await asyncio.gather(*(runner.transcribe_segments(a) for a in audios))
+
+    results = asyncio.run(main())
+    assert [[t for window in r for t in window] for r in results] == alone
+    assert max(widest) >= 3  # windows of different requests in one decoder call
+    transcriber.step = lambda: (_ for _ in ()).throw(RuntimeError("injected"))
+    with pytest.raises(RuntimeError, match="injected"):
+        asyncio.run(runner.transcribe_segments(audios[0]))
+    transcriber.step = step
+    assert [t for w in asyncio.run(runner.transcribe_segments(audios[2])) for t in w] == alone[2]
+    runner.shutdown()

@@ -1,0 +1,64 @@
+"""AsyncTranscriber: a Transcriber stepped by one background thread, so that the windows of every
+request in flight decode together (continuous batching across requests, as AsyncEngine does for
+text): a request submits its windows and awaits them; a window that ends frees its slot for whoever
+waits. A step that fails fails the windows in it (their requests get the error) and the loop goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+
+import numpy as np
+
+from ortinf.runtime.transcriber import Job, Transcriber
+
+log = logging.getLogger(__name__)
+
+
+class AsyncTranscriber:
+    def __init__(self, transcriber: Transcriber) -> None:
+        self.transcriber = transcriber
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="ortinf-transcriber", daemon=True)
+        self._thread.start()
+
+    async def transcribe_segments(self, samples: np.ndarray, language: str | None = None, task: str = "transcribe") -> list[str]:
+        """The text of each 30-second window of `samples` (16 kHz mono)."""
+        transcriber = self.transcriber
+        prompt = transcriber._prompt(language, task)
+        windows = await asyncio.to_thread(transcriber.windows, samples)
+        loop = asyncio.get_running_loop()
+        finished: asyncio.Future[Job] = loop.create_future()
+
+        def done(job: Job) -> None:
+            try:
+                loop.call_soon_threadsafe(lambda: finished.done() or finished.set_result(job))
+            except RuntimeError:  # the request's loop is gone
+                pass
+
+        transcriber.submit(windows, prompt, on_done=done)
+        self._wake.set()
+        job = await finished
+        if job.error is not None:
+            raise job.error
+        return [transcriber._text(ids) for ids in job.results]
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        self._stopping = True
+        self._wake.set()
+        self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        while not self._stopping:
+            if not self.transcriber.busy:
+                self._wake.wait(0.5)
+                self._wake.clear()
+                continue
+            try:
+                self.transcriber.step()
+            except Exception as exc:  # noqa: BLE001 - the requests in the step fail; the loop goes on
+                log.exception("a transcription step failed")
+                self.transcriber.fail_all(exc)
