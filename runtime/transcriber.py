@@ -33,6 +33,9 @@ from ortinf.runtime.decoder_graph import DecoderGraph
 from ortinf.runtime.model_input import SequenceChunk, build_model_input
 
 
+DETECT = -1  # a prompt's language token, to be detected from the first decoder call
+
+
 @dataclass(slots=True)
 class Job:
     """One audio's windows: their token ids as they come, and who to tell when the last one ends."""
@@ -74,6 +77,9 @@ class Transcriber:
         self.graph = DecoderGraph(self.package, max_windows * (self.cross_blocks + self.self_blocks), block_size, found, intra_op_threads)
         self.encoder, _ = create_session(self.package / self.speech.encoder_graph, found, intra_op_threads, spin=False)
         self.mel_filters = np.load(self.package / self.speech.mel_filters)
+        path = self.package / "generation_config.json"
+        self.generation = json.loads(path.read_text()) if path.is_file() else {}
+        self.language_ids = np.array(sorted(self.generation.get("lang_to_id", {}).values()), dtype=np.int64)
         self.prompt = self._prompt()
         self.eos = set(self.manifest.eos_token_ids)
         self.tokenizer = None
@@ -84,15 +90,17 @@ class Transcriber:
 
     def _prompt(self, language: str | None = None, task: str = "transcribe") -> list[int]:
         """The forced start: the decoder's start token, then language, task and no-timestamps where the
-        generation config names them (multilingual checkpoints)."""
+        generation config names them (multilingual checkpoints). With no language given, a multilingual
+        model's language is detected per window (DETECT in its place: step() fills it in)."""
         prompt = [self.speech.decoder_start_token_id]
-        path = self.package / "generation_config.json"
-        config = json.loads(path.read_text()) if path.is_file() else {}
+        config = self.generation
         if config.get("is_multilingual") and language is not None:
             token = config.get("lang_to_id", {}).get(f"<|{language}|>")
             if token is None:
                 raise RequestError(f"unknown language '{language}'", param="language")
             prompt.append(token)
+        elif config.get("is_multilingual") and config.get("lang_to_id"):
+            prompt.append(DETECT)
         if config.get("is_multilingual") and "task_to_id" in config:
             prompt.append(config["task_to_id"][task])
         elif task != "transcribe":
@@ -162,13 +170,17 @@ class Transcriber:
         if admitted:
             self._encode(admitted)
         slots = sorted(self._active)
-        chunks = [SequenceChunk(self._active[s].tokens[self._active[s].done:], self._active[s].done, self._self_table(s),
-                                cross_blocks=self._cross_table(s), cross_len=self.speech.source_positions) for s in slots]
+        chunks = [SequenceChunk(self._active[s].tokens[self._active[s].done : self._known(self._active[s])], self._active[s].done,
+                                self._self_table(s), cross_blocks=self._cross_table(s), cross_len=self.speech.source_positions)
+                  for s in slots]
         logits = self.graph.run(build_model_input(chunks, self.block_size))
         ended = 0
         for row, slot in enumerate(slots):
             window = self._active[slot]
-            window.done = len(window.tokens)
+            window.done = self._known(window)
+            if window.done < len(window.tokens):  # language detection: the most likely language token
+                window.tokens[window.done] = int(self.language_ids[np.argmax(logits[row][self.language_ids])])
+                continue
             token = int(np.argmax(logits[row]))
             output = window.job.results[window.index]
             if token not in self.eos and len(output) < window.job.max_new_tokens:
@@ -178,6 +190,11 @@ class Transcriber:
                 self._end(slot)
                 ended += 1
         return ended
+
+    @staticmethod
+    def _known(window: Window) -> int:
+        """How many of the window's tokens are known (all, unless its language is still to detect)."""
+        return window.tokens.index(DETECT) if DETECT in window.tokens else len(window.tokens)
 
     def _end(self, slot: int, error: BaseException | None = None) -> None:
         window = self._active.pop(slot)

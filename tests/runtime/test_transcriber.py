@@ -100,3 +100,43 @@ def test_concurrent_requests_decode_together(whisper):
     transcriber.step = step
     assert [t for w in asyncio.run(runner.transcribe_segments(audios[2])) for t in w] == alone[2]
     runner.shutdown()
+
+
+def test_multilingual_prompt_and_language_detection(whisper, tmp_path):
+    """A multilingual generation config: with a language, the prompt is start, language, task,
+    no-timestamps; without one, each window's language is the likeliest language token after the
+    start token (Whisper's detection), then decoding goes on, token for token as transformers does."""
+    import json
+    import shutil
+
+    model, package = whisper
+    multi = tmp_path / "multi"
+    shutil.copytree(package, multi)
+    generation = {"is_multilingual": True, "lang_to_id": {"<|en|>": 250, "<|de|>": 251, "<|fr|>": 252},
+                  "task_to_id": {"transcribe": 253, "translate": 254}, "no_timestamps_token_id": 255, "eos_token_id": 2}
+    (multi / "generation_config.json").write_text(json.dumps(generation))
+    transcriber = Transcriber(multi, max_windows=2)
+    sample = audio(4, 3)
+    extractor = transformers.WhisperFeatureExtractor(feature_size=80)
+    features = torch.from_numpy(extractor(sample, sampling_rate=SAMPLE_RATE, return_tensors="np").input_features)
+
+    def greedy(ids: list[int], steps: int) -> list[int]:
+        out = []
+        with torch.no_grad():
+            for _ in range(steps):
+                token = int(model(input_features=features, decoder_input_ids=torch.tensor([ids + out])).logits[0, -1].argmax())
+                if token == 2:
+                    break
+                out.append(token)
+        return out
+
+    assert transcriber._prompt("de") == [1, 251, 253, 255]
+    with pytest.raises(ortinf.errors.RequestError, match="unknown language"):
+        transcriber._prompt("xx")
+    with torch.no_grad():
+        first = model(input_features=features, decoder_input_ids=torch.tensor([[1]])).logits[0, -1]
+    detected = [250, 251, 252][int(first[[250, 251, 252]].argmax())]
+    job = transcriber.submit(transcriber.windows(sample), transcriber._prompt(), max_new_tokens=8)
+    while transcriber.busy:
+        transcriber.step()
+    assert job.results == [greedy([1, detected, 253, 255], 8)]
