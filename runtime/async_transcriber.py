@@ -25,8 +25,9 @@ class AsyncTranscriber:
         self._thread = threading.Thread(target=self._loop, name="ortinf-transcriber", daemon=True)
         self._thread.start()
 
-    async def transcribe_segments(self, samples: np.ndarray, language: str | None = None, task: str = "transcribe") -> list[str]:
-        """The text of each 30-second window of `samples` (16 kHz mono)."""
+    async def transcribe_segments(self, samples: np.ndarray, language: str | None = None, task: str = "transcribe",
+                                  temperature: float = 0.0, seed: int | None = None) -> list[str]:
+        """The text of each 30-second window of `samples` (16 kHz mono); greedy, or sampled at `temperature`."""
         transcriber = self.transcriber
         prompt = transcriber._prompt(language, task)
         windows = await asyncio.to_thread(transcriber.windows, samples)
@@ -39,7 +40,7 @@ class AsyncTranscriber:
             except RuntimeError:  # the request's loop is gone
                 pass
 
-        transcriber.submit(windows, prompt, on_done=done)
+        transcriber.submit(windows, prompt, on_done=done, temperature=temperature, seed=seed)
         self._wake.set()
         job = await finished
         if job.error is not None:

@@ -45,6 +45,8 @@ class Job:
     on_done: Callable[[Job], None] | None
     windows_left: int
     error: BaseException | None = None
+    temperature: float = 0.0  # 0: greedy; else sampled from softmax(logits / temperature) with `generator`
+    generator: np.random.Generator | None = None
 
 
 @dataclass(slots=True)
@@ -145,11 +147,15 @@ class Transcriber:
         return [job.results for job in jobs]
 
     def submit(self, windows: list[np.ndarray], prompt: list[int], max_new_tokens: int | None = None,
-               on_done: Callable[[Job], None] | None = None) -> Job:
+               on_done: Callable[[Job], None] | None = None, temperature: float = 0.0, seed: int | None = None) -> Job:
         """Queues one audio's windows (features); `on_done(job)` runs, on the stepping thread, when its
-        last window ends. Thread-safe: the server submits from its event loop while a thread steps."""
+        last window ends. Thread-safe: the server submits from its event loop while a thread steps.
+        `temperature` > 0 samples (seeded by `seed`), else greedy."""
+        if not 0.0 <= temperature <= 2.0:
+            raise RequestError("temperature must be in [0, 2]", param="temperature")
         budget = self.manifest.decoder.max_model_len - len(prompt)
-        job = Job([[] for _ in windows], min(max_new_tokens or budget, budget), on_done, len(windows))
+        job = Job([[] for _ in windows], min(max_new_tokens or budget, budget), on_done, len(windows), temperature=temperature,
+                  generator=np.random.default_rng(seed) if temperature > 0 else None)
         with self._lock:
             self._queue.extend(Window(job, index, features, list(prompt)) for index, features in enumerate(windows))
         return job
@@ -181,7 +187,7 @@ class Transcriber:
             if window.done < len(window.tokens):  # language detection: the most likely language token
                 window.tokens[window.done] = int(self.language_ids[np.argmax(logits[row][self.language_ids])])
                 continue
-            token = int(np.argmax(logits[row]))
+            token = self._choose(logits[row], window.job)
             output = window.job.results[window.index]
             if token not in self.eos and len(output) < window.job.max_new_tokens:
                 output.append(token)
@@ -190,6 +196,14 @@ class Transcriber:
                 self._end(slot)
                 ended += 1
         return ended
+
+    @staticmethod
+    def _choose(row: np.ndarray, job: Job) -> int:
+        if job.generator is None:
+            return int(np.argmax(row))
+        scaled = row.astype(np.float64) / job.temperature
+        probs = np.exp(scaled - scaled.max())
+        return int(job.generator.choice(len(row), p=probs / probs.sum()))
 
     @staticmethod
     def _known(window: Window) -> int:

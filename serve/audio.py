@@ -4,8 +4,8 @@ file, model, language, prompt, response_format, temperature, timestamp_granulari
 Audio is decoded by libsndfile (soundfile: wav, flac, ogg, mp3 and more), mixed to mono and resampled
 to 16 kHz with soxr. A file that is empty, not audio, or longer than MAX_AUDIO_SECONDS is a 400.
 
-What is honest today (issue 23, in progress): greedy decoding only (temperature 0), no streaming, no
-prompt conditioning; timestamps are the 30-second windows the audio was cut into (segments in
+What is honest today (issue 23, in progress): greedy, or sampled at `temperature` (no fallback to
+higher temperatures on repetitive output, as openai-whisper does); no streaming, no prompt conditioning; timestamps are the 30-second windows the audio was cut into (segments in
 verbose_json, srt and vtt), not the model's timestamp tokens. A request asking for more is a clear 400.
 The windows of all requests in flight to one model decode together (runtime/async_transcriber.py).
 """
@@ -75,8 +75,8 @@ async def _run(request: Request, task: str, file: UploadFile, model: str | None,
         raise APIError(400, f"model '{served.name}' is a {served.manifest.task} model, not speech recognition", param="model")
     if response_format not in FORMATS:
         raise APIError(400, f"response_format must be one of {', '.join(FORMATS)}", param="response_format")
-    if temperature != 0:
-        raise APIError(400, "only greedy decoding (temperature 0) is implemented for speech recognition", param="temperature")
+    if not 0 <= temperature <= 1:
+        raise APIError(400, "temperature must be between 0 and 1", param="temperature")
     if stream:
         raise APIError(400, "streamed transcription is not implemented yet: send stream=false", param="stream")
     if prompt:
@@ -87,7 +87,7 @@ async def _run(request: Request, task: str, file: UploadFile, model: str | None,
     samples = await asyncio.to_thread(decode_audio, data)
     ticket = state.admission.acquire(1)
     try:  # windows of concurrent requests decode together (runtime/async_transcriber.py)
-        windows = await served.transcriber.transcribe_segments(samples, language, task)
+        windows = await served.transcriber.transcribe_segments(samples, language, task, temperature)
     finally:
         ticket.release()
     size = served.transcriber.transcriber.speech.window_samples / SAMPLE_RATE

@@ -79,7 +79,8 @@ def test_transcriptions(whisper_package, chat_package, tmp_path):
 
         error(post(b"this is not audio", "a.txt"), "not audio")
         error(post(b""), "empty")
-        error(post(encoded(audio, "WAV"), temperature="0.7"), "greedy")
+        error(post(encoded(audio, "WAV"), temperature="1.5"), "temperature")
+        assert post(encoded(audio, "WAV"), temperature="0.7").status_code == 200  # sampled
         error(post(encoded(audio, "WAV"), response_format="mp4"), "response_format")
         error(post(encoded(audio, "WAV"), stream="true"), "stream")
         error(httpx.post(url, files={"file": ("a.wav", encoded(audio, "WAV"))}, data={"model": "text"}, timeout=60), "not speech recognition")

@@ -140,3 +140,21 @@ def test_multilingual_prompt_and_language_detection(whisper, tmp_path):
     while transcriber.busy:
         transcriber.step()
     assert job.results == [greedy([1, detected, 253, 255], 8)]
+
+
+def test_sampling_at_a_temperature_is_seeded(whisper):
+    _, package = whisper
+    transcriber = Transcriber(package, max_windows=2)
+    windows = transcriber.windows(audio(2, 5))
+
+    def run(temperature: float, seed: int | None) -> list[int]:
+        job = transcriber.submit(windows, transcriber.prompt, max_new_tokens=12, temperature=temperature, seed=seed)
+        while transcriber.busy:
+            transcriber.step()
+        return job.results[0]
+
+    greedy = run(0.0, None)
+    assert run(2.0, 7) == run(2.0, 7)  # the same seed, the same tokens
+    assert any(run(2.0, seed) != greedy for seed in range(5))  # sampling really samples
+    with pytest.raises(ortinf.errors.RequestError, match="temperature"):
+        transcriber.submit(windows, transcriber.prompt, temperature=3.0)
