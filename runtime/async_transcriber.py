@@ -26,10 +26,10 @@ class AsyncTranscriber:
         self._thread.start()
 
     async def transcribe_segments(self, samples: np.ndarray, language: str | None = None, task: str = "transcribe",
-                                  temperature: float = 0.0, seed: int | None = None) -> list[str]:
+                                  temperature: float = 0.0, seed: int | None = None, prompt: str | None = None) -> list[str]:
         """The text of each 30-second window of `samples` (16 kHz mono); greedy, or sampled at `temperature`."""
         transcriber = self.transcriber
-        prompt = transcriber._prompt(language, task)
+        forced = transcriber._prompt(language, task, prompt)
         windows = await asyncio.to_thread(transcriber.windows, samples)
         loop = asyncio.get_running_loop()
         finished: asyncio.Future[Job] = loop.create_future()
@@ -40,7 +40,7 @@ class AsyncTranscriber:
             except RuntimeError:  # the request's loop is gone
                 pass
 
-        transcriber.submit(windows, prompt, on_done=done, temperature=temperature, seed=seed)
+        transcriber.submit(windows, forced, on_done=done, temperature=temperature, seed=seed)
         self._wake.set()
         job = await finished
         if job.error is not None:

@@ -90,11 +90,19 @@ class Transcriber:
 
             self.tokenizer = Tokenizer.from_file(str(self.package / "tokenizer.json"))
 
-    def _prompt(self, language: str | None = None, task: str = "transcribe") -> list[int]:
+    def _prompt(self, language: str | None = None, task: str = "transcribe", text: str | None = None) -> list[int]:
         """The forced start: the decoder's start token, then language, task and no-timestamps where the
         generation config names them (multilingual checkpoints). With no language given, a multilingual
-        model's language is detected per window (DETECT in its place: step() fills it in)."""
+        model's language is detected per window (DETECT in its place: step() fills it in). `text`, a
+        prompt (OpenAI's `prompt`: spellings, context), goes before them behind <|startofprev|>, its
+        last half-context of tokens, as transformers' prompt_ids do."""
         prompt = [self.speech.decoder_start_token_id]
+        if text:
+            previous = self.generation.get("prev_sot_token_id")
+            if previous is None or self.tokenizer is None:
+                raise RequestError("this model takes no prompt (its generation config has no prev_sot_token_id)", param="prompt")
+            ids = self.tokenizer.encode(" " + text.strip(), add_special_tokens=False).ids
+            prompt = [previous, *ids[-(self.manifest.decoder.max_model_len // 2 - 1):], *prompt]
         config = self.generation
         if config.get("is_multilingual") and language is not None:
             token = config.get("lang_to_id", {}).get(f"<|{language}|>")

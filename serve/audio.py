@@ -5,7 +5,9 @@ Audio is decoded by libsndfile (soundfile: wav, flac, ogg, mp3 and more), mixed 
 to 16 kHz with soxr. A file that is empty, not audio, or longer than MAX_AUDIO_SECONDS is a 400.
 
 What is honest today (issue 23, in progress): greedy, or sampled at `temperature` (no fallback to
-higher temperatures on repetitive output, as openai-whisper does); no streaming, no prompt conditioning; timestamps are the 30-second windows the audio was cut into (segments in
+higher temperatures on repetitive output, as openai-whisper does); `prompt` goes behind <|startofprev|>
+(checkpoints whose generation config names it; else a 400); no streaming; windows are not conditioned
+on the previous window's text; timestamps are the 30-second windows the audio was cut into (segments in
 verbose_json, srt and vtt), not the model's timestamp tokens. A request asking for more is a clear 400.
 The windows of all requests in flight to one model decode together (runtime/async_transcriber.py).
 """
@@ -79,15 +81,13 @@ async def _run(request: Request, task: str, file: UploadFile, model: str | None,
         raise APIError(400, "temperature must be between 0 and 1", param="temperature")
     if stream:
         raise APIError(400, "streamed transcription is not implemented yet: send stream=false", param="stream")
-    if prompt:
-        raise APIError(400, "prompt conditioning is not implemented yet for speech recognition", param="prompt")
     data = await file.read(MAX_AUDIO_BYTES + 1)
     if len(data) > MAX_AUDIO_BYTES:
         raise APIError(413, f"the audio file is larger than {MAX_AUDIO_BYTES} bytes", param="file")
     samples = await asyncio.to_thread(decode_audio, data)
     ticket = state.admission.acquire(1)
     try:  # windows of concurrent requests decode together (runtime/async_transcriber.py)
-        windows = await served.transcriber.transcribe_segments(samples, language, task, temperature)
+        windows = await served.transcriber.transcribe_segments(samples, language, task, temperature, prompt=prompt)
     finally:
         ticket.release()
     size = served.transcriber.transcriber.speech.window_samples / SAMPLE_RATE

@@ -83,6 +83,7 @@ def test_transcriptions(whisper_package, chat_package, tmp_path):
         assert post(encoded(audio, "WAV"), temperature="0.7").status_code == 200  # sampled
         error(post(encoded(audio, "WAV"), response_format="mp4"), "response_format")
         error(post(encoded(audio, "WAV"), stream="true"), "stream")
+        error(post(encoded(audio, "WAV"), prompt="earlier words"), "prompt")  # this model names no <|startofprev|>
         error(httpx.post(url, files={"file": ("a.wav", encoded(audio, "WAV"))}, data={"model": "text"}, timeout=60), "not speech recognition")
         error(httpx.post(f"{server.url}/v1/audio/translations", files={"file": ("a.wav", encoded(audio, "WAV"))},
                          data={"model": "whisper"}, timeout=60), "English-only")

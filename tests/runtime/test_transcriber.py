@@ -158,3 +158,39 @@ def test_sampling_at_a_temperature_is_seeded(whisper):
     assert any(run(2.0, seed) != greedy for seed in range(5))  # sampling really samples
     with pytest.raises(ortinf.errors.RequestError, match="temperature"):
         transcriber.submit(windows, transcriber.prompt, temperature=3.0)
+
+
+def test_a_prompt_goes_behind_startofprev(whisper, tmp_path):
+    """OpenAI's `prompt`: <|startofprev|>, the prompt's tokens, then the forced start, as transformers'
+    prompt_ids; the output is only what follows, token for token against transformers."""
+    import json
+    import shutil
+
+    from tiny_models import add_byte_tokenizer
+
+    model, package = whisper
+    folder = tmp_path / "prompted"
+    shutil.copytree(package, folder)
+    add_byte_tokenizer(folder, 384)  # its ids run past the tiny vocabulary: the test uses short prompts of low ids
+    (folder / "generation_config.json").write_text(json.dumps({"prev_sot_token_id": 200, "eos_token_id": 2}))
+    transcriber = Transcriber(folder, max_windows=2)
+    prompt = transcriber._prompt(text="ab")
+    ids = transcriber.tokenizer.encode(" ab", add_special_tokens=False).ids
+    assert prompt == [200, *ids, 1] and max(ids) < 256
+    sample = audio(2, 4)
+    job = transcriber.submit(transcriber.windows(sample), prompt, max_new_tokens=6)
+    while transcriber.busy:
+        transcriber.step()
+    features = torch.from_numpy(transformers.WhisperFeatureExtractor(feature_size=80)(sample, sampling_rate=SAMPLE_RATE,
+                                                                                       return_tensors="np").input_features)
+    out = []
+    with torch.no_grad():
+        for _ in range(6):
+            token = int(model(input_features=features, decoder_input_ids=torch.tensor([prompt + out])).logits[0, -1].argmax())
+            if token == 2:
+                break
+            out.append(token)
+    assert job.results == [out]
+    plain = Transcriber(package)
+    with pytest.raises(ortinf.errors.RequestError, match="prompt"):
+        plain._prompt(text="hello")
