@@ -32,6 +32,7 @@ SCRIPTS = {
     "lora.py": [],
     "lora_layouts.py": [],
     "whisper.py": [],
+    "whisper_front_end.py": [],
 }
 SLOW = {"ray_serve.py"}  # starts Ray clusters: minutes
 
