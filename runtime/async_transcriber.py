@@ -28,8 +28,20 @@ class AsyncTranscriber:
     async def transcribe_segments(self, samples: np.ndarray, language: str | None = None, task: str = "transcribe",
                                   temperature: float = 0.0, seed: int | None = None, prompt: str | None = None) -> list[str]:
         """The text of each 30-second window of `samples` (16 kHz mono); greedy, or sampled at `temperature`."""
+        job = await self._run(samples, language, task, temperature, seed, prompt, timestamps=False)
+        return [self.transcriber._text(ids) for ids in job.results]
+
+    async def transcribe_timed(self, samples: np.ndarray, language: str | None = None, task: str = "transcribe",
+                               temperature: float = 0.0, seed: int | None = None,
+                               prompt: str | None = None) -> list[tuple[float, float, str]]:
+        """(start, end, text) of each segment the model timestamps (runtime/whisper_timestamps.py)."""
+        job = await self._run(samples, language, task, temperature, seed, prompt, timestamps=True)
+        return self.transcriber.timed_segments(job)
+
+    async def _run(self, samples: np.ndarray, language: str | None, task: str, temperature: float, seed: int | None,
+                   prompt: str | None, timestamps: bool) -> Job:
         transcriber = self.transcriber
-        forced = transcriber._prompt(language, task, prompt)
+        forced = transcriber._prompt(language, task, prompt, timestamps)
         windows = await asyncio.to_thread(transcriber.windows, samples)
         loop = asyncio.get_running_loop()
         finished: asyncio.Future[Job] = loop.create_future()
@@ -40,12 +52,12 @@ class AsyncTranscriber:
             except RuntimeError:  # the request's loop is gone
                 pass
 
-        transcriber.submit(windows, forced, on_done=done, temperature=temperature, seed=seed)
+        transcriber.submit(windows, forced, on_done=done, temperature=temperature, seed=seed, timestamps=timestamps)
         self._wake.set()
         job = await finished
         if job.error is not None:
             raise job.error
-        return [transcriber._text(ids) for ids in job.results]
+        return job
 
     def shutdown(self, timeout: float = 5.0) -> None:
         self._stopping = True

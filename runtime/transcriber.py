@@ -31,6 +31,7 @@ from ortinf.providers.session import create_session
 from ortinf.runtime.audio_features import SAMPLE_RATE, log_mel
 from ortinf.runtime.decoder_graph import DecoderGraph
 from ortinf.runtime.model_input import SequenceChunk, build_model_input
+from ortinf.runtime.whisper_timestamps import TimestampRules
 
 
 DETECT = -1  # a prompt's language token, to be detected from the first decoder call
@@ -47,6 +48,7 @@ class Job:
     error: BaseException | None = None
     temperature: float = 0.0  # 0: greedy; else sampled from softmax(logits / temperature) with `generator`
     generator: np.random.Generator | None = None
+    timestamps: bool = False  # the model writes timestamp tokens, kept well-formed by TimestampRules
 
 
 @dataclass(slots=True)
@@ -82,6 +84,9 @@ class Transcriber:
         path = self.package / "generation_config.json"
         self.generation = json.loads(path.read_text()) if path.is_file() else {}
         self.language_ids = np.array(sorted(self.generation.get("lang_to_id", {}).values()), dtype=np.int64)
+        no_timestamps = self.generation.get("no_timestamps_token_id")
+        self.rules = (TimestampRules(no_timestamps, self.manifest.eos_token_ids[0], self.generation.get("max_initial_timestamp_index"))
+                      if no_timestamps is not None and self.manifest.eos_token_ids else None)
         self.prompt = self._prompt()
         self.eos = set(self.manifest.eos_token_ids)
         self.tokenizer = None
@@ -90,7 +95,8 @@ class Transcriber:
 
             self.tokenizer = Tokenizer.from_file(str(self.package / "tokenizer.json"))
 
-    def _prompt(self, language: str | None = None, task: str = "transcribe", text: str | None = None) -> list[int]:
+    def _prompt(self, language: str | None = None, task: str = "transcribe", text: str | None = None,
+                timestamps: bool = False) -> list[int]:
         """The forced start: the decoder's start token, then language, task and no-timestamps where the
         generation config names them (multilingual checkpoints). With no language given, a multilingual
         model's language is detected per window (DETECT in its place: step() fills it in). `text`, a
@@ -115,7 +121,10 @@ class Transcriber:
             prompt.append(config["task_to_id"][task])
         elif task != "transcribe":
             raise RequestError("this model is English-only: it transcribes, it does not translate", param="model")
-        if "no_timestamps_token_id" in config:
+        if timestamps and self.rules is None:
+            raise RequestError("this model has no timestamp tokens (its generation config names no no_timestamps_token_id)",
+                               param="timestamp_granularities[]")
+        if "no_timestamps_token_id" in config and not timestamps:
             prompt.append(config["no_timestamps_token_id"])
         return prompt
 
@@ -155,7 +164,8 @@ class Transcriber:
         return [job.results for job in jobs]
 
     def submit(self, windows: list[np.ndarray], prompt: list[int], max_new_tokens: int | None = None,
-               on_done: Callable[[Job], None] | None = None, temperature: float = 0.0, seed: int | None = None) -> Job:
+               on_done: Callable[[Job], None] | None = None, temperature: float = 0.0, seed: int | None = None,
+               timestamps: bool = False) -> Job:
         """Queues one audio's windows (features); `on_done(job)` runs, on the stepping thread, when its
         last window ends. Thread-safe: the server submits from its event loop while a thread steps.
         `temperature` > 0 samples (seeded by `seed`), else greedy."""
@@ -163,7 +173,7 @@ class Transcriber:
             raise RequestError("temperature must be in [0, 2]", param="temperature")
         budget = self.manifest.decoder.max_model_len - len(prompt)
         job = Job([[] for _ in windows], min(max_new_tokens or budget, budget), on_done, len(windows), temperature=temperature,
-                  generator=np.random.default_rng(seed) if temperature > 0 else None)
+                  generator=np.random.default_rng(seed) if temperature > 0 else None, timestamps=timestamps)
         with self._lock:
             self._queue.extend(Window(job, index, features, list(prompt)) for index, features in enumerate(windows))
         return job
@@ -195,8 +205,9 @@ class Transcriber:
             if window.done < len(window.tokens):  # language detection: the most likely language token
                 window.tokens[window.done] = int(self.language_ids[np.argmax(logits[row][self.language_ids])])
                 continue
-            token = self._choose(logits[row], window.job)
             output = window.job.results[window.index]
+            scores = self.rules.apply(logits[row], output) if window.job.timestamps else logits[row]
+            token = self._choose(scores, window.job)
             if token not in self.eos and len(output) < window.job.max_new_tokens:
                 output.append(token)
                 window.tokens.append(token)
@@ -264,7 +275,15 @@ class Transcriber:
     def _text(self, ids: list[int]) -> str:
         if self.tokenizer is None:
             raise ConfigError(f"{self.package} has no tokenizer: use transcribe_ids()")
+        if self.rules is not None:
+            ids = [t for t in ids if t < self.rules.begin]  # timestamp tokens are not text
         return self.tokenizer.decode(ids, skip_special_tokens=True).strip()
+
+    def timed_segments(self, job: Job) -> list[tuple[float, float, str]]:
+        """(start, end, text) of each timestamped segment of a finished timestamps job, over all its windows."""
+        size = self.speech.window_samples / SAMPLE_RATE
+        return [(start, end, self._text(ids)) for index, tokens in enumerate(job.results)
+                for start, end, ids in self.rules.segments(tokens, offset=index * size)]
 
 
 __all__ = ["SAMPLE_RATE", "Transcriber"]

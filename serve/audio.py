@@ -4,11 +4,14 @@ file, model, language, prompt, response_format, temperature, timestamp_granulari
 Audio is decoded by libsndfile (soundfile: wav, flac, ogg, mp3 and more), mixed to mono and resampled
 to 16 kHz with soxr. A file that is empty, not audio, or longer than MAX_AUDIO_SECONDS is a 400.
 
-What is honest today (issue 23, in progress): greedy, or sampled at `temperature` (no fallback to
-higher temperatures on repetitive output, as openai-whisper does); `prompt` goes behind <|startofprev|>
-(checkpoints whose generation config names it; else a 400); no streaming; windows are not conditioned
-on the previous window's text; timestamps are the 30-second windows the audio was cut into (segments in
-verbose_json, srt and vtt), not the model's timestamp tokens. A request asking for more is a clear 400.
+What is there today (issue 23, in progress):
+- greedy decoding, or sampling at `temperature` (no fallback to higher temperatures on repetitive
+  output, as openai-whisper does);
+- `prompt` goes behind <|startofprev|>, for checkpoints whose generation config names it (else a 400);
+- segments in verbose_json, srt and vtt are the model's own timestamps where its generation config has
+  timestamp tokens (runtime/whisper_timestamps.py), else the 30-second windows.
+Not there, each a clear 400: streaming, word timestamps. Windows are not conditioned on the previous
+window's text.
 The windows of all requests in flight to one model decode together (runtime/async_transcriber.py).
 """
 
@@ -85,14 +88,18 @@ async def _run(request: Request, task: str, file: UploadFile, model: str | None,
     if len(data) > MAX_AUDIO_BYTES:
         raise APIError(413, f"the audio file is larger than {MAX_AUDIO_BYTES} bytes", param="file")
     samples = await asyncio.to_thread(decode_audio, data)
+    timed = response_format in ("verbose_json", "srt", "vtt") and served.transcriber.transcriber.rules is not None
+    duration = len(samples) / SAMPLE_RATE
     ticket = state.admission.acquire(1)
     try:  # windows of concurrent requests decode together (runtime/async_transcriber.py)
-        windows = await served.transcriber.transcribe_segments(samples, language, task, temperature, prompt=prompt)
+        if timed:  # the model's own timestamp tokens
+            segments = await served.transcriber.transcribe_timed(samples, language, task, temperature, prompt=prompt)
+        else:  # the 30-second windows as segments
+            windows = await served.transcriber.transcribe_segments(samples, language, task, temperature, prompt=prompt)
+            size = served.transcriber.transcriber.speech.window_samples / SAMPLE_RATE
+            segments = [(i * size, min((i + 1) * size, duration), text) for i, text in enumerate(windows)]
     finally:
         ticket.release()
-    size = served.transcriber.transcriber.speech.window_samples / SAMPLE_RATE
-    duration = len(samples) / SAMPLE_RATE
-    segments = [(i * size, min((i + 1) * size, duration), text) for i, text in enumerate(windows)]
     return render(segments, response_format, "transcribe" if task == "transcribe" else "translate", duration)
 
 
@@ -105,7 +112,7 @@ async def transcriptions(request: Request, file: UploadFile = File(...), model: 
                          prompt: str | None = _form(), response_format: str = _form("json"), temperature: float = _form(0.0),
                          timestamp_granularities: list[str] | None = _form(None, "timestamp_granularities[]"), stream: bool = _form(False)):
     if timestamp_granularities and timestamp_granularities != ["segment"]:
-        raise APIError(400, "only segment timestamps (the 30-second windows) are available", param="timestamp_granularities[]")
+        raise APIError(400, "only segment timestamps are available (no word timestamps yet)", param="timestamp_granularities[]")
     return await _run(request, "transcribe", file, model, language, prompt, response_format, temperature, stream)
 
 

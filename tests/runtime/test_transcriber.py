@@ -194,3 +194,42 @@ def test_a_prompt_goes_behind_startofprev(whisper, tmp_path):
     plain = Transcriber(package)
     with pytest.raises(ortinf.errors.RequestError, match="prompt"):
         plain._prompt(text="hello")
+
+
+def test_timestamp_tokens_against_transformers(whisper, tmp_path):
+    """Timestamps on: the prompt has no <|notimestamps|>, each step's logits go through the timestamp
+    rules, and the tokens equal transformers' greedy loop with its WhisperTimeStampLogitsProcessor."""
+    import json
+    import shutil
+
+    from transformers.generation.logits_process import WhisperTimeStampLogitsProcessor
+
+    model, package = whisper
+    folder = tmp_path / "timestamps"
+    shutil.copytree(package, folder)
+    (folder / "generation_config.json").write_text(json.dumps({"no_timestamps_token_id": 200, "eos_token_id": 2}))
+    transcriber = Transcriber(folder, max_windows=2)
+    assert transcriber._prompt() == [1, 200] and transcriber._prompt(timestamps=True) == [1]
+    sample = audio(40, 6)  # two windows
+    job = transcriber.submit(transcriber.windows(sample), transcriber._prompt(timestamps=True), max_new_tokens=12, timestamps=True)
+    while transcriber.busy:
+        transcriber.step()
+    processor = WhisperTimeStampLogitsProcessor(transformers.GenerationConfig(no_timestamps_token_id=200, eos_token_id=2), begin_index=1)
+    extractor = transformers.WhisperFeatureExtractor(feature_size=80)
+    want = []
+    for start in range(0, len(sample), 30 * SAMPLE_RATE):
+        features = torch.from_numpy(extractor(sample[start : start + 30 * SAMPLE_RATE], sampling_rate=SAMPLE_RATE,
+                                              return_tensors="np").input_features)
+        ids = [1]
+        with torch.no_grad():
+            for _ in range(12):
+                logits = model(input_features=features, decoder_input_ids=torch.tensor([ids])).logits[:, -1]
+                token = int(processor(torch.tensor([ids]), logits)[0].argmax())
+                if token == 2:
+                    break
+                ids.append(token)
+        want.append(ids[1:])
+    assert job.results == want
+    assert all(tokens and tokens[0] >= 201 for tokens in job.results)  # each window opens with a timestamp
+    with pytest.raises(ortinf.errors.RequestError, match="timestamp"):
+        Transcriber(package)._prompt(timestamps=True)
