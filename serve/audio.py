@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import time
 
 import numpy as np
 from fastapi import APIRouter, File, Form, Request, UploadFile
@@ -91,6 +92,7 @@ async def _run(request: Request, task: str, file: UploadFile, model: str | None,
     timed = response_format in ("verbose_json", "srt", "vtt") and served.transcriber.transcriber.rules is not None
     duration = len(samples) / SAMPLE_RATE
     ticket = state.admission.acquire(1)
+    started, failed = time.monotonic(), True
     try:  # windows of concurrent requests decode together (runtime/async_transcriber.py)
         if timed:  # the model's own timestamp tokens
             segments = await served.transcriber.transcribe_timed(samples, language, task, temperature, prompt=prompt)
@@ -98,8 +100,10 @@ async def _run(request: Request, task: str, file: UploadFile, model: str | None,
             windows = await served.transcriber.transcribe_segments(samples, language, task, temperature, prompt=prompt)
             size = served.transcriber.transcriber.speech.window_samples / SAMPLE_RATE
             segments = [(i * size, min((i + 1) * size, duration), text) for i, text in enumerate(windows)]
+        failed = False
     finally:
         ticket.release()
+        state.metrics.observe_transcription(served.name, time.monotonic() - started, duration, failed)
     return render(segments, response_format, "transcribe" if task == "transcribe" else "translate", duration)
 
 

@@ -49,6 +49,7 @@ class EngineMetrics:
         self.spec_drafts = Counter(f"{prefix}:spec_decode_num_drafts", "Steps in which a request verified proposals.", labels, registry=r)
         self.spec_draft_tokens = Counter(f"{prefix}:spec_decode_num_draft_tokens", "Proposed (speculative) tokens.", labels, registry=r)
         self.spec_accepted = Counter(f"{prefix}:spec_decode_num_accepted_tokens", "Proposed tokens accepted.", labels, registry=r)
+        self.audio_seconds = Counter(f"{prefix}:audio_seconds", "Seconds of audio transcribed or translated.", labels, registry=r)
         self.spec_per_pos = Counter(f"{prefix}:spec_decode_num_accepted_tokens_per_pos", "Proposed tokens accepted, by position.",
                                     [*labels, "position"], registry=r)
         self._live: dict[str, _Live] = {}
@@ -101,6 +102,13 @@ class EngineMetrics:
             self.success.labels(model, reason).inc()
             if metrics is not None:
                 self.e2e.labels(model).observe((metrics.finished_time or now) - metrics.arrival_time)
+
+    def observe_transcription(self, model: str, seconds: float, audio_seconds: float, error: bool) -> None:
+        """One speech-recognition request: its end (error or stop), latency, and the audio it covered."""
+        self.success.labels(model, "error" if error else "stop").inc()
+        self.e2e.labels(model).observe(seconds)
+        if not error:
+            self.audio_seconds.labels(model).inc(audio_seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

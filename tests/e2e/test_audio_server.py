@@ -87,6 +87,9 @@ def test_transcriptions(whisper_package, chat_package, tmp_path):
         error(httpx.post(url, files={"file": ("a.wav", encoded(audio, "WAV"))}, data={"model": "text"}, timeout=60), "not speech recognition")
         error(httpx.post(f"{server.url}/v1/audio/translations", files={"file": ("a.wav", encoded(audio, "WAV"))},
                          data={"model": "whisper"}, timeout=60), "English-only")
+        metrics = httpx.get(f"{server.url}/metrics").text
+        assert 'ortinf:audio_seconds_total{model_name="whisper"}' in metrics
+        assert 'ortinf:request_success_total{finished_reason="stop",model_name="whisper"}' in metrics
         # the text model beside it still serves
         assert httpx.post(f"{server.url}/v1/completions", json={"model": "text", "prompt": "hi", "max_tokens": 2}).status_code == 200
 
