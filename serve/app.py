@@ -170,7 +170,11 @@ def load_model(package: Path, name: str, config: ServerConfig, state: ServerStat
         from ortinf.runtime.async_transcriber import AsyncTranscriber
         from ortinf.runtime.transcriber import Transcriber
 
-        model.transcriber = AsyncTranscriber(Transcriber(package, intra_op_threads=config.intra_op_threads))
+        transcriber = Transcriber(package, intra_op_threads=config.intra_op_threads)
+        if transcriber.tokenizer is None:
+            raise ConfigError(f"{name} has no tokenizer.json: the audio routes answer with text; re-export it from a folder "
+                              "with the Whisper tokenizer")
+        model.transcriber = AsyncTranscriber(transcriber)
     elif manifest.task == TEXT_GENERATION:
         options = dict(config.engine_options)
         if lora_base:
