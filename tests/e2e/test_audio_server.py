@@ -114,3 +114,19 @@ def test_ortinf_transcribe_cli(whisper_package, tmp_path):
     (tmp_path / "bad.wav").write_text("not audio")
     bad = subprocess.run([ortinf_bin, "transcribe", str(whisper_package), str(tmp_path / "bad.wav")], capture_output=True, text=True, timeout=300)
     assert bad.returncode != 0 and "not audio" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_a_whisper_package_without_a_tokenizer_is_refused_at_start(whisper_package, tmp_path):
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from server_helpers import free_port
+
+    folder = tmp_path / "no-tokenizer"
+    shutil.copytree(whisper_package, folder)
+    (folder / "tokenizer.json").unlink()
+    done = subprocess.run([str(Path(sys.executable).with_name("ortinf")), "serve", str(folder), "--port", str(free_port())],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "has no tokenizer.json" in done.stdout + done.stderr
