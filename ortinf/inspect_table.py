@@ -50,6 +50,13 @@ def manifest_rows(manifest: Manifest, folder: Path) -> list[tuple[str, str]]:
             ("lora", f"inputs on {', '.join(d.lora_targets)} (serve adapters with --lora-modules)" if d.lora_targets
              else "none (export with --enable-lora to serve adapters)"),
         ]
+    if manifest.speech is not None:
+        sp = manifest.speech
+        rows += [
+            ("speech encoder", f"{sp.encoder_graph}: {sp.num_mel_bins} mel bins, {sp.window_samples / 16000:.0f} s windows, "
+                               f"{sp.source_positions} cross-attention positions (in pool blocks of their own)"),
+            ("run it with", "ortinf transcribe / LLM(package).transcribe / /v1/audio/transcriptions"),
+        ]
     if manifest.encoder is not None:
         e = manifest.encoder
         rows += [("hidden size", str(e.hidden_size)), ("max model len", str(e.max_model_len))]
