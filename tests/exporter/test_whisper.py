@@ -61,3 +61,7 @@ def test_ortinf_export_writes_a_verified_whisper_package(tmp_path):
         assert (tmp_path / "pkg" / name).is_file()
     graph = ort.InferenceSession(str(tmp_path / "pkg" / "model.onnx"), providers=["CPUExecutionProvider"])
     assert {"slot_mapping", "cross_block_tables", "cross_lens"} <= {i.name for i in graph.get_inputs()}
+    from ortinf.inspect_table import manifest_rows
+
+    rows = dict(manifest_rows(Manifest.load(tmp_path / "pkg"), tmp_path / "pkg"))
+    assert "128 mel bins" in rows["speech encoder"] and rows["task"] == "automatic-speech-recognition"
