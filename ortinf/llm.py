@@ -49,7 +49,8 @@ class LLM:
         if self.manifest.speech is not None:  # Whisper: the offline transcriber (runtime/transcriber.py)
             from ortinf.runtime.transcriber import Transcriber
 
-            self.transcriber = Transcriber(package_dir, intra_op_threads=options.get("intra_op_threads", 0))
+            self.transcriber = Transcriber(package_dir, intra_op_threads=options.get("intra_op_threads", 0),
+                                           provider="cpu" if provider == "auto" else provider)
         elif self.manifest.task == TEXT_GENERATION:
             from ortinf.runtime.engine import LLMEngine
 

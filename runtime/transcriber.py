@@ -61,9 +61,10 @@ class Window:
 
 
 class Transcriber:
-    """Speech recognition with a Whisper package on the CPU provider."""
+    """Speech recognition with a Whisper package on a provider whose KV pool is host memory (CPU, OpenVINO)."""
 
-    def __init__(self, package_dir: str | Path, max_windows: int = 8, block_size: int = 16, intra_op_threads: int = 0) -> None:
+    def __init__(self, package_dir: str | Path, max_windows: int = 8, block_size: int = 16, intra_op_threads: int = 0,
+                 provider: str = "cpu") -> None:
         self.package = Path(package_dir)
         self.manifest = Manifest.load(self.package)
         if self.manifest.task != SPEECH_RECOGNITION or self.manifest.speech is None or self.manifest.decoder is None:
@@ -77,8 +78,10 @@ class Transcriber:
         self._queue: deque[Window] = deque()
         self._active: dict[int, Window] = {}  # slot -> the window decoding in it
         self._free = list(range(max_windows))  # each slot owns a fixed set of pool blocks
-        found = resolve("cpu")
+        found = resolve(provider)
         self.graph = DecoderGraph(self.package, max_windows * (self.cross_blocks + self.self_blocks), block_size, found, intra_op_threads)
+        if not self.graph.pool.arrays:  # the encoder's cross K/V are written into the pool with numpy
+            raise ConfigError(f"speech recognition runs where the KV pool is in host memory (cpu, openvino), not on {found.provider.name} yet")
         self.encoder, _ = create_session(self.package / self.speech.encoder_graph, found, intra_op_threads, spin=False)
         self.mel_filters = np.load(self.package / self.speech.mel_filters)
         path = self.package / "generation_config.json"

@@ -79,3 +79,35 @@ def test_engine_greedy_parity_under_openvino(ov_python, decoder_package, tmp_pat
     assert report["providers"][0] == "OpenVINOExecutionProvider" and report["torch_loaded"] is False
     assert report["preemptions"] > 0 and report["prefix_hits"] > 0
     assert report["tokens"] == [hf_greedy(model, p, GREEDY.max_tokens) for p in prompts]
+
+
+def test_whisper_under_openvino(ov_python, tmp_path):
+    """A Whisper package's encoder and paged decoder under OpenVINO (host pool: the decoder returns its
+    K/V, the cross K/V are written with numpy): the same greedy tokens as on the CPU provider, which
+    tests/runtime/test_transcriber.py holds equal to transformers."""
+    import transformers
+
+    import ortinf
+    from ortinf.runtime.transcriber import Transcriber
+
+    config = transformers.WhisperConfig(vocab_size=256, num_mel_bins=80, d_model=64, encoder_layers=2, decoder_layers=2,
+                                        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
+                                        max_source_positions=1500, max_target_positions=32, pad_token_id=0, bos_token_id=1,
+                                        eos_token_id=2, decoder_start_token_id=1)
+    torch.manual_seed(0)
+    transformers.WhisperForConditionalGeneration(config).save_pretrained(tmp_path / "hf")
+    ortinf.export(tmp_path / "hf", tmp_path / "pkg", progress=False)
+    rng = np.random.default_rng(0)
+    audios = [(0.3 * np.sin(np.arange(n) / 9) + 0.05 * rng.standard_normal(n)).astype(np.float32) for n in (48_000, 560_000)]
+    np.savez(tmp_path / "audio.npz", *audios)
+    expected = Transcriber(tmp_path / "pkg").transcribe_ids(audios, max_new_tokens=10)
+    code = ("import json, sys, numpy as np\nfrom ortinf.runtime.transcriber import Transcriber\n"
+            "audio = np.load(sys.argv[2]); t = Transcriber(sys.argv[1], provider='openvino')\n"
+            "print(json.dumps({'tokens': t.transcribe_ids([audio[k] for k in sorted(audio.files)], max_new_tokens=10),"
+            " 'providers': t.graph.session.get_providers(), 'torch': 'torch' in sys.modules}))\n")
+    result = subprocess.run([str(ov_python), "-c", code, str(tmp_path / "pkg"), str(tmp_path / "audio.npz")],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["providers"][0] == "OpenVINOExecutionProvider" and report["torch"] is False
+    assert report["tokens"] == expected
