@@ -89,11 +89,13 @@ class LLMEngine:
         self.graph.lora = slots
         return slots
 
-    def add_lora(self, name: str, path: str | Path) -> None:
-        """Loads a PEFT LoRA folder under `name` (engine thread); ConfigError says what is wrong."""
+    def add_lora(self, name: str, path: str | Path | LoraAdapter) -> None:
+        """Loads a PEFT LoRA folder under `name`, or an adapter already read with LoraAdapter.load (the
+        server reads it off the engine thread, which then only writes its slot); ConfigError says
+        what is wrong."""
         if self.loras is None:
             raise ConfigError("no LoRA slots: start the engine with max_loras >= 1 (--max-loras) on a package exported with --enable-lora")
-        self.loras.add(LoraAdapter.load(name, path, self.graph.spec))
+        self.loras.add(path if isinstance(path, LoraAdapter) else LoraAdapter.load(name, path, self.graph.spec))
         self._lora_loads += 1
         self._lora_keys[name] = f"{name}#{self._lora_loads}"
 

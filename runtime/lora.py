@@ -31,6 +31,10 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 _KEY = re.compile(r"layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
 _SAFETENSORS_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": None, "F64": np.float64}
 BASE = -1  # the slot of a token that runs the base model
+# Every token multiplies every loaded adapter's columns (by 0 when they are not its own), and NaN * 0
+# is NaN: one adapter with a non-finite weight, or one large enough for x @ A to overflow, would
+# corrupt the whole batch. Trained LoRA weights are far below this bound.
+MAX_ABS_WEIGHT = 1e4
 
 
 def read_safetensors(path: Path) -> dict[str, np.ndarray]:
@@ -80,9 +84,14 @@ class LoraAdapter:
             raise ConfigError(f"LoRA '{name}': {folder} is a {config.get('peft_type')} adapter; only LoRA is served")
         if config.get("use_dora"):
             raise ConfigError(f"LoRA '{name}': DoRA adapters are not supported; merge it into the model and export that")
-        rank, alpha = int(config.get("r", 0)), float(config.get("lora_alpha", config.get("r", 0)))
+        try:
+            rank, alpha = int(config.get("r", 0)), float(config.get("lora_alpha", config.get("r", 0)))
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"LoRA '{name}': {ADAPTER_CONFIG} has a non-numeric r or lora_alpha") from exc
         if rank <= 0:
             raise ConfigError(f"LoRA '{name}': {ADAPTER_CONFIG} has no positive rank r")
+        if not math.isfinite(alpha) or abs(alpha) > MAX_ABS_WEIGHT:
+            raise ConfigError(f"LoRA '{name}': lora_alpha {alpha} is not a finite scale")
         scale = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
         weights: dict[tuple[int, str], list] = {}
         for key, array in tensors.items():
@@ -96,6 +105,9 @@ class LoraAdapter:
                                   f"(it has {', '.join(spec.lora_targets)})")
             if layer >= spec.num_layers:
                 raise ConfigError(f"LoRA '{name}' has layer {layer}; the model has {spec.num_layers}")
+            if not np.isfinite(array).all() or np.abs(array).max(initial=0.0) > MAX_ABS_WEIGHT:
+                raise ConfigError(f"LoRA '{name}': {key} holds non-finite or huge values (|w| > {MAX_ABS_WEIGHT:g}); "
+                                  "loaded, it would corrupt every request in the batch")
             fan_in, fan_out = spec.lora_targets[target]
             expected = (rank, fan_in) if which == "A" else (fan_out, rank)
             if tuple(array.shape) != expected:

@@ -4,10 +4,13 @@ that may call them may make the server read any adapter folder it can name."""
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, Field
 
+from ortinf.runtime.lora import LoraAdapter
 from ortinf.serve.errors import APIError
 from ortinf.serve.models import ServedModel
 from ortinf.serve.protocol import STRICT
@@ -42,7 +45,10 @@ async def load_lora_adapter(body: LoadLoraAdapter, request: Request):
     if body.lora_name in state.registry.loras or body.lora_name in state.registry.models:
         raise APIError(400, f"the name '{body.lora_name}' is already served: unload it first, or choose another", param="lora_name")
     base = lora_base(state)
-    await base.require_engine().call(lambda engine: engine.add_lora(body.lora_name, body.lora_path))
+    engine = base.require_engine()
+    # the file is read and checked here, off the engine thread; the engine thread only writes the slot
+    adapter = await asyncio.to_thread(LoraAdapter.load, body.lora_name, body.lora_path, engine.engine.graph.spec)
+    await engine.call(lambda e: e.add_lora(body.lora_name, adapter))
     state.registry.add_lora(body.lora_name, base.name)
     return f"Success: LoRA adapter '{body.lora_name}' added successfully."
 

@@ -109,3 +109,30 @@ def test_clear_refusals(lora_setup, decoder_package, tmp_path):
     with pytest.raises(ortinf.errors.ExportError, match="--enable-lora"):
         build_decoder("gpt2", tmp_path / "g2")
         ortinf.export(tmp_path / "g2", tmp_path / "g2-pkg", progress=False, enable_lora=True)
+
+
+def test_an_adapter_that_would_poison_the_batch_is_refused(lora_setup, tmp_path):
+    """Every token multiplies every loaded adapter's columns (by 0 when not its own): a NaN weight would
+    turn the base model's tokens to NaN too (measured: greedy [0, 0, 0, 0]). Such adapters are refused,
+    as are non-finite scales."""
+    import json
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    _, root, _ = lora_setup
+    for name, poison in (("nan", np.nan), ("huge", 1e30)):
+        folder = tmp_path / name
+        shutil.copytree(root / "qv", folder)
+        weights = load_file(str(folder / "adapter_model.safetensors"))
+        key = next(iter(weights))
+        weights[key][0, 0] = poison
+        save_file(weights, str(folder / "adapter_model.safetensors"))
+        with pytest.raises(ConfigError, match="non-finite or huge"):
+            LLM(root / "pkg", provider="cpu", num_blocks=64, lora_modules={name: str(folder)})
+    folder = tmp_path / "alpha"
+    shutil.copytree(root / "qv", folder)
+    config = json.loads((folder / "adapter_config.json").read_text())
+    (folder / "adapter_config.json").write_text(json.dumps({**config, "lora_alpha": float("inf")}))
+    with pytest.raises(ConfigError, match="not a finite scale"):
+        LLM(root / "pkg", provider="cpu", num_blocks=64, lora_modules={"alpha": str(folder)})
