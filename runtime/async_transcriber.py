@@ -41,8 +41,9 @@ class AsyncTranscriber:
     async def _run(self, samples: np.ndarray, language: str | None, task: str, temperature: float, seed: int | None,
                    prompt: str | None, timestamps: bool) -> Job:
         transcriber = self.transcriber
-        forced = transcriber._prompt(language, task, prompt, timestamps)
-        windows = await asyncio.to_thread(transcriber.windows, samples)
+        # both off the event loop: a prompt is tokenised, and every window's log-mel is computed
+        forced, windows = await asyncio.to_thread(lambda: (transcriber._prompt(language, task, prompt, timestamps),
+                                                           transcriber.windows(samples)))
         loop = asyncio.get_running_loop()
         finished: asyncio.Future[Job] = loop.create_future()
 

@@ -143,10 +143,6 @@ class Transcriber:
         """Greedy token ids of each audio (its windows' tokens joined, the forced prompt excluded)."""
         return [[t for window in windows for t in window] for windows in self._decode(audios, max_new_tokens, self.prompt)]
 
-    def transcribe_windows(self, samples: np.ndarray, language: str | None = None, task: str = "transcribe") -> list[str]:
-        """The text of each 30-second window of one audio (the server's segments)."""
-        return self.transcribe_segments([samples], language, task)[0]
-
     def transcribe_segments(self, audios: Sequence[np.ndarray], language: str | None = None, task: str = "transcribe",
                             progress: bool = False) -> list[list[str]]:
         """Per audio, the text of each of its 30-second windows; all windows batched together

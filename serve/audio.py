@@ -43,13 +43,19 @@ def decode_audio(data: bytes) -> np.ndarray:
     if not data:
         raise APIError(400, "the audio file is empty", param="file")
     try:
-        samples, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
+        with soundfile.SoundFile(io.BytesIO(data)) as audio:
+            # the length is checked before decoding: 25 MB of compressed silence is hours of samples
+            if audio.frames / audio.samplerate > MAX_AUDIO_SECONDS:
+                raise APIError(400, f"the audio is {audio.frames / audio.samplerate:.0f} s long; at most {MAX_AUDIO_SECONDS} s "
+                                    "per request", param="file")
+            rate = audio.samplerate
+            samples = audio.read(dtype="float32", always_2d=True)
+    except APIError:
+        raise
     except Exception as exc:  # noqa: BLE001 - libsndfile's many refusals are all "not audio we read"
         raise APIError(400, f"the file is not audio this server reads (wav, flac, ogg, mp3): {str(exc)[:120]}", param="file") from exc
     if samples.shape[0] == 0:
         raise APIError(400, "the audio file holds no samples", param="file")
-    if samples.shape[0] / rate > MAX_AUDIO_SECONDS:
-        raise APIError(400, f"the audio is {samples.shape[0] / rate:.0f} s long; at most {MAX_AUDIO_SECONDS} s per request", param="file")
     mono = samples.mean(axis=1)
     return mono if rate == SAMPLE_RATE else soxr.resample(mono, rate, SAMPLE_RATE).astype(np.float32)
 
@@ -107,20 +113,17 @@ async def _run(request: Request, task: str, file: UploadFile, model: str | None,
     return render(segments, response_format, "transcribe" if task == "transcribe" else "translate", duration)
 
 
-def _form(default=None, alias: str | None = None):  # noqa: ANN001, ANN202
-    return Form(default, alias=alias) if alias else Form(default)
-
-
 @router.post("/v1/audio/transcriptions", responses={200: {"description": "the transcription, in response_format"}})
-async def transcriptions(request: Request, file: UploadFile = File(...), model: str | None = _form(), language: str | None = _form(),
-                         prompt: str | None = _form(), response_format: str = _form("json"), temperature: float = _form(0.0),
-                         timestamp_granularities: list[str] | None = _form(None, "timestamp_granularities[]"), stream: bool = _form(False)):
+async def transcriptions(request: Request, file: UploadFile = File(...), model: str | None = Form(None), language: str | None = Form(None),
+                         prompt: str | None = Form(None), response_format: str = Form("json"), temperature: float = Form(0.0),
+                         timestamp_granularities: list[str] | None = Form(None, alias="timestamp_granularities[]"),
+                         stream: bool = Form(False)):
     if timestamp_granularities and timestamp_granularities != ["segment"]:
         raise APIError(400, "only segment timestamps are available (no word timestamps yet)", param="timestamp_granularities[]")
     return await _run(request, "transcribe", file, model, language, prompt, response_format, temperature, stream)
 
 
 @router.post("/v1/audio/translations", responses={200: {"description": "the English translation, in response_format"}})
-async def translations(request: Request, file: UploadFile = File(...), model: str | None = _form(), prompt: str | None = _form(),
-                       response_format: str = _form("json"), temperature: float = _form(0.0)):
+async def translations(request: Request, file: UploadFile = File(...), model: str | None = Form(None), prompt: str | None = Form(None),
+                       response_format: str = Form("json"), temperature: float = Form(0.0)):
     return await _run(request, "translate", file, model, None, prompt, response_format, temperature, False)

@@ -130,3 +130,19 @@ def test_a_whisper_package_without_a_tokenizer_is_refused_at_start(whisper_packa
     done = subprocess.run([str(Path(sys.executable).with_name("ortinf")), "serve", str(folder), "--port", str(free_port())],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and "has no tokenizer.json" in done.stdout + done.stderr
+
+
+def test_long_compressed_audio_is_refused_before_it_is_decoded():
+    """Hours of compressed silence fit in a small upload: the length is read from the header first."""
+    from ortinf.serve.audio import MAX_AUDIO_SECONDS, decode_audio
+    from ortinf.serve.errors import APIError
+
+    seconds = MAX_AUDIO_SECONDS + 60
+    buffer = io.BytesIO()
+    with soundfile.SoundFile(buffer, "w", samplerate=8_000, channels=1, format="OGG") as f:
+        silence = np.zeros(8_000 * 60, np.float32)
+        for _ in range(seconds // 60):
+            f.write(silence)
+    assert len(buffer.getvalue()) < 25 * 2**20
+    with pytest.raises(APIError, match="at most"):
+        decode_audio(buffer.getvalue())
