@@ -24,6 +24,7 @@ and `ortinf transcribe` are not built yet.
 
 from __future__ import annotations
 
+import types
 from pathlib import Path
 
 import numpy as np
@@ -106,8 +107,6 @@ class PagedWhisperDecoder(torch.nn.Module):
             out = cross_attention(query, batch.key_caches[layer], batch.value_caches[layer], batch, cross_block_tables, cross_lens)
             return attention.out_proj(out.reshape(1, -1, self.heads * self.head_dim)), None
 
-        import types
-
         patched = [layer.encoder_attn for layer in self.decoder.layers]
         for attention in patched:
             attention.forward = types.MethodType(cross_forward, attention)
@@ -178,15 +177,13 @@ def step_through_pool(encoder: object, decoder: object, model: torch.nn.Module, 
     base = requests * cross_blocks
     self_tables = [order[base + r * self_blocks : base + (r + 1) * self_blocks] for r in range(requests)]
 
-    def flat(pool: np.ndarray) -> np.ndarray:
-        return pool.transpose(1, 2, 0, 3).reshape(-1, heads, head_dim)  # a view: [slots, H, D]
+    def write(pool: np.ndarray, slots: np.ndarray, values: np.ndarray) -> None:  # values [T, H, D], as KVPool.write
+        pool.reshape(heads, -1, head_dim)[:, slots] = values.swapaxes(0, 1)
 
     for request, table in enumerate(cross_tables):
         slots = np.array([table[p // block_size] * block_size + p % block_size for p in range(positions)])
         for index, pool in enumerate(pools):
-            view = flat(pool)
-            view[slots] = cross[index][request]
-            pool[...] = view.reshape(num_blocks, block_size, heads, head_dim).transpose(2, 0, 1, 3)
+            write(pool, slots, cross[index][request])
     tokens = [list(p) for p in prompts]
     done = [0] * requests
     worst = 0.0
@@ -198,9 +195,7 @@ def step_through_pool(encoder: object, decoder: object, model: torch.nn.Module, 
         feeds.update({f"{kind}_cache.{i}": pools[2 * i + (kind == "value")] for i in range(layers) for kind in ("key", "value")})
         logits, *new_kv = decoder.run(None, feeds)
         for index, pool in enumerate(pools):
-            view = flat(pool)
-            view[step_input.slot_mapping] = new_kv[index]
-            pool[...] = view.reshape(num_blocks, block_size, heads, head_dim).transpose(2, 0, 1, 3)
+            write(pool, step_input.slot_mapping, new_kv[index])
         for request in range(requests):
             with torch.no_grad():
                 ref = model(input_features=torch.from_numpy(features[request : request + 1]),

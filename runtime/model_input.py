@@ -91,7 +91,8 @@ def build_model_input(chunks: Sequence[SequenceChunk], block_size: int, all_logi
         logits_indices=_logits_indices(starts, query_lens, all_logits),
         slot_mapping=slot_mapping,
         full_block_tables=tables,
-        lora_slots=np.repeat(np.array([c.lora_slot for c in chunks], dtype=np.int64), query_lens),
+        lora_slots=np.repeat(np.array([c.lora_slot for c in chunks], dtype=np.int64), query_lens)
+        if any(c.lora_slot >= 0 for c in chunks) else None,  # None: every token runs the base model
         **_cross_tables(chunks),
     )
 

@@ -70,6 +70,7 @@ def test_concurrent_requests_decode_together(whisper):
     """AsyncTranscriber: the windows of requests in flight at once share decoder calls, and each request
     gets exactly what it gets alone; a step that fails fails its requests, and the next ones still work."""
     import asyncio
+    import threading
 
     from ortinf.runtime.async_transcriber import AsyncTranscriber
 
@@ -78,13 +79,21 @@ def test_concurrent_requests_decode_together(whisper):
     audios = [audio(3, 0), audio(45, 1), audio(1, 2)]
     alone = [transcriber.transcribe_ids([a])[0] for a in audios]
     widest = []
-    step = transcriber.step
+    step, submit = transcriber.step, transcriber.submit
+    all_submitted = threading.Event()
 
-    def watched() -> int:
+    def counted_submit(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        job = submit(*args, **kwargs)
+        if len(transcriber._queue) + len(transcriber._active) >= 4:  # the 4 windows of the 3 requests
+            all_submitted.set()
+        return job
+
+    def watched() -> int:  # the first step waits for every request: the batching asserted is not a race
+        all_submitted.wait(30)
         widest.append(len(transcriber._active) + min(len(transcriber._queue), len(transcriber._free)))
         return step()
 
-    transcriber.step = watched
+    transcriber.submit, transcriber.step = counted_submit, watched
     transcriber._text = lambda ids: ids  # token ids, to compare (the tiny model has no tokenizer)
     runner = AsyncTranscriber(transcriber)
 
@@ -93,7 +102,7 @@ def test_concurrent_requests_decode_together(whisper):
 
     results = asyncio.run(main())
     assert [[t for window in r for t in window] for r in results] == alone
-    assert max(widest) >= 3  # windows of different requests in one decoder call
+    assert max(widest) == 4  # the windows of all three requests in one decoder call
     transcriber.step = lambda: (_ for _ in ()).throw(RuntimeError("injected"))
     with pytest.raises(RuntimeError, match="injected"):
         asyncio.run(runner.transcribe_segments(audios[0]))
