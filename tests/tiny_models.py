@@ -150,3 +150,20 @@ def add_byte_tokenizer(folder: Path, vocab_size: int = 384) -> None:
     (folder / "tokenizer_config.json").write_text(
         '{"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}'
     )
+
+
+# A tiny Whisper: 2 + 2 layers of 64, 4 heads, 80 mel bins, start token 1, EOS 2; 30-second windows
+# (1500 source positions) unless a test asks for shorter ones.
+WHISPER = dict(vocab_size=256, num_mel_bins=80, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+               decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, max_source_positions=1500,
+               max_target_positions=64, pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1)
+
+
+def build_whisper(folder: Path | None = None, seed: int = 0, **overrides) -> transformers.WhisperForConditionalGeneration:
+    """A tiny random Whisper (fp32, eval, eager), saved to `folder` when given."""
+    torch.manual_seed(seed)
+    model = transformers.WhisperForConditionalGeneration(transformers.WhisperConfig(**{**WHISPER, **overrides})).eval()
+    model.config._attn_implementation = "eager"
+    if folder is not None:
+        model.save_pretrained(folder)
+    return model

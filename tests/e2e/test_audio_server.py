@@ -17,7 +17,7 @@ import transformers
 import ortinf
 from ortinf import LLM
 from server_helpers import running_server
-from tiny_models import add_byte_tokenizer
+from tiny_models import add_byte_tokenizer, build_whisper
 
 RATE = 16_000
 
@@ -25,12 +25,7 @@ RATE = 16_000
 @pytest.fixture(scope="module")
 def whisper_package(tmp_path_factory):
     root = tmp_path_factory.mktemp("whisper-server")
-    config = transformers.WhisperConfig(vocab_size=384, num_mel_bins=80, d_model=64, encoder_layers=2, decoder_layers=2,
-                                        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
-                                        max_source_positions=1500, max_target_positions=24, pad_token_id=0, bos_token_id=1,
-                                        eos_token_id=2, decoder_start_token_id=1)
-    torch.manual_seed(0)
-    transformers.WhisperForConditionalGeneration(config).save_pretrained(root / "hf")
+    build_whisper(root / "hf", vocab_size=384, max_target_positions=24)  # 384: room for the byte tokenizer
     add_byte_tokenizer(root / "hf", 384)
     ortinf.export(root / "hf", root / "whisper", progress=False)
     return root / "whisper"

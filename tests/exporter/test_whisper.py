@@ -10,23 +10,13 @@ import torch
 import transformers
 
 from ortinf.exporter.whisper import export_whisper_graphs, step_through_pool
+from tiny_models import build_whisper
 
 HEADS, HEAD_DIM, LAYERS = 4, 16, 2
 
 
-def tiny_whisper() -> transformers.WhisperForConditionalGeneration:
-    config = transformers.WhisperConfig(vocab_size=256, num_mel_bins=80, d_model=64, encoder_layers=2, decoder_layers=LAYERS,
-                                        encoder_attention_heads=HEADS, decoder_attention_heads=HEADS, encoder_ffn_dim=128,
-                                        decoder_ffn_dim=128, max_source_positions=32, max_target_positions=64, pad_token_id=0,
-                                        bos_token_id=1, eos_token_id=2, decoder_start_token_id=1)
-    torch.manual_seed(0)
-    model = transformers.WhisperForConditionalGeneration(config).eval()
-    model.config._attn_implementation = "eager"
-    return model
-
-
 def test_graphs_match_transformers_through_the_pool(tmp_path):
-    model = tiny_whisper()
+    model = build_whisper(max_source_positions=32)  # 64 feature frames: a short encoder
     export_whisper_graphs(model, tmp_path)
     encoder = ort.InferenceSession(str(tmp_path / "encoder.onnx"), providers=["CPUExecutionProvider"])
     decoder = ort.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
@@ -47,11 +37,7 @@ def test_ortinf_export_writes_a_verified_whisper_package(tmp_path):
     import ortinf
     from ortinf.manifest import Manifest
 
-    config = dict(vocab_size=256, num_mel_bins=128, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-                  decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, max_source_positions=32, max_target_positions=64,
-                  pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1)
-    torch.manual_seed(0)
-    transformers.WhisperForConditionalGeneration(transformers.WhisperConfig(**config)).save_pretrained(tmp_path / "hf")
+    build_whisper(tmp_path / "hf", num_mel_bins=128, max_source_positions=32)
     manifest = ortinf.export(tmp_path / "hf", tmp_path / "pkg", progress=False)
     assert manifest.task == "automatic-speech-recognition" and manifest.speech.num_mel_bins == 128
     assert manifest.parity.max_abs_diff < 1e-4 and Manifest.load(tmp_path / "pkg").speech.source_positions == 32

@@ -85,17 +85,11 @@ def test_whisper_under_openvino(ov_python, tmp_path):
     """A Whisper package's encoder and paged decoder under OpenVINO (host pool: the decoder returns its
     K/V, the cross K/V are written with numpy): the same greedy tokens as on the CPU provider, which
     tests/runtime/test_transcriber.py holds equal to transformers."""
-    import transformers
-
     import ortinf
     from ortinf.runtime.transcriber import Transcriber
+    from tiny_models import build_whisper
 
-    config = transformers.WhisperConfig(vocab_size=256, num_mel_bins=80, d_model=64, encoder_layers=2, decoder_layers=2,
-                                        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
-                                        max_source_positions=1500, max_target_positions=32, pad_token_id=0, bos_token_id=1,
-                                        eos_token_id=2, decoder_start_token_id=1)
-    torch.manual_seed(0)
-    transformers.WhisperForConditionalGeneration(config).save_pretrained(tmp_path / "hf")
+    build_whisper(tmp_path / "hf", max_target_positions=32)
     ortinf.export(tmp_path / "hf", tmp_path / "pkg", progress=False)
     rng = np.random.default_rng(0)
     audios = [(0.3 * np.sin(np.arange(n) / 9) + 0.05 * rng.standard_normal(n)).astype(np.float32) for n in (48_000, 560_000)]

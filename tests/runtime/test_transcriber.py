@@ -12,18 +12,13 @@ import transformers
 import ortinf
 from ortinf.runtime.audio_features import SAMPLE_RATE
 from ortinf.runtime.transcriber import Transcriber
+from tiny_models import build_whisper
 
 
 @pytest.fixture(scope="module")
 def whisper(tmp_path_factory):
     root = tmp_path_factory.mktemp("whisper")
-    config = transformers.WhisperConfig(vocab_size=256, num_mel_bins=80, d_model=64, encoder_layers=2, decoder_layers=2,
-                                        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
-                                        max_source_positions=1500, max_target_positions=64, pad_token_id=0, bos_token_id=1,
-                                        eos_token_id=2, decoder_start_token_id=1)
-    torch.manual_seed(0)
-    model = transformers.WhisperForConditionalGeneration(config).eval()
-    model.save_pretrained(root / "hf")
+    model = build_whisper(root / "hf")
     ortinf.export(root / "hf", root / "pkg", progress=False)
     return model, root / "pkg"
 
@@ -34,21 +29,28 @@ def audio(seconds: float, seed: int) -> np.ndarray:
     return (0.4 * np.sin(2 * np.pi * (200 + 100 * seed) * t) + 0.1 * rng.standard_normal(t.shape)).astype(np.float32)
 
 
-def reference(model, samples: np.ndarray, max_new_tokens: int) -> list[int]:
+def hf_greedy(model, samples: np.ndarray, prefix: list[int], steps: int, processor=None) -> list[list[int]]:  # noqa: ANN001
+    """transformers' greedy loop on each 30-second window of `samples` (its feature extractor, its model,
+    `processor` applied to the logits as generate would): the tokens after `prefix`, to EOS (2) or `steps`."""
     extractor = transformers.WhisperFeatureExtractor(feature_size=80)
-    tokens = []
+    windows = []
     for start in range(0, len(samples), 30 * SAMPLE_RATE):
         features = torch.from_numpy(extractor(samples[start : start + 30 * SAMPLE_RATE], sampling_rate=SAMPLE_RATE,
                                               return_tensors="np").input_features)
-        ids = [1]
+        ids = list(prefix)
         with torch.no_grad():
-            for _ in range(max_new_tokens):
-                token = int(model(input_features=features, decoder_input_ids=torch.tensor([ids])).logits[0, -1].argmax())
+            for _ in range(steps):
+                logits = model(input_features=features, decoder_input_ids=torch.tensor([ids])).logits[:, -1]
+                token = int((processor(torch.tensor([ids]), logits) if processor else logits)[0].argmax())
                 if token == 2:
                     break
                 ids.append(token)
-        tokens += ids[1:]
-    return tokens
+        windows.append(ids[len(prefix):])
+    return windows
+
+
+def reference(model, samples: np.ndarray, max_new_tokens: int) -> list[int]:
+    return [t for window in hf_greedy(model, samples, [1], max_new_tokens) for t in window]
 
 
 def test_batched_windows_match_transformers_greedy(whisper):
@@ -129,16 +131,6 @@ def test_multilingual_prompt_and_language_detection(whisper, tmp_path):
     extractor = transformers.WhisperFeatureExtractor(feature_size=80)
     features = torch.from_numpy(extractor(sample, sampling_rate=SAMPLE_RATE, return_tensors="np").input_features)
 
-    def greedy(ids: list[int], steps: int) -> list[int]:
-        out = []
-        with torch.no_grad():
-            for _ in range(steps):
-                token = int(model(input_features=features, decoder_input_ids=torch.tensor([ids + out])).logits[0, -1].argmax())
-                if token == 2:
-                    break
-                out.append(token)
-        return out
-
     assert transcriber._prompt("de") == [1, 251, 253, 255]
     with pytest.raises(ortinf.errors.RequestError, match="unknown language"):
         transcriber._prompt("xx")
@@ -148,7 +140,7 @@ def test_multilingual_prompt_and_language_detection(whisper, tmp_path):
     job = transcriber.submit(transcriber.windows(sample), transcriber._prompt(), max_new_tokens=8)
     while transcriber.busy:
         transcriber.step()
-    assert job.results == [greedy([1, detected, 253, 255], 8)]
+    assert job.results == hf_greedy(model, sample, [1, detected, 253, 255], 8)
 
 
 def test_sampling_at_a_temperature_is_seeded(whisper):
@@ -190,16 +182,7 @@ def test_a_prompt_goes_behind_startofprev(whisper, tmp_path):
     job = transcriber.submit(transcriber.windows(sample), prompt, max_new_tokens=6)
     while transcriber.busy:
         transcriber.step()
-    features = torch.from_numpy(transformers.WhisperFeatureExtractor(feature_size=80)(sample, sampling_rate=SAMPLE_RATE,
-                                                                                       return_tensors="np").input_features)
-    out = []
-    with torch.no_grad():
-        for _ in range(6):
-            token = int(model(input_features=features, decoder_input_ids=torch.tensor([prompt + out])).logits[0, -1].argmax())
-            if token == 2:
-                break
-            out.append(token)
-    assert job.results == [out]
+    assert job.results == hf_greedy(model, sample, prompt, 6)
     plain = Transcriber(package)
     with pytest.raises(ortinf.errors.RequestError, match="prompt"):
         plain._prompt(text="hello")
@@ -224,21 +207,7 @@ def test_timestamp_tokens_against_transformers(whisper, tmp_path):
     while transcriber.busy:
         transcriber.step()
     processor = WhisperTimeStampLogitsProcessor(transformers.GenerationConfig(no_timestamps_token_id=200, eos_token_id=2), begin_index=1)
-    extractor = transformers.WhisperFeatureExtractor(feature_size=80)
-    want = []
-    for start in range(0, len(sample), 30 * SAMPLE_RATE):
-        features = torch.from_numpy(extractor(sample[start : start + 30 * SAMPLE_RATE], sampling_rate=SAMPLE_RATE,
-                                              return_tensors="np").input_features)
-        ids = [1]
-        with torch.no_grad():
-            for _ in range(12):
-                logits = model(input_features=features, decoder_input_ids=torch.tensor([ids])).logits[:, -1]
-                token = int(processor(torch.tensor([ids]), logits)[0].argmax())
-                if token == 2:
-                    break
-                ids.append(token)
-        want.append(ids[1:])
-    assert job.results == want
+    assert job.results == hf_greedy(model, sample, [1], 12, processor)
     assert all(tokens and tokens[0] >= 201 for tokens in job.results)  # each window opens with a timestamp
     with pytest.raises(ortinf.errors.RequestError, match="timestamp"):
         Transcriber(package)._prompt(timestamps=True)
