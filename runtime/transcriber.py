@@ -136,6 +136,8 @@ class Transcriber:
         samples = np.asarray(samples, dtype=np.float32)
         if samples.ndim != 1 or samples.size == 0:
             raise RequestError("audio must be a non-empty 1-D array of 16 kHz samples")
+        if not np.isfinite(samples).all():  # NaN features would leave NaN K/V in pool blocks the next window reuses
+            raise RequestError("the audio holds NaN or infinite samples", param="file")
         size = self.speech.window_samples
         return [log_mel(samples[start : start + size], self.mel_filters, size) for start in range(0, len(samples), size)]
 

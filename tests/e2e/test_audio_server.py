@@ -74,6 +74,11 @@ def test_transcriptions(whisper_package, chat_package, tmp_path):
 
         error(post(b"this is not audio", "a.txt"), "not audio")
         error(post(b""), "empty")
+        poisoned = tone(2)
+        poisoned[7] = np.nan
+        buffer = io.BytesIO()
+        soundfile.write(buffer, poisoned, RATE, format="WAV", subtype="FLOAT")  # float WAV keeps the NaN
+        error(post(buffer.getvalue()), "NaN")
         error(post(encoded(audio, "WAV"), temperature="1.5"), "temperature")
         assert post(encoded(audio, "WAV"), temperature="0.7").status_code == 200  # sampled
         error(post(encoded(audio, "WAV"), response_format="mp4"), "response_format")
@@ -141,3 +146,12 @@ def test_long_compressed_audio_is_refused_before_it_is_decoded():
     assert len(buffer.getvalue()) < 25 * 2**20
     with pytest.raises(APIError, match="at most"):
         decode_audio(buffer.getvalue())
+
+
+def test_non_finite_samples_are_refused(whisper_package):
+    """A float WAV may carry NaN: refused before it reaches the encoder (its K/V would stay in pool
+    blocks that the next window in the slot reuses)."""
+    samples = tone(2)
+    samples[100] = np.nan
+    with pytest.raises(ortinf.errors.RequestError, match="NaN"):
+        LLM(whisper_package).transcribe(samples)
