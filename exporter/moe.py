@@ -113,10 +113,6 @@ def _gpt_oss_forward(block: torch.nn.Module, hidden_states: torch.Tensor) -> tup
 FORWARDS = {**dict.fromkeys(MOE_BLOCKS, _sparse_block_forward), "GptOssMLP": _gpt_oss_forward}
 
 
-def is_moe(model: torch.nn.Module) -> bool:
-    return any(type(m).__name__ in FORWARDS for m in model.modules())
-
-
 @contextlib.contextmanager
 def traceable_moe(model: torch.nn.Module) -> Iterator[None]:
     """While tracing, every sparse MoE block of `model` runs this module's traceable forward."""

@@ -11,8 +11,6 @@ import numpy as np
 import openai
 import pytest
 import soundfile
-import torch
-import transformers
 
 import ortinf
 from ortinf import LLM

@@ -7,7 +7,6 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 import torch
-import transformers
 
 from ortinf.exporter.whisper import export_whisper_graphs, step_through_pool
 from tiny_models import build_whisper
