@@ -136,3 +136,17 @@ def test_an_adapter_that_would_poison_the_batch_is_refused(lora_setup, tmp_path)
     (folder / "adapter_config.json").write_text(json.dumps({**config, "lora_alpha": float("inf")}))
     with pytest.raises(ConfigError, match="not a finite scale"):
         LLM(root / "pkg", provider="cpu", num_blocks=64, lora_modules={"alpha": str(folder)})
+
+
+def test_adapters_with_speculative_decoding(lora_setup):
+    """n-gram proposals are verified with the request's own adapter: greedy output is still the merged
+    model's, for adapters and the base model in one batch."""
+    model, root, merged = lora_setup
+    llm = LLM(root / "pkg", provider="cpu", num_blocks=256, lora_modules={name: str(root / name) for name in ADAPTERS},
+              speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+    batch = [p * 3 for p in prompts(4, 3)]  # repeated text: the n-gram lookup proposes
+    names = ["all", None, "mlp"]
+    outputs = llm.generate(batch, SamplingParams(temperature=0, max_tokens=16), lora=names)
+    for prompt, name, output in zip(batch, names, outputs):
+        assert output.outputs[0].token_ids == hf_greedy(merged[name] if name else model, prompt, 16), name
+    assert llm.engine.scheduler.spec_stats.num_draft_tokens > 0
