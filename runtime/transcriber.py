@@ -19,7 +19,7 @@ import json
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +30,7 @@ from ortinf.providers.registry import resolve
 from ortinf.providers.session import create_session
 from ortinf.runtime.audio_features import SAMPLE_RATE, log_mel
 from ortinf.runtime.decoder_graph import DecoderGraph
+from ortinf.runtime.longform import Decoding, Segment, history, judge, split_segments, window_features
 from ortinf.runtime.model_input import SequenceChunk, build_model_input
 from ortinf.runtime.whisper_timestamps import TimestampRules
 
@@ -39,16 +40,27 @@ DETECT = -1  # a prompt's language token, to be detected from the first decoder 
 
 @dataclass(slots=True)
 class Job:
-    """One audio's windows: their token ids as they come, and who to tell when the last one ends."""
+    """One audio: its decoding options, each window's tokens as they end, and who to tell when it is done.
+    Two kinds: fixed 30-second windows decoded side by side (`submit`), or windows one after another, each
+    starting where the last one's timestamps end and prompted with its text (`submit_long`: `features` set)."""
 
-    results: list[list[int]]
-    max_new_tokens: int
+    decoding: Decoding
     on_done: Callable[[Job], None] | None
-    windows_left: int
+    results: list[list[int]]  # each window's tokens (the kept attempt; [] for a skipped window)
+    pending: int  # windows queued or decoding
+    max_new_tokens: int | None = None
     error: BaseException | None = None
-    temperature: float = 0.0  # 0: greedy; else sampled from softmax(logits / temperature) with `generator`
     generator: np.random.Generator | None = None
-    timestamps: bool = False  # the model writes timestamp tokens, kept well-formed by TimestampRules
+    features: np.ndarray | None = None  # long form: the whole audio's log-mel, windows cut from it at `seek`
+    seek: int = 0  # frames
+    segments: list[Segment] = field(default_factory=list)
+    init: list[int] = field(default_factory=list)  # long form: start, language, task (no-timestamps)
+    prompt_ids: list[int] = field(default_factory=list)  # long form: <|startofprev|> and the request's prompt
+    condition: bool = False  # the next window is prompted with the text so far
+
+    @property
+    def timestamps(self) -> bool:
+        return self.decoding.timestamps
 
 
 @dataclass(slots=True)
@@ -56,8 +68,16 @@ class Window:
     job: Job
     index: int  # within the job
     features: np.ndarray
-    tokens: list[int]  # the forced prompt, then what was decoded
+    prompt: list[int]  # the forced tokens (DETECT where the language is still to find)
+    tokens: list[int]  # the prompt, then what was decoded
+    sot: int = 0  # where the start-of-transcript token is in the prompt
+    stop: int | None = None  # a position whose logits are needed before the prompt goes on (language, no-speech)
     done: int = 0  # tokens already in the pool
+    attempt: int = 0  # which of the decoding's temperatures
+    logprob_sum: float = 0.0
+    no_speech_prob: float | None = None
+    frames: int = 0  # real feature frames in the window (long form)
+    offset: float = 0.0  # seconds into the audio
 
 
 class Transcriber:
@@ -92,6 +112,12 @@ class Transcriber:
                       if no_timestamps is not None and self.manifest.eos_token_ids else None)
         self.prompt = self._prompt()
         self.eos = set(self.manifest.eos_token_ids)
+        # what transformers' generate suppresses always, and at the first sampled token (ids past the vocabulary ignored)
+        vocab = self.manifest.decoder.vocab_size
+        self.suppress = np.array([t for t in self.generation.get("suppress_tokens") or [] if t < vocab], dtype=np.int64)
+        self.begin_suppress = np.array([t for t in self.generation.get("begin_suppress_tokens") or [] if t < vocab], dtype=np.int64)
+        self.no_speech = no_timestamps - 1 if no_timestamps is not None else None  # <|nospeech|>, before <|notimestamps|>
+        self.vocab_size = self.manifest.decoder.vocab_size
         self.tokenizer = None
         if (self.package / "tokenizer.json").is_file():
             from tokenizers import Tokenizer
@@ -133,13 +159,18 @@ class Transcriber:
 
     def windows(self, samples: np.ndarray) -> list[np.ndarray]:
         """The log-mel features of each window of 16 kHz mono `samples`."""
+        samples = self._check(samples)
+        size = self.speech.window_samples
+        return [log_mel(samples[start : start + size], self.mel_filters, size) for start in range(0, len(samples), size)]
+
+    @staticmethod
+    def _check(samples: np.ndarray) -> np.ndarray:
         samples = np.asarray(samples, dtype=np.float32)
         if samples.ndim != 1 or samples.size == 0:
             raise RequestError("audio must be a non-empty 1-D array of 16 kHz samples")
         if not np.isfinite(samples).all():  # NaN features would leave NaN K/V in pool blocks the next window reuses
             raise RequestError("the audio holds NaN or infinite samples", param="file")
-        size = self.speech.window_samples
-        return [log_mel(samples[start : start + size], self.mel_filters, size) for start in range(0, len(samples), size)]
+        return samples
 
     def transcribe_ids(self, audios: Sequence[np.ndarray], max_new_tokens: int | None = None) -> list[list[int]]:
         """Greedy token ids of each audio (its windows' tokens joined, the forced prompt excluded)."""
@@ -166,18 +197,64 @@ class Transcriber:
 
     def submit(self, windows: list[np.ndarray], prompt: list[int], max_new_tokens: int | None = None,
                on_done: Callable[[Job], None] | None = None, temperature: float = 0.0, seed: int | None = None,
-               timestamps: bool = False) -> Job:
-        """Queues one audio's windows (features); `on_done(job)` runs, on the stepping thread, when its
-        last window ends. Thread-safe: the server submits from its event loop while a thread steps.
-        `temperature` > 0 samples (seeded by `seed`), else greedy."""
-        if not 0.0 <= temperature <= 2.0:
-            raise RequestError("temperature must be in [0, 2]", param="temperature")
-        budget = self.manifest.decoder.max_model_len - len(prompt)
-        job = Job([[] for _ in windows], min(max_new_tokens or budget, budget), on_done, len(windows), temperature=temperature,
-                  generator=np.random.default_rng(seed) if temperature > 0 else None, timestamps=timestamps)
+               timestamps: bool = False, decoding: Decoding | None = None) -> Job:
+        """Queues one audio's fixed windows (features), decoded side by side; `on_done(job)` runs, on the
+        stepping thread, when its last window ends. Thread-safe: the server submits from its event loop
+        while a thread steps. `temperature` > 0 samples (seeded by `seed`), else greedy; `decoding`, when
+        given, replaces those three (and adds the fallback rules)."""
+        decoding = decoding or Decoding(max_new_tokens, (temperature,), seed, timestamps)
+        job = self._job(decoding, on_done, len(windows))
         with self._lock:
-            self._queue.extend(Window(job, index, features, list(prompt)) for index, features in enumerate(windows))
+            self._queue.extend(self._window(job, index, features, list(prompt)) for index, features in enumerate(windows))
         return job
+
+    def submit_long(self, samples: np.ndarray, prompt: list[int], decoding: Decoding,
+                    on_done: Callable[[Job], None] | None = None, prompt_ids: list[int] | None = None) -> Job:
+        """Queues one audio decoded window after window, as transformers' long-form generate does
+        (runtime/longform.py): each window starts where the last one's timestamps end, and with
+        `decoding.condition_on_previous_text` is prompted with the text so far. `prompt` is the forced
+        start (with timestamps: no <|notimestamps|>); `prompt_ids`, <|startofprev|> and the request's own
+        prompt, goes before it until the text so far takes its place."""
+        if self.rules is None:
+            raise RequestError("this model has no timestamp tokens, so long audio is cut into fixed windows", param="response_format")
+        if not decoding.timestamps:
+            raise RequestError("window-after-window decoding needs timestamps", param="timestamp_granularities[]")
+        samples = self._check(samples)
+        size = self.speech.window_samples
+        features = log_mel(samples, self.mel_filters, max(len(samples), size)) if len(samples) > size else log_mel(samples, self.mel_filters)
+        job = self._job(decoding, on_done, 0)
+        job.features, job.init, job.prompt_ids = features, list(prompt), list(prompt_ids or [])
+        job.condition = decoding.condition_on_previous_text
+        if job.prompt_ids:  # the request's prompt is the first "segment" of the history (transformers' first-segment)
+            job.segments.append(Segment(0.0, 0.0, job.prompt_ids[1:]))
+        with self._lock:
+            self._queue.append(self._next_window(job))
+        return job
+
+    def _job(self, decoding: Decoding, on_done: Callable[[Job], None] | None, windows: int) -> Job:
+        decoding.check()
+        sampled = any(t > 0 for t in decoding.temperatures)
+        return Job(decoding, on_done, [[] for _ in range(windows)], max(windows, 1), decoding.max_new_tokens,
+                   generator=np.random.default_rng(decoding.seed) if sampled else None)
+
+    def _window(self, job: Job, index: int, features: np.ndarray, prompt: list[int], frames: int = 0, offset: float = 0.0) -> Window:
+        sot = len(prompt) - 1 - prompt[::-1].index(self.speech.decoder_start_token_id)
+        measure = DETECT in prompt or job.decoding.no_speech_threshold is not None
+        return Window(job, index, features, prompt, list(prompt), sot=sot, stop=sot + 1 if measure else None,
+                      frames=frames, offset=offset)
+
+    def _next_window(self, job: Job) -> Window:
+        """A long-form job's window at its seek: the features from there, and its prompt."""
+        features, frames = window_features(job.features, job.seek, 2 * self.speech.source_positions)
+        told = [s for s in job.segments if s.tokens]
+        if job.condition and told:
+            previous = self.generation.get("prev_sot_token_id")
+            limit = self.manifest.decoder.max_model_len // 2 - 1
+            prompt = ([previous] if previous is not None else []) + history(told, self.rules.begin, limit) + job.init
+        else:
+            prompt = job.prompt_ids + job.init
+        job.results.append([])
+        return self._window(job, len(job.results) - 1, features, prompt, frames, job.seek * 0.01)
 
     @property
     def busy(self) -> bool:
@@ -203,40 +280,88 @@ class Transcriber:
         for row, slot in enumerate(slots):
             window = self._active[slot]
             window.done = self._known(window)
-            if window.done < len(window.tokens):  # language detection: the most likely language token
-                window.tokens[window.done] = int(self.language_ids[np.argmax(logits[row][self.language_ids])])
-                continue
-            output = window.job.results[window.index]
-            scores = self.rules.apply(logits[row], output) if window.job.timestamps else logits[row]
-            token = self._choose(scores, window.job)
-            if token not in self.eos and len(output) < window.job.max_new_tokens:
-                output.append(token)
-                window.tokens.append(token)
-            if token in self.eos or len(output) >= window.job.max_new_tokens:
-                self._end(slot)
-                ended += 1
+            if window.stop == window.done:  # the logits after the start token: no-speech, the language
+                window.stop = None
+                if window.job.decoding.no_speech_threshold is not None and self.no_speech is not None:
+                    window.no_speech_prob = float(_softmax(logits[row])[self.no_speech])
+                if window.done < len(window.tokens):
+                    window.tokens[window.done] = language = int(self.language_ids[np.argmax(logits[row][self.language_ids])])
+                    if DETECT in window.job.init:  # long form: detected once, on the first window
+                        window.job.init[window.job.init.index(DETECT)] = language
+                    continue
+            ended += self._advance(slot, window, logits[row])
         return ended
 
-    @staticmethod
-    def _choose(row: np.ndarray, job: Job) -> int:
-        if job.generator is None:
-            return int(np.argmax(row))
-        scaled = row.astype(np.float64) / job.temperature
-        probs = np.exp(scaled - scaled.max())
-        return int(job.generator.choice(len(row), p=probs / probs.sum()))
+    def _advance(self, slot: int, window: Window, logits: np.ndarray) -> int:
+        """Samples the window's next token; 1 when that ended the window (EOS or its token budget)."""
+        job = window.job
+        output = window.tokens[len(window.prompt):]
+        scores = logits.astype(np.float32, copy=True)
+        if self.suppress.size:
+            scores[self.suppress] = -np.inf
+        if not output and self.begin_suppress.size:
+            scores[self.begin_suppress] = -np.inf
+        if job.timestamps:
+            scores = self.rules.apply(scores, output)
+        temperature = job.decoding.temperatures[window.attempt]
+        if temperature > 0:
+            token = int(job.generator.choice(len(scores), p=_softmax(scores / temperature)))
+        else:
+            token = int(np.argmax(scores))
+        window.logprob_sum += float(np.log(_softmax(scores)[token]))
+        budget = self.manifest.decoder.max_model_len - len(window.prompt)
+        budget = min(job.max_new_tokens or budget, budget)
+        if token not in self.eos and len(output) < budget:
+            window.tokens.append(token)
+            output.append(token)
+        if token in self.eos or len(output) >= budget:
+            return self._end(slot, ended_by_eos=token in self.eos)
+        return 0
 
     @staticmethod
     def _known(window: Window) -> int:
-        """How many of the window's tokens are known (all, unless its language is still to detect)."""
-        return window.tokens.index(DETECT) if DETECT in window.tokens else len(window.tokens)
+        """How many of the window's tokens go into the next call: up to a position whose logits are
+        needed first (language detection, the no-speech probability), else all."""
+        return window.stop if window.stop is not None and window.done < window.stop else len(window.tokens)
 
-    def _end(self, slot: int, error: BaseException | None = None) -> None:
-        window = self._active.pop(slot)
-        self._free.append(slot)
+    def _end(self, slot: int, error: BaseException | None = None, ended_by_eos: bool = False) -> int:
+        """Ends the slot's window: retried at the next temperature if the fallback rules ask (0 returned,
+        the window keeps its slot, encoder output and prompt K/V), else kept, and a long-form job's next
+        window queued."""
+        window = self._active[slot]
         job = window.job
-        job.windows_left -= 1
+        output = window.tokens[len(window.prompt):]
+        fallback = skip = False
+        if error is None:
+            sampled = output + ([self.manifest.eos_token_ids[0]] if ended_by_eos else [])
+            fallback, skip = judge(job.decoding, sampled, window.logprob_sum, window.no_speech_prob, self.vocab_size)
+            if fallback and window.attempt + 1 < len(job.decoding.temperatures):
+                window.attempt += 1
+                window.tokens, window.done, window.logprob_sum = list(window.prompt), len(window.prompt) - 1, 0.0
+                return 0
+        del self._active[slot]
+        self._free.append(slot)
         job.error = job.error or error
-        if job.windows_left == 0 and job.on_done is not None:
+        job.results[window.index] = [] if skip else output
+        if job.features is not None and job.error is None:
+            job.condition = job.decoding.condition_on_previous_text and job.decoding.temperatures[window.attempt] < 0.5
+            if skip:
+                job.seek += window.frames
+            else:
+                segments, advance = split_segments(output, self.rules.begin, window.frames, window.offset)
+                job.segments.extend(segments)
+                job.seek += advance
+            if job.seek < job.features.shape[1]:
+                with self._lock:
+                    self._queue.appendleft(self._next_window(job))
+                return 1
+        self._finish(job)
+        return 1
+
+    @staticmethod
+    def _finish(job: Job) -> None:
+        job.pending -= 1
+        if job.pending == 0 and job.on_done is not None:
             job.on_done(job)
 
     def fail_all(self, error: BaseException) -> None:
@@ -246,10 +371,8 @@ class Transcriber:
         for slot in list(self._active):
             self._end(slot, error)
         for window in queued:
-            window.job.windows_left -= 1
             window.job.error = window.job.error or error
-            if window.job.windows_left == 0 and window.job.on_done is not None:
-                window.job.on_done(window.job)
+            self._finish(window.job)
 
     def _cross_table(self, slot: int) -> list[int]:
         first = slot * (self.cross_blocks + self.self_blocks)
@@ -282,9 +405,17 @@ class Transcriber:
 
     def timed_segments(self, job: Job) -> list[tuple[float, float, str]]:
         """(start, end, text) of each timestamped segment of a finished timestamps job, over all its windows."""
+        if job.features is not None:  # long form: the segments as the windows were cut (the request's prompt is not one)
+            told = job.segments[1:] if job.prompt_ids else job.segments
+            return [(s.start, s.end, self._text(s.tokens)) for s in told]
         size = self.speech.window_samples / SAMPLE_RATE
         return [(start, end, self._text(ids)) for index, tokens in enumerate(job.results)
                 for start, end, ids in self.rules.segments(tokens, offset=index * size)]
 
 
-__all__ = ["SAMPLE_RATE", "Transcriber"]
+def _softmax(row: np.ndarray) -> np.ndarray:
+    shifted = np.exp(row.astype(np.float64) - np.max(row))
+    return shifted / shifted.sum()
+
+
+__all__ = ["SAMPLE_RATE", "Decoding", "Transcriber"]

@@ -31,7 +31,8 @@ def audio(seconds: float, seed: int) -> np.ndarray:
 
 def hf_greedy(model, samples: np.ndarray, prefix: list[int], steps: int, processor=None) -> list[list[int]]:  # noqa: ANN001
     """transformers' greedy loop on each 30-second window of `samples` (its feature extractor, its model,
-    `processor` applied to the logits as generate would): the tokens after `prefix`, to EOS (2) or `steps`."""
+    `processor` applied to the logits as generate would, and the generation config's begin-suppressed
+    tokens at the first step as generate does): the tokens after `prefix`, to EOS (2) or `steps`."""
     extractor = transformers.WhisperFeatureExtractor(feature_size=80)
     windows = []
     for start in range(0, len(samples), 30 * SAMPLE_RATE):
@@ -41,6 +42,8 @@ def hf_greedy(model, samples: np.ndarray, prefix: list[int], steps: int, process
         with torch.no_grad():
             for _ in range(steps):
                 logits = model(input_features=features, decoder_input_ids=torch.tensor([ids])).logits[:, -1]
+                if len(ids) == len(prefix):
+                    logits[:, [t for t in model.generation_config.begin_suppress_tokens or [] if t < logits.shape[-1]]] = -torch.inf
                 token = int((processor(torch.tensor([ids]), logits) if processor else logits)[0].argmax())
                 if token == 2:
                     break
