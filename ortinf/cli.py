@@ -103,15 +103,23 @@ def export(model: str | None, out: Path | None, task: str, dtype: str, quant_blo
 @click.argument("package")
 @click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--format", "output_format", type=click.Choice(["text", "json", "srt", "vtt"]), default="text", show_default=True,
-              help="What to print per file (srt/vtt: one cue per 30-second window).")
-def transcribe(package: str, files: tuple[Path, ...], output_format: str) -> None:
+              help="What to print per file (srt/vtt: one cue per timestamped segment, or per 30-second window).")
+@click.option("--language", default=None, help="The spoken language (e.g. en, de) of a multilingual model [default: detected].")
+@click.option("--translate", is_flag=True, help="Translate into English instead of transcribing (multilingual models).")
+@click.option("--temperature", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+              help="Sampling temperature; 0 is greedy, retried hotter for windows that repeat or are unlikely.")
+@click.option("--no-fallback", is_flag=True, help="Decode at --temperature only: no hotter retries, no silence skipping.")
+def transcribe(package: str, files: tuple[Path, ...], output_format: str, language: str | None, translate: bool,
+               temperature: float, no_fallback: bool) -> None:
     """Transcribe audio FILES (wav, flac, ogg, mp3) with PACKAGE, a Whisper package made by `ortinf export`.
 
-    All files are transcribed together (their 30-second windows batched); greedy decoding."""
+    All files are transcribed together; a model with timestamp tokens goes window after window, each
+    prompted with the text so far (openai-whisper's long-form decoding)."""
     from ortinf.bundled import resolve_package
     from ortinf.transcribe_cli import transcribe_files
 
-    transcribe_files(resolve_package(package), files, output_format)
+    transcribe_files(resolve_package(package), files, output_format, language, "translate" if translate else "transcribe",
+                     temperature, not no_fallback)
 
 
 @cli.command()
@@ -263,6 +271,9 @@ def _parse_ids(text: str) -> list[int]:
               help="With --ray: send requests that share a prompt prefix to the same replica (its prefix cache), "
                    "through a front deployment; the least loaded replica when that one is far behind.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info", show_default=True, envvar="ORTINF_LOG_LEVEL")
+@click.option("--transcription-fallback/--no-transcription-fallback", default=True, show_default=True,
+              help="Whisper models: at temperature 0, retry windows that repeat or are unlikely at hotter temperatures and "
+                   "skip silent ones (OpenAI's and openai-whisper's behaviour); off: the request's temperature alone.")
 @engine_options
 def serve(packages: tuple[Path, ...], host: str, port: int, provider: str, provider_options: tuple[str, ...], allow_cpu_fallback: bool,
           shape_buckets: str, cpu_kernel: str, served_model_names: tuple[str, ...], api_key: str | None,
@@ -270,7 +281,8 @@ def serve(packages: tuple[Path, ...], host: str, port: int, provider: str, provi
           shutdown_timeout: float, max_body_size: str, intra_op_threads: int, tool_call_parser: str, speculative_config: str | None,
           metrics_prefix: str, use_ray: bool, num_replicas: int, min_replicas: int | None, max_replicas: int | None,
           target_ongoing_requests: float | None, cpus_per_replica: float, gpus_per_replica: float, prefix_routing: bool,
-          lora_modules: tuple[str, ...], allow_runtime_lora_updates: bool, log_level: str, **engine_fields: object) -> None:
+          lora_modules: tuple[str, ...], allow_runtime_lora_updates: bool, log_level: str, transcription_fallback: bool,
+          **engine_fields: object) -> None:
     """Serve PACKAGES behind an OpenAI-compatible API (/v1/completions, /v1/chat/completions, /v1/embeddings).
 
     PACKAGES are folders made by `ortinf export`, or Hugging Face model folders, exported into the package
@@ -332,7 +344,7 @@ def serve(packages: tuple[Path, ...], host: str, port: int, provider: str, provi
         shutdown_timeout=shutdown_timeout, max_body_size=parse_size(max_body_size), intra_op_threads=intra_op_threads,
         tool_call_parser=tool_call_parser, speculative_config=speculative_config, metrics_prefix=metrics_prefix,
         lora_modules=parse_lora_modules(lora_modules), allow_runtime_lora_updates=allow_runtime_lora_updates,
-        engine_options={name.removeprefix(ENGINE_PREFIX): value for name, value in engine_fields.items() if value is not None},
+        transcription_fallback=transcription_fallback, engine_options={name.removeprefix(ENGINE_PREFIX): value for name, value in engine_fields.items() if value is not None},
     )
     names = model_names(config)
     duplicates = sorted({name for name in names if names.count(name) > 1})

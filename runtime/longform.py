@@ -58,6 +58,22 @@ class Decoding:
             raise RequestError("condition_on_previous_text needs timestamps: windows then follow each other", param="prompt")
 
 
+FALLBACK_TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+
+
+def openai_decoding(temperature: float, timed: bool, silence: bool, fallback: bool = True, seed: int | None = None) -> Decoding:
+    """OpenAI's transcription semantics, as openai-whisper's `transcribe` defaults: temperature 0 is greedy
+    that retries at 0.2, 0.4, ... 1.0 when a window's text repeats (compression ratio over 2.4) or is
+    unlikely (mean log-probability under -1); a probably silent window is skipped (`silence`: the model
+    has <|nospeech|>); `timed` windows follow each other, prompted with the text so far. Without
+    `fallback`: the temperature alone, no judging."""
+    if not fallback:
+        return Decoding(temperatures=(temperature,), seed=seed, timestamps=timed, condition_on_previous_text=timed)
+    return Decoding(temperatures=FALLBACK_TEMPERATURES if temperature == 0 else (temperature,), seed=seed, timestamps=timed,
+                    condition_on_previous_text=timed, compression_ratio_threshold=2.4, logprob_threshold=-1.0,
+                    no_speech_threshold=0.6 if silence else None)
+
+
 def compression_ratio(tokens: list[int], vocab_size: int) -> float:
     """Raw token bytes over zlib-compressed bytes (transformers' _retrieve_compression_ratio)."""
     width = int(math.log2(vocab_size) / 8) + 1
@@ -124,4 +140,4 @@ def window_features(features: np.ndarray, seek: int, window_frames: int) -> tupl
     return np.ascontiguousarray(piece), frames
 
 
-__all__ = ["Decoding", "Segment", "compression_ratio", "history", "judge", "split_segments", "window_features"]
+__all__ = ["FALLBACK_TEMPERATURES", "Decoding", "openai_decoding", "Segment", "compression_ratio", "history", "judge", "split_segments", "window_features"]

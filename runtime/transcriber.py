@@ -36,6 +36,7 @@ from ortinf.runtime.whisper_timestamps import TimestampRules
 
 
 DETECT = -1  # a prompt's language token, to be detected from the first decoder call
+CANCELLED = RequestError("the transcription was cancelled")
 
 
 @dataclass(slots=True)
@@ -57,6 +58,9 @@ class Job:
     init: list[int] = field(default_factory=list)  # long form: start, language, task (no-timestamps)
     prompt_ids: list[int] = field(default_factory=list)  # long form: <|startofprev|> and the request's prompt
     condition: bool = False  # the next window is prompted with the text so far
+    on_window: Callable[[Job], None] | None = None  # runs, on the stepping thread, each time a window is kept
+    closed: set[int] = field(default_factory=set)  # the windows kept so far
+    cancelled: bool = False  # its caller went away: its windows end at the next step
 
     @property
     def timestamps(self) -> bool:
@@ -183,6 +187,42 @@ class Transcriber:
         prompt = self._prompt(language, task)
         return [[self._text(ids) for ids in windows] for windows in self._decode(audios, None, prompt, progress)]
 
+    def run(self, audios: Sequence[np.ndarray], decoding: Decoding, language: str | None = None, task: str = "transcribe",
+            progress: bool = False) -> list[Job]:
+        """Every audio decoded to the end, together: window after window when `decoding.timestamps`, else
+        its fixed windows side by side (`progress`: a bar on stderr in seconds of audio)."""
+        from tqdm.auto import tqdm
+
+        if decoding.timestamps:
+            forced = self._prompt(language, task, timestamps=True)
+            jobs = [self.submit_long(audio, forced, decoding) for audio in audios]
+        else:
+            forced = self._prompt(language, task)
+            jobs = [self.submit(self.windows(audio), forced, decoding=decoding) for audio in audios]
+        total = sum(len(audio) for audio in audios) / SAMPLE_RATE
+        bar = tqdm(total=round(total), desc="audio seconds", disable=not progress)
+        while self.busy:
+            self.step()
+            bar.update(round(min(total, sum(self.progress(job) for job in jobs))) - bar.n)
+        bar.close()
+        for job in jobs:
+            if job.error is not None:
+                raise job.error
+        return jobs
+
+    def progress(self, job: Job) -> float:
+        """Seconds of a job's audio decoded so far."""
+        if job.features is not None:
+            return job.seek * 0.01
+        return len(job.closed) * self.speech.window_samples / SAMPLE_RATE
+
+    def segments(self, job: Job, duration: float) -> list[tuple[float, float, str]]:
+        """(start, end, text) of a finished job: its timestamped segments, or its windows."""
+        if job.timestamps:
+            return self.timed_segments(job)
+        size = self.speech.window_samples / SAMPLE_RATE
+        return [(i * size, min((i + 1) * size, duration), self._text(ids)) for i, ids in enumerate(job.results)]
+
     def _decode(self, audios: Sequence[np.ndarray], max_new_tokens: int | None, prompt: list[int],
                 progress: bool = False) -> list[list[list[int]]]:
         """Greedy token ids of each window of each audio: every window submitted, then steps until done."""
@@ -197,19 +237,22 @@ class Transcriber:
 
     def submit(self, windows: list[np.ndarray], prompt: list[int], max_new_tokens: int | None = None,
                on_done: Callable[[Job], None] | None = None, temperature: float = 0.0, seed: int | None = None,
-               timestamps: bool = False, decoding: Decoding | None = None) -> Job:
+               timestamps: bool = False, decoding: Decoding | None = None,
+               on_window: Callable[[Job], None] | None = None) -> Job:
         """Queues one audio's fixed windows (features), decoded side by side; `on_done(job)` runs, on the
         stepping thread, when its last window ends. Thread-safe: the server submits from its event loop
         while a thread steps. `temperature` > 0 samples (seeded by `seed`), else greedy; `decoding`, when
         given, replaces those three (and adds the fallback rules)."""
         decoding = decoding or Decoding(max_new_tokens, (temperature,), seed, timestamps)
         job = self._job(decoding, on_done, len(windows))
+        job.on_window = on_window
         with self._lock:
             self._queue.extend(self._window(job, index, features, list(prompt)) for index, features in enumerate(windows))
         return job
 
     def submit_long(self, samples: np.ndarray, prompt: list[int], decoding: Decoding,
-                    on_done: Callable[[Job], None] | None = None, prompt_ids: list[int] | None = None) -> Job:
+                    on_done: Callable[[Job], None] | None = None, prompt_ids: list[int] | None = None,
+                    on_window: Callable[[Job], None] | None = None) -> Job:
         """Queues one audio decoded window after window, as transformers' long-form generate does
         (runtime/longform.py): each window starts where the last one's timestamps end, and with
         `decoding.condition_on_previous_text` is prompted with the text so far. `prompt` is the forced
@@ -224,7 +267,7 @@ class Transcriber:
         features = log_mel(samples, self.mel_filters, max(len(samples), size)) if len(samples) > size else log_mel(samples, self.mel_filters)
         job = self._job(decoding, on_done, 0)
         job.features, job.init, job.prompt_ids = features, list(prompt), list(prompt_ids or [])
-        job.condition = decoding.condition_on_previous_text
+        job.condition, job.on_window = decoding.condition_on_previous_text, on_window
         if job.prompt_ids:  # the request's prompt is the first "segment" of the history (transformers' first-segment)
             job.segments.append(Segment(0.0, 0.0, job.prompt_ids[1:]))
         with self._lock:
@@ -263,20 +306,29 @@ class Transcriber:
     def step(self) -> int:
         """Admits queued windows into free slots (one encoder call for them), runs one decoder call for
         every active window and ends those that finished; returns how many ended."""
-        admitted = []
+        admitted, ended = [], 0
         with self._lock:
             while self._queue and self._free:
+                window = self._queue.popleft()
+                if window.job.cancelled:
+                    window.job.error = window.job.error or CANCELLED
+                    self._finish(window.job)
+                    continue
                 slot = self._free.pop(0)
-                self._active[slot] = window = self._queue.popleft()
+                self._active[slot] = window
                 admitted.append((slot, window.features))
+        for slot in [slot for slot, window in self._active.items() if window.job.cancelled]:
+            admitted = [(s, f) for s, f in admitted if s != slot]
+            ended += self._end(slot, CANCELLED)
         if admitted:
             self._encode(admitted)
         slots = sorted(self._active)
+        if not slots:
+            return ended
         chunks = [SequenceChunk(self._active[s].tokens[self._active[s].done : self._known(self._active[s])], self._active[s].done,
                                 self._self_table(s), cross_blocks=self._cross_table(s), cross_len=self.speech.source_positions)
                   for s in slots]
         logits = self.graph.run(build_model_input(chunks, self.block_size))
-        ended = 0
         for row, slot in enumerate(slots):
             window = self._active[slot]
             window.done = self._known(window)
@@ -343,6 +395,7 @@ class Transcriber:
         self._free.append(slot)
         job.error = job.error or error
         job.results[window.index] = [] if skip else output
+        job.closed.add(window.index)
         if job.features is not None and job.error is None:
             job.condition = job.decoding.condition_on_previous_text and job.decoding.temperatures[window.attempt] < 0.5
             if skip:
@@ -351,18 +404,39 @@ class Transcriber:
                 segments, advance = split_segments(output, self.rules.begin, window.frames, window.offset)
                 job.segments.extend(segments)
                 job.seek += advance
+            if job.on_window is not None:
+                job.on_window(job)
             if job.seek < job.features.shape[1]:
                 with self._lock:
                     self._queue.appendleft(self._next_window(job))
                 return 1
+        elif job.on_window is not None and job.error is None:
+            job.on_window(job)
         self._finish(job)
         return 1
+
+    def committed(self, job: Job) -> list[str]:
+        """The texts a job has kept so far, in order: its segments (long form), or its windows up to the
+        first one still decoding. Nothing here changes later."""
+        if job.features is not None:
+            return [text for _, _, text in self.timed_segments(job)]
+        kept = []
+        for index in range(len(job.results)):
+            if index not in job.closed:
+                break
+            kept.append(self._text(job.results[index]))
+        return kept
 
     @staticmethod
     def _finish(job: Job) -> None:
         job.pending -= 1
         if job.pending == 0 and job.on_done is not None:
             job.on_done(job)
+
+    @staticmethod
+    def cancel(job: Job) -> None:
+        """Stops a job whose caller went away (thread-safe): its windows end at the next step."""
+        job.cancelled = True
 
     def fail_all(self, error: BaseException) -> None:
         """Ends every queued and active window with `error` (a failed step): each job reports once."""

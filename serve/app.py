@@ -175,7 +175,7 @@ def load_model(package: Path, name: str, config: ServerConfig, state: ServerStat
         if transcriber.tokenizer is None:
             raise ConfigError(f"{name} has no tokenizer.json: the audio routes answer with text; re-export it from a folder "
                               "with the Whisper tokenizer")
-        model.transcriber = AsyncTranscriber(transcriber)
+        model.transcriber = AsyncTranscriber(transcriber, fallback=config.transcription_fallback)
     elif manifest.task == TEXT_GENERATION:
         options = dict(config.engine_options)
         if lora_base:

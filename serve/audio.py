@@ -4,15 +4,15 @@ file, model, language, prompt, response_format, temperature, timestamp_granulari
 Audio is decoded by libsndfile (soundfile: wav, flac, ogg, mp3 and more), mixed to mono and resampled
 to 16 kHz with soxr. A file that is empty, not audio, or longer than MAX_AUDIO_SECONDS is a 400.
 
-What is there today (issue 23, in progress):
-- greedy decoding, or sampling at `temperature` (no fallback to higher temperatures on repetitive
-  output, as openai-whisper does);
-- `prompt` goes behind <|startofprev|>, for checkpoints whose generation config names it (else a 400);
-- segments in verbose_json, srt and vtt are the model's own timestamps where its generation config has
-  timestamp tokens (runtime/whisper_timestamps.py), else the 30-second windows.
-Not there, each a clear 400: streaming, word timestamps. Windows are not conditioned on the previous
-window's text.
-The windows of all requests in flight to one model decode together (runtime/async_transcriber.py).
+Decoding is OpenAI's (runtime/longform.py openai_decoding): temperature 0 is greedy, retried at 0.2 ...
+1.0 for a window that repeats or is unlikely, and a probably silent window is skipped (`ortinf serve
+--no-transcription-fallback`: the temperature alone). A model with timestamp tokens (every real
+Whisper) goes window after window, each window prompted with the text so far, and its segments are the
+model's own timestamps; otherwise the 30-second windows decode side by side and are the segments.
+`prompt` goes behind <|startofprev|>. `stream=true` sends a `transcript.text.delta` event per kept
+segment (nothing that a retry or seek takes back), then `transcript.text.done`. Word timestamps are a
+clear 400. The windows of all requests in flight to one model decode together
+(runtime/async_transcriber.py).
 """
 
 from __future__ import annotations
@@ -23,11 +23,12 @@ import time
 
 import numpy as np
 from fastapi import APIRouter, File, Form, Request, UploadFile
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import PlainTextResponse, StreamingResponse
 
 from ortinf.runtime.audio_features import SAMPLE_RATE
 from ortinf.serve.errors import APIError
 from ortinf.serve.state import ServerState
+from ortinf.serve.streaming import SSE_DONE, sse, sse_error
 
 router = APIRouter()
 MAX_AUDIO_SECONDS = 3600
@@ -89,28 +90,57 @@ async def _run(request: Request, task: str, file: UploadFile, model: str | None,
         raise APIError(400, f"response_format must be one of {', '.join(FORMATS)}", param="response_format")
     if not 0 <= temperature <= 1:
         raise APIError(400, "temperature must be between 0 and 1", param="temperature")
-    if stream:
-        raise APIError(400, "streamed transcription is not implemented yet: send stream=false", param="stream")
+    if stream and response_format not in ("json", "text"):
+        raise APIError(400, "stream=true gives text events: response_format must be json or text", param="stream")
     data = await file.read(MAX_AUDIO_BYTES + 1)
     if len(data) > MAX_AUDIO_BYTES:
         raise APIError(413, f"the audio file is larger than {MAX_AUDIO_BYTES} bytes", param="file")
     samples = await asyncio.to_thread(decode_audio, data)
-    timed = response_format in ("verbose_json", "srt", "vtt") and served.transcriber.transcriber.rules is not None
+    runner = served.transcriber
+    timed = runner.transcriber.rules is not None  # every real Whisper: window after window, as openai-whisper
     duration = len(samples) / SAMPLE_RATE
+    if stream:
+        return _streamed(state, served.name, runner.stream(samples, language, task, temperature, prompt=prompt), duration)
     ticket = state.admission.acquire(1)
     started, failed = time.monotonic(), True
     try:  # windows of concurrent requests decode together (runtime/async_transcriber.py)
         if timed:  # the model's own timestamp tokens
-            segments = await served.transcriber.transcribe_timed(samples, language, task, temperature, prompt=prompt)
+            segments = await runner.transcribe_timed(samples, language, task, temperature, prompt=prompt)
         else:  # the 30-second windows as segments
-            windows = await served.transcriber.transcribe_segments(samples, language, task, temperature, prompt=prompt)
-            size = served.transcriber.transcriber.speech.window_samples / SAMPLE_RATE
+            windows = await runner.transcribe_segments(samples, language, task, temperature, prompt=prompt)
+            size = runner.transcriber.speech.window_samples / SAMPLE_RATE
             segments = [(i * size, min((i + 1) * size, duration), text) for i, text in enumerate(windows)]
         failed = False
     finally:
         ticket.release()
         state.metrics.observe_transcription(served.name, time.monotonic() - started, duration, failed)
     return render(segments, response_format, "transcribe" if task == "transcribe" else "translate", duration)
+
+
+def _streamed(state: ServerState, name: str, pieces, duration: float) -> StreamingResponse:  # noqa: ANN001
+    """OpenAI's transcription stream: a `transcript.text.delta` event per kept segment (or window), then
+    `transcript.text.done` with the whole text; an error after the headers is an error event."""
+    ticket = state.admission.acquire(1)
+
+    async def events():  # noqa: ANN202
+        started, failed, texts = time.monotonic(), True, []
+        try:
+            async for text in pieces:
+                if text:
+                    delta = text if not texts else " " + text
+                    texts.append(text)
+                    yield sse({"type": "transcript.text.delta", "delta": delta})
+            yield sse({"type": "transcript.text.done", "text": " ".join(texts)})
+            failed = False
+        except Exception as exc:  # noqa: BLE001 - reported in the stream, whose headers are already sent
+            yield sse_error(exc)
+        finally:
+            await pieces.aclose()
+            ticket.release()
+            state.metrics.observe_transcription(name, time.monotonic() - started, duration, failed)
+        yield SSE_DONE
+
+    return StreamingResponse(events(), media_type="text/event-stream")
 
 
 @router.post("/v1/audio/transcriptions", responses={200: {"description": "the transcription, in response_format"}})
@@ -125,5 +155,5 @@ async def transcriptions(request: Request, file: UploadFile = File(...), model: 
 
 @router.post("/v1/audio/translations", responses={200: {"description": "the English translation, in response_format"}})
 async def translations(request: Request, file: UploadFile = File(...), model: str | None = Form(None), prompt: str | None = Form(None),
-                       response_format: str = Form("json"), temperature: float = Form(0.0)):
-    return await _run(request, "translate", file, model, None, prompt, response_format, temperature, False)
+                       response_format: str = Form("json"), temperature: float = Form(0.0), stream: bool = Form(False)):
+    return await _run(request, "translate", file, model, None, prompt, response_format, temperature, stream)

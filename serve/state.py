@@ -40,6 +40,7 @@ class ServerConfig:
     metrics_prefix: str = "ortinf"  # or "vllm": the names dashboards and cluster routers look for
     lora_modules: dict[str, str] = field(default_factory=dict)  # adapter name -> PEFT folder, on the first decoder
     allow_runtime_lora_updates: bool = False  # /v1/load_lora_adapter and /v1/unload_lora_adapter
+    transcription_fallback: bool = True  # OpenAI's temperature 0: hotter retries, silent windows skipped (runtime/longform.py)
     engine_options: dict = field(default_factory=dict)  # EngineConfig fields given on the CLI (runtime/config.py "cli")
 
 

@@ -1,6 +1,8 @@
 """Speech recognition behind a real server: /v1/audio/transcriptions with the official openai client on
-audio made here (wav, flac, ogg, mp3 via libsndfile), the response formats, a Whisper package beside a
-text package, and bad files and unsupported options as OpenAI-shaped 400s."""
+audio made here (wav, flac, ogg, mp3 via libsndfile), the response formats, streaming, a Whisper package
+beside a text package, and bad files and unsupported options as OpenAI-shaped 400s. The server runs with
+--no-transcription-fallback, so that its greedy text can be compared with LLM.transcribe's (a random
+model's windows would all fail openai-whisper's log-probability test and be re-sampled)."""
 
 from __future__ import annotations
 
@@ -45,12 +47,17 @@ def test_transcriptions(whisper_package, chat_package, tmp_path):
     expected = LLM(whisper_package).transcribe(audio)[0]
     assert expected  # the random model says something
     with running_server([str(whisper_package), str(chat_package), "--served-model-name", "whisper", "--served-model-name", "text",
-                         "--kv-cache-memory", "32MiB"], tmp_path) as server:
+                         "--kv-cache-memory", "32MiB", "--no-transcription-fallback"], tmp_path) as server:
         wav = tmp_path / "speech.wav"
         wav.write_bytes(encoded(audio, "WAV"))
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
         with wav.open("rb") as f:
             assert client.audio.transcriptions.create(model="whisper", file=f).text == expected
+        with wav.open("rb") as f:  # streamed: a delta per kept window, then the whole text
+            events = list(client.audio.transcriptions.create(model="whisper", file=f, stream=True))
+        deltas = [e.delta for e in events if e.type == "transcript.text.delta"]
+        assert len(deltas) == 2 and "".join(deltas) == expected
+        assert events[-1].type == "transcript.text.done" and events[-1].text == expected
         url = f"{server.url}/v1/audio/transcriptions"
 
         def post(data: bytes, name: str = "a.wav", **form) -> httpx.Response:
@@ -80,7 +87,7 @@ def test_transcriptions(whisper_package, chat_package, tmp_path):
         error(post(encoded(audio, "WAV"), temperature="1.5"), "temperature")
         assert post(encoded(audio, "WAV"), temperature="0.7").status_code == 200  # sampled
         error(post(encoded(audio, "WAV"), response_format="mp4"), "response_format")
-        error(post(encoded(audio, "WAV"), stream="true"), "stream")
+        error(post(encoded(audio, "WAV"), stream="true", response_format="srt"), "stream")
         error(post(encoded(audio, "WAV"), prompt="earlier words"), "prompt")  # this model names no <|startofprev|>
         error(httpx.post(url, files={"file": ("a.wav", encoded(audio, "WAV"))}, data={"model": "text"}, timeout=60), "not speech recognition")
         error(httpx.post(f"{server.url}/v1/audio/translations", files={"file": ("a.wav", encoded(audio, "WAV"))},
@@ -102,10 +109,10 @@ def test_ortinf_transcribe_cli(whisper_package, tmp_path):
     expected = LLM(whisper_package).transcribe(audios)
     (tmp_path / "a.wav").write_bytes(encoded(audios[0], "WAV"))
     (tmp_path / "b.flac").write_bytes(encoded(audios[1], "FLAC"))
-    done = subprocess.run([ortinf_bin, "transcribe", str(whisper_package), str(tmp_path / "a.wav"), str(tmp_path / "b.flac")],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run([ortinf_bin, "transcribe", str(whisper_package), str(tmp_path / "a.wav"), str(tmp_path / "b.flac"),
+                           "--no-fallback"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == expected and "windows" in done.stderr  # the progress bar
+    assert done.stdout.splitlines() == expected and "audio seconds" in done.stderr  # the progress bar
     srt = subprocess.run([ortinf_bin, "transcribe", str(whisper_package), str(tmp_path / "b.flac"), "--format", "srt"],
                          capture_output=True, text=True, timeout=300)
     assert srt.returncode == 0 and "00:00:30,000 --> 00:00:33,000" in srt.stdout

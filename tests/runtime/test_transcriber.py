@@ -100,7 +100,7 @@ def test_concurrent_requests_decode_together(whisper):
 
     transcriber.submit, transcriber.step = counted_submit, watched
     transcriber._text = lambda ids: ids  # token ids, to compare (the tiny model has no tokenizer)
-    runner = AsyncTranscriber(transcriber)
+    runner = AsyncTranscriber(transcriber, fallback=False)  # greedy alone, to compare with transcribe_ids
 
     async def main():
         return await asyncio.gather(*(runner.transcribe_segments(a) for a in audios))
