@@ -108,3 +108,31 @@ def test_sampled_fallback_is_seeded(whisper):
     assert any(hot(seed) != greedy for seed in range(4))
     with pytest.raises(ortinf.errors.RequestError, match="logprob_threshold"):
         transcriber.submit_long(sample, [1], Decoding(timestamps=True, no_speech_threshold=0.6))
+
+
+def test_async_long_form_streams_what_it_keeps(whisper, monkeypatch):
+    """Through AsyncTranscriber (the server's path): the timed segments equal the transcriber's own long-form
+    run, and a stream yields the text of each kept segment, in order, nothing taken back. (The tiny
+    vocabulary leaves no room for a byte tokenizer under the timestamps: a segment's "text" is its ids.)"""
+    import asyncio
+
+    from ortinf.runtime.async_transcriber import AsyncTranscriber
+
+    _, transcriber = whisper
+    monkeypatch.setattr(transcriber, "_text", lambda ids: " ".join(str(t) for t in ids if t < 258))
+    sample = audio(75, 1)
+    decoding = Decoding(timestamps=True, condition_on_previous_text=True)
+    [job] = transcriber.run([sample], decoding)
+    expected = transcriber.timed_segments(job)
+    runner = AsyncTranscriber(transcriber, fallback=False)
+
+    async def both():
+        streamed = [piece async for piece in runner.stream(sample)]
+        return streamed, await runner.transcribe_timed(sample)
+
+    try:
+        streamed, timed = asyncio.run(both())
+    finally:
+        runner.shutdown()
+    assert timed == expected and len(expected) >= 4
+    assert streamed == [text for _, _, text in expected] and any(streamed)
