@@ -15,6 +15,7 @@ scheduler (chunked prefill, preemption, prefix caching keyed by audio) is not us
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 from collections import deque
@@ -33,6 +34,7 @@ from ortinf.runtime.decoder_graph import DecoderGraph
 from ortinf.runtime.longform import Decoding, Segment, history, judge, split_segments, window_features
 from ortinf.runtime.model_input import SequenceChunk, build_model_input
 from ortinf.runtime.whisper_timestamps import TimestampRules
+from ortinf.runtime.window_blocks import Held, WindowBlocks, audio_key
 
 
 DETECT = -1  # a prompt's language token, to be detected from the first decoder call
@@ -80,6 +82,7 @@ class Window:
     attempt: int = 0  # which of the decoding's temperatures
     logprob_sum: float = 0.0
     no_speech_prob: float | None = None
+    held: Held | None = None  # its pool blocks (runtime/window_blocks.py), while admitted
     frames: int = 0  # real feature frames in the window (long form)
     offset: float = 0.0  # seconds into the audio
 
@@ -88,22 +91,26 @@ class Transcriber:
     """Speech recognition with a Whisper package on a provider whose KV pool is host memory (CPU, OpenVINO)."""
 
     def __init__(self, package_dir: str | Path, max_windows: int = 8, block_size: int = 16, intra_op_threads: int = 0,
-                 provider: str = "cpu") -> None:
+                 provider: str = "cpu", num_blocks: int | None = None, enable_prefix_caching: bool = True) -> None:
         self.package = Path(package_dir)
         self.manifest = Manifest.load(self.package)
         if self.manifest.task != SPEECH_RECOGNITION or self.manifest.speech is None or self.manifest.decoder is None:
             raise ConfigError(f"{package_dir} holds a {self.manifest.task} model, not speech recognition")
         self.speech, spec = self.manifest.speech, self.manifest.decoder
-        self.block_size = block_size
-        self.cross_blocks = -(-self.speech.source_positions // block_size)
-        self.self_blocks = -(-spec.max_model_len // block_size)
+        cross_blocks = -(-self.speech.source_positions // block_size)
+        one_window = cross_blocks + -(-spec.max_model_len // block_size)
+        num_blocks = num_blocks or max_windows * one_window  # by default no window is ever preempted
+        if num_blocks < one_window:
+            raise ConfigError(f"num_blocks must hold one whole window: at least {one_window} blocks of {block_size}")
         self.max_windows = max_windows
         self._lock = threading.Lock()  # guards the queue: submit() runs on other threads than step()
         self._queue: deque[Window] = deque()
-        self._active: dict[int, Window] = {}  # slot -> the window decoding in it
-        self._free = list(range(max_windows))  # each slot owns a fixed set of pool blocks
+        self._active: dict[int, Window] = {}  # admission number -> the window, oldest first
+        self._order = itertools.count()
+        self.blocks = WindowBlocks(num_blocks, block_size, cross_blocks, enable_prefix_caching)
+        self.preemptions = self.encoded_windows = 0
         found = resolve(provider)
-        self.graph = DecoderGraph(self.package, max_windows * (self.cross_blocks + self.self_blocks), block_size, found, intra_op_threads)
+        self.graph = DecoderGraph(self.package, num_blocks, block_size, found, intra_op_threads)
         if not self.graph.pool.arrays:  # the encoder's cross K/V are written into the pool with numpy
             raise ConfigError(f"speech recognition runs where the KV pool is in host memory (cpu, openvino), not on {found.provider.name} yet")
         self.encoder, _ = create_session(self.package / self.speech.encoder_graph, found, intra_op_threads, spin=False)
@@ -304,34 +311,47 @@ class Transcriber:
         return bool(self._queue or self._active)
 
     def step(self) -> int:
-        """Admits queued windows into free slots (one encoder call for them), runs one decoder call for
+        """Admits queued windows while the pool has room (one encoder call for those whose audio it does
+        not hold), grows every active window's blocks (preempting the latest admitted when short), runs one decoder call for
         every active window and ends those that finished; returns how many ended."""
-        admitted, ended = [], 0
-        with self._lock:
-            while self._queue and self._free:
-                window = self._queue.popleft()
+        ended = 0
+        with self._lock:  # admission in order while the pool has room (the text scheduler's first-come rule)
+            while self._queue and len(self._active) < self.max_windows:
+                window = self._queue[0]
                 if window.job.cancelled:
+                    self._queue.popleft()
                     window.job.error = window.job.error or CANCELLED
                     self._finish(window.job)
                     continue
-                slot = self._free.pop(0)
-                self._active[slot] = window
-                admitted.append((slot, window.features))
-        for slot in [slot for slot, window in self._active.items() if window.job.cancelled]:
-            admitted = [(s, f) for s, f in admitted if s != slot]
-            ended += self._end(slot, CANCELLED)
-        if admitted:
-            self._encode(admitted)
-        slots = sorted(self._active)
-        if not slots:
+                window.held = window.held or Held(audio_key(window.features))
+                hit = self.blocks.admit(window.held, window.tokens, self._known(window))
+                if hit is None:
+                    break
+                self._queue.popleft()
+                window.done = hit
+                self._active[next(self._order)] = window
+        for key in [key for key, window in self._active.items() if window.job.cancelled]:
+            ended += self._end(key, CANCELLED)
+        fresh = [window for window in self._active.values() if not window.held.encoded]
+        if fresh:
+            self._encode(fresh)
+        for key in list(self._active):  # oldest first; the pool short: the latest admitted goes back to the queue
+            while key in self._active and not self.blocks.grow(self._active[key].held, self._known(self._active[key])):
+                self._preempt(max(self._active))
+        if not self._active:
             return ended
-        chunks = [SequenceChunk(self._active[s].tokens[self._active[s].done : self._known(self._active[s])], self._active[s].done,
-                                self._self_table(s), cross_blocks=self._cross_table(s), cross_len=self.speech.source_positions)
-                  for s in slots]
-        logits = self.graph.run(build_model_input(chunks, self.block_size))
-        for row, slot in enumerate(slots):
-            window = self._active[slot]
+        keys = list(self._active)
+        chunks = []
+        for key in keys:
+            window = self._active[key]
+            chunks.append(SequenceChunk(window.tokens[window.done : self._known(window)], window.done,
+                                        [b.block_id for b in window.held.blocks], cross_blocks=[b.block_id for b in window.held.cross],
+                                        cross_len=self.speech.source_positions))
+        logits = self.graph.run(build_model_input(chunks, self.blocks.block_size))
+        for row, key in enumerate(keys):
+            window = self._active[key]
             window.done = self._known(window)
+            self.blocks.cache(window.held, window.tokens, window.done)
             if window.stop == window.done:  # the logits after the start token: no-speech, the language
                 window.stop = None
                 if window.job.decoding.no_speech_threshold is not None and self.no_speech is not None:
@@ -341,10 +361,20 @@ class Transcriber:
                     if DETECT in window.job.init:  # long form: detected once, on the first window
                         window.job.init[window.job.init.index(DETECT)] = language
                     continue
-            ended += self._advance(slot, window, logits[row])
+            ended += self._advance(key, window, logits[row])
         return ended
 
-    def _advance(self, slot: int, window: Window, logits: np.ndarray) -> int:
+    def _preempt(self, key: int) -> None:
+        """Back to the head of the queue with its tokens: its blocks are freed (still hashed, so its
+        audio and prefix are usually found again), and it recomputes from there when readmitted."""
+        window = self._active.pop(key)
+        self.blocks.free(window.held)
+        window.done = 0
+        self.preemptions += 1
+        with self._lock:
+            self._queue.appendleft(window)
+
+    def _advance(self, key: int, window: Window, logits: np.ndarray) -> int:
         """Samples the window's next token; 1 when that ended the window (EOS or its token budget)."""
         job = window.job
         output = window.tokens[len(window.prompt):]
@@ -367,7 +397,7 @@ class Transcriber:
             window.tokens.append(token)
             output.append(token)
         if token in self.eos or len(output) >= budget:
-            return self._end(slot, ended_by_eos=token in self.eos)
+            return self._end(key, ended_by_eos=token in self.eos)
         return 0
 
     @staticmethod
@@ -376,11 +406,11 @@ class Transcriber:
         needed first (language detection, the no-speech probability), else all."""
         return window.stop if window.stop is not None and window.done < window.stop else len(window.tokens)
 
-    def _end(self, slot: int, error: BaseException | None = None, ended_by_eos: bool = False) -> int:
-        """Ends the slot's window: retried at the next temperature if the fallback rules ask (0 returned,
-        the window keeps its slot, encoder output and prompt K/V), else kept, and a long-form job's next
+    def _end(self, key: int, error: BaseException | None = None, ended_by_eos: bool = False) -> int:
+        """Ends an active window: retried at the next temperature if the fallback rules ask (0 returned,
+        the window keeps its blocks: encoder output and prompt K/V), else kept, and a long-form job's next
         window queued."""
-        window = self._active[slot]
+        window = self._active[key]
         job = window.job
         output = window.tokens[len(window.prompt):]
         fallback = skip = False
@@ -389,10 +419,11 @@ class Transcriber:
             fallback, skip = judge(job.decoding, sampled, window.logprob_sum, window.no_speech_prob, self.vocab_size)
             if fallback and window.attempt + 1 < len(job.decoding.temperatures):
                 window.attempt += 1
-                window.tokens, window.done, window.logprob_sum = list(window.prompt), len(window.prompt) - 1, 0.0
+                window.tokens, window.logprob_sum = list(window.prompt), 0.0
+                window.done = self.blocks.retry(window.held, len(window.prompt))
                 return 0
-        del self._active[slot]
-        self._free.append(slot)
+        del self._active[key]
+        self.blocks.free(window.held)
         job.error = job.error or error
         job.results[window.index] = [] if skip else output
         job.closed.add(window.index)
@@ -442,28 +473,23 @@ class Transcriber:
         """Ends every queued and active window with `error` (a failed step): each job reports once."""
         with self._lock:
             queued, self._queue = list(self._queue), deque()
-        for slot in list(self._active):
-            self._end(slot, error)
+        for key in list(self._active):
+            self._end(key, error)
         for window in queued:
             window.job.error = window.job.error or error
             self._finish(window.job)
 
-    def _cross_table(self, slot: int) -> list[int]:
-        first = slot * (self.cross_blocks + self.self_blocks)
-        return list(range(first, first + self.cross_blocks))
-
-    def _self_table(self, slot: int) -> list[int]:
-        first = slot * (self.cross_blocks + self.self_blocks) + self.cross_blocks
-        return list(range(first, first + self.self_blocks))
-
-    def _encode(self, admitted: list[tuple[int, np.ndarray]]) -> None:
-        """One encoder call for the newly admitted windows; their cross K/V into their blocks."""
-        cross = self.encoder.run(None, {"input_features": np.stack([f for _, f in admitted])})
+    def _encode(self, windows: list[Window]) -> None:
+        """One encoder call for the newly admitted windows whose audio the pool does not hold; their
+        cross K/V into their cross blocks."""
+        cross = self.encoder.run(None, {"input_features": np.stack([w.features for w in windows])})
         positions = np.arange(self.speech.source_positions)
-        for row, (slot, _) in enumerate(admitted):
-            table = np.array(self._cross_table(slot))
-            slots = table[positions // self.block_size] * self.block_size + positions % self.block_size
-            self.graph.pool.write(slots, [layer[row] for layer in cross])
+        size = self.blocks.block_size
+        for row, window in enumerate(windows):
+            table = np.array([b.block_id for b in window.held.cross])
+            self.graph.pool.write(table[positions // size] * size + positions % size, [layer[row] for layer in cross])
+            self.blocks.encoded(window.held)
+        self.encoded_windows += len(windows)
 
     def transcribe(self, audios: Sequence[np.ndarray], max_new_tokens: int | None = None) -> list[str]:
         """The text of each audio (16 kHz mono float samples): its windows' texts joined by a space."""

@@ -95,7 +95,7 @@ def test_concurrent_requests_decode_together(whisper):
 
     def watched() -> int:  # the first step waits for every request: the batching asserted is not a race
         all_submitted.wait(30)
-        widest.append(len(transcriber._active) + min(len(transcriber._queue), len(transcriber._free)))
+        widest.append(len(transcriber._active) + min(len(transcriber._queue), transcriber.max_windows - len(transcriber._active)))
         return step()
 
     transcriber.submit, transcriber.step = counted_submit, watched
@@ -214,3 +214,25 @@ def test_timestamp_tokens_against_transformers(whisper, tmp_path):
     assert all(tokens and tokens[0] >= 201 for tokens in job.results)  # each window opens with a timestamp
     with pytest.raises(ortinf.errors.RequestError, match="timestamp"):
         Transcriber(package)._prompt(timestamps=True)
+
+
+def test_preemption_and_audio_prefix_hits(whisper):
+    """A pool too small for the windows admitted: the latest admitted window goes back to the queue, is
+    readmitted and recomputes from what the pool still holds, and every window's tokens still equal
+    transformers'. The same audio again finds its encoder output in the pool (no encoder call)."""
+    model, package = whisper
+    audios = [audio(3, 0), audio(45, 1), audio(1, 2)]
+    expected = [reference(model, a, 40) for a in audios]
+    # 94 cross + 1 self block for each of 3 windows, and 5 spare: 3 windows start, and as their 41 tokens
+    # need 3 self blocks each, the latest is preempted; readmitted, it finds its audio's K/V and its
+    # first two self blocks still in the pool (every window decodes 40 tokens: the lengths are fixed)
+    transcriber = Transcriber(package, max_windows=4, num_blocks=3 * 95 + 5)
+    assert transcriber.transcribe_ids(audios, max_new_tokens=40) == expected
+    assert transcriber.preemptions >= 1 and transcriber.encoded_windows == 4
+    assert transcriber.blocks.cross_hits >= 1 and transcriber.blocks.self_hit_tokens >= 16
+    transcriber.blocks.pool.check_invariants({})  # everything given back
+    encoded = transcriber.encoded_windows
+    assert transcriber.transcribe_ids(audios[2:], max_new_tokens=40) == expected[2:]
+    assert transcriber.encoded_windows == encoded and transcriber.blocks.cross_hits >= 1
+    with pytest.raises(ortinf.errors.ConfigError, match="one whole window"):
+        Transcriber(package, num_blocks=50)
