@@ -123,6 +123,71 @@ class PagedWhisperDecoder(torch.nn.Module):
         return (logits, *[t for pair in zip(batch.new_keys, batch.new_values) for t in pair])
 
 
+class WhisperAlignmentGraph(torch.nn.Module):
+    """For word timing (runtime/word_timing.py): one window's tokens through the decoder, unpaged, with
+    the cross K/V read back from the window's pool blocks, returning the alignment heads' cross-attention
+    weights. Run once per kept window, not per step.
+
+        input_ids [T], cross_key.{i} / cross_value.{i} [heads, source_positions, head_dim] per layer
+        -> weights [alignment heads, T, source_positions]"""
+
+    def __init__(self, model: torch.nn.Module, heads: list[tuple[int, int]]) -> None:
+        super().__init__()
+        self.decoder = model.model.decoder
+        self.d_model = model.config.d_model
+        self.alignment = heads
+        self.heads = model.config.decoder_attention_heads
+        self.head_dim = model.config.d_model // self.heads
+
+    def forward(self, input_ids: torch.Tensor, *cross: torch.Tensor) -> torch.Tensor:
+        kept: dict[int, torch.Tensor] = {}
+
+        def cross_forward(attention, hidden_states, key_value_states=None, **kwargs):  # noqa: ANN001, ANN202
+            query = (attention.q_proj(hidden_states[0]) * attention.scaling).reshape(-1, self.heads, self.head_dim).transpose(0, 1)
+            layer = attention.layer_idx
+            weights = torch.softmax(torch.matmul(query, cross[2 * layer].transpose(1, 2)), dim=-1)  # [H, T, S]
+            kept[layer] = weights
+            out = torch.matmul(weights, cross[2 * layer + 1]).transpose(0, 1).reshape(1, -1, self.heads * self.head_dim)
+            return attention.out_proj(out), None
+
+        patched = [layer.encoder_attn for layer in self.decoder.layers]
+        for attention in patched:
+            attention.forward = types.MethodType(cross_forward, attention)
+        try:
+            dummy = torch.zeros(1, 1, self.d_model, dtype=self.decoder.embed_tokens.weight.dtype)  # turns cross-attention on
+            self.decoder(input_ids=input_ids[None], encoder_hidden_states=dummy, use_cache=False)
+        finally:
+            for attention in patched:
+                del attention.forward
+        return torch.stack([kept[layer][head] for layer, head in self.alignment])
+
+
+def alignment_heads(model: torch.nn.Module) -> list[tuple[int, int]]:
+    """The generation config's alignment heads, else openai-whisper's default: every head of the
+    second half of the decoder layers."""
+    found = getattr(model.generation_config, "alignment_heads", None)
+    if found:
+        return [(int(layer), int(head)) for layer, head in found]
+    layers, heads = model.config.decoder_layers, model.config.decoder_attention_heads
+    return [(layer, head) for layer in range(layers // 2, layers) for head in range(heads)]
+
+
+def export_alignment_graph(model: torch.nn.Module, heads: list[tuple[int, int]], path: Path) -> None:
+    config = model.config
+    count, width = config.decoder_attention_heads, config.d_model // config.decoder_attention_heads
+    names = [f"cross_{kind}.{i}" for i in range(config.decoder_layers) for kind in ("key", "value")]
+    cross = [torch.randn(count, config.max_source_positions, width) for _ in names]
+    previous = config._attn_implementation
+    config._attn_implementation = "eager"
+    try:
+        with torch.no_grad(), quiet_tracing():
+            torch.onnx.export(WhisperAlignmentGraph(model, heads).eval(), (torch.tensor([1, 5, 7]), *cross), str(path), dynamo=False,
+                              input_names=["input_ids", *names], output_names=["weights"],
+                              dynamic_axes={"input_ids": {0: "tokens"}, "weights": {1: "tokens"}}, opset_version=OPSET)
+    finally:
+        config._attn_implementation = previous
+
+
 def export_whisper_graphs(model: torch.nn.Module, folder: Path) -> None:
     """Traces encoder.onnx and model.onnx (the decoder returns its new K/V: host write) into `folder`."""
     config = model.config
@@ -222,7 +287,7 @@ def export_whisper(source, out_path: Path, overwrite: bool, tolerance: float, pr
     from ortinf.exporter.kv_write import place_decoder
     from ortinf.exporter.package import staging, token_ids, write_generation_config, write_tokenizer
     from ortinf.manifest import (
-        ENCODER_MODEL_NAME, HOST_WRITE_MODEL_NAME, MEL_FILTERS_NAME, PORTABLE, SPEECH_RECOGNITION, DecoderSpec, Manifest,
+        ALIGNMENT_MODEL_NAME, ENCODER_MODEL_NAME, HOST_WRITE_MODEL_NAME, MEL_FILTERS_NAME, PORTABLE, SPEECH_RECOGNITION, DecoderSpec, Manifest,
         Parity, SpeechSpec,
     )
 
@@ -238,15 +303,18 @@ def export_whisper(source, out_path: Path, overwrite: bool, tolerance: float, pr
         trace = stage / ".trace"
         trace.mkdir()
         export_whisper_graphs(model, trace)
+        heads_used = alignment_heads(model)
+        export_alignment_graph(model, heads_used, trace / ALIGNMENT_MODEL_NAME)
         bar.update()
         heads = config.decoder_attention_heads
         spec = DecoderSpec(num_layers=config.decoder_layers, num_heads=heads, num_kv_heads=heads, head_dim=config.d_model // heads,
                            hidden_size=config.d_model, vocab_size=config.vocab_size, max_model_len=config.max_target_positions,
                            kernel=PORTABLE, kv_dtype="fp32")
         inputs, outputs = place_decoder(trace / "model.onnx", stage, spec)
-        encoder = onnx.load(str(trace / ENCODER_MODEL_NAME), load_external_data=True)
-        onnx.save_model(encoder, str(stage / ENCODER_MODEL_NAME), save_as_external_data=True, all_tensors_to_one_file=True,
-                        location=ENCODER_MODEL_NAME + ".data", size_threshold=1024)
+        for name in (ENCODER_MODEL_NAME, ALIGNMENT_MODEL_NAME):
+            graph = onnx.load(str(trace / name), load_external_data=True)
+            onnx.save_model(graph, str(stage / name), save_as_external_data=True, all_tensors_to_one_file=True,
+                            location=name + ".data", size_threshold=1024)
         shutil.rmtree(trace)
         preprocessor = source.path / "preprocessor_config.json"
         extractor = (transformers.WhisperFeatureExtractor.from_pretrained(source.path) if preprocessor.is_file()
@@ -256,7 +324,9 @@ def export_whisper(source, out_path: Path, overwrite: bool, tolerance: float, pr
         np.save(stage / MEL_FILTERS_NAME, extractor.mel_filters.astype(np.float32))
         generation = write_generation_config(source, stage)
         speech = SpeechSpec(num_mel_bins=config.num_mel_bins, source_positions=config.max_source_positions,
-                            window_samples=int(extractor.n_samples), decoder_start_token_id=int(config.decoder_start_token_id))
+                            window_samples=int(extractor.n_samples), decoder_start_token_id=int(config.decoder_start_token_id),
+                            alignment_graph=ALIGNMENT_MODEL_NAME, alignment_heads=tuple(heads_used),
+                            median_filter_width=int(getattr(config, "median_filter_width", 7)))
         from ortinf.exporter.api import _versions
 
         manifest = Manifest(task=SPEECH_RECOGNITION, architecture="WhisperForConditionalGeneration", model_type="whisper", dtype="fp32",

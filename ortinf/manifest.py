@@ -33,6 +33,7 @@ TEXT_CLASSIFICATION = "text-classification"
 SPEECH_RECOGNITION = "automatic-speech-recognition"
 TASKS = (TEXT_GENERATION, FEATURE_EXTRACTION, TEXT_CLASSIFICATION, SPEECH_RECOGNITION)
 ENCODER_MODEL_NAME = "encoder.onnx"  # an encoder-decoder's encoder graph (Whisper: audio -> cross-attention K/V)
+ALIGNMENT_MODEL_NAME = "alignment.onnx"  # Whisper's word timing: the alignment heads' cross-attention of a window
 MEL_FILTERS_NAME = "mel_filters.npy"  # Whisper's mel filter bank [1 + n_fft // 2, num_mel_bins]
 # The attention kernels a decoder graph can be exported with (kernels/), and the per-layer KV pool
 # layout (key_cache.{i} / value_cache.{i}) each one reads.
@@ -116,6 +117,9 @@ class SpeechSpec:
     decoder_start_token_id: int
     encoder_graph: str = ENCODER_MODEL_NAME
     mel_filters: str = MEL_FILTERS_NAME
+    alignment_graph: str | None = None  # word timing; None in packages written before it
+    alignment_heads: tuple[tuple[int, int], ...] = ()  # (decoder layer, head) whose cross-attention follows the audio
+    median_filter_width: int = 7
 
 
 @dataclass(frozen=True, slots=True)
