@@ -129,7 +129,7 @@ class WhisperAlignmentGraph(torch.nn.Module):
     weights. Run once per kept window, not per step.
 
         input_ids [T], cross_key.{i} / cross_value.{i} [heads, source_positions, head_dim] per layer
-        -> weights [alignment heads, T, source_positions]"""
+        up to the last alignment layer -> weights [alignment heads, T, source_positions]"""
 
     def __init__(self, model: torch.nn.Module, heads: list[tuple[int, int]]) -> None:
         super().__init__()
@@ -139,26 +139,29 @@ class WhisperAlignmentGraph(torch.nn.Module):
         self.heads = model.config.decoder_attention_heads
         self.head_dim = model.config.d_model // self.heads
 
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:  # [T, H*D] -> [H, T, D]
+        return x.reshape(-1, self.heads, self.head_dim).transpose(0, 1)
+
     def forward(self, input_ids: torch.Tensor, *cross: torch.Tensor) -> torch.Tensor:
-        kept: dict[int, torch.Tensor] = {}
-
-        def cross_forward(attention, hidden_states, key_value_states=None, **kwargs):  # noqa: ANN001, ANN202
-            query = (attention.q_proj(hidden_states[0]) * attention.scaling).reshape(-1, self.heads, self.head_dim).transpose(0, 1)
-            layer = attention.layer_idx
-            weights = torch.softmax(torch.matmul(query, cross[2 * layer].transpose(1, 2)), dim=-1)  # [H, T, S]
-            kept[layer] = weights
-            out = torch.matmul(weights, cross[2 * layer + 1]).transpose(0, 1).reshape(1, -1, self.heads * self.head_dim)
-            return attention.out_proj(out), None
-
-        patched = [layer.encoder_attn for layer in self.decoder.layers]
-        for attention in patched:
-            attention.forward = types.MethodType(cross_forward, attention)
-        try:
-            dummy = torch.zeros(1, 1, self.d_model, dtype=self.decoder.embed_tokens.weight.dtype)  # turns cross-attention on
-            self.decoder(input_ids=input_ids[None], encoder_hidden_states=dummy, use_cache=False)
-        finally:
-            for attention in patched:
-                del attention.forward
+        # the decoder layers written out (transformers' decoder builds its causal mask with vmap, which
+        # does not trace); only as far as the last alignment layer
+        count = input_ids.shape[0]
+        hidden = self.decoder.embed_tokens(input_ids) + self.decoder.embed_positions.weight[:count]
+        future = torch.triu(torch.ones(count, count, dtype=torch.bool), diagonal=1)
+        kept = {}
+        for index, layer in enumerate(self.decoder.layers[: max(layer for layer, _ in self.alignment) + 1]):
+            attention = layer.self_attn
+            x = layer.self_attn_layer_norm(hidden)
+            q, k, v = self._heads(attention.q_proj(x) * attention.scaling), self._heads(attention.k_proj(x)), self._heads(attention.v_proj(x))
+            scores = torch.matmul(q, k.transpose(1, 2)).masked_fill(future, torch.finfo(hidden.dtype).min)
+            out = torch.matmul(torch.softmax(scores, dim=-1), v).transpose(0, 1).reshape(count, -1)
+            hidden = hidden + attention.out_proj(out)
+            attention = layer.encoder_attn
+            q = self._heads(attention.q_proj(layer.encoder_attn_layer_norm(hidden)) * attention.scaling)
+            weights = torch.softmax(torch.matmul(q, cross[2 * index].transpose(1, 2)), dim=-1)  # [H, T, S]
+            kept[index] = weights
+            hidden = hidden + attention.out_proj(torch.matmul(weights, cross[2 * index + 1]).transpose(0, 1).reshape(count, -1))
+            hidden = hidden + layer.fc2(layer.activation_fn(layer.fc1(layer.final_layer_norm(hidden))))
         return torch.stack([kept[layer][head] for layer, head in self.alignment])
 
 
@@ -175,17 +178,12 @@ def alignment_heads(model: torch.nn.Module) -> list[tuple[int, int]]:
 def export_alignment_graph(model: torch.nn.Module, heads: list[tuple[int, int]], path: Path) -> None:
     config = model.config
     count, width = config.decoder_attention_heads, config.d_model // config.decoder_attention_heads
-    names = [f"cross_{kind}.{i}" for i in range(config.decoder_layers) for kind in ("key", "value")]
+    names = [f"cross_{kind}.{i}" for i in range(max(layer for layer, _ in heads) + 1) for kind in ("key", "value")]
     cross = [torch.randn(count, config.max_source_positions, width) for _ in names]
-    previous = config._attn_implementation
-    config._attn_implementation = "eager"
-    try:
-        with torch.no_grad(), quiet_tracing():
-            torch.onnx.export(WhisperAlignmentGraph(model, heads).eval(), (torch.tensor([1, 5, 7]), *cross), str(path), dynamo=False,
-                              input_names=["input_ids", *names], output_names=["weights"],
-                              dynamic_axes={"input_ids": {0: "tokens"}, "weights": {1: "tokens"}}, opset_version=OPSET)
-    finally:
-        config._attn_implementation = previous
+    with torch.no_grad(), quiet_tracing():
+        torch.onnx.export(WhisperAlignmentGraph(model, heads).eval(), (torch.tensor([1, 5, 7]), *cross), str(path), dynamo=False,
+                          input_names=["input_ids", *names], output_names=["weights"],
+                          dynamic_axes={"input_ids": {0: "tokens"}, "weights": {1: "tokens"}}, opset_version=OPSET)
 
 
 def export_whisper_graphs(model: torch.nn.Module, folder: Path) -> None:
@@ -271,6 +269,23 @@ def step_through_pool(encoder: object, decoder: object, model: torch.nn.Module, 
     return worst
 
 
+def check_alignment(encoder: object, aligner: object, model: torch.nn.Module, features: np.ndarray, tokens: list[int],
+                    heads: list[tuple[int, int]]) -> float:
+    """Max abs difference of the alignment graph's weights from transformers' cross-attentions."""
+    cross = encoder.run(None, {"input_features": features})
+    wanted = {i.name for i in aligner.get_inputs()}
+    feeds = {"input_ids": np.array(tokens, dtype=np.int64)}
+    for index, value in enumerate(cross):
+        name = f"cross_{'key' if index % 2 == 0 else 'value'}.{index // 2}"
+        if name in wanted:
+            feeds[name] = np.ascontiguousarray(value[0].transpose(1, 0, 2))  # [S, H, D] -> the pool's [H, S, D]
+    ours = aligner.run(None, feeds)[0]
+    with torch.no_grad():
+        out = model(input_features=torch.from_numpy(features), decoder_input_ids=torch.tensor([tokens]), output_attentions=True)
+    theirs = np.stack([out.cross_attentions[layer][0, head].numpy() for layer, head in heads])
+    return float(np.abs(ours - theirs).max())
+
+
 def export_whisper(source, out_path: Path, overwrite: bool, tolerance: float, progress: bool):  # noqa: ANN001, ANN201
     """A Whisper package: encoder.onnx, the paged decoder (model.onnx with the KV write, and the
     host-write graph), the mel filter bank, the tokenizer and generation config, and a manifest with
@@ -344,7 +359,10 @@ def export_whisper(source, out_path: Path, overwrite: bool, tolerance: float, pr
         start = int(config.decoder_start_token_id)
         prompts = [[start, *rng.integers(3, config.vocab_size, 6).tolist()], [start]]
         worst = step_through_pool(sessions[0], sessions[1], model, features, prompts, steps=8)
-        description = "encoder on 2 random inputs; decoder: a 7- and a 1-token prompt, then 8 greedy steps together, shuffled blocks, on cpu"
+        aligner = onnxruntime.InferenceSession(str(stage / ALIGNMENT_MODEL_NAME), providers=["CPUExecutionProvider"])
+        worst = max(worst, check_alignment(sessions[0], aligner, model, features[:1], prompts[0], heads_used))
+        description = ("encoder on 2 random inputs; decoder: a 7- and a 1-token prompt, then 8 greedy steps together, shuffled blocks; "
+                       "alignment heads' cross-attention of the 7 tokens; on cpu")
         if not worst <= tolerance:
             raise ExportError(f"verification failed: max abs difference {worst:.3g} vs PyTorch is above the tolerance {tolerance:g} "
                               f"({description}); nothing was written")

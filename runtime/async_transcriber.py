@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 
+from ortinf.runtime.audio_features import SAMPLE_RATE
 from ortinf.runtime.longform import Decoding, openai_decoding
 from ortinf.runtime.transcriber import Job, Transcriber
 
@@ -35,6 +36,16 @@ class AsyncTranscriber:
 
     def decoding(self, temperature: float, seed: int | None, timed: bool) -> Decoding:
         return openai_decoding(temperature, timed, self.transcriber.no_speech is not None, self.fallback, seed)
+
+    async def transcribe(self, samples: np.ndarray, language: str | None = None, task: str = "transcribe", temperature: float = 0.0,
+                         seed: int | None = None, prompt: str | None = None,
+                         words: bool = False) -> tuple[list[tuple[float, float, str]], list[tuple[str, float, float]]]:
+        """(segments, words) of `samples`: the model's timestamped segments, window after window, where it
+        has timestamp tokens, else its 30-second windows side by side; words only when asked."""
+        timed = self.transcriber.rules is not None
+        job = await self._run(samples, language, task, temperature, seed, prompt, timed, words=words)
+        segments = self.transcriber.segments(job, len(samples) / SAMPLE_RATE)
+        return segments, self.transcriber.words(job) if words else []
 
     async def transcribe_segments(self, samples: np.ndarray, language: str | None = None, task: str = "transcribe",
                                   temperature: float = 0.0, seed: int | None = None, prompt: str | None = None) -> list[str]:
@@ -86,9 +97,10 @@ class AsyncTranscriber:
                 task_.cancel()
 
     async def _run(self, samples: np.ndarray, language: str | None, task: str, temperature: float, seed: int | None,
-                   prompt: str | None, timed: bool, on_window=None) -> Job:  # noqa: ANN001
+                   prompt: str | None, timed: bool, on_window=None, words: bool = False) -> Job:  # noqa: ANN001
         transcriber = self.transcriber
         decoding = self.decoding(temperature, seed, timed)
+        decoding.word_timestamps = words
         loop = asyncio.get_running_loop()
         finished: asyncio.Future[Job] = loop.create_future()
 
@@ -104,7 +116,8 @@ class AsyncTranscriber:
                 previous = transcriber._prompt(language, task, prompt, timestamps=True)[: -len(forced)] if prompt else None
                 return transcriber.submit_long(samples, forced, decoding, on_done=done, prompt_ids=previous, on_window=on_window)
             forced = transcriber._prompt(language, task, prompt, timestamps=False)
-            return transcriber.submit(transcriber.windows(samples), forced, on_done=done, decoding=decoding, on_window=on_window)
+            return transcriber.submit(transcriber.windows(samples), forced, on_done=done, decoding=decoding, on_window=on_window,
+                                      frames=transcriber.window_frames(samples))
 
         job = await asyncio.to_thread(submit)
         self._wake.set()

@@ -47,6 +47,7 @@ class Decoding:
     compression_ratio_threshold: float | None = None  # openai-whisper's default is 2.4
     logprob_threshold: float | None = None  # -1.0
     no_speech_threshold: float | None = None  # 0.6
+    word_timestamps: bool = False  # each kept token's time, from the alignment heads (runtime/word_timing.py)
 
     def check(self) -> None:
         if not self.temperatures or any(not (0.0 <= t <= 2.0) for t in self.temperatures):

@@ -29,12 +29,13 @@ from ortinf.errors import ConfigError, RequestError
 from ortinf.manifest import SPEECH_RECOGNITION, Manifest
 from ortinf.providers.registry import resolve
 from ortinf.providers.session import create_session
-from ortinf.runtime.audio_features import SAMPLE_RATE, log_mel
+from ortinf.runtime.audio_features import HOP_LENGTH, SAMPLE_RATE, log_mel
 from ortinf.runtime.decoder_graph import DecoderGraph
 from ortinf.runtime.longform import Decoding, Segment, history, judge, split_segments, window_features
 from ortinf.runtime.model_input import SequenceChunk, build_model_input
 from ortinf.runtime.whisper_timestamps import TimestampRules
 from ortinf.runtime.window_blocks import Held, WindowBlocks, audio_key
+from ortinf.runtime.word_timing import token_times, words
 
 
 DETECT = -1  # a prompt's language token, to be detected from the first decoder call
@@ -63,6 +64,7 @@ class Job:
     on_window: Callable[[Job], None] | None = None  # runs, on the stepping thread, each time a window is kept
     closed: set[int] = field(default_factory=set)  # the windows kept so far
     cancelled: bool = False  # its caller went away: its windows end at the next step
+    timings: dict[int, tuple[list[int], list[float]]] = field(default_factory=dict)  # window -> kept tokens, their times (s)
 
     @property
     def timestamps(self) -> bool:
@@ -83,7 +85,7 @@ class Window:
     logprob_sum: float = 0.0
     no_speech_prob: float | None = None
     held: Held | None = None  # its pool blocks (runtime/window_blocks.py), while admitted
-    frames: int = 0  # real feature frames in the window (long form)
+    frames: int = 0  # real feature frames in the window
     offset: float = 0.0  # seconds into the audio
 
 
@@ -110,6 +112,7 @@ class Transcriber:
         self.blocks = WindowBlocks(num_blocks, block_size, cross_blocks, enable_prefix_caching)
         self.preemptions = self.encoded_windows = 0
         found = resolve(provider)
+        self.found, self.intra_op_threads, self.alignment = found, intra_op_threads, None
         self.graph = DecoderGraph(self.package, num_blocks, block_size, found, intra_op_threads)
         if not self.graph.pool.arrays:  # the encoder's cross K/V are written into the pool with numpy
             raise ConfigError(f"speech recognition runs where the KV pool is in host memory (cpu, openvino), not on {found.provider.name} yet")
@@ -134,6 +137,8 @@ class Transcriber:
             from tokenizers import Tokenizer
 
             self.tokenizer = Tokenizer.from_file(str(self.package / "tokenizer.json"))
+        added = self.tokenizer.get_added_tokens_decoder() if self.tokenizer is not None else {}
+        self.special = {i for i, token in added.items() if token.special} | set(self.eos)
 
     def _prompt(self, language: str | None = None, task: str = "transcribe", text: str | None = None,
                 timestamps: bool = False) -> list[int]:
@@ -167,6 +172,11 @@ class Transcriber:
         if "no_timestamps_token_id" in config and not timestamps:
             prompt.append(config["no_timestamps_token_id"])
         return prompt
+
+    def window_frames(self, samples: np.ndarray) -> list[int]:
+        """The real feature frames of each fixed window of `samples` (word timing ignores the padding)."""
+        size = self.speech.window_samples
+        return [-(-min(size, len(samples) - start) // HOP_LENGTH) for start in range(0, len(samples), size)]
 
     def windows(self, samples: np.ndarray) -> list[np.ndarray]:
         """The log-mel features of each window of 16 kHz mono `samples`."""
@@ -245,7 +255,7 @@ class Transcriber:
     def submit(self, windows: list[np.ndarray], prompt: list[int], max_new_tokens: int | None = None,
                on_done: Callable[[Job], None] | None = None, temperature: float = 0.0, seed: int | None = None,
                timestamps: bool = False, decoding: Decoding | None = None,
-               on_window: Callable[[Job], None] | None = None) -> Job:
+               on_window: Callable[[Job], None] | None = None, frames: list[int] | None = None) -> Job:
         """Queues one audio's fixed windows (features), decoded side by side; `on_done(job)` runs, on the
         stepping thread, when its last window ends. Thread-safe: the server submits from its event loop
         while a thread steps. `temperature` > 0 samples (seeded by `seed`), else greedy; `decoding`, when
@@ -253,8 +263,11 @@ class Transcriber:
         decoding = decoding or Decoding(max_new_tokens, (temperature,), seed, timestamps)
         job = self._job(decoding, on_done, len(windows))
         job.on_window = on_window
+        frames = frames or [2 * self.speech.source_positions] * len(windows)
+        size = self.speech.window_samples / SAMPLE_RATE
         with self._lock:
-            self._queue.extend(self._window(job, index, features, list(prompt)) for index, features in enumerate(windows))
+            self._queue.extend(self._window(job, index, features, list(prompt), frames[index], index * size)
+                               for index, features in enumerate(windows))
         return job
 
     def submit_long(self, samples: np.ndarray, prompt: list[int], decoding: Decoding,
@@ -422,6 +435,8 @@ class Transcriber:
                 window.tokens, window.logprob_sum = list(window.prompt), 0.0
                 window.done = self.blocks.retry(window.held, len(window.prompt))
                 return 0
+        if error is None and not skip and job.decoding.word_timestamps:  # before its blocks (its cross K/V) are freed
+            job.timings[window.index] = (output, self._token_times(window, ended_by_eos))
         del self._active[key]
         self.blocks.free(window.held)
         job.error = job.error or error
@@ -434,6 +449,10 @@ class Transcriber:
             else:
                 segments, advance = split_segments(output, self.rules.begin, window.frames, window.offset)
                 job.segments.extend(segments)
+                if window.index in job.timings:  # only the tokens of its segments are kept
+                    kept = sum(len(s.tokens) for s in segments)
+                    tokens, times = job.timings[window.index]
+                    job.timings[window.index] = (tokens[:kept], times[: kept + 1])
                 job.seek += advance
             if job.on_window is not None:
                 job.on_window(job)
@@ -478,6 +497,44 @@ class Transcriber:
         for window in queued:
             window.job.error = window.job.error or error
             self._finish(window.job)
+
+    def _token_times(self, window: Window, ended_by_eos: bool) -> list[float]:
+        """Seconds into the audio of each decoded token of a kept window, and of the end after the last
+        one (runtime/word_timing.py): the alignment graph over its tokens and its cross K/V as they sit
+        in its pool blocks."""
+        if self.alignment is None:
+            if not self.speech.alignment_graph:
+                raise RequestError("this package has no alignment graph for word timestamps: re-export it with this ortinf",
+                                   param="timestamp_granularities[]")
+            self.alignment, _ = create_session(self.package / self.speech.alignment_graph, self.found, self.intra_op_threads, spin=False)
+        prompt = len(window.prompt)
+        output = len(window.tokens) - prompt
+        rows = prompt + (output if ended_by_eos else max(output - 1, 0))  # the last token sampled was never fed
+        table = np.array([b.block_id for b in window.held.cross])
+        feeds = {"input_ids": np.array(window.tokens[:rows], dtype=np.int64)}
+        wanted = {i.name for i in self.alignment.get_inputs()}
+        for index, array in enumerate(self.graph.pool.arrays):
+            name = f"cross_{'key' if index % 2 == 0 else 'value'}.{index // 2}"
+            if name not in wanted:  # past the last alignment layer (and its V, which no weight needs)
+                continue
+            heads, _, size, width = array.shape
+            feeds[name] = np.ascontiguousarray(
+                array[:, table].reshape(heads, -1, width)[:, : self.speech.source_positions])
+        weights = self.alignment.run(None, feeds)[0]
+        times = token_times(weights, prompt, window.frames, self.speech.median_filter_width)
+        end = prompt + output + (1 if ended_by_eos else 0)
+        padded = np.concatenate([times, np.repeat(times[-1:], max(end + 1 - len(times), 0))])
+        return (window.offset + padded[prompt : prompt + output + 1]).tolist()
+
+    def words(self, job: Job) -> list[tuple[str, float, float]]:
+        """(word, start, end) of a finished word-timestamps job, in seconds into its audio."""
+        found = []
+        for index in sorted(job.timings):  # a word never spans two windows
+            tokens, times = job.timings[index]
+            found += words([(self.tokenizer.decode([token], skip_special_tokens=False), times[k], times[k + 1])
+                            for k, token in enumerate(tokens)
+                            if token < (self.rules.begin if self.rules else self.vocab_size) and token not in self.special])
+        return found
 
     def _encode(self, windows: list[Window]) -> None:
         """One encoder call for the newly admitted windows whose audio the pool does not hold; their

@@ -10,8 +10,9 @@ Decoding is OpenAI's (runtime/longform.py openai_decoding): temperature 0 is gre
 Whisper) goes window after window, each window prompted with the text so far, and its segments are the
 model's own timestamps; otherwise the 30-second windows decode side by side and are the segments.
 `prompt` goes behind <|startofprev|>. `stream=true` sends a `transcript.text.delta` event per kept
-segment (nothing that a retry or seek takes back), then `transcript.text.done`. Word timestamps are a
-clear 400. The windows of all requests in flight to one model decode together
+segment (nothing that a retry or seek takes back), then `transcript.text.done`. Word timestamps
+(`timestamp_granularities[]=word`, verbose_json) come from the alignment heads (runtime/word_timing.py).
+The windows of all requests in flight to one model decode together
 (runtime/async_transcriber.py).
 """
 
@@ -66,22 +67,26 @@ def _clock(seconds: float, separator: str) -> str:
     return f"{millis // 3_600_000:02d}:{millis // 60_000 % 60:02d}:{millis // 1000 % 60:02d}{separator}{millis % 1000:03d}"
 
 
-def render(segments: list[tuple[float, float, str]], response_format: str, task: str, duration: float):
+def render(segments: list[tuple[float, float, str]], response_format: str, task: str, duration: float,
+           words: list[tuple[str, float, float]] | None = None):
     text = " ".join(s[2] for s in segments if s[2]).strip()
     if response_format == "json":
         return {"text": text}
     if response_format == "text":
         return PlainTextResponse(text)
     if response_format == "verbose_json":
-        return {"task": task, "duration": duration, "text": text,
+        body = {"task": task, "duration": duration, "text": text,
                 "segments": [{"id": i, "start": a, "end": b, "text": t} for i, (a, b, t) in enumerate(segments)]}
+        if words is not None:
+            body["words"] = [{"word": w, "start": round(a, 2), "end": round(b, 2)} for w, a, b in words]
+        return body
     if response_format == "srt":
         return PlainTextResponse("\n".join(f"{i + 1}\n{_clock(a, ',')} --> {_clock(b, ',')}\n{t}\n" for i, (a, b, t) in enumerate(segments)))
     return PlainTextResponse("WEBVTT\n\n" + "\n".join(f"{_clock(a, '.')} --> {_clock(b, '.')}\n{t}\n" for a, b, t in segments))
 
 
 async def _run(request: Request, task: str, file: UploadFile, model: str | None, language: str | None, prompt: str | None,
-               response_format: str, temperature: float, stream: bool):
+               response_format: str, temperature: float, stream: bool, granularities: list[str] | None = None):
     state: ServerState = request.app.state.ortinf
     served = state.registry.get(model)
     if served.transcriber is None:
@@ -92,29 +97,33 @@ async def _run(request: Request, task: str, file: UploadFile, model: str | None,
         raise APIError(400, "temperature must be between 0 and 1", param="temperature")
     if stream and response_format not in ("json", "text"):
         raise APIError(400, "stream=true gives text events: response_format must be json or text", param="stream")
+    granularities = granularities or []
+    if set(granularities) - {"segment", "word"}:
+        raise APIError(400, "timestamp_granularities[] takes segment and word", param="timestamp_granularities[]")
+    words = "word" in granularities
+    if words and (response_format != "verbose_json" or stream):
+        raise APIError(400, "word timestamps come in response_format=verbose_json, not streamed", param="timestamp_granularities[]")
+    if words and not served.transcriber.transcriber.speech.alignment_graph:
+        raise APIError(400, "this package has no alignment graph for word timestamps: re-export it with this ortinf",
+                       param="timestamp_granularities[]")
     data = await file.read(MAX_AUDIO_BYTES + 1)
     if len(data) > MAX_AUDIO_BYTES:
         raise APIError(413, f"the audio file is larger than {MAX_AUDIO_BYTES} bytes", param="file")
     samples = await asyncio.to_thread(decode_audio, data)
     runner = served.transcriber
-    timed = runner.transcriber.rules is not None  # every real Whisper: window after window, as openai-whisper
     duration = len(samples) / SAMPLE_RATE
     if stream:
         return _streamed(state, served.name, runner.stream(samples, language, task, temperature, prompt=prompt), duration)
     ticket = state.admission.acquire(1)
     started, failed = time.monotonic(), True
     try:  # windows of concurrent requests decode together (runtime/async_transcriber.py)
-        if timed:  # the model's own timestamp tokens
-            segments = await runner.transcribe_timed(samples, language, task, temperature, prompt=prompt)
-        else:  # the 30-second windows as segments
-            windows = await runner.transcribe_segments(samples, language, task, temperature, prompt=prompt)
-            size = runner.transcriber.speech.window_samples / SAMPLE_RATE
-            segments = [(i * size, min((i + 1) * size, duration), text) for i, text in enumerate(windows)]
+        segments, timed_words = await runner.transcribe(samples, language, task, temperature, prompt=prompt, words=words)
         failed = False
     finally:
         ticket.release()
         state.metrics.observe_transcription(served.name, time.monotonic() - started, duration, failed)
-    return render(segments, response_format, "transcribe" if task == "transcribe" else "translate", duration)
+    return render(segments, response_format, "transcribe" if task == "transcribe" else "translate", duration,
+                  timed_words if words else None)
 
 
 def _streamed(state: ServerState, name: str, pieces, duration: float) -> StreamingResponse:  # noqa: ANN001
@@ -148,9 +157,8 @@ async def transcriptions(request: Request, file: UploadFile = File(...), model: 
                          prompt: str | None = Form(None), response_format: str = Form("json"), temperature: float = Form(0.0),
                          timestamp_granularities: list[str] | None = Form(None, alias="timestamp_granularities[]"),
                          stream: bool = Form(False)):
-    if timestamp_granularities and timestamp_granularities != ["segment"]:
-        raise APIError(400, "only segment timestamps are available (no word timestamps yet)", param="timestamp_granularities[]")
-    return await _run(request, "transcribe", file, model, language, prompt, response_format, temperature, stream)
+    return await _run(request, "transcribe", file, model, language, prompt, response_format, temperature, stream,
+                      timestamp_granularities)
 
 
 @router.post("/v1/audio/translations", responses={200: {"description": "the English translation, in response_format"}})

@@ -58,6 +58,13 @@ def test_transcriptions(whisper_package, chat_package, tmp_path):
         deltas = [e.delta for e in events if e.type == "transcript.text.delta"]
         assert len(deltas) == 2 and "".join(deltas) == expected
         assert events[-1].type == "transcript.text.done" and events[-1].text == expected
+        with wav.open("rb") as f:  # word timing from the alignment heads (its values: tests/runtime/test_transcriber.py)
+            verbose = client.audio.transcriptions.create(model="whisper", file=f, response_format="verbose_json",
+                                                         timestamp_granularities=["word", "segment"])
+        assert verbose.text == expected and len(verbose.words) >= 2 and len(verbose.segments) == 2
+        assert all(0 <= w.start <= w.end <= 40 for w in verbose.words)
+        assert [w.start for w in verbose.words] == sorted(w.start for w in verbose.words)
+        assert max(w.end for w in verbose.words) > 30  # the second window's words are placed in the second window
         url = f"{server.url}/v1/audio/transcriptions"
 
         def post(data: bytes, name: str = "a.wav", **form) -> httpx.Response:
@@ -88,6 +95,8 @@ def test_transcriptions(whisper_package, chat_package, tmp_path):
         assert post(encoded(audio, "WAV"), temperature="0.7").status_code == 200  # sampled
         error(post(encoded(audio, "WAV"), response_format="mp4"), "response_format")
         error(post(encoded(audio, "WAV"), stream="true", response_format="srt"), "stream")
+        error(post(encoded(audio, "WAV"), **{"timestamp_granularities[]": "word"}), "verbose_json")
+        error(post(encoded(audio, "WAV"), **{"timestamp_granularities[]": "phoneme"}), "segment and word")
         error(post(encoded(audio, "WAV"), prompt="earlier words"), "prompt")  # this model names no <|startofprev|>
         error(httpx.post(url, files={"file": ("a.wav", encoded(audio, "WAV"))}, data={"model": "text"}, timeout=60), "not speech recognition")
         error(httpx.post(f"{server.url}/v1/audio/translations", files={"file": ("a.wav", encoded(audio, "WAV"))},

@@ -136,3 +136,26 @@ def test_async_long_form_streams_what_it_keeps(whisper, monkeypatch):
         runner.shutdown()
     assert timed == expected and len(expected) >= 4
     assert streamed == [text for _, _, text in expected] and any(streamed)
+
+
+def test_long_form_token_times_equal_transformers(whisper):
+    """Word timing in long form: each window's kept tokens and their times (seconds into the audio)
+    equal the token_timestamps of transformers' long-form segments, joined per window."""
+    model, transcriber = whisper
+    model.generation_config.alignment_heads = [list(h) for h in transcriber.speech.alignment_heads]
+    sample = audio(75, 1)
+    extractor = transformers.WhisperFeatureExtractor(feature_size=80)
+    features = extractor(sample, sampling_rate=SAMPLE_RATE, truncation=False, padding="longest", return_attention_mask=True,
+                         return_tensors="pt")
+    with torch.no_grad():
+        out = model.generate(features.input_features, attention_mask=features.attention_mask, return_timestamps=True,
+                             condition_on_prev_tokens=True, max_new_tokens=24, return_segments=True, return_token_timestamps=True)
+    theirs = [(s["tokens"].tolist(), s["token_timestamps"].tolist()) for s in out["segments"][0]]
+    job = transcriber.submit_long(sample, transcriber._prompt(timestamps=True),
+                                  Decoding(max_new_tokens=24, timestamps=True, condition_on_previous_text=True, word_timestamps=True))
+    while transcriber.busy:
+        transcriber.step()
+    ours = [job.timings[i] for i in sorted(job.timings)]
+    assert [t for tokens, _ in ours for t in tokens] == [t for tokens, _ in theirs for t in tokens]
+    assert np.allclose([x for tokens, times in ours for x in times[: len(tokens)]], [x for _, times in theirs for x in times], atol=1e-6)
+    assert len(ours) >= 3

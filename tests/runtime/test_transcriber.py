@@ -11,6 +11,7 @@ import transformers
 
 import ortinf
 from ortinf.runtime.audio_features import SAMPLE_RATE
+from ortinf.runtime.longform import Decoding
 from ortinf.runtime.transcriber import Transcriber
 from tiny_models import build_whisper
 
@@ -236,3 +237,27 @@ def test_preemption_and_audio_prefix_hits(whisper):
     assert transcriber.encoded_windows == encoded and transcriber.blocks.cross_hits >= 1
     with pytest.raises(ortinf.errors.ConfigError, match="one whole window"):
         Transcriber(package, num_blocks=50)
+
+
+def test_token_times_equal_transformers_token_timestamps(whisper):
+    """Word timing: the alignment graph over a kept window's tokens and its cross K/V read back from its
+    pool blocks, then DTW, gives transformers' generate(return_token_timestamps=True) times, token for
+    token (here, two audios of different lengths: the attention is cut to each one's real frames)."""
+    model, package = whisper
+    transcriber = Transcriber(package, max_windows=2)
+    model.generation_config.alignment_heads = [list(h) for h in transcriber.speech.alignment_heads]
+    extractor = transformers.WhisperFeatureExtractor(feature_size=80)
+    for sample in (audio(12, 7), audio(5, 3)):
+        features = extractor(sample, sampling_rate=SAMPLE_RATE, return_attention_mask=True, return_tensors="pt")
+        with torch.no_grad():
+            out = model.generate(features.input_features, attention_mask=features.attention_mask, return_token_timestamps=True,
+                                 max_new_tokens=20, return_dict_in_generate=True)
+        tokens, times = out["sequences"][0, 1:].tolist(), out["token_timestamps"][0, 1:].tolist()
+        job = transcriber.submit(transcriber.windows(sample), transcriber.prompt, frames=transcriber.window_frames(sample),
+                                 decoding=Decoding(max_new_tokens=20, word_timestamps=True))
+        while transcriber.busy:
+            transcriber.step()
+        ours, our_times = job.timings[0]
+        assert ours == [t for t in tokens if t != 2]
+        assert np.allclose(our_times[: len(times)], times, atol=1e-6), (our_times, times)
+        assert len(set(times)) >= 4  # the path really moves through the audio
