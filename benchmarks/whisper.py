@@ -7,7 +7,8 @@ Model: the shape of whisper-tiny (d_model 384, 4 encoder and 4 decoder layers, 6
 30-second window decodes 48 tokens greedily (EOS suppressed in both engines, so that both do the
 same work). Rows: 1 and 4 concurrent audios of 30 s, and 1 of 5 min (10 windows). Real-time factor =
 wall seconds / audio seconds (lower is better). transformers runs its windows as one padded batch
-through `generate`; ortinf batches them in its paged decoder.
+through `generate`; onnxruntime-genai (its own venv and model builder) as one static batch; ortinf
+batches them in its paged decoder.
 """
 
 from __future__ import annotations
@@ -54,6 +55,23 @@ def hf_transcribe(model, extractor, audios: list[np.ndarray], tokens: int) -> fl
     return time.monotonic() - start
 
 
+def run_genai(tmp: Path, cases: list, tokens: int, start_token: int) -> dict | None:
+    """onnxruntime-genai's Whisper on the same model (benchmarks/peers/run_genai_whisper.py, its own venv)."""
+    import json
+    import subprocess
+
+    python = Path(__file__).resolve().parent.parent / ".venv-bench-genai" / "bin" / "python"
+    if not python.is_file():
+        print("onnxruntime-genai: not installed (bash benchmarks/peers/install_genai.sh)")
+        return None
+    job = {"hf_dir": str(tmp / "hf"), "work_dir": str(tmp / "genai"), "tokens": tokens, "threads": 2, "cases": cases,
+           "start_token": start_token}
+    (tmp / "genai-job.json").write_text(json.dumps(job))
+    runner = Path(__file__).resolve().parent / "peers" / "run_genai_whisper.py"
+    subprocess.run([str(python), str(runner), str(tmp / "genai-job.json"), str(tmp / "genai-result.json")], check=True)
+    return json.loads((tmp / "genai-result.json").read_text())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tiny", action="store_true", help="a 1-layer model, short runs (smoke test)")
@@ -77,20 +95,28 @@ def main() -> None:
         extractor = transformers.WhisperFeatureExtractor(feature_size=shape["num_mel_bins"])
         transcriber.transcribe_ids([audio(1, 0)], max_new_tokens=2)  # warm-up
         hf_transcribe(model, extractor, [audio(1, 0)], 2)
+        genai = run_genai(Path(tmp), cases, tokens, shape["decoder_start_token_id"])
         for name, lengths in cases:
             audios = [audio(s, i) for i, s in enumerate(lengths)]
             seconds = sum(lengths)
             start = time.monotonic()
-            transcriber.transcribe_ids(audios, max_new_tokens=tokens)
+            got = transcriber.transcribe_ids(audios, max_new_tokens=tokens)
             ours = time.monotonic() - start
             theirs = hf_transcribe(model, extractor, audios, tokens)
-            rows.append((name, ours / seconds, theirs / seconds))
+            peer = genai["seconds"][name] / seconds if genai else None
+            rows.append((name, ours / seconds, theirs / seconds, peer))
+            if genai and got[0][:tokens] != genai["tokens"][:tokens]:
+                print(f"note: onnxruntime-genai's first window differs from ortinf's: {genai['tokens'][:8]} vs {got[0][:8]}")
+            elif genai:
+                print(f"{name}: onnxruntime-genai's first window has ortinf's {tokens} tokens")
     lines = [f"### Whisper (whisper-tiny shape, random weights): real-time factor ({time.strftime('%Y-%m-%d')})", "",
              f"CPU: {platform.machine()}, {cpu_flags()}; fp32, 2 threads; {tokens} tokens per 30-second window; "
              "wall seconds / audio seconds, lower is better.", "",
-             "| audio | ortinf | transformers generate | speed-up |", "|---|---:|---:|---:|"]
-    for name, ours, theirs in rows:
-        lines.append(f"| {name} | {ours:.4f} | {theirs:.4f} | {theirs / ours:.2f}x |")
+             "| audio | ortinf | transformers generate | onnxruntime-genai | ortinf vs transformers | ortinf vs genai |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for name, ours, theirs, peer in rows:
+        lines.append(f"| {name} | {ours:.4f} | {theirs:.4f} | {f'{peer:.4f}' if peer else 'not installed'} | {theirs / ours:.2f}x | "
+                     f"{f'{peer / ours:.2f}x' if peer else '-'} |")
     finish(lines, args.record)
 
 
