@@ -58,6 +58,9 @@ struct Step {
   float* out;              // [T, num_heads * head_dim]
   const float* sinks;      // [num_heads] or null: gpt-oss's attention sinks, one more logit per head whose
                            // probability weighs nothing (the softmax starts at max = sink, sum = 1)
+  bool cross;              // cross-attention (Whisper): every query sees exactly the cached keys 0 ..
+                           // context_lens[s] - 1 (an encoder's K/V in blocks of their own), no causal cut,
+                           // and not the step's own keys
 };
 
 // The largest query tile per job and the head_dim limit of the per-thread scratch buffers.

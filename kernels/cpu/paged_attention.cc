@@ -13,7 +13,9 @@
 //   block_tables [S, max_blocks] i64, context_lens [S] i64, query_lens [S] i64
 //   cos, sin [T, R] f32 (optional, both or neither)                  RoPE of each token, R <= D, even
 //   sinks [H] f32 (optional)                                         gpt-oss's attention sinks per head
-//   num_heads, kv_num_heads (int), scale (float), sliding_window (int, 0 none), softcap (float, 0 none)
+//   num_heads, kv_num_heads (int), scale (float), sliding_window (int, 0 none), softcap (float, 0 none),
+//   cross (int, 0 none): cross-attention, each query over exactly the cached keys (Whisper's encoder
+//   K/V in the sequence's cross blocks; key and value are then ignored)
 //   -> output [T, H*D] f32, and (optional) rotated_key [T, KVH*D] f32
 // Without cos/sin, query and key come rotated already (graphs exported before RoPE moved here).
 // With them the op rotates the query rows as it loads them and the step's keys once, and returns
@@ -75,7 +77,7 @@ OrtStatus* fail(const std::string& message) { return g_api->CreateStatus(ORT_INV
   } while (0)
 
 struct Kernel {
-  int64_t num_heads = 0, kv_heads = 0, sliding_window = 0;
+  int64_t num_heads = 0, kv_heads = 0, sliding_window = 0, cross = 0;
   float scale = 0.f, softcap = 0.f;
 };
 
@@ -227,7 +229,7 @@ OrtStatus* compute(const Kernel& k, OrtKernelContext* context) {
           rotate ? static_cast<const float*>(cos.data) : nullptr, rotate ? static_cast<const float*>(sin.data) : nullptr,
           rotary_dim, static_cast<const float*>(value.data), key_cache.data, value_cache.data, half, table, ctx, starts.data(), max_blocks, pool_blocks,
           block_size, k.num_heads, kv_heads, dim, k.scale, k.sliding_window, k.softcap, out,
-          static_cast<const float*>(sinks.data)};
+          static_cast<const float*>(sinks.data), k.cross != 0};
   if (call.jobs.size() == 1) {
     run_one(&call, 0);
     return nullptr;
@@ -256,6 +258,7 @@ OrtStatus* ORT_API_CALL create_kernel(const OrtCustomOp*, const OrtApi*, const O
   attr_int(info, "num_heads", 0, &k->num_heads);
   attr_int(info, "kv_num_heads", 0, &k->kv_heads);
   attr_int(info, "sliding_window", 0, &k->sliding_window);
+  attr_int(info, "cross", 0, &k->cross);
   attr_float(info, "scale", 0.f, &k->scale);
   attr_float(info, "softcap", 0.f, &k->softcap);
   if (k->num_heads <= 0 || k->kv_heads <= 0 || k->scale <= 0.f) {
