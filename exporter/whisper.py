@@ -186,8 +186,9 @@ def export_alignment_graph(model: torch.nn.Module, heads: list[tuple[int, int]],
                           dynamic_axes={"input_ids": {0: "tokens"}, "weights": {1: "tokens"}}, opset_version=OPSET)
 
 
-def export_whisper_graphs(model: torch.nn.Module, folder: Path) -> None:
-    """Traces encoder.onnx and model.onnx (the decoder returns its new K/V: host write) into `folder`."""
+def export_whisper_graphs(model: torch.nn.Module, folder: Path, cpu_graph: bool = False) -> None:
+    """Traces encoder.onnx and model.onnx (the decoder returns its new K/V: host write) into `folder`,
+    and with `cpu_graph` model.cpu.onnx, the decoder for ortinf's CPU kernel library."""
     config = model.config
     AttentionInterface.register(ATTENTION_NAME, _self_attention)
     previous = config._attn_implementation
@@ -210,16 +211,20 @@ def export_whisper_graphs(model: torch.nn.Module, folder: Path) -> None:
                     "context_lens": {0: "num_seqs"}, "query_lens": {0: "num_seqs"}, "logits_indices": {0: "num_seqs"},
                     "cross_block_tables": {0: "num_seqs", 1: "cross_blocks"}, "cross_lens": {0: "num_seqs"}, "logits": {0: "num_seqs"},
                     **{n: {1: "num_blocks", 2: "block_size"} for n in cache_names}, **{n: {0: "num_tokens"} for n in new_names}}
+            input_names = ["input_ids", "positions", "block_tables", "context_lens", "query_lens", "logits_indices",
+                           *CROSS_INPUTS, *cache_names]
             torch.onnx.export(PagedWhisperDecoder(model).eval(), example, str(folder / "model.onnx"), dynamo=False,
-                              input_names=["input_ids", "positions", "block_tables", "context_lens", "query_lens", "logits_indices",
-                                           *CROSS_INPUTS, *cache_names],
-                              output_names=["logits", *new_names], dynamic_axes=axes, opset_version=OPSET)
+                              input_names=input_names, output_names=["logits", *new_names], dynamic_axes=axes, opset_version=OPSET)
     finally:
         config._attn_implementation = previous
+    if cpu_graph:  # the same step for ortinf's CPU kernel library (exporter/whisper_cpu.py)
+        from ortinf.exporter.whisper_cpu import export_cpu_decoder
+
+        export_cpu_decoder(model, folder / "model.cpu.onnx", example, input_names, ["logits", *new_names], axes)
 
 
 def step_through_pool(encoder: object, decoder: object, model: torch.nn.Module, features: np.ndarray, prompts: list[list[int]],
-                      steps: int, block_size: int = 4) -> float:
+                      steps: int, block_size: int = 4, graph_write: bool = False) -> float:
     """Runs the encoder graph, writes each request's cross K/V into pool blocks of its own (numpy),
     then prefill and greedy decode steps of all requests together through the host-write decoder
     graph; returns the max abs logit difference against transformers over every call. `encoder` and
@@ -253,12 +258,15 @@ def step_through_pool(encoder: object, decoder: object, model: torch.nn.Module, 
     for _ in range(steps):
         chunks = [SequenceChunk(t[d:], d, table) for t, d, table in zip(tokens, done, self_tables)]
         step_input = build_model_input(chunks, block_size)
-        feeds = {k: v for k, v in step_input.feeds().items() if k != "slot_mapping"}
+        feeds = {k: v for k, v in step_input.feeds().items() if graph_write or k != "slot_mapping"}
         feeds.update(cross_block_tables=np.array(cross_tables, np.int64), cross_lens=np.full(requests, positions, np.int64))
         feeds.update({f"{kind}_cache.{i}": pools[2 * i + (kind == "value")] for i in range(layers) for kind in ("key", "value")})
         logits, *new_kv = decoder.run(None, feeds)
-        for index, pool in enumerate(pools):
-            write(pool, step_input.slot_mapping, new_kv[index])
+        if graph_write:  # the graph returns the pools it wrote into (in the runtime, in place)
+            pools = [new_kv[index] for index in range(2 * layers)]
+        else:
+            for index, pool in enumerate(pools):
+                write(pool, step_input.slot_mapping, new_kv[index])
         for request in range(requests):
             with torch.no_grad():
                 ref = model(input_features=torch.from_numpy(features[request : request + 1]),
@@ -302,7 +310,7 @@ def export_whisper(source, out_path: Path, overwrite: bool, tolerance: float, pr
     from ortinf.exporter.kv_write import place_decoder
     from ortinf.exporter.package import staging, token_ids, write_generation_config, write_tokenizer
     from ortinf.manifest import (
-        ALIGNMENT_MODEL_NAME, ENCODER_MODEL_NAME, HOST_WRITE_MODEL_NAME, MEL_FILTERS_NAME, PORTABLE, SPEECH_RECOGNITION, DecoderSpec, Manifest,
+        ALIGNMENT_MODEL_NAME, CPU_MODEL_NAME, ENCODER_MODEL_NAME, CpuKernel, HOST_WRITE_MODEL_NAME, MEL_FILTERS_NAME, PORTABLE, SPEECH_RECOGNITION, DecoderSpec, Manifest,
         Parity, SpeechSpec,
     )
 
@@ -317,7 +325,10 @@ def export_whisper(source, out_path: Path, overwrite: bool, tolerance: float, pr
         config = model.config
         trace = stage / ".trace"
         trace.mkdir()
-        export_whisper_graphs(model, trace)
+        from ortinf.exporter.api import wants_cpu_graph
+
+        cpu_graph = wants_cpu_graph(PORTABLE, "fp32")
+        export_whisper_graphs(model, trace, cpu_graph)
         heads_used = alignment_heads(model)
         export_alignment_graph(model, heads_used, trace / ALIGNMENT_MODEL_NAME)
         bar.update()
@@ -325,7 +336,7 @@ def export_whisper(source, out_path: Path, overwrite: bool, tolerance: float, pr
         spec = DecoderSpec(num_layers=config.decoder_layers, num_heads=heads, num_kv_heads=heads, head_dim=config.d_model // heads,
                            hidden_size=config.d_model, vocab_size=config.vocab_size, max_model_len=config.max_target_positions,
                            kernel=PORTABLE, kv_dtype="fp32")
-        inputs, outputs = place_decoder(trace / "model.onnx", stage, spec)
+        inputs, outputs = place_decoder(trace / "model.onnx", stage, spec, cpu_traced=trace / "model.cpu.onnx" if cpu_graph else None)
         for name in (ENCODER_MODEL_NAME, ALIGNMENT_MODEL_NAME):
             graph = onnx.load(str(trace / name), load_external_data=True)
             onnx.save_model(graph, str(stage / name), save_as_external_data=True, all_tensors_to_one_file=True,
@@ -359,6 +370,19 @@ def export_whisper(source, out_path: Path, overwrite: bool, tolerance: float, pr
         start = int(config.decoder_start_token_id)
         prompts = [[start, *rng.integers(3, config.vocab_size, 6).tolist()], [start]]
         worst = step_through_pool(sessions[0], sessions[1], model, features, prompts, steps=8)
+        cpu_kernel = None
+        if cpu_graph:  # model.cpu.onnx, with its in-graph KV write, through the same steps
+            from ortinf.exporter import attention_cpu as cpu_paged
+            from ortinf.kernels import library
+
+            options = onnxruntime.SessionOptions()
+            library.register(options)
+            fused = onnxruntime.InferenceSession(str(stage / CPU_MODEL_NAME), options, providers=["CPUExecutionProvider"])
+            error = step_through_pool(sessions[0], fused, model, features, prompts, steps=8, graph_write=True)
+            if not error <= tolerance:
+                raise ExportError(f"verification failed: the CPU-kernel decoder differs from PyTorch by {error:.3g}, above {tolerance:g}")
+            cpu_kernel = CpuKernel(CPU_MODEL_NAME, cpu_paged.DOMAIN, (cpu_paged.OP,), error,
+                                   "the same two requests, prefill then 8 greedy steps, in-graph KV write; on cpu")
         aligner = onnxruntime.InferenceSession(str(stage / ALIGNMENT_MODEL_NAME), providers=["CPUExecutionProvider"])
         worst = max(worst, check_alignment(sessions[0], aligner, model, features[:1], prompts[0], heads_used))
         description = ("encoder on 2 random inputs; decoder: a 7- and a 1-token prompt, then 8 greedy steps together, shuffled blocks; "
@@ -366,7 +390,7 @@ def export_whisper(source, out_path: Path, overwrite: bool, tolerance: float, pr
         if not worst <= tolerance:
             raise ExportError(f"verification failed: max abs difference {worst:.3g} vs PyTorch is above the tolerance {tolerance:g} "
                               f"({description}); nothing was written")
-        manifest = dataclasses.replace(manifest, parity=Parity(worst, tolerance, description))
+        manifest = dataclasses.replace(manifest, parity=Parity(worst, tolerance, description), cpu_kernel=cpu_kernel)
         manifest.save(stage)
         bar.update()
         bar.close()

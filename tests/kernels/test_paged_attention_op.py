@@ -222,3 +222,36 @@ def test_attention_sinks():
     assert np.abs(out - reference(*case, 8, 4, 0.125, 16, 0.0)).max() > 1e-2  # the sinks change the output
     with pytest.raises(Exception, match="sinks"):  # ORT checks the declared shape first
         session.run(None, {**dict(zip(INPUTS, case)), "sinks": sinks[:4]})
+
+
+def test_cross_attention_mode():
+    """cross=1 (Whisper): every query of a sequence, prefill rows included, sees exactly its cached keys
+    0 .. context_len - 1 (the encoder's K/V in its cross blocks), no causal cut, not the step's keys."""
+    rng = np.random.default_rng(7)
+    heads, dim, contexts, query_lens = 6, 64, [1500, 1500, 700], [4, 1, 20]
+    q, k, v, key_cache, value_cache, tables, ctx, qlens = random_case(rng, contexts, query_lens, heads, heads, dim)
+    cache_type = TensorProto.FLOAT
+    types = [TensorProto.FLOAT] * 3 + [cache_type] * 2 + [TensorProto.INT64] * 3
+    inputs = [helper.make_tensor_value_info(n, t, [None] * r) for n, t, r in zip(INPUTS, types, [2, 2, 2, 4, 4, 2, 1, 1])]
+    node = helper.make_node("PagedAttention", list(INPUTS), ["out"], domain="ortinf", num_heads=heads, kv_num_heads=heads,
+                            scale=dim**-0.5, cross=1)
+    graph = helper.make_graph([node], "op", inputs, [helper.make_tensor_value_info("out", TensorProto.FLOAT, [None, None])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ortinf", 1)])
+    options = ort.SessionOptions()
+    library.register(options)
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    got = session.run(None, dict(zip(INPUTS, (q, k, v, key_cache, value_cache, tables, ctx, qlens))))[0]
+    want = np.zeros((q.shape[0], heads, dim))
+    start = 0
+    for s, (c, n) in enumerate(zip(contexts, query_lens)):
+        slots = np.arange(c)
+        blocks = tables[s, slots // 16]
+        keys = key_cache[:, blocks, slots % 16].astype(np.float64)
+        values = value_cache[:, blocks, slots % 16].astype(np.float64)
+        queries = q[start:start + n].reshape(n, heads, dim).astype(np.float64)
+        for h in range(heads):
+            scores = queries[:, h] @ keys[h].T * dim**-0.5
+            probs = np.exp(scores - scores.max(1, keepdims=True))
+            want[start:start + n, h] = (probs / probs.sum(1, keepdims=True)) @ values[h]
+        start += n
+    assert np.abs(got - want.reshape(q.shape[0], -1)).max() < 2e-5
