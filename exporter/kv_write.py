@@ -100,7 +100,7 @@ def place_decoder(traced: Path, stage: Path, spec: DecoderSpec,
     model = onnx.load(str(traced), load_external_data=True)
     if transform is not None:
         model = transform(model)
-    digests = {_digest(t): t.name for t in model.graph.initializer if len(t.raw_data) >= 1024}
+    digests = {digest(t): t.name for t in model.graph.initializer if len(t.raw_data) >= 1024}
     if spec.kernel == CONTRIB_PAGED:
         onnx.save_model(model, str(stage / MODEL_NAME), save_as_external_data=True, all_tensors_to_one_file=True,
                         location=WEIGHTS_NAME, size_threshold=1024)
@@ -120,7 +120,7 @@ def place_decoder(traced: Path, stage: Path, spec: DecoderSpec,
     return [i.name for i in model.graph.input if i.name not in initializers], [o.name for o in model.graph.output]
 
 
-def _digest(tensor: onnx.TensorProto) -> bytes:
+def digest(tensor: onnx.TensorProto) -> bytes:
     return hashlib.blake2b(tensor.raw_data + bytes(tensor.data_type) + str(list(tensor.dims)).encode(), digest_size=20).digest()
 
 
@@ -133,7 +133,7 @@ def share_weights(graph: onnx.ModelProto, saved: onnx.ModelProto, digests: dict[
     for tensor in graph.graph.initializer:
         if len(tensor.raw_data) < 1024:
             continue
-        name = digests.get(_digest(tensor))
+        name = digests.get(digest(tensor))
         if name is None or name not in external:
             missing += len(tensor.raw_data)
             continue

@@ -277,6 +277,29 @@ def step_through_pool(encoder: object, decoder: object, model: torch.nn.Module, 
     return worst
 
 
+def pool_write_encoder(encoder, layers: int, heads: int, head_dim: int):  # noqa: ANN001, ANN201 - onnx ModelProto in and out
+    """encoder.onnx with the in-graph KV write (exporter/kv_write.py): the pool tensors in, each layer's
+    cross K/V scattered into the slots `slot_mapping` names (the windows' cross blocks, window after
+    window, position after position), the pools out, bound in place. For providers whose pool is
+    device memory (WebGPU, CUDA): the cross K/V never come back to the host."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from ortinf.exporter.kv_write import add_kv_write
+    from ortinf.manifest import cache_names, new_kv_names
+
+    graph = encoder.graph
+    crossed = [o.name for o in graph.output]
+    graph.initializer.append(numpy_helper.from_array(np.array([-1, heads, head_dim], dtype=np.int64), "pw.rows"))
+    for name, new in zip(crossed, new_kv_names(layers)):  # [B, P, H, D] -> [B * P, H, D], the write's layout
+        graph.node.append(helper.make_node("Reshape", [name, "pw.rows"], [new]))
+    del graph.output[:]
+    graph.output.extend(helper.make_tensor_value_info(new, TensorProto.FLOAT, ["rows", heads, head_dim]) for new in new_kv_names(layers))
+    graph.input.extend(helper.make_tensor_value_info(name, TensorProto.FLOAT, [heads, "num_blocks", "block_size", head_dim])
+                       for name in cache_names(layers)[0])
+    add_kv_write(encoder, layers, heads)
+    return encoder
+
+
 def check_alignment(encoder: object, aligner: object, model: torch.nn.Module, features: np.ndarray, tokens: list[int],
                     heads: list[tuple[int, int]]) -> float:
     """Max abs difference of the alignment graph's weights from transformers' cross-attentions."""
@@ -307,10 +330,10 @@ def export_whisper(source, out_path: Path, overwrite: bool, tolerance: float, pr
     from tqdm.auto import tqdm
 
     from ortinf.errors import ExportError
-    from ortinf.exporter.kv_write import place_decoder
+    from ortinf.exporter.kv_write import digest, place_decoder, share_weights
     from ortinf.exporter.package import staging, token_ids, write_generation_config, write_tokenizer
     from ortinf.manifest import (
-        ALIGNMENT_MODEL_NAME, CPU_MODEL_NAME, ENCODER_MODEL_NAME, CpuKernel, HOST_WRITE_MODEL_NAME, MEL_FILTERS_NAME, PORTABLE, SPEECH_RECOGNITION, DecoderSpec, Manifest,
+        ALIGNMENT_MODEL_NAME, CPU_MODEL_NAME, ENCODER_MODEL_NAME, ENCODER_WRITE_MODEL_NAME, CpuKernel, HOST_WRITE_MODEL_NAME, MEL_FILTERS_NAME, PORTABLE, SPEECH_RECOGNITION, DecoderSpec, Manifest,
         Parity, SpeechSpec,
     )
 
@@ -337,10 +360,18 @@ def export_whisper(source, out_path: Path, overwrite: bool, tolerance: float, pr
                            hidden_size=config.d_model, vocab_size=config.vocab_size, max_model_len=config.max_target_positions,
                            kernel=PORTABLE, kv_dtype="fp32")
         inputs, outputs = place_decoder(trace / "model.onnx", stage, spec, cpu_traced=trace / "model.cpu.onnx" if cpu_graph else None)
+        saved = {}
         for name in (ENCODER_MODEL_NAME, ALIGNMENT_MODEL_NAME):
             graph = onnx.load(str(trace / name), load_external_data=True)
+            digests = {digest(t): t.name for t in graph.graph.initializer if len(t.raw_data) >= 1024}
             onnx.save_model(graph, str(stage / name), save_as_external_data=True, all_tensors_to_one_file=True,
-                            location=name + ".data", size_threshold=1024)
+                            location=name + ".data", size_threshold=1024)  # leaves `graph` referring to its data file
+            saved[name] = graph, digests
+        # the encoder with the pool write, for device pools; its weights are encoder.onnx.data's
+        writer = pool_write_encoder(onnx.load(str(trace / ENCODER_MODEL_NAME), load_external_data=True), config.decoder_layers,
+                                    heads, config.d_model // heads)
+        share_weights(writer, *saved[ENCODER_MODEL_NAME])
+        onnx.save_model(writer, str(stage / ENCODER_WRITE_MODEL_NAME))
         shutil.rmtree(trace)
         preprocessor = source.path / "preprocessor_config.json"
         extractor = (transformers.WhisperFeatureExtractor.from_pretrained(source.path) if preprocessor.is_file()
@@ -351,7 +382,7 @@ def export_whisper(source, out_path: Path, overwrite: bool, tolerance: float, pr
         generation = write_generation_config(source, stage)
         speech = SpeechSpec(num_mel_bins=config.num_mel_bins, source_positions=config.max_source_positions,
                             window_samples=int(extractor.n_samples), decoder_start_token_id=int(config.decoder_start_token_id),
-                            alignment_graph=ALIGNMENT_MODEL_NAME, alignment_heads=tuple(heads_used),
+                            alignment_graph=ALIGNMENT_MODEL_NAME, encoder_write_graph=ENCODER_WRITE_MODEL_NAME, alignment_heads=tuple(heads_used),
                             median_filter_width=int(getattr(config, "median_filter_width", 7)))
         from ortinf.exporter.api import _versions
 

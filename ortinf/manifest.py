@@ -33,6 +33,7 @@ TEXT_CLASSIFICATION = "text-classification"
 SPEECH_RECOGNITION = "automatic-speech-recognition"
 TASKS = (TEXT_GENERATION, FEATURE_EXTRACTION, TEXT_CLASSIFICATION, SPEECH_RECOGNITION)
 ENCODER_MODEL_NAME = "encoder.onnx"  # an encoder-decoder's encoder graph (Whisper: audio -> cross-attention K/V)
+ENCODER_WRITE_MODEL_NAME = "encoder.pool-write.onnx"  # the encoder writing its cross K/V into a device pool in place
 ALIGNMENT_MODEL_NAME = "alignment.onnx"  # Whisper's word timing: the alignment heads' cross-attention of a window
 MEL_FILTERS_NAME = "mel_filters.npy"  # Whisper's mel filter bank [1 + n_fft // 2, num_mel_bins]
 # The attention kernels a decoder graph can be exported with (kernels/), and the per-layer KV pool
@@ -118,6 +119,7 @@ class SpeechSpec:
     encoder_graph: str = ENCODER_MODEL_NAME
     mel_filters: str = MEL_FILTERS_NAME
     alignment_graph: str | None = None  # word timing; None in packages written before it
+    encoder_write_graph: str | None = None  # device pools (WebGPU, CUDA); None in packages written before it
     alignment_heads: tuple[tuple[int, int], ...] = ()  # (decoder layer, head) whose cross-attention follows the audio
     median_filter_width: int = 7
 

@@ -95,7 +95,8 @@ class Window:
 
 
 class Transcriber:
-    """Speech recognition with a Whisper package on a provider whose KV pool is host memory (CPU, OpenVINO)."""
+    """Speech recognition with a Whisper package: on the CPU and OpenVINO (host pools), and on device
+    providers (WebGPU, CUDA), whose pools the encoder graph writes in place."""
 
     def __init__(self, package_dir: str | Path, max_windows: int = 8, block_size: int = 16, intra_op_threads: int = 0,
                  provider: str = "cpu", num_blocks: int | None = None, enable_prefix_caching: bool = True) -> None:
@@ -119,9 +120,13 @@ class Transcriber:
         found = resolve(provider)
         self.found, self.intra_op_threads, self.alignment = found, intra_op_threads, None
         self.graph = DecoderGraph(self.package, num_blocks, block_size, found, intra_op_threads)
-        if not self.graph.pool.arrays:  # the encoder's cross K/V are written into the pool with numpy
-            raise ConfigError(f"speech recognition runs where the KV pool is in host memory (cpu, openvino), not on {found.provider.name} yet")
-        self.encoder, _ = create_session(self.package / self.speech.encoder_graph, found, intra_op_threads, spin=False)
+        # a host pool gets the encoder's cross K/V written by numpy; a device pool (WebGPU, CUDA) by the
+        # encoder graph itself, in place (exporter/whisper.py pool_write_encoder)
+        self.device_pool = not self.graph.pool.arrays
+        if self.device_pool and not self.speech.encoder_write_graph:
+            raise ConfigError(f"{package_dir} predates speech on device providers ({found.provider.name}): re-export it with this ortinf")
+        encoder = self.speech.encoder_write_graph if self.device_pool else self.speech.encoder_graph
+        self.encoder, _ = create_session(self.package / encoder, found, intra_op_threads, spin=False)
         self.mel_filters = np.load(self.package / self.speech.mel_filters)
         path = self.package / "generation_config.json"
         self.generation = json.loads(path.read_text()) if path.is_file() else {}
@@ -518,10 +523,11 @@ class Transcriber:
         table = np.array([b.block_id for b in window.held.cross])
         feeds = {"input_ids": np.array(window.tokens[:rows], dtype=np.int64)}
         wanted = {i.name for i in self.alignment.get_inputs()}
-        for index, array in enumerate(self.graph.pool.arrays):
+        for index in range(len(self.graph.pool.values)):
             name = f"cross_{'key' if index % 2 == 0 else 'value'}.{index // 2}"
             if name not in wanted:  # past the last alignment layer (and its V, which no weight needs)
                 continue
+            array = self.graph.pool.arrays[index] if self.graph.pool.arrays else self.graph.pool.read(index)  # a device pool: a host copy
             heads, _, size, width = array.shape
             feeds[name] = np.ascontiguousarray(
                 array[:, table].reshape(heads, -1, width)[:, : self.speech.source_positions])
@@ -548,7 +554,18 @@ class Transcriber:
         size = self.blocks.block_size
         for first in range(0, len(windows), ENCODER_BATCH):
             batch = windows[first : first + ENCODER_BATCH]
-            cross = self.encoder.run(None, {"input_features": np.stack([w.features for w in batch])})
+            features = np.ascontiguousarray(np.stack([w.features for w in batch]))
+            if self.device_pool:  # the graph writes each window's cross K/V into its blocks, on the device
+                binding = self.encoder.io_binding()
+                binding.bind_cpu_input("input_features", features)
+                tables = [np.array([b.block_id for b in w.held.cross]) for w in batch]
+                binding.bind_cpu_input("slot_mapping", np.concatenate([t[positions // size] * size + positions % size for t in tables]))
+                self.graph.pool.bind(binding)
+                self.encoder.run_with_iobinding(binding)
+                for window in batch:
+                    self.blocks.encoded(window.held)
+                continue
+            cross = self.encoder.run(None, {"input_features": features})
             for row, window in enumerate(batch):
                 table = np.array([b.block_id for b in window.held.cross])
                 self.graph.pool.write(table[positions // size] * size + positions % size, [layer[row] for layer in cross])

@@ -206,3 +206,34 @@ def test_webgpu_paged_attention_needs_prefill_chunks_of_31(webgpu, tmp_path):
     session, _ = create_session(tmp_path / "pa.onnx", webgpu)
     assert paged_attention_error(session, 31) < 5e-3
     assert paged_attention_error(session, 32) > 5e-2
+
+
+def test_whisper_on_webgpu(webgpu, tmp_path):
+    """Speech on a device pool: the encoder graph writes each window's cross K/V into its blocks on the
+    device (encoder.pool-write.onnx), the decoder reads them there; greedy tokens equal the CPU's, for
+    windows decoded side by side and window after window with word timing (the pool read back)."""
+    import json
+
+    from ortinf.runtime.longform import Decoding
+    from ortinf.runtime.transcriber import Transcriber
+    from tiny_models import build_whisper
+
+    model = build_whisper(tmp_path / "hf", max_target_positions=32)
+    model.generation_config.no_timestamps_token_id = 200
+    model.generation_config.save_pretrained(tmp_path / "hf")
+    ortinf.export(tmp_path / "hf", tmp_path / "pkg", progress=False)
+    assert json.loads((tmp_path / "pkg" / "generation_config.json").read_text())["no_timestamps_token_id"] == 200
+    rng = np.random.default_rng(3)
+    audios = [(0.3 * rng.standard_normal(16000 * seconds)).astype(np.float32) for seconds in (3, 35)]
+    results = {}
+    for provider in ("cpu", "webgpu"):
+        transcriber = Transcriber(tmp_path / "pkg", max_windows=2, provider=provider)
+        assert transcriber.device_pool == (provider == "webgpu")
+        side_by_side = transcriber.transcribe_ids(audios, max_new_tokens=8)
+        [timed] = transcriber.run(audios[1:], Decoding(max_new_tokens=8, timestamps=True, word_timestamps=True))
+        results[provider] = side_by_side, [(s.start, s.tokens) for s in timed.segments], timed.timings
+    assert results["webgpu"][0] == results["cpu"][0] and all(len(t) == 8 for t in results["cpu"][0][:1])
+    assert results["webgpu"][1] == results["cpu"][1]
+    cpu_times = [t for _, times in results["cpu"][2].values() for t in times]
+    gpu_times = [t for _, times in results["webgpu"][2].values() for t in times]
+    assert np.allclose(cpu_times, gpu_times, atol=0.021)  # one 20 ms frame at most, from float differences in DTW ties
