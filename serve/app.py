@@ -170,8 +170,7 @@ def load_model(package: Path, name: str, config: ServerConfig, state: ServerStat
         from ortinf.runtime.async_transcriber import AsyncTranscriber
         from ortinf.runtime.transcriber import Transcriber
 
-        transcriber = Transcriber(package, intra_op_threads=config.intra_op_threads,
-                                  provider="cpu" if config.provider == "auto" else config.provider)
+        transcriber = Transcriber(package, intra_op_threads=config.intra_op_threads, provider=config.provider)
         if transcriber.tokenizer is None:
             raise ConfigError(f"{name} has no tokenizer.json: the audio routes answer with text; re-export it from a folder "
                               "with the Whisper tokenizer")
