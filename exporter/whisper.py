@@ -139,14 +139,16 @@ class WhisperAlignmentGraph(torch.nn.Module):
         self.heads = model.config.decoder_attention_heads
         self.head_dim = model.config.d_model // self.heads
 
-    def _heads(self, x: torch.Tensor) -> torch.Tensor:  # [T, H*D] -> [H, T, D]
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:  # [1, T, H*D] -> [H, T, D]
         return x.reshape(-1, self.heads, self.head_dim).transpose(0, 1)
 
     def forward(self, input_ids: torch.Tensor, *cross: torch.Tensor) -> torch.Tensor:
         # the decoder layers written out (transformers' decoder builds its causal mask with vmap, which
         # does not trace); only as far as the last alignment layer
         count = input_ids.shape[0]
-        hidden = self.decoder.embed_tokens(input_ids) + self.decoder.embed_positions.weight[:count]
+        # [1, T, d_model], as the paged decoder's: its linears then trace to the same MatMul weights, which
+        # the package stores once (Gemm on 2-d input would keep them untransposed, a second copy)
+        hidden = (self.decoder.embed_tokens(input_ids) + self.decoder.embed_positions.weight[:count])[None]
         future = torch.triu(torch.ones(count, count, dtype=torch.bool), diagonal=1)
         kept = {}
         for index, layer in enumerate(self.decoder.layers[: max(layer for layer, _ in self.alignment) + 1]):
@@ -154,13 +156,13 @@ class WhisperAlignmentGraph(torch.nn.Module):
             x = layer.self_attn_layer_norm(hidden)
             q, k, v = self._heads(attention.q_proj(x) * attention.scaling), self._heads(attention.k_proj(x)), self._heads(attention.v_proj(x))
             scores = torch.matmul(q, k.transpose(1, 2)).masked_fill(future, torch.finfo(hidden.dtype).min)
-            out = torch.matmul(torch.softmax(scores, dim=-1), v).transpose(0, 1).reshape(count, -1)
+            out = torch.matmul(torch.softmax(scores, dim=-1), v).transpose(0, 1).reshape(1, count, -1)
             hidden = hidden + attention.out_proj(out)
             attention = layer.encoder_attn
             q = self._heads(attention.q_proj(layer.encoder_attn_layer_norm(hidden)) * attention.scaling)
             weights = torch.softmax(torch.matmul(q, cross[2 * index].transpose(1, 2)), dim=-1)  # [H, T, S]
             kept[index] = weights
-            hidden = hidden + attention.out_proj(torch.matmul(weights, cross[2 * index + 1]).transpose(0, 1).reshape(count, -1))
+            hidden = hidden + attention.out_proj(torch.matmul(weights, cross[2 * index + 1]).transpose(0, 1).reshape(1, count, -1))
             hidden = hidden + layer.fc2(layer.activation_fn(layer.fc1(layer.final_layer_norm(hidden))))
         return torch.stack([kept[layer][head] for layer, head in self.alignment])
 
@@ -360,8 +362,16 @@ def export_whisper(source, out_path: Path, overwrite: bool, tolerance: float, pr
                            hidden_size=config.d_model, vocab_size=config.vocab_size, max_model_len=config.max_target_positions,
                            kernel=PORTABLE, kv_dtype="fp32")
         inputs, outputs = place_decoder(trace / "model.onnx", stage, spec, cpu_traced=trace / "model.cpu.onnx" if cpu_graph else None)
+        # the alignment graph's weights are the decoder's: it points into model.onnx.data
+        shared = onnx.load(str(stage / HOST_WRITE_MODEL_NAME), load_external_data=True)
+        decoder_digests = {digest(t): t.name for t in shared.graph.initializer if len(t.raw_data) >= 1024}
+        aligner = onnx.load(str(trace / ALIGNMENT_MODEL_NAME), load_external_data=True)
+        share_weights(aligner, onnx.load(str(stage / HOST_WRITE_MODEL_NAME), load_external_data=False), decoder_digests)
+        del shared
+        onnx.save_model(aligner, str(stage / ALIGNMENT_MODEL_NAME), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=ALIGNMENT_MODEL_NAME + ".data", size_threshold=1024)  # what matched nothing, if anything
         saved = {}
-        for name in (ENCODER_MODEL_NAME, ALIGNMENT_MODEL_NAME):
+        for name in (ENCODER_MODEL_NAME,):
             graph = onnx.load(str(trace / name), load_external_data=True)
             digests = {digest(t): t.name for t in graph.graph.initializer if len(t.raw_data) >= 1024}
             onnx.save_model(graph, str(stage / name), save_as_external_data=True, all_tensors_to_one_file=True,

@@ -463,7 +463,7 @@ class Transcriber:
                     kept = sum(len(s.tokens) for s in segments)
                     tokens, times = job.timings[window.index]
                     job.timings[window.index] = (tokens[:kept], times[: kept + 1])
-                job.seek += advance
+                job.seek += advance if advance > 0 else window.frames  # never stuck on one window
             if job.on_window is not None:
                 job.on_window(job)
             if job.seek < job.features.shape[1]:
