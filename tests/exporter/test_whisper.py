@@ -42,8 +42,22 @@ def test_ortinf_export_writes_a_verified_whisper_package(tmp_path):
     assert manifest.parity.max_abs_diff < 1e-4 and Manifest.load(tmp_path / "pkg").speech.source_positions == 32
     filters = np.load(tmp_path / "pkg" / "mel_filters.npy")
     assert filters.shape == (201, 128)
-    for name in ("encoder.onnx", "model.onnx", "model.host-write.onnx"):
+    for name in ("encoder.onnx", "model.onnx", "model.host-write.onnx", "encoder.pool-write.onnx", "alignment.onnx"):
         assert (tmp_path / "pkg" / name).is_file()
+    import onnx
+
+    def locations(name: str) -> set[str]:  # where a graph's large weights live
+        model = onnx.load(str(tmp_path / "pkg" / name), load_external_data=False)
+        return {e.value for t in model.graph.initializer for e in t.external_data if e.key == "location"}
+
+    # one copy of each weight: the twins and the alignment graph point into the decoder's file, the
+    # pool-writing encoder into the encoder's
+    assert locations("alignment.onnx") == locations("model.host-write.onnx") == {"model.onnx.data"}
+    assert locations("encoder.pool-write.onnx") == {"encoder.onnx.data"}
+    assert not (tmp_path / "pkg" / "alignment.onnx.data").exists()
+    if manifest.cpu_kernel is not None:  # the kernel library is built here
+        assert locations("model.cpu.onnx") == {"model.onnx.data"} and manifest.cpu_kernel.max_abs_diff < 1e-4
+    assert manifest.speech.alignment_heads and manifest.speech.encoder_write_graph == "encoder.pool-write.onnx"
     graph = ort.InferenceSession(str(tmp_path / "pkg" / "model.onnx"), providers=["CPUExecutionProvider"])
     assert {"slot_mapping", "cross_block_tables", "cross_lens"} <= {i.name for i in graph.get_inputs()}
     from ortinf.inspect_table import manifest_rows
