@@ -117,6 +117,7 @@ class Transcriber:
         self._order = itertools.count()
         self.blocks = WindowBlocks(num_blocks, block_size, cross_blocks, enable_prefix_caching)
         self.preemptions = self.encoded_windows = 0
+        self.outcomes = {"kept": 0, "retried": 0, "skipped": 0}  # windows, for metrics
         found = resolve(provider)
         self.found, self.intra_op_threads, self.alignment = found, intra_op_threads, None
         self.graph = DecoderGraph(self.package, num_blocks, block_size, found, intra_op_threads)
@@ -329,6 +330,13 @@ class Transcriber:
         job.results.append([])
         return self._window(job, len(job.results) - 1, features, prompt, frames, job.seek * 0.01)
 
+    def stats(self) -> dict[str, float]:
+        """Running totals and gauges for metrics: windows kept, retried hotter and skipped as silence,
+        preemptions, windows whose encoder output the pool held, and the pool's use. Read from any
+        thread (plain numbers: a scrape may see a step half counted)."""
+        return {**self.outcomes, "preemptions": self.preemptions, "encoder_cache_hits": self.blocks.cross_hits,
+                "kv_cache_usage": self.blocks.pool.usage()}
+
     @property
     def busy(self) -> bool:
         return bool(self._queue or self._active)
@@ -441,6 +449,7 @@ class Transcriber:
             sampled = output + ([self.manifest.eos_token_ids[0]] if ended_by_eos else [])
             fallback, skip = judge(job.decoding, sampled, window.logprob_sum, window.no_speech_prob, self.vocab_size)
             if fallback and window.attempt + 1 < len(job.decoding.temperatures):
+                self.outcomes["retried"] += 1
                 window.attempt += 1
                 window.tokens, window.logprob_sum = list(window.prompt), 0.0
                 window.done = self.blocks.retry(window.held, len(window.prompt))
@@ -449,6 +458,8 @@ class Transcriber:
             job.timings[window.index] = (output, self._token_times(window, ended_by_eos))
         del self._active[key]
         self.blocks.free(window.held)
+        if error is None:
+            self.outcomes["skipped" if skip else "kept"] += 1
         job.error = job.error or error
         job.results[window.index] = [] if skip else output
         job.closed.add(window.index)

@@ -113,7 +113,8 @@ async def _run(request: Request, task: str, file: UploadFile, model: str | None,
     runner = served.transcriber
     duration = len(samples) / SAMPLE_RATE
     if stream:
-        return _streamed(state, served.name, runner.stream(samples, language, task, temperature, prompt=prompt), duration)
+        return _streamed(state, served.name, runner.stream(samples, language, task, temperature, prompt=prompt), duration,
+                         runner.transcriber.stats)
     ticket = state.admission.acquire(1)
     started, failed = time.monotonic(), True
     try:  # windows of concurrent requests decode together (runtime/async_transcriber.py)
@@ -121,12 +122,12 @@ async def _run(request: Request, task: str, file: UploadFile, model: str | None,
         failed = False
     finally:
         ticket.release()
-        state.metrics.observe_transcription(served.name, time.monotonic() - started, duration, failed)
+        state.metrics.observe_transcription(served.name, time.monotonic() - started, duration, failed, runner.transcriber.stats())
     return render(segments, response_format, "transcribe" if task == "transcribe" else "translate", duration,
                   timed_words if words else None)
 
 
-def _streamed(state: ServerState, name: str, pieces, duration: float) -> StreamingResponse:  # noqa: ANN001
+def _streamed(state: ServerState, name: str, pieces, duration: float, stats) -> StreamingResponse:  # noqa: ANN001
     """OpenAI's transcription stream: a `transcript.text.delta` event per kept segment (or window), then
     `transcript.text.done` with the whole text; an error after the headers is an error event."""
     ticket = state.admission.acquire(1)
@@ -146,7 +147,7 @@ def _streamed(state: ServerState, name: str, pieces, duration: float) -> Streami
         finally:
             await pieces.aclose()
             ticket.release()
-            state.metrics.observe_transcription(name, time.monotonic() - started, duration, failed)
+            state.metrics.observe_transcription(name, time.monotonic() - started, duration, failed, stats())
         yield SSE_DONE
 
     return StreamingResponse(events(), media_type="text/event-stream")

@@ -50,10 +50,15 @@ class EngineMetrics:
         self.spec_draft_tokens = Counter(f"{prefix}:spec_decode_num_draft_tokens", "Proposed (speculative) tokens.", labels, registry=r)
         self.spec_accepted = Counter(f"{prefix}:spec_decode_num_accepted_tokens", "Proposed tokens accepted.", labels, registry=r)
         self.audio_seconds = Counter(f"{prefix}:audio_seconds", "Seconds of audio transcribed or translated.", labels, registry=r)
+        self.windows = Counter(f"{prefix}:transcription_windows", "30-second windows decoded: kept, retried at a higher "
+                               "temperature, or skipped as silence.", [*labels, "outcome"], registry=r)
+        self.encoder_hits = Counter(f"{prefix}:encoder_cache_hits", "Windows whose encoder output was found in the pool "
+                                    "(the same audio again).", labels, registry=r)
         self.spec_per_pos = Counter(f"{prefix}:spec_decode_num_accepted_tokens_per_pos", "Proposed tokens accepted, by position.",
                                     [*labels, "position"], registry=r)
         self._live: dict[str, _Live] = {}
         self._seen: dict[str, EngineStats] = {}  # per model: the engine's running totals counted so far
+        self._seen_speech: dict[str, dict[str, float]] = {}  # per speech model: the transcriber's totals counted so far
 
     def hook(self, model_name: str):
         """The on_step callback for the engine serving `model_name`."""
@@ -103,12 +108,25 @@ class EngineMetrics:
             if metrics is not None:
                 self.e2e.labels(model).observe((metrics.finished_time or now) - metrics.arrival_time)
 
-    def observe_transcription(self, model: str, seconds: float, audio_seconds: float, error: bool) -> None:
-        """One speech-recognition request: its end (error or stop), latency, and the audio it covered."""
+    def observe_transcription(self, model: str, seconds: float, audio_seconds: float, error: bool,
+                              stats: dict[str, float] | None = None) -> None:
+        """One speech-recognition request: its end (error or stop), latency, and the audio it covered;
+        `stats`, the transcriber's (Transcriber.stats), advances its counters and sets its pool gauge."""
         self.success.labels(model, "error" if error else "stop").inc()
         self.e2e.labels(model).observe(seconds)
         if not error:
             self.audio_seconds.labels(model).inc(audio_seconds)
+        if stats is None:
+            return
+        seen = self._seen_speech.get(model, {})
+        counters = [(self.windows.labels(model, o), o) for o in ("kept", "retried", "skipped")]
+        counters += [(self.preemptions.labels(model), "preemptions"), (self.encoder_hits.labels(model), "encoder_cache_hits")]
+        for child, field in counters:
+            grown = stats[field] - seen.get(field, 0)
+            if grown > 0:
+                child.inc(grown)
+        self.kv_usage.labels(model).set(stats["kv_cache_usage"])
+        self._seen_speech[model] = stats
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

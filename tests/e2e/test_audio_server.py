@@ -104,6 +104,10 @@ def test_transcriptions(whisper_package, chat_package, tmp_path):
         metrics = httpx.get(f"{server.url}/metrics").text
         assert 'ortinf:audio_seconds_total{model_name="whisper"}' in metrics
         assert 'ortinf:request_success_total{finished_reason="stop",model_name="whisper"}' in metrics
+        kept = [line for line in metrics.splitlines() if line.startswith('ortinf:transcription_windows_total{model_name="whisper",outcome="kept"}')]
+        assert kept and float(kept[0].split()[-1]) >= 10  # every request's windows
+        hits = [line for line in metrics.splitlines() if line.startswith('ortinf:encoder_cache_hits_total{model_name="whisper"}')]
+        assert hits and float(hits[0].split()[-1]) >= 1  # the same file, sent again and again, skips the encoder
         # the text model beside it still serves
         assert httpx.post(f"{server.url}/v1/completions", json={"model": "text", "prompt": "hi", "max_tokens": 2}).status_code == 200
 
