@@ -26,7 +26,7 @@ from ortinf.exporter.source import ModelSource, resolve_model
 from ortinf.exporter.verify import verify_decoder, verify_encoder, verify_quality
 from ortinf.exporter import attention_cpu as cpu_paged
 from ortinf.manifest import (
-    CONTRIB_PAGED, CPU_MODEL_NAME, KERNELS, MODEL_NAME, PORTABLE, SPEECH_RECOGNITION, TASKS, TEXT_GENERATION, CpuKernel, Manifest,
+    CONTRIB_PAGED, CPU_MODEL_NAME, KERNELS, MODEL_NAME, PORTABLE, SPEECH_RECOGNITION, TASKS, TEXT2TEXT, TEXT_GENERATION, CpuKernel, Manifest,
     Quantization,
 )
 
@@ -90,6 +90,12 @@ def export(
         from ortinf.exporter.whisper import export_whisper
 
         return export_whisper(source, out_path, overwrite, tolerance, progress)
+    if task == TEXT2TEXT:
+        if dtype != "fp32" or kernel != PORTABLE or enable_lora:
+            raise ExportError(f"{source.name} is a text encoder-decoder: export it at --dtype fp32 with the portable kernel")
+        from ortinf.exporter.seq2seq import export_seq2seq
+
+        return export_seq2seq(source, out_path, overwrite, tolerance, progress)
     if task != TEXT_GENERATION:
         read_pooling(source)  # refuse unsupported sentence-transformers modules before loading weights
         if dtype in QUANTIZED:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from ortinf.errors import UnsupportedArchitectureError
-from ortinf.manifest import FEATURE_EXTRACTION, SPEECH_RECOGNITION, TEXT_CLASSIFICATION, TEXT_GENERATION
+from ortinf.manifest import FEATURE_EXTRACTION, SPEECH_RECOGNITION, TEXT2TEXT, TEXT_CLASSIFICATION, TEXT_GENERATION
 
 
 def _inverse_sqrt(module: torch.nn.Module, head_dim: int) -> float:
@@ -79,7 +79,13 @@ ENCODERS: dict[str, str] = {
 
 # Encoder-decoders for speech recognition: an encoder graph and a paged decoder graph (exporter/whisper.py).
 SPEECH: dict[str, str] = {
-    "whisper": "Whisper tiny...large-v3, distil-whisper (encoder-decoder; the serving side is being built: issue 23)",
+    "whisper": "Whisper tiny...large-v3, distil-whisper (encoder-decoder, docs/speech.md)",
+}
+
+# Text encoder-decoders on the same machinery: a token-id encoder graph and Whisper's paged decoder (exporter/seq2seq.py).
+SEQ2SEQ: dict[str, str] = {
+    "marian": "Marian (Helsinki-NLP/opus-mt-*) translation",
+    "bart": "BART (facebook/bart-*)",
 }
 
 SUPPORTED: dict[str, tuple[str, ...]] = {
@@ -87,6 +93,7 @@ SUPPORTED: dict[str, tuple[str, ...]] = {
     FEATURE_EXTRACTION: tuple(ENCODERS),
     TEXT_CLASSIFICATION: tuple(ENCODERS),
     SPEECH_RECOGNITION: tuple(SPEECH),
+    TEXT2TEXT: tuple(SEQ2SEQ),
 }
 
 
@@ -95,7 +102,7 @@ def describe_supported() -> str:
     lines = []
     for task, names in SUPPORTED.items():
         lines.append(f"{task}:")
-        table = DECODERS if task == TEXT_GENERATION else SPEECH if task == SPEECH_RECOGNITION else ENCODERS
+        table = {TEXT_GENERATION: DECODERS, SPEECH_RECOGNITION: SPEECH, TEXT2TEXT: SEQ2SEQ}.get(task, ENCODERS)
         for name in names:
             entry = table[name]
             lines.append(f"  {name:<12} {entry.example if isinstance(entry, DecoderArch) else entry}")
@@ -105,16 +112,19 @@ def describe_supported() -> str:
 def resolve_task(model_type: str, architectures: list[str] | None, requested: str) -> str:
     """Picks the task: the requested one, or from the config's architectures when 'auto'."""
     archs = architectures or []
-    if requested == "auto" and model_type not in DECODERS and model_type not in ENCODERS and model_type not in SPEECH:
+    if requested == "auto" and not any(model_type in table for table in (DECODERS, ENCODERS, SPEECH, SEQ2SEQ)):
         raise UnsupportedArchitectureError(
             f"model_type '{model_type}' is not supported; supported: text-generation: {', '.join(DECODERS)}; "
-            f"feature-extraction and text-classification: {', '.join(ENCODERS)}; automatic-speech-recognition: {', '.join(SPEECH)}"
+            f"feature-extraction and text-classification: {', '.join(ENCODERS)}; automatic-speech-recognition: {', '.join(SPEECH)}; "
+            f"text2text-generation: {', '.join(SEQ2SEQ)}"
         )
     if requested == "auto":
         if model_type in DECODERS:
             task = TEXT_GENERATION
         elif model_type in SPEECH:
             task = SPEECH_RECOGNITION
+        elif model_type in SEQ2SEQ:
+            task = TEXT2TEXT
         elif any(a.endswith("ForSequenceClassification") for a in archs):
             task = TEXT_CLASSIFICATION
         else:

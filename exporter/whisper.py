@@ -43,10 +43,10 @@ def _self_attention(module, query, key, value, attention_mask, **kwargs):  # noq
     """Whisper's decoder self-attention calls this with no way to pass the batch: it comes from
     CURRENT_BATCH. The encoder (the same config, no batch) keeps transformers' eager attention."""
     batch = CURRENT_BATCH.get(None)
-    if batch is None:
-        from transformers.models.whisper.modeling_whisper import eager_attention_forward
+    if batch is None:  # the model's own eager attention (Whisper's, BART's, Marian's)
+        import sys
 
-        return eager_attention_forward(module, query, key, value, attention_mask, **kwargs)
+        return sys.modules[type(module).__module__].eager_attention_forward(module, query, key, value, attention_mask, **kwargs)
     return portable.paged_attention(module, query, key, value, attention_mask, scaling=kwargs.get("scaling"), ortinf_paged=batch)
 
 
@@ -90,7 +90,7 @@ class PagedWhisperDecoder(torch.nn.Module):
     def __init__(self, model: torch.nn.Module) -> None:
         super().__init__()
         self.model = model
-        self.decoder = model.model.decoder
+        self.decoder = model.get_decoder()
         self.num_layers = model.config.decoder_layers
         self.heads = model.config.decoder_attention_heads
         self.head_dim = model.config.d_model // self.heads
@@ -113,14 +113,21 @@ class PagedWhisperDecoder(torch.nn.Module):
         token = CURRENT_BATCH.set(batch)
         try:
             dummy = torch.zeros(1, 1, self.model.config.d_model, dtype=self.decoder.embed_tokens.weight.dtype)  # turns cross-attention on
-            hidden = self.decoder(input_ids=input_ids[None], position_ids=positions[None], encoder_hidden_states=dummy,
-                                  use_cache=False).last_hidden_state[0]
+            hidden = self.run_decoder(input_ids, positions, dummy)
         finally:
             CURRENT_BATCH.reset(token)
             for attention in patched:
                 del attention.forward
-        logits = self.model.proj_out(hidden[logits_indices])
+        logits = self.logits(hidden[logits_indices])
         return (logits, *[t for pair in zip(batch.new_keys, batch.new_values) for t in pair])
+
+    def run_decoder(self, input_ids: torch.Tensor, positions: torch.Tensor, dummy: torch.Tensor) -> torch.Tensor:
+        """The decoder's hidden states [T, d_model] for the flat tokens at their positions."""
+        return self.decoder(input_ids=input_ids[None], position_ids=positions[None], encoder_hidden_states=dummy,
+                            use_cache=False).last_hidden_state[0]
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.proj_out(hidden)
 
 
 class WhisperAlignmentGraph(torch.nn.Module):

@@ -31,7 +31,8 @@ TEXT_GENERATION = "text-generation"
 FEATURE_EXTRACTION = "feature-extraction"
 TEXT_CLASSIFICATION = "text-classification"
 SPEECH_RECOGNITION = "automatic-speech-recognition"
-TASKS = (TEXT_GENERATION, FEATURE_EXTRACTION, TEXT_CLASSIFICATION, SPEECH_RECOGNITION)
+TEXT2TEXT = "text2text-generation"  # text encoder-decoders: Marian translation, BART (exporter/seq2seq.py)
+TASKS = (TEXT_GENERATION, FEATURE_EXTRACTION, TEXT_CLASSIFICATION, SPEECH_RECOGNITION, TEXT2TEXT)
 ENCODER_MODEL_NAME = "encoder.onnx"  # an encoder-decoder's encoder graph (Whisper: audio -> cross-attention K/V)
 ENCODER_WRITE_MODEL_NAME = "encoder.pool-write.onnx"  # the encoder writing its cross K/V into a device pool in place
 ALIGNMENT_MODEL_NAME = "alignment.onnx"  # Whisper's word timing: the alignment heads' cross-attention of a window
@@ -125,6 +126,16 @@ class SpeechSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class Seq2SeqSpec:
+    """A text encoder-decoder's encoder side (exporter/seq2seq.py): encoder.onnx takes input_ids and
+    attention_mask [B, S]; the decoder is the package's DecoderSpec with cross_block_tables/cross_lens."""
+
+    max_source_positions: int
+    decoder_start_token_id: int
+    encoder_graph: str = ENCODER_MODEL_NAME
+
+
+@dataclass(frozen=True, slots=True)
 class EncoderSpec:
     """Facts of an encoder graph: its inputs, pooling and labels."""
 
@@ -208,6 +219,7 @@ class Manifest:
     decoder: DecoderSpec | None = None
     encoder: EncoderSpec | None = None
     speech: SpeechSpec | None = None
+    seq2seq: Seq2SeqSpec | None = None
     parity: Parity | None = None
     quantization: Quantization | None = None
     quality: Quality | None = None
@@ -233,7 +245,7 @@ class Manifest:
                 f"manifest format_version {version!r} is not {FORMAT_VERSION}: re-export the package "
                 "with this version of ortinf"
             )
-        for key, kind in (("decoder", DecoderSpec), ("encoder", EncoderSpec), ("speech", SpeechSpec), ("parity", Parity),
+        for key, kind in (("decoder", DecoderSpec), ("encoder", EncoderSpec), ("speech", SpeechSpec), ("seq2seq", Seq2SeqSpec), ("parity", Parity),
                           ("quantization", Quantization), ("quality", Quality), ("cpu_kernel", CpuKernel)):
             if data.get(key) is not None:
                 data[key] = _build(kind, data[key])

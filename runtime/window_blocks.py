@@ -31,6 +31,7 @@ class Held:
     """One window's blocks and audio key."""
 
     key: str
+    cross_count: int = 0  # cross blocks it needs (0: the pool's default, a whole 30-second window)
     cross: list[KVCacheBlock] = field(default_factory=list)
     blocks: list[KVCacheBlock] = field(default_factory=list)  # self-attention, in position order
     cached: int = 0  # self blocks already hashed
@@ -49,8 +50,8 @@ class WindowBlocks:
         self.cross_hits = 0  # windows whose encoder output was found in the pool
         self.self_hit_tokens = 0
 
-    def _cross_keys(self, key: str) -> list[tuple[int, tuple]]:
-        keys = [("cross:" + key, (i,)) for i in range(self.cross_count)]
+    def _cross_keys(self, held: Held) -> list[tuple[int, tuple]]:
+        keys = [("cross:" + held.key, (i,)) for i in range(held.cross_count or self.cross_count)]
         return [(hash(k), k) for k in keys]
 
     def _self_keys(self, key: str, tokens: list[int], count: int) -> list[tuple[int, tuple]]:
@@ -64,7 +65,8 @@ class WindowBlocks:
     def admit(self, held: Held, tokens: list[int], known: int) -> int | None:
         """Cross blocks (found or new) and self blocks for the first `known` tokens, after the self-prefix
         hits; returns how many tokens the hits cover, or None (nothing taken) when the pool is short."""
-        cross = [self.pool.get_cached_block(h, k) for h, k in self._cross_keys(held.key)]
+        cross = [self.pool.get_cached_block(h, k) for h, k in self._cross_keys(held)]
+        count = len(cross)
         found = all(block is not None for block in cross)
         hits = []
         if found:
@@ -74,11 +76,11 @@ class WindowBlocks:
                     break
                 hits.append(block)
         reused = (cross if found else []) + hits
-        needed = (0 if found else self.cross_count) + max(-(-known // self.block_size) - len(hits), 0)
+        needed = (0 if found else count) + max(-(-known // self.block_size) - len(hits), 0)
         if needed > self.pool.num_free_blocks - sum(1 for b in reused if b.ref_cnt == 0):
             return None
         self.pool.touch(reused)
-        held.cross = cross if found else self.pool.get_new_blocks(self.cross_count)
+        held.cross = cross if found else self.pool.get_new_blocks(count)
         held.encoded = found
         held.blocks = hits + self.pool.get_new_blocks(max(-(-known // self.block_size) - len(hits), 0))
         held.cached = len(hits)
@@ -89,7 +91,7 @@ class WindowBlocks:
     def encoded(self, held: Held) -> None:
         """The encoder wrote the window's cross blocks: cached from now on."""
         held.encoded = True
-        for block, (h, k) in zip(held.cross, self._cross_keys(held.key)):
+        for block, (h, k) in zip(held.cross, self._cross_keys(held)):
             self.pool.cache_full_block(block, h, k)
 
     def grow(self, held: Held, num_tokens: int) -> bool:

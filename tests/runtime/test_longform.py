@@ -14,7 +14,7 @@ import torch
 import transformers
 
 import ortinf
-import ortinf.runtime.transcriber as transcriber_module
+import ortinf.runtime.cross_loop as loop_module
 from ortinf.runtime.audio_features import SAMPLE_RATE
 from ortinf.runtime.longform import Decoding
 from ortinf.runtime.transcriber import Transcriber
@@ -81,8 +81,8 @@ def test_fallback_skip_and_prompt_equal_transformers(whisper, monkeypatch):
     silence (low mean log-probability, <|nospeech|> probable): transformers' result, segment for segment."""
     model, transcriber = whisper
     verdicts = []
-    judge = transcriber_module.judge
-    monkeypatch.setattr(transcriber_module, "judge", lambda *a: verdicts.append(judge(*a)) or verdicts[-1])
+    judge = loop_module.judge
+    monkeypatch.setattr(loop_module, "judge", lambda *a: verdicts.append(judge(*a)) or verdicts[-1])
     sample = audio(75, 1)
     for options in (dict(compression_ratio_threshold=1.2), dict(logprob_threshold=-5.0, no_speech_threshold=0.0005)):
         verdicts.clear()
