@@ -57,6 +57,12 @@ def manifest_rows(manifest: Manifest, folder: Path) -> list[tuple[str, str]]:
                                f"{sp.source_positions} cross-attention positions (in pool blocks of their own)"),
             ("run it with", "ortinf transcribe / LLM(package).transcribe / /v1/audio/transcriptions"),
         ]
+    if manifest.seq2seq is not None:
+        rows += [
+            ("text encoder", f"{manifest.seq2seq.encoder_graph}: up to {manifest.seq2seq.max_source_positions} source tokens "
+                             "(cross-attention K/V in pool blocks of their own)"),
+            ("run it with", "LLM(package).text2text(texts or token ids)"),
+        ]
     if manifest.encoder is not None:
         e = manifest.encoder
         rows += [("hidden size", str(e.hidden_size)), ("max model len", str(e.max_model_len))]

@@ -46,11 +46,17 @@ class LLM:
         self.engine = None
         self.encoder = None
         self.transcriber = None
+        self.seq2seq = None
         if self.manifest.speech is not None:  # Whisper: the offline transcriber (runtime/transcriber.py)
             from ortinf.runtime.transcriber import Transcriber
 
             self.transcriber = Transcriber(package_dir, intra_op_threads=options.get("intra_op_threads", 0),
                                            provider="cpu" if provider == "auto" else provider)
+        elif self.manifest.seq2seq is not None:  # Marian, BART: runtime/seq2seq.py
+            from ortinf.runtime.seq2seq import Seq2Seq
+
+            self.seq2seq = Seq2Seq(package_dir, intra_op_threads=options.get("intra_op_threads", 0),
+                                   provider="cpu" if provider == "auto" else provider)
         elif self.manifest.task == TEXT_GENERATION:
             from ortinf.runtime.engine import LLMEngine
 
@@ -128,6 +134,18 @@ class LLM:
         batch = [audios] if isinstance(audios, np.ndarray) and audios.ndim == 1 else list(audios)
         with self._lock:
             return self.transcriber.transcribe(batch, max_new_tokens)
+
+    def text2text(self, inputs: str | Sequence[str] | Sequence[Sequence[int]],
+                  max_new_tokens: int | None = None) -> list[str] | list[list[int]]:
+        """A text encoder-decoder's (Marian, BART) greedy output for each input: texts give texts (the
+        package's tokenizer), token-id lists give token-id lists; all inputs decode together."""
+        if self.seq2seq is None:
+            raise ConfigError(f"this package is a {self.manifest.task} model: text2text() needs a text2text-generation package")
+        batch = [inputs] if isinstance(inputs, str) else list(inputs)
+        with self._lock:
+            if batch and all(isinstance(item, str) for item in batch):
+                return self.seq2seq.generate(batch, max_new_tokens)
+            return self.seq2seq.generate_ids(batch, max_new_tokens)
 
     def embed(self, texts: str | Sequence[str]) -> np.ndarray:
         """Embeddings [len(texts), dim] of a feature-extraction package."""

@@ -260,27 +260,33 @@ class CrossDecoderLoop:
         """Samples the window's next token; 1 when that ended the window (EOS or its token budget)."""
         job = window.job
         output = window.tokens[len(window.prompt):]
-        scores = logits.astype(np.float32, copy=True)
-        if self.suppress.size:
-            scores[self.suppress] = -np.inf
-        if not output and self.begin_suppress.size:
-            scores[self.begin_suppress] = -np.inf
-        if job.timestamps:
-            scores = self.rules.apply(scores, output)
+        budget = self.manifest.decoder.max_model_len - len(window.prompt)
+        budget = min(job.max_new_tokens or budget, budget)
+        scores = self._scores(window, logits, output, budget)
         temperature = job.decoding.temperatures[window.attempt]
         if temperature > 0:
             token = int(job.generator.choice(len(scores), p=_softmax(scores / temperature)))
         else:
             token = int(np.argmax(scores))
         window.logprob_sum += float(np.log(_softmax(scores)[token]))
-        budget = self.manifest.decoder.max_model_len - len(window.prompt)
-        budget = min(job.max_new_tokens or budget, budget)
         if token not in self.eos and len(output) < budget:
             window.tokens.append(token)
             output.append(token)
         if token in self.eos or len(output) >= budget:
             return self._end(key, ended_by_eos=token in self.eos)
         return 0
+
+    def _scores(self, window: Window, logits: np.ndarray, output: list[int], budget: int) -> np.ndarray:
+        """The logits row as generate's processors leave it: suppressed tokens, and Whisper's timestamp
+        rules when the job has timestamps. `output`: the window's tokens so far; `budget`: how many it may have."""
+        scores = logits.astype(np.float32, copy=True)
+        if self.suppress.size:
+            scores[self.suppress] = -np.inf
+        if not output and self.begin_suppress.size:
+            scores[self.begin_suppress] = -np.inf
+        if window.job.timestamps:
+            scores = self.rules.apply(scores, output)
+        return scores
 
     @staticmethod
     def _known(window: Window) -> int:
