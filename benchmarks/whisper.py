@@ -55,7 +55,7 @@ def hf_transcribe(model, extractor, audios: list[np.ndarray], tokens: int) -> fl
     return time.monotonic() - start
 
 
-def run_genai(tmp: Path, cases: list, tokens: int, start_token: int) -> dict | None:
+def run_genai(tmp: Path, cases: list, tokens: int, start_token: int, precision: str = "fp32") -> dict | None:
     """onnxruntime-genai's Whisper on the same model (benchmarks/peers/run_genai_whisper.py, its own venv)."""
     import json
     import subprocess
@@ -65,7 +65,7 @@ def run_genai(tmp: Path, cases: list, tokens: int, start_token: int) -> dict | N
         print("onnxruntime-genai: not installed (bash benchmarks/peers/install_genai.sh)")
         return None
     job = {"hf_dir": str(tmp / "hf"), "work_dir": str(tmp / "genai"), "tokens": tokens, "threads": 2, "cases": cases,
-           "start_token": start_token}
+           "start_token": start_token, "precision": precision}
     (tmp / "genai-job.json").write_text(json.dumps(job))
     runner = Path(__file__).resolve().parent / "peers" / "run_genai_whisper.py"
     subprocess.run([str(python), str(runner), str(tmp / "genai-job.json"), str(tmp / "genai-result.json")], check=True)
@@ -76,6 +76,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tiny", action="store_true", help="a 1-layer model, short runs (smoke test)")
     parser.add_argument("--record", action="store_true", help="append the table to benchmarks/RESULTS.md")
+    parser.add_argument("--dtype", choices=["fp32", "int8", "int4"], default="fp32",
+                        help="ortinf's and onnxruntime-genai's weights (transformers stays fp32)")
     args = parser.parse_args()
     torch.set_num_threads(2)
     shape, tokens = (TINY, 4) if args.tiny else (SHAPE, 48)
@@ -89,7 +91,7 @@ def main() -> None:
         model.generation_config.suppress_tokens = None
         model.generation_config.begin_suppress_tokens = None
         model.save_pretrained(Path(tmp) / "hf")
-        ortinf.export(Path(tmp) / "hf", Path(tmp) / "pkg", progress=False)
+        ortinf.export(Path(tmp) / "hf", Path(tmp) / "pkg", dtype=args.dtype, progress=False)
         # no prefix caching: the cases share audio (each case's first window is audio(30, 0)), and the
         # other engines have no cache to find it in
         transcriber = Transcriber(Path(tmp) / "pkg", max_windows=10, intra_op_threads=2, enable_prefix_caching=False)
@@ -97,7 +99,7 @@ def main() -> None:
         extractor = transformers.WhisperFeatureExtractor(feature_size=shape["num_mel_bins"])
         transcriber.transcribe_ids([audio(1, 0)], max_new_tokens=2)  # warm-up
         hf_transcribe(model, extractor, [audio(1, 0)], 2)
-        genai = run_genai(Path(tmp), cases, tokens, shape["decoder_start_token_id"])
+        genai = run_genai(Path(tmp), cases, tokens, shape["decoder_start_token_id"], args.dtype)
         for name, lengths in cases:
             audios = [audio(s, i) for i, s in enumerate(lengths)]
             seconds = sum(lengths)
@@ -111,8 +113,8 @@ def main() -> None:
                 print(f"note: onnxruntime-genai's first window differs from ortinf's: {genai['tokens'][:8]} vs {got[0][:8]}")
             elif genai:
                 print(f"{name}: onnxruntime-genai's first window has ortinf's {tokens} tokens")
-    lines = [f"### Whisper (whisper-tiny shape, random weights): real-time factor ({time.strftime('%Y-%m-%d')})", "",
-             f"CPU: {platform.machine()}, {cpu_flags()}; fp32, 2 threads; {tokens} tokens per 30-second window; "
+    lines = [f"### Whisper (whisper-tiny shape, random weights): real-time factor, {args.dtype} ({time.strftime('%Y-%m-%d')})", "",
+             f"CPU: {platform.machine()}, {cpu_flags()}; ortinf and onnxruntime-genai {args.dtype}, transformers fp32, 2 threads; {tokens} tokens per 30-second window; "
              "wall seconds / audio seconds, lower is better.", "",
              "| audio | ortinf | transformers generate | onnxruntime-genai | ortinf vs transformers | ortinf vs genai |",
              "|---|---:|---:|---:|---:|---:|"]

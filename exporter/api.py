@@ -84,12 +84,12 @@ def export(
     if dtype in QUANTIZED and (quant_block_size < 16 or quant_block_size & (quant_block_size - 1)):
         raise ExportError(f"--quant-block-size must be a power of two >= 16, got {quant_block_size}")
     if task == SPEECH_RECOGNITION:
-        if dtype != "fp32" or kernel != PORTABLE or enable_lora:
-            raise ExportError(f"{source.name} is a speech model: export it at --dtype fp32 with the portable kernel "
-                              "(other forms are not built for Whisper yet)")
+        if dtype not in ("fp32", *QUANTIZED) or kernel != PORTABLE or enable_lora:
+            raise ExportError(f"{source.name} is a speech model: export it at --dtype fp32, int8 or int4 with the portable kernel "
+                              "(fp16, LoRA and the paged-attention kernel are not built for Whisper)")
         from ortinf.exporter.whisper import export_whisper
 
-        return export_whisper(source, out_path, overwrite, tolerance, progress)
+        return export_whisper(source, out_path, overwrite, tolerance, progress, dtype, quant_block_size, accuracy_level)
     if task == TEXT2TEXT:
         if dtype != "fp32" or kernel != PORTABLE or enable_lora:
             raise ExportError(f"{source.name} is a text encoder-decoder: export it at --dtype fp32 with the portable kernel")

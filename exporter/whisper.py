@@ -233,7 +233,7 @@ def export_whisper_graphs(model: torch.nn.Module, folder: Path, cpu_graph: bool 
 
 
 def step_through_pool(encoder: object, decoder: object, model: torch.nn.Module, features: np.ndarray, prompts: list[list[int]],
-                      steps: int, block_size: int = 4, graph_write: bool = False) -> float:
+                      steps: int, block_size: int = 4, graph_write: bool = False, pairs: list | None = None) -> float:
     """Runs the encoder graph, writes each request's cross K/V into pool blocks of its own (numpy),
     then prefill and greedy decode steps of all requests together through the host-write decoder
     graph; returns the max abs logit difference against transformers over every call. `encoder` and
@@ -281,6 +281,8 @@ def step_through_pool(encoder: object, decoder: object, model: torch.nn.Module, 
                 ref = model(input_features=torch.from_numpy(features[request : request + 1]),
                             decoder_input_ids=torch.tensor([tokens[request]])).logits[0, -1].float().numpy()
             worst = max(worst, float(np.abs(logits[request] - ref).max()))
+            if pairs is not None:  # (package, reference) logits of every step, for the quality figures
+                pairs.append((request, logits[request].copy(), ref))
             done[request] = len(tokens[request])
             tokens[request].append(int(ref.argmax()))
     return worst
@@ -309,6 +311,33 @@ def pool_write_encoder(encoder, layers: int, heads: int, head_dim: int):  # noqa
     return encoder
 
 
+def speech_quality(pairs: list, dtype: str):  # noqa: ANN201 - a Manifest Quality
+    """Quality of a quantized package from step_through_pool's logits (teacher-forced by the fp32
+    reference): top-1 agreement and mean KL per step, and per request the share of steps before its
+    first argmax difference (greedy agreement)."""
+    from ortinf.exporter.verify import THRESHOLDS
+    from ortinf.manifest import Quality
+
+    agree, kls, firsts = [], [], {}
+    for index, (request, ours, ref) in enumerate(pairs):
+        ref_log = ref.astype(np.float64) - np.logaddexp.reduce(ref.astype(np.float64))
+        our_log = ours.astype(np.float64) - np.logaddexp.reduce(ours.astype(np.float64))
+        agree.append(int(ours.argmax() == ref.argmax()))
+        kls.append(float((np.exp(ref_log) * (ref_log - our_log)).sum()))
+        steps = firsts.setdefault(request, [0, 0, True])
+        steps[1] += 1
+        if steps[2] and agree[-1]:
+            steps[0] += 1
+        else:
+            steps[2] = False
+    low_top1, high_kl, low_greedy = THRESHOLDS[dtype]
+    return Quality(top1_agreement=float(np.mean(agree)), mean_kl=float(np.mean(kls)),
+                   greedy_agreement=float(np.mean([a / n for a, n, _ in firsts.values()])), min_top1_agreement=low_top1,
+                   max_mean_kl=high_kl, min_greedy_agreement=low_greedy,
+                   description=f"{len(firsts)} random audios, {len(pairs) // max(len(firsts), 1)} decoder steps each (teacher-forced "
+                               "by the fp32 model), on cpu")
+
+
 def check_alignment(encoder: object, aligner: object, model: torch.nn.Module, features: np.ndarray, tokens: list[int],
                     heads: list[tuple[int, int]]) -> float:
     """Max abs difference of the alignment graph's weights from transformers' cross-attentions."""
@@ -326,10 +355,13 @@ def check_alignment(encoder: object, aligner: object, model: torch.nn.Module, fe
     return float(np.abs(ours - theirs).max())
 
 
-def export_whisper(source, out_path: Path, overwrite: bool, tolerance: float, progress: bool):  # noqa: ANN001, ANN201
+def export_whisper(source, out_path: Path, overwrite: bool, tolerance: float, progress: bool, dtype: str = "fp32",  # noqa: ANN001, ANN201
+                   quant_block_size: int | None = None, accuracy_level: int = 4):
     """A Whisper package: encoder.onnx, the paged decoder (model.onnx with the KV write, and the
     host-write graph), the mel filter bank, the tokenizer and generation config, and a manifest with
-    the parity of a ragged two-request batch against transformers. fp32 only for now."""
+    the parity of a ragged two-request batch against transformers. `dtype` int8/int4: the encoder's
+    and decoder's MatMul weights as MatMulNBits (exporter/quantize.py), verified by quality figures
+    against the fp32 model instead of a tolerance."""
     import dataclasses
     import shutil
 
@@ -341,8 +373,9 @@ def export_whisper(source, out_path: Path, overwrite: bool, tolerance: float, pr
     from ortinf.errors import ExportError
     from ortinf.exporter.kv_write import digest, place_decoder, share_weights
     from ortinf.exporter.package import staging, token_ids, write_generation_config, write_tokenizer
+    from ortinf.exporter.quantize import BITS, DEFAULT_BLOCK_SIZES
     from ortinf.manifest import (
-        ALIGNMENT_MODEL_NAME, CPU_MODEL_NAME, ENCODER_MODEL_NAME, ENCODER_WRITE_MODEL_NAME, CpuKernel, HOST_WRITE_MODEL_NAME, MEL_FILTERS_NAME, PORTABLE, SPEECH_RECOGNITION, DecoderSpec, Manifest,
+        ALIGNMENT_MODEL_NAME, CPU_MODEL_NAME, ENCODER_MODEL_NAME, ENCODER_WRITE_MODEL_NAME, CpuKernel, Quantization, HOST_WRITE_MODEL_NAME, MEL_FILTERS_NAME, PORTABLE, SPEECH_RECOGNITION, DecoderSpec, Manifest,
         Parity, SpeechSpec,
     )
 
@@ -368,7 +401,13 @@ def export_whisper(source, out_path: Path, overwrite: bool, tolerance: float, pr
         spec = DecoderSpec(num_layers=config.decoder_layers, num_heads=heads, num_kv_heads=heads, head_dim=config.d_model // heads,
                            hidden_size=config.d_model, vocab_size=config.vocab_size, max_model_len=config.max_target_positions,
                            kernel=PORTABLE, kv_dtype="fp32")
-        inputs, outputs = place_decoder(trace / "model.onnx", stage, spec, cpu_traced=trace / "model.cpu.onnx" if cpu_graph else None)
+        transform = None
+        if dtype != "fp32":
+            from ortinf.exporter.quantize import quantize
+
+            transform = lambda graph: quantize(graph, dtype, quant_block_size, accuracy_level)  # noqa: E731
+        inputs, outputs = place_decoder(trace / "model.onnx", stage, spec, transform,
+                                        cpu_traced=trace / "model.cpu.onnx" if cpu_graph else None)
         # the alignment graph's weights are the decoder's: it points into model.onnx.data
         shared = onnx.load(str(stage / HOST_WRITE_MODEL_NAME), load_external_data=True)
         decoder_digests = {digest(t): t.name for t in shared.graph.initializer if len(t.raw_data) >= 1024}
@@ -380,13 +419,15 @@ def export_whisper(source, out_path: Path, overwrite: bool, tolerance: float, pr
         saved = {}
         for name in (ENCODER_MODEL_NAME,):
             graph = onnx.load(str(trace / name), load_external_data=True)
+            graph = transform(graph) if transform is not None else graph
             digests = {digest(t): t.name for t in graph.graph.initializer if len(t.raw_data) >= 1024}
             onnx.save_model(graph, str(stage / name), save_as_external_data=True, all_tensors_to_one_file=True,
                             location=name + ".data", size_threshold=1024)  # leaves `graph` referring to its data file
             saved[name] = graph, digests
         # the encoder with the pool write, for device pools; its weights are encoder.onnx.data's
-        writer = pool_write_encoder(onnx.load(str(trace / ENCODER_MODEL_NAME), load_external_data=True), config.decoder_layers,
-                                    heads, config.d_model // heads)
+        writer = onnx.load(str(trace / ENCODER_MODEL_NAME), load_external_data=True)
+        writer = pool_write_encoder(transform(writer) if transform is not None else writer, config.decoder_layers, heads,
+                                    config.d_model // heads)
         share_weights(writer, *saved[ENCODER_MODEL_NAME])
         onnx.save_model(writer, str(stage / ENCODER_WRITE_MODEL_NAME))
         shutil.rmtree(trace)
@@ -403,12 +444,15 @@ def export_whisper(source, out_path: Path, overwrite: bool, tolerance: float, pr
                             median_filter_width=int(getattr(config, "median_filter_width", 7)))
         from ortinf.exporter.api import _versions
 
-        manifest = Manifest(task=SPEECH_RECOGNITION, architecture="WhisperForConditionalGeneration", model_type="whisper", dtype="fp32",
+        quantized = dtype != "fp32"
+        manifest = Manifest(task=SPEECH_RECOGNITION, architecture="WhisperForConditionalGeneration", model_type="whisper", dtype=dtype,
                             inputs=tuple(inputs), outputs=tuple(outputs),
                             eos_token_ids=token_ids(generation.get("eos_token_id", config.eos_token_id)),
                             bos_token_id=generation.get("bos_token_id", config.bos_token_id),
                             pad_token_id=generation.get("pad_token_id", config.pad_token_id), decoder=spec, speech=speech,
-                            has_tokenizer=has_tokenizer, source=str(source.name), versions=_versions())
+                            has_tokenizer=has_tokenizer, source=str(source.name), versions=_versions(),
+                            quantization=Quantization(BITS[dtype], quant_block_size or DEFAULT_BLOCK_SIZES[dtype], accuracy_level)
+                            if quantized else None)
         bar.update()
         bar.set_description_str("verifying")
         sessions = [onnxruntime.InferenceSession(str(stage / name), providers=["CPUExecutionProvider"])
@@ -417,7 +461,8 @@ def export_whisper(source, out_path: Path, overwrite: bool, tolerance: float, pr
         features = rng.standard_normal((2, config.num_mel_bins, 2 * config.max_source_positions)).astype(np.float32)
         start = int(config.decoder_start_token_id)
         prompts = [[start, *rng.integers(3, config.vocab_size, 6).tolist()], [start]]
-        worst = step_through_pool(sessions[0], sessions[1], model, features, prompts, steps=8)
+        steps, pairs, fused_pairs = (16, [], []) if quantized else (8, None, None)
+        worst = step_through_pool(sessions[0], sessions[1], model, features, prompts, steps=steps, pairs=pairs)
         cpu_kernel = None
         if cpu_graph:  # model.cpu.onnx, with its in-graph KV write, through the same steps
             from ortinf.exporter import attention_cpu as cpu_paged
@@ -426,7 +471,7 @@ def export_whisper(source, out_path: Path, overwrite: bool, tolerance: float, pr
             options = onnxruntime.SessionOptions()
             library.register(options)
             fused = onnxruntime.InferenceSession(str(stage / CPU_MODEL_NAME), options, providers=["CPUExecutionProvider"])
-            error = step_through_pool(sessions[0], fused, model, features, prompts, steps=8, graph_write=True)
+            error = step_through_pool(sessions[0], fused, model, features, prompts, steps=steps, graph_write=True, pairs=fused_pairs)
             if not error <= tolerance:
                 raise ExportError(f"verification failed: the CPU-kernel decoder differs from PyTorch by {error:.3g}, above {tolerance:g}")
             cpu_kernel = CpuKernel(CPU_MODEL_NAME, cpu_paged.DOMAIN, (cpu_paged.OP,), error,
@@ -439,6 +484,13 @@ def export_whisper(source, out_path: Path, overwrite: bool, tolerance: float, pr
             raise ExportError(f"verification failed: max abs difference {worst:.3g} vs PyTorch is above the tolerance {tolerance:g} "
                               f"({description}); nothing was written")
         manifest = dataclasses.replace(manifest, parity=Parity(worst, tolerance, description), cpu_kernel=cpu_kernel)
+        if quantized:  # against the fp32 model: the portable graph's figures, and the CPU graph's gates too
+            quality = speech_quality(pairs, dtype)
+            failures = quality.failures() + (speech_quality(fused_pairs, dtype).failures() if fused_pairs else [])
+            if failures:
+                raise ExportError(f"verification failed: {'; '.join(failures)} against the fp32 model ({quality.description}); "
+                                  "nothing was written. Try --dtype int8, or --accuracy-level 0")
+            manifest = dataclasses.replace(manifest, quality=quality)
         manifest.save(stage)
         bar.update()
         bar.close()

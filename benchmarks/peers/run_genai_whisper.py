@@ -3,7 +3,7 @@
     .venv-bench-genai/bin/python benchmarks/peers/run_genai_whisper.py JOB.json RESULT.json
 
 JOB.json: {"hf_dir", "work_dir", "tokens", "threads", "cases": [[name, [seconds per audio]]]}. The model is
-converted by genai's own builder (fp32, cpu) into work_dir. Each case's audios are cut into 30-second
+converted by genai's own builder (the job's precision, cpu) into work_dir. Each case's audios are cut into 30-second
 windows that decode as one batch (genai has no continuous batching), `tokens` greedy tokens each,
 features by transformers' WhisperFeatureExtractor inside the timing (ortinf's and transformers' runs
 time their front ends too). RESULT.json: {"seconds": {name: s}, "tokens": first window's tokens}.
@@ -30,7 +30,8 @@ def main() -> None:
     job = json.loads(Path(sys.argv[1]).read_text())
     work = Path(job["work_dir"])
     if not (work / "genai_config.json").is_file():
-        subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", job["hf_dir"], "-o", str(work), "-p", "fp32",
+        subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", job["hf_dir"], "-o", str(work), "-p",
+                        job.get("precision", "fp32"),
                         "-e", "cpu"], check=True, capture_output=True)
     config = json.loads((work / "genai_config.json").read_text())
     for part in ("encoder", "decoder"):

@@ -64,3 +64,21 @@ def test_ortinf_export_writes_a_verified_whisper_package(tmp_path):
 
     rows = dict(manifest_rows(Manifest.load(tmp_path / "pkg"), tmp_path / "pkg"))
     assert "128 mel bins" in rows["speech encoder"] and rows["task"] == "automatic-speech-recognition"
+
+
+def test_int8_whisper_package(tmp_path):
+    """--dtype int8: the encoder's and decoder's MatMuls as MatMulNBits, the quality figures against the
+    fp32 model recorded (top-1 agreement and KL, teacher-forced), and the package transcribes."""
+    import ortinf
+    from ortinf.runtime.transcriber import Transcriber
+
+    build_whisper(tmp_path / "hf")
+    manifest = ortinf.export(tmp_path / "hf", tmp_path / "pkg", dtype="int8", progress=False)
+    assert manifest.dtype == "int8" and manifest.quantization.bits == 8
+    assert manifest.quality.top1_agreement >= 0.9 and not manifest.quality.failures()
+    import onnx
+
+    ops = {n.op_type for n in onnx.load(str(tmp_path / "pkg" / "encoder.onnx"), load_external_data=False).graph.node}
+    assert "MatMulNBits" in ops
+    samples = (0.3 * np.random.default_rng(0).standard_normal(16000 * 3)).astype(np.float32)
+    assert len(Transcriber(tmp_path / "pkg").transcribe_ids([samples], max_new_tokens=6)[0]) >= 1
