@@ -33,6 +33,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -47,16 +48,21 @@ const OrtApi* g_api = nullptr;
 using JobFn = void (*)(const ortinf::Step&, const ortinf::Job&);
 
 // The widest build this CPU runs (the AVX-512 build needs F, BW, VL, DQ: what -mavx512{f,bw,vl,dq}
-// let the compiler use, and F16C/FMA for the half pool and the multiply-adds).
+// let the compiler use, and F16C/FMA for the half pool and the multiply-adds). ORTINF_KERNEL_ISA=avx2
+// or generic caps it (never raises it): the tests run every build the machine can, so an AVX-512
+// machine checks the code an AVX2-only one runs.
 JobFn pick_job(const char** isa) {
+  const char* cap = std::getenv("ORTINF_KERNEL_ISA");
+  const bool no512 = cap != nullptr && (std::strcmp(cap, "avx2") == 0 || std::strcmp(cap, "generic") == 0);
+  const bool no256 = cap != nullptr && std::strcmp(cap, "generic") == 0;
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+  if (!no512 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
       __builtin_cpu_supports("avx512dq")) {
     *isa = "avx512";
     return ortinf::run_job_avx512;
   }
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+  if (!no256 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
     *isa = "avx2";
     return ortinf::run_job_avx2;
   }
