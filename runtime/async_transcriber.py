@@ -1,8 +1,6 @@
-"""AsyncTranscriber: a Transcriber stepped by one background thread, so that the windows of every
-request in flight decode together (continuous batching across requests, as AsyncEngine does for
-text): a request submits its audio and awaits it, or streams its text as windows are kept; a window
-that ends frees its slot for whoever waits. A step that fails fails the windows in it (their requests
-get the error) and the loop goes on.
+"""AsyncTranscriber: a Transcriber on runtime/async_loop.py's stepping thread, so that the windows of
+every request in flight decode together: a request submits its audio and awaits it, or streams its
+text as windows are kept.
 
 Decoding follows OpenAI's transcription API: temperature 0 means openai-whisper's schedule, greedy
 first, then 0.2, 0.4, ... 1.0 for a window whose text repeats (compression ratio over 2.4) or is
@@ -13,26 +11,21 @@ timestamp tokens (every real Whisper) go window after window, each prompted with
 from __future__ import annotations
 
 import asyncio
-import logging
-import threading
 from collections.abc import AsyncIterator
 
 import numpy as np
 
+from ortinf.runtime.async_loop import AsyncLoop
 from ortinf.runtime.audio_features import SAMPLE_RATE
 from ortinf.runtime.longform import Decoding, openai_decoding
 from ortinf.runtime.transcriber import Job, Transcriber
 
-log = logging.getLogger(__name__)
 
-class AsyncTranscriber:
+class AsyncTranscriber(AsyncLoop):
     def __init__(self, transcriber: Transcriber, fallback: bool = True) -> None:
+        super().__init__(transcriber, "transcriber")
         self.transcriber = transcriber
         self.fallback = fallback
-        self._wake = threading.Event()
-        self._stopping = False
-        self._thread = threading.Thread(target=self._loop, name="ortinf-transcriber", daemon=True)
-        self._thread.start()
 
     def decoding(self, temperature: float, seed: int | None, timed: bool) -> Decoding:
         return openai_decoding(temperature, timed, self.transcriber.no_speech is not None, self.fallback, seed)
@@ -101,16 +94,7 @@ class AsyncTranscriber:
         transcriber = self.transcriber
         decoding = self.decoding(temperature, seed, timed)
         decoding.word_timestamps = words
-        loop = asyncio.get_running_loop()
-        finished: asyncio.Future[Job] = loop.create_future()
-
-        def done(job: Job) -> None:
-            try:
-                loop.call_soon_threadsafe(lambda: finished.done() or finished.set_result(job))
-            except RuntimeError:  # the request's loop is gone
-                pass
-
-        def submit() -> Job:  # off the event loop: a prompt is tokenised, and the log-mel is computed
+        def submit(done) -> Job:  # noqa: ANN001 - off the event loop: a prompt is tokenised, and the log-mel is computed
             if timed:
                 forced = transcriber._prompt(language, task, None, timestamps=True)
                 previous = transcriber._prompt(language, task, prompt, timestamps=True)[: -len(forced)] if prompt else None
@@ -119,31 +103,4 @@ class AsyncTranscriber:
             return transcriber.submit(transcriber.windows(samples), forced, on_done=done, decoding=decoding, on_window=on_window,
                                       frames=transcriber.window_frames(samples))
 
-        job = await asyncio.to_thread(submit)
-        self._wake.set()
-        try:
-            await finished
-        except asyncio.CancelledError:  # the client went away: its windows stop at the next step
-            transcriber.cancel(job)
-            self._wake.set()
-            raise
-        if job.error is not None:
-            raise job.error
-        return job
-
-    def shutdown(self, timeout: float = 5.0) -> None:
-        self._stopping = True
-        self._wake.set()
-        self._thread.join(timeout)
-
-    def _loop(self) -> None:
-        while not self._stopping:
-            if not self.transcriber.busy:
-                self._wake.wait(0.5)
-                self._wake.clear()
-                continue
-            try:
-                self.transcriber.step()
-            except Exception as exc:  # noqa: BLE001 - the requests in the step fail; the loop goes on
-                log.exception("a transcription step failed")
-                self.transcriber.fail_all(exc)
+        return await self.run_job(submit)

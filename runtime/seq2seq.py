@@ -49,12 +49,7 @@ class Seq2Seq(CrossDecoderLoop):
 
     def generate_ids(self, sources: Sequence[Sequence[int]], max_new_tokens: int | None = None) -> list[list[int]]:
         """Each source's generated ids (EOS not included); all sources decode together."""
-        limit = self.spec.max_source_positions
-        for source in sources:
-            if not 0 < len(source) <= limit:
-                raise RequestError(f"a source must hold 1 to {limit} tokens, not {len(source)}", param="prompt")
-            if min(source) < 0 or max(source) >= self.vocab_size:
-                raise RequestError(f"source token ids must be in [0, {self.vocab_size})", param="prompt")
+        self.check_sources(sources)
         jobs = [self.submit([np.asarray(source, dtype=np.int64)], [self.decoder_start], decoding=Decoding(max_new_tokens))
                 for source in sources]
         while self.busy:
@@ -63,6 +58,15 @@ class Seq2Seq(CrossDecoderLoop):
             if job.error is not None:
                 raise job.error
         return [job.results[0] for job in jobs]
+
+    def check_sources(self, sources: Sequence[Sequence[int]]) -> None:
+        """RequestError for a source that is empty, too long, or holds ids outside the vocabulary."""
+        limit = self.spec.max_source_positions
+        for source in sources:
+            if not 0 < len(source) <= limit:
+                raise RequestError(f"a source must hold 1 to {limit} tokens, not {len(source)}", param="prompt")
+            if min(source) < 0 or max(source) >= self.vocab_size:
+                raise RequestError(f"source token ids must be in [0, {self.vocab_size})", param="prompt")
 
     def generate(self, texts: Sequence[str], max_new_tokens: int | None = None) -> list[str]:
         """Each text's output text (the package's tokenizer both ways)."""
