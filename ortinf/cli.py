@@ -310,9 +310,6 @@ def serve(packages: tuple[Path, ...], host: str, port: int, provider: str, provi
         packages = tuple(resolve_package(p) for p in packages)  # a Hugging Face folder is exported into the cache once
     for package in packages:  # a wrong path or a broken package fails now, in one line, before the server starts
         manifest = Manifest.load(package)
-        if manifest.seq2seq is not None:
-            raise click.UsageError(f"{package} is a text2text-generation package (Marian, BART): the server has no route for "
-                                   "these yet; run it with LLM(package).text2text()")
         spec = manifest.decoder or manifest.encoder
         if manifest.has_tokenizer and spec is not None:
             from ortinf.runtime.tokenizer import load_checked_tokenizer

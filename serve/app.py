@@ -175,6 +175,12 @@ def load_model(package: Path, name: str, config: ServerConfig, state: ServerStat
             raise ConfigError(f"{name} has no tokenizer.json: the audio routes answer with text; re-export it from a folder "
                               "with the Whisper tokenizer")
         model.transcriber = AsyncTranscriber(transcriber, fallback=config.transcription_fallback)
+    elif manifest.seq2seq is not None:  # Marian, BART: /v1/completions through serve/text2text.py
+        from ortinf.runtime.async_loop import AsyncSeq2Seq
+        from ortinf.runtime.seq2seq import Seq2Seq
+
+        model.seq2seq = AsyncSeq2Seq(Seq2Seq(package, intra_op_threads=config.intra_op_threads,
+                                             provider="cpu" if config.provider == "auto" else config.provider))
     elif manifest.task == TEXT_GENERATION:
         options = dict(config.engine_options)
         if lora_base:
@@ -244,8 +250,9 @@ def build_app(config: ServerConfig, load_in_background: bool = True) -> FastAPI:
         if loader is not None:
             loader.cancel()
         for model in state.registry.models.values():
-            if model.engine is not None:
-                model.engine.shutdown()
+            for loop in (model.engine, model.transcriber, model.seq2seq):  # their stepping threads
+                if loop is not None:
+                    loop.shutdown()
 
     app = FastAPI(title="ortinf", version=ortinf.__version__, lifespan=lifespan,
                   description="OpenAI-compatible API over ONNX Runtime with a paged KV cache.")

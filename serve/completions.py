@@ -56,6 +56,10 @@ def cached_tokens(outputs: list[RequestOutput], n: int) -> int:
 async def create_completion(body: CompletionRequest, request: Request):
     state: ServerState = request.app.state.ortinf
     model = state.registry.get(body.model)
+    if model.seq2seq is not None:  # Marian, BART: serve/text2text.py
+        from ortinf.serve.text2text import text2text_completion
+
+        return await text2text_completion(body, model, state)
     engine = model.require_engine()
     if body.suffix:
         raise APIError(400, "suffix is not supported", param="suffix")

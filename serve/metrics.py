@@ -112,8 +112,7 @@ class EngineMetrics:
                               stats: dict[str, float] | None = None) -> None:
         """One speech-recognition request: its end (error or stop), latency, and the audio it covered;
         `stats`, the transcriber's (Transcriber.stats), advances its counters and sets its pool gauge."""
-        self.success.labels(model, "error" if error else "stop").inc()
-        self.e2e.labels(model).observe(seconds)
+        self.observe_request(model, seconds, error)
         if not error:
             self.audio_seconds.labels(model).inc(audio_seconds)
         if stats is None:
@@ -127,6 +126,11 @@ class EngineMetrics:
                 child.inc(grown)
         self.kv_usage.labels(model).set(stats["kv_cache_usage"])
         self._seen_speech[model] = stats
+
+    def observe_request(self, model: str, seconds: float, error: bool) -> None:
+        """A request that is not the text engine's (speech, text2text): its end and latency."""
+        self.success.labels(model, "error" if error else "stop").inc()
+        self.e2e.labels(model).observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

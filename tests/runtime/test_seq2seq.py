@@ -65,19 +65,3 @@ def test_ragged_sources_equal_transformers_generate(seq2seq):
     with pytest.raises(ortinf.errors.RequestError, match="source"):
         runner.generate_ids([[]])
     assert LLM(package).text2text([sources[2]], max_new_tokens=20) == expected[2:3]
-
-
-def test_the_server_refuses_a_text2text_package_in_one_line(seq2seq):
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    import socket
-
-    _, _, package = seq2seq
-    with socket.socket() as probe:  # a free port, so that only the package can be what is refused
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    done = subprocess.run([str(Path(sys.executable).with_name("ortinf")), "serve", str(package), "--port", str(port)],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode != 0 and "text2text()" in done.stderr and "Traceback" not in done.stderr

@@ -1,0 +1,57 @@
+"""A BART package behind the real server: /v1/completions with the official openai client (text
+through its tokenizer, and token ids), concurrent requests decoding together, the unsupported
+fields as one-line 400s, and a text model beside it still serving."""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+import httpx
+import openai
+import pytest
+import torch
+import transformers
+
+import ortinf
+from ortinf import LLM
+from server_helpers import running_server
+from tiny_models import add_byte_tokenizer
+
+
+@pytest.fixture(scope="module")
+def bart_package(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bart")
+    torch.manual_seed(0)
+    config = transformers.BartConfig(vocab_size=384, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                                     decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
+                                     max_position_embeddings=64, init_std=0.3)
+    transformers.BartForConditionalGeneration(config).eval().save_pretrained(root / "hf")
+    add_byte_tokenizer(root / "hf", 384)
+    ortinf.export(root / "hf", root / "pkg", progress=False)
+    return root / "pkg"
+
+
+def test_text2text_completions(bart_package, chat_package, tmp_path):
+    texts = ["the quick brown fox", "import json", "a"]
+    expected = LLM(bart_package).text2text(texts, max_new_tokens=10)
+    assert any(expected)
+    with running_server([str(bart_package), str(chat_package), "--served-model-name", "bart", "--served-model-name", "text",
+                         "--kv-cache-memory", "32MiB"], tmp_path) as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+        got = client.completions.create(model="bart", prompt=texts, max_tokens=10, temperature=0)
+        assert [c.text for c in got.choices] == expected and got.usage.completion_tokens > 0
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:  # three requests at once, each its own answer
+            alone = list(pool.map(lambda t: client.completions.create(model="bart", prompt=t, max_tokens=10, temperature=0)
+                                  .choices[0].text, texts))
+        assert alone == expected
+        ids = LLM(bart_package).seq2seq.tokenizer.encode(texts[0]).ids
+        by_ids = httpx.post(f"{server.url}/v1/completions", json={"model": "bart", "prompt": ids, "max_tokens": 10,
+                                                                  "temperature": 0}, timeout=60).json()
+        assert by_ids["choices"][0]["text"] == expected[0] and by_ids["choices"][0]["token_ids"]
+        for field, value in (("stream", True), ("logprobs", 2), ("stop", ["x"]), ("n", 2), ("echo", True)):
+            response = httpx.post(f"{server.url}/v1/completions", json={"model": "bart", "prompt": "hi", field: value}, timeout=60)
+            assert response.status_code == 400 and field in response.json()["error"]["message"], response.text
+        response = httpx.post(f"{server.url}/v1/completions", json={"model": "bart", "prompt": [5000]}, timeout=60)
+        assert response.status_code == 400 and "token ids" in response.json()["error"]["message"]
+        assert httpx.post(f"{server.url}/v1/completions", json={"model": "text", "prompt": "hi", "max_tokens": 2}).status_code == 200
+        assert "bart" in [m.id for m in client.models.list().data]
