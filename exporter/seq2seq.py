@@ -24,7 +24,7 @@ import torch
 from transformers import AttentionInterface
 
 from ortinf.exporter.tracing import OPSET, quiet_tracing
-from ortinf.exporter.whisper import ATTENTION_NAME, CROSS_INPUTS, PagedWhisperDecoder, _self_attention
+from ortinf.exporter.whisper import ATTENTION_NAME, PagedWhisperDecoder, _self_attention, trace_decoder
 
 SEQ2SEQ_CLASSES = {"marian": "MarianMTModel", "bart": "BartForConditionalGeneration"}
 
@@ -67,7 +67,7 @@ def export_seq2seq_graphs(model: torch.nn.Module, folder: Path) -> None:
     AttentionInterface.register(ATTENTION_NAME, _self_attention)
     previous = config._attn_implementation
     config._attn_implementation = ATTENTION_NAME
-    layers, heads, head_dim = config.decoder_layers, config.decoder_attention_heads, config.d_model // config.decoder_attention_heads
+    layers = config.decoder_layers
     try:
         with torch.no_grad(), quiet_tracing():
             names = [f"cross_{kind}.{i}" for i in range(layers) for kind in ("key", "value")]
@@ -76,20 +76,7 @@ def export_seq2seq_graphs(model: torch.nn.Module, folder: Path) -> None:
                               input_names=["input_ids", "attention_mask"], output_names=names, opset_version=OPSET,
                               dynamic_axes={"input_ids": {0: "batch", 1: "source"}, "attention_mask": {0: "batch", 1: "source"},
                                             **{n: {0: "batch", 1: "source"} for n in names}})
-            block_size, blocks = 4, 8
-            caches = [torch.randn(heads, blocks, block_size, head_dim) for _ in range(2 * layers)]
-            example = (torch.tensor([1, 2, 3, 4]), torch.tensor([2, 3, 4, 5]), torch.tensor([[3, 1], [0, 5]]), torch.tensor([2, 5]),
-                       torch.tensor([3, 1]), torch.tensor([2, 3]), torch.tensor([[6, 7], [2, 4]]), torch.tensor([6, 8]), *caches)
-            cache_names = [f"{kind}_cache.{i}" for i in range(layers) for kind in ("key", "value")]
-            new_names = [f"new_{kind}.{i}" for i in range(layers) for kind in ("key", "value")]
-            axes = {"input_ids": {0: "num_tokens"}, "positions": {0: "num_tokens"}, "block_tables": {0: "num_seqs", 1: "max_blocks"},
-                    "context_lens": {0: "num_seqs"}, "query_lens": {0: "num_seqs"}, "logits_indices": {0: "num_seqs"},
-                    "cross_block_tables": {0: "num_seqs", 1: "cross_blocks"}, "cross_lens": {0: "num_seqs"}, "logits": {0: "num_seqs"},
-                    **{n: {1: "num_blocks", 2: "block_size"} for n in cache_names}, **{n: {0: "num_tokens"} for n in new_names}}
-            torch.onnx.export(PagedTextDecoder(model).eval(), example, str(folder / "model.onnx"), dynamo=False,
-                              input_names=["input_ids", "positions", "block_tables", "context_lens", "query_lens", "logits_indices",
-                                           *CROSS_INPUTS, *cache_names],
-                              output_names=["logits", *new_names], dynamic_axes=axes, opset_version=OPSET)
+            trace_decoder(PagedTextDecoder(model), config, folder / "model.onnx")
     finally:
         config._attn_implementation = previous
 

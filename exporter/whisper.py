@@ -97,14 +97,10 @@ class PagedWhisperDecoder(torch.nn.Module):
 
     def forward(self, input_ids, positions, block_tables, context_lens, query_lens, logits_indices,  # noqa: ANN001, ANN201
                 cross_block_tables, cross_lens, *caches):
-        batch = portable.PagedBatch(block_tables=block_tables, context_lens=context_lens, query_lens=query_lens,
-                                    key_caches=list(caches[0::2]), value_caches=list(caches[1::2]), num_kv_heads=self.heads,
-                                    group=1, head_dim=self.head_dim, default_scaling=lambda module, dim: dim**-0.5)
+        batch = self.make_batch(block_tables, context_lens, query_lens, list(caches[0::2]), list(caches[1::2]))
 
         def cross_forward(attention, hidden_states, key_value_states=None, **kwargs):  # noqa: ANN001, ANN202
-            query = (attention.q_proj(hidden_states) * attention.scaling).reshape(-1, self.heads, self.head_dim)
-            layer = attention.layer_idx
-            out = cross_attention(query, batch.key_caches[layer], batch.value_caches[layer], batch, cross_block_tables, cross_lens)
+            out = self.cross(attention, hidden_states, batch, cross_block_tables, cross_lens, query_lens)
             return attention.out_proj(out.reshape(1, -1, self.heads * self.head_dim)), None
 
         patched = [layer.encoder_attn for layer in self.decoder.layers]
@@ -120,6 +116,18 @@ class PagedWhisperDecoder(torch.nn.Module):
                 del attention.forward
         logits = self.logits(hidden[logits_indices])
         return (logits, *[t for pair in zip(batch.new_keys, batch.new_values) for t in pair])
+
+    def make_batch(self, block_tables, context_lens, query_lens, key_caches, value_caches):  # noqa: ANN001, ANN201
+        """The per-step batch the self-attention function reads (the portable kernel's)."""
+        return portable.PagedBatch(block_tables=block_tables, context_lens=context_lens, query_lens=query_lens,
+                                   key_caches=key_caches, value_caches=value_caches, num_kv_heads=self.heads, group=1,
+                                   head_dim=self.head_dim, default_scaling=lambda module, dim: dim**-0.5)
+
+    def cross(self, attention, hidden_states, batch, tables, lens, query_lens):  # noqa: ANN001, ANN201
+        """One layer's cross-attention output [T, H, D] over each sequence's cross blocks."""
+        query = (attention.q_proj(hidden_states) * attention.scaling).reshape(-1, self.heads, self.head_dim)
+        layer = attention.layer_idx
+        return cross_attention(query, batch.key_caches[layer], batch.value_caches[layer], batch, tables, lens)
 
     def run_decoder(self, input_ids: torch.Tensor, positions: torch.Tensor, dummy: torch.Tensor) -> torch.Tensor:
         """The decoder's hidden states [T, d_model] for the flat tokens at their positions."""
@@ -195,6 +203,26 @@ def export_alignment_graph(model: torch.nn.Module, heads: list[tuple[int, int]],
                           dynamic_axes={"input_ids": {0: "tokens"}, "weights": {1: "tokens"}}, opset_version=OPSET)
 
 
+def trace_decoder(module: torch.nn.Module, config, path: Path, custom_opsets: dict | None = None) -> None:  # noqa: ANN001
+    """Traces a paged cross-attention decoder step (PagedWhisperDecoder or a subclass) to `path`:
+    the paged contract's inputs plus CROSS_INPUTS, logits and each layer's new K/V out."""
+    layers, heads = config.decoder_layers, config.decoder_attention_heads
+    block_size, blocks = 4, 8
+    caches = [torch.randn(heads, blocks, block_size, config.d_model // heads) for _ in range(2 * layers)]
+    example = (torch.tensor([1, 2, 3, 4]), torch.tensor([2, 3, 4, 5]), torch.tensor([[3, 1], [0, 5]]), torch.tensor([2, 5]),
+               torch.tensor([3, 1]), torch.tensor([2, 3]), torch.tensor([[6, 7], [2, 4]]), torch.tensor([6, 8]), *caches)
+    cache_names = [f"{kind}_cache.{i}" for i in range(layers) for kind in ("key", "value")]
+    new_names = [f"new_{kind}.{i}" for i in range(layers) for kind in ("key", "value")]
+    axes = {"input_ids": {0: "num_tokens"}, "positions": {0: "num_tokens"}, "block_tables": {0: "num_seqs", 1: "max_blocks"},
+            "context_lens": {0: "num_seqs"}, "query_lens": {0: "num_seqs"}, "logits_indices": {0: "num_seqs"},
+            "cross_block_tables": {0: "num_seqs", 1: "cross_blocks"}, "cross_lens": {0: "num_seqs"}, "logits": {0: "num_seqs"},
+            **{n: {1: "num_blocks", 2: "block_size"} for n in cache_names}, **{n: {0: "num_tokens"} for n in new_names}}
+    torch.onnx.export(module.eval(), example, str(path), dynamo=False,
+                      input_names=["input_ids", "positions", "block_tables", "context_lens", "query_lens", "logits_indices",
+                                   *CROSS_INPUTS, *cache_names],
+                      output_names=["logits", *new_names], dynamic_axes=axes, opset_version=OPSET, custom_opsets=custom_opsets)
+
+
 def export_whisper_graphs(model: torch.nn.Module, folder: Path, cpu_graph: bool = False) -> None:
     """Traces encoder.onnx and model.onnx (the decoder returns its new K/V: host write) into `folder`,
     and with `cpu_graph` model.cpu.onnx, the decoder for ortinf's CPU kernel library."""
@@ -202,7 +230,7 @@ def export_whisper_graphs(model: torch.nn.Module, folder: Path, cpu_graph: bool 
     AttentionInterface.register(ATTENTION_NAME, _self_attention)
     previous = config._attn_implementation
     config._attn_implementation = ATTENTION_NAME
-    layers, heads, head_dim = config.decoder_layers, config.decoder_attention_heads, config.d_model // config.decoder_attention_heads
+    layers = config.decoder_layers
     try:
         with torch.no_grad(), quiet_tracing():
             features = torch.randn(1, config.num_mel_bins, 2 * config.max_source_positions)
@@ -210,26 +238,13 @@ def export_whisper_graphs(model: torch.nn.Module, folder: Path, cpu_graph: bool 
             torch.onnx.export(WhisperEncoderGraph(model).eval(), (features,), str(folder / "encoder.onnx"), dynamo=False,
                               input_names=["input_features"], output_names=names,
                               dynamic_axes={"input_features": {0: "batch"}, **{n: {0: "batch"} for n in names}}, opset_version=OPSET)
-            block_size, blocks = 4, 8
-            caches = [torch.randn(heads, blocks, block_size, head_dim) for _ in range(2 * layers)]
-            example = (torch.tensor([1, 2, 3, 4]), torch.tensor([2, 3, 4, 5]), torch.tensor([[3, 1], [0, 5]]), torch.tensor([2, 5]),
-                       torch.tensor([3, 1]), torch.tensor([2, 3]), torch.tensor([[6, 7], [2, 4]]), torch.tensor([6, 8]), *caches)
-            cache_names = [f"{kind}_cache.{i}" for i in range(layers) for kind in ("key", "value")]
-            new_names = [f"new_{kind}.{i}" for i in range(layers) for kind in ("key", "value")]
-            axes = {"input_ids": {0: "num_tokens"}, "positions": {0: "num_tokens"}, "block_tables": {0: "num_seqs", 1: "max_blocks"},
-                    "context_lens": {0: "num_seqs"}, "query_lens": {0: "num_seqs"}, "logits_indices": {0: "num_seqs"},
-                    "cross_block_tables": {0: "num_seqs", 1: "cross_blocks"}, "cross_lens": {0: "num_seqs"}, "logits": {0: "num_seqs"},
-                    **{n: {1: "num_blocks", 2: "block_size"} for n in cache_names}, **{n: {0: "num_tokens"} for n in new_names}}
-            input_names = ["input_ids", "positions", "block_tables", "context_lens", "query_lens", "logits_indices",
-                           *CROSS_INPUTS, *cache_names]
-            torch.onnx.export(PagedWhisperDecoder(model).eval(), example, str(folder / "model.onnx"), dynamo=False,
-                              input_names=input_names, output_names=["logits", *new_names], dynamic_axes=axes, opset_version=OPSET)
+            trace_decoder(PagedWhisperDecoder(model), config, folder / "model.onnx")
     finally:
         config._attn_implementation = previous
     if cpu_graph:  # the same step for ortinf's CPU kernel library (exporter/whisper_cpu.py)
         from ortinf.exporter.whisper_cpu import export_cpu_decoder
 
-        export_cpu_decoder(model, folder / "model.cpu.onnx", example, input_names, ["logits", *new_names], axes)
+        export_cpu_decoder(model, folder / "model.cpu.onnx")
 
 
 def step_through_pool(encoder: object, decoder: object, model: torch.nn.Module, features: np.ndarray, prompts: list[list[int]],

@@ -14,7 +14,6 @@ Traced torch code: the exporter imports it, the runtime never does.
 
 from __future__ import annotations
 
-import types
 from pathlib import Path
 
 import torch
@@ -22,7 +21,8 @@ from transformers import AttentionInterface
 
 from ortinf.exporter import attention_cpu as cpu_paged
 from ortinf.exporter.legacy_attention import CURRENT_BATCH
-from ortinf.exporter.tracing import OPSET, quiet_tracing
+from ortinf.exporter.tracing import quiet_tracing
+from ortinf.exporter.whisper import PagedWhisperDecoder, trace_decoder
 
 ATTENTION_NAME = "ortinf_whisper_cpu_paged"
 
@@ -51,57 +51,29 @@ class CrossAttentionOp(torch.autograd.Function):
         return out
 
 
-class CpuWhisperDecoder(torch.nn.Module):
+class CpuWhisperDecoder(PagedWhisperDecoder):
     """PagedWhisperDecoder's inputs and outputs, with the CPU kernel's attention."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.model = model
-        self.decoder = model.model.decoder
-        self.heads = model.config.decoder_attention_heads
-        self.head_dim = model.config.d_model // self.heads
+    def make_batch(self, block_tables, context_lens, query_lens, key_caches, value_caches):  # noqa: ANN001, ANN201
+        return cpu_paged.CpuBatch(block_tables=block_tables, context_lens=context_lens, query_lens=query_lens, key_caches=key_caches,
+                                  value_caches=value_caches, num_heads=self.heads, num_kv_heads=self.heads, head_dim=self.head_dim,
+                                  default_scaling=lambda module, dim: dim**-0.5)
 
-    def forward(self, input_ids, positions, block_tables, context_lens, query_lens, logits_indices,  # noqa: ANN001, ANN201
-                cross_block_tables, cross_lens, *caches):
-        batch = cpu_paged.CpuBatch(block_tables=block_tables, context_lens=context_lens, query_lens=query_lens,
-                                   key_caches=list(caches[0::2]), value_caches=list(caches[1::2]), num_heads=self.heads,
-                                   num_kv_heads=self.heads, head_dim=self.head_dim, default_scaling=lambda module, dim: dim**-0.5)
-        width = self.heads * self.head_dim
-
-        def cross_forward(attention, hidden_states, key_value_states=None, **kwargs):  # noqa: ANN001, ANN202
-            query = attention.q_proj(hidden_states).reshape(-1, width)  # the op scales
-            layer = attention.layer_idx
-            out = CrossAttentionOp.apply(query, batch.key_caches[layer], batch.value_caches[layer], cross_block_tables, cross_lens,
-                                         query_lens, self.heads, float(attention.scaling))
-            return attention.out_proj(out.reshape(1, -1, width)), None
-
-        patched = [layer.encoder_attn for layer in self.decoder.layers]
-        for attention in patched:
-            attention.forward = types.MethodType(cross_forward, attention)
-        token = CURRENT_BATCH.set(batch)
-        try:
-            dummy = torch.zeros(1, 1, self.model.config.d_model, dtype=self.decoder.embed_tokens.weight.dtype)  # turns cross-attention on
-            hidden = self.decoder(input_ids=input_ids[None], position_ids=positions[None], encoder_hidden_states=dummy,
-                                  use_cache=False).last_hidden_state[0]
-        finally:
-            CURRENT_BATCH.reset(token)
-            for attention in patched:
-                del attention.forward
-        logits = self.model.proj_out(hidden[logits_indices])
-        return (logits, *[t for pair in zip(batch.new_keys, batch.new_values) for t in pair])
+    def cross(self, attention, hidden_states, batch, tables, lens, query_lens):  # noqa: ANN001, ANN201
+        query = attention.q_proj(hidden_states).reshape(-1, self.heads * self.head_dim)  # the op scales
+        layer = attention.layer_idx
+        return CrossAttentionOp.apply(query, batch.key_caches[layer], batch.value_caches[layer], tables, lens, query_lens,
+                                      self.heads, float(attention.scaling))
 
 
-def export_cpu_decoder(model: torch.nn.Module, path: Path, example: tuple, input_names: list[str], output_names: list[str],
-                       axes: dict) -> None:
-    """Traces CpuWhisperDecoder with the portable trace's example, names and axes."""
+def export_cpu_decoder(model: torch.nn.Module, path: Path) -> None:
+    """Traces CpuWhisperDecoder as trace_decoder traces the portable one."""
     config = model.config
     AttentionInterface.register(ATTENTION_NAME, _self_attention)
     previous = config._attn_implementation
     config._attn_implementation = ATTENTION_NAME
     try:
         with torch.no_grad(), quiet_tracing():
-            torch.onnx.export(CpuWhisperDecoder(model).eval(), example, str(path), dynamo=False, input_names=input_names,
-                              output_names=output_names, dynamic_axes=axes, opset_version=OPSET,
-                              custom_opsets={cpu_paged.DOMAIN: 1})
+            trace_decoder(CpuWhisperDecoder(model), config, path, custom_opsets={cpu_paged.DOMAIN: 1})
     finally:
         config._attn_implementation = previous
