@@ -268,7 +268,8 @@ class CrossDecoderLoop:
             token = int(job.generator.choice(len(scores), p=_softmax(scores / temperature)))
         else:
             token = int(np.argmax(scores))
-        window.logprob_sum += float(np.log(_softmax(scores)[token]))
+        if job.decoding.logprob_threshold is not None:  # only the fallback rules read it
+            window.logprob_sum += float(np.log(_softmax(scores)[token]))
         if token not in self.eos and len(output) < budget:
             window.tokens.append(token)
             output.append(token)

@@ -36,11 +36,14 @@ async def text2text_completion(body: CompletionRequest, model, state) -> JSONRes
         raise APIError(400, "this model has no tokenizer.json (Marian's SentencePiece has no fast form): send token ids", param="prompt")
     sources = [runner.tokenizer.encode(p).ids if isinstance(p, str) else list(p) for p in prompts]
     max_tokens = body.max_tokens
+    if max_tokens == 0:
+        raise APIError(400, "max_tokens must be at least 1 for text2text-generation models", param="max_tokens")
     temperature = 0.0 if body.temperature is None or body.temperature < 1e-5 else body.temperature
     ticket = state.admission.acquire(len(sources))
     started, failed = time.monotonic(), True
     try:
-        outputs = await model.seq2seq.generate(sources, max_tokens or None, temperature, body.seed)
+        seed = None if body.seed is None else body.seed % 2**64  # any integer, as the text routes map it
+        outputs = await model.seq2seq.generate(sources, max_tokens, temperature, seed)
         failed = False
     finally:
         ticket.release()

@@ -53,5 +53,11 @@ def test_text2text_completions(bart_package, chat_package, tmp_path):
             assert response.status_code == 400 and field in response.json()["error"]["message"], response.text
         response = httpx.post(f"{server.url}/v1/completions", json={"model": "bart", "prompt": [5000]}, timeout=60)
         assert response.status_code == 400 and "token ids" in response.json()["error"]["message"]
+        for body, fragment in (({"prompt": "word " * 500}, "1 to 64 tokens"), ({"prompt": "hi", "max_tokens": 0}, "max_tokens")):
+            response = httpx.post(f"{server.url}/v1/completions", json={"model": "bart", **body}, timeout=60)
+            assert response.status_code == 400 and fragment in response.json()["error"]["message"], response.text
+        sampled = {"model": "bart", "prompt": "hi", "max_tokens": 5, "temperature": 1.0, "seed": -1}  # any integer seed, as the text routes
+        first, again = (httpx.post(f"{server.url}/v1/completions", json=sampled, timeout=60) for _ in range(2))
+        assert first.status_code == 200 and first.json()["choices"][0]["token_ids"] == again.json()["choices"][0]["token_ids"]
         assert httpx.post(f"{server.url}/v1/completions", json={"model": "text", "prompt": "hi", "max_tokens": 2}).status_code == 200
         assert "bart" in [m.id for m in client.models.list().data]
