@@ -143,7 +143,10 @@ class LLM:
             raise ConfigError(f"this package is a {self.manifest.task} model: text2text() needs a text2text-generation package")
         batch = [inputs] if isinstance(inputs, str) else list(inputs)
         with self._lock:
-            if batch and all(isinstance(item, str) for item in batch):
+            texts = [isinstance(item, str) for item in batch]
+            if any(texts) and not all(texts):
+                raise RequestError("text2text() takes texts or token-id lists, not both in one call", param="prompt")
+            if batch and all(texts):
                 return self.seq2seq.generate(batch, max_new_tokens)
             return self.seq2seq.generate_ids(batch, max_new_tokens)
 

@@ -64,4 +64,7 @@ def test_ragged_sources_equal_transformers_generate(seq2seq):
         assert len({tuple(t) for t in expected}) == len(expected)
     with pytest.raises(ortinf.errors.RequestError, match="source"):
         runner.generate_ids([[]])
-    assert LLM(package).text2text([sources[2]], max_new_tokens=20) == expected[2:3]
+    llm = LLM(package)
+    assert llm.text2text([sources[2]], max_new_tokens=20) == expected[2:3]
+    with pytest.raises(ortinf.errors.RequestError, match="not both"):
+        llm.text2text(["a text", sources[2]])
