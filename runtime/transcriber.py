@@ -21,7 +21,7 @@ import numpy as np
 from ortinf.errors import ConfigError, RequestError
 from ortinf.manifest import SPEECH_RECOGNITION, Manifest
 from ortinf.runtime.audio_features import HOP_LENGTH, SAMPLE_RATE, log_mel
-from ortinf.runtime.cross_loop import CANCELLED, DETECT, CrossDecoderLoop, Job, Window
+from ortinf.runtime.cross_loop import DETECT, CrossDecoderLoop, Job, Window
 from ortinf.runtime.longform import Decoding, Segment, history, split_segments, window_features
 from ortinf.runtime.whisper_timestamps import TimestampRules
 from ortinf.runtime.word_timing import token_times, words
@@ -113,13 +113,6 @@ class Transcriber(CrossDecoderLoop):
     def transcribe_ids(self, audios: Sequence[np.ndarray], max_new_tokens: int | None = None) -> list[list[int]]:
         """Greedy token ids of each audio (its windows' tokens joined, the forced prompt excluded)."""
         return [[t for window in windows for t in window] for windows in self._decode(audios, max_new_tokens, self.prompt)]
-
-    def transcribe_segments(self, audios: Sequence[np.ndarray], language: str | None = None, task: str = "transcribe",
-                            progress: bool = False) -> list[list[str]]:
-        """Per audio, the text of each of its 30-second windows; all windows batched together
-        (`progress`: a bar on stderr, one step per finished window)."""
-        prompt = self._prompt(language, task)
-        return [[self._text(ids) for ids in windows] for windows in self._decode(audios, None, prompt, progress)]
 
     def run(self, audios: Sequence[np.ndarray], decoding: Decoding, language: str | None = None, task: str = "transcribe",
             progress: bool = False) -> list[Job]:
@@ -308,4 +301,4 @@ class Transcriber(CrossDecoderLoop):
         return True
 
 
-__all__ = ["CANCELLED", "DETECT", "SAMPLE_RATE", "Decoding", "Transcriber"]
+__all__ = ["DETECT", "SAMPLE_RATE", "Decoding", "Transcriber"]
