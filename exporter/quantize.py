@@ -1,41 +1,39 @@
-"""Weight-only quantization of a traced decoder: MatMul weights to MatMulNBits (int8 or int4).
+"""Weight-only quantization of a traced decoder (int8 or int4), in numpy, for both of a package's graphs.
 
-ONNX Runtime's own tool (`onnxruntime.quantization.matmul_nbits_quantizer`) rewrites every MatMul
-whose weight is a constant into `com.microsoft.MatMulNBits` with blockwise symmetric scales
-(block size 32 for int4 and 128 for int8 by default, below). The LM head is a MatMul too and is quantized with the rest; embeddings
-(Gather) and the KV pool keep the export dtype. `accuracy_level` chooses the activation precision
-of the CPU kernel: 0 keeps the activations in fp32, 4 (the default, as onnxruntime-genai's builder
-does on CPU) quantizes them to int8; it is recorded in the manifest.
+Every MatMul whose weight is a constant 2-D initializer is quantized once, here, with symmetric
+block scales along K (one float scale per `block_size` rows of K and per column):
 
-Measured on the benchmark's 33.6M llama, AVX2 CPU without VNNI, 2 threads (benchmarks/RESULTS.md):
-level 4 over level 0, end to end: int8 one request at a time 114 vs 19 tok/s, int4 165 vs 32 tok/s
-(level 0's 8-bit kernel at M=1 dequantizes: 1.87 ms for a 512x1536 weight, 0.09 at level 4);
-32 requests at once int4 281 vs 164 tok/s, int8 188 vs 216 (level 4's kernel loses at M >= 256, in
-prefill). Quality: top-1 agreement with fp32 int8 0.958 at both levels, int4 0.469 vs 0.464; the
-known argmax regressions of the int8-activation path did not show here, and the export's quality
-gates would refuse a package where they do. Level 4 is not batch-invariant: its kernels differ with
-the number of rows (one token vs a batch), so a chunked or preempted run can differ from a free run
-after a near-tie (seen on 1 of 5 prompts of a tiny llama); level 0 is exact under scheduling.
+  int8: scale = max|w| / 127, q = round(w / scale) in -127..127 (never -128: qmatmul_impl.h's sign trick)
+  int4: scale = w* / -8 where w* is the block's value of largest magnitude, q = round(w / scale)
+        clipped to -8..7 (llama.cpp's Q4_0 rule: the extreme lands exactly on -8, so all 16 levels
+        are used; max|w| / 7 wastes one)
 
-Defaults (benchmarks/package_forms.py and a 16-MatMul microbenchmark, AMD EPYC with AVX-512 VNNI,
-2 threads, docs/performance.md): int8 blocks of 128 instead of 32 make the level-4 GEMM 1.4x faster
-at 32 rows (2.33 vs 3.18 ms for 16 MatMuls of 512x1536 / 1536x512) and in prefill (42 vs 55 ms at
-512 rows), and the whole 32-sequence decode step 17.4 -> 15.8 ms, with the same quality (trained
-demo llama top-1 0.979 vs 0.984, KL 0.0005 vs 0.0003, greedy 1.00 both; random tiny models
-0.953-0.974 vs 0.958-0.984). int4 keeps 32: at 128 the demo's KL went 0.026 -> 0.043 and its
-greedy agreement 0.48 -> 0.21, too much for a 1.36x GEMM. Not taken: int8 as DynamicQuantizeMatMul
-(per-column weight scales): 1.8-2.5x faster again on VNNI, but it quantizes the activations with one
-scale per tensor, so one outlier token (trained LLMs' massive activations) coarsens every row of the
-step, other requests' included.
+and written in two forms of the same numbers:
 
-The quantized graph is verified against the fp32 PyTorch model by quality figures, not by a logit
-tolerance (exporter/verify.py, verify_quality).
+- model.onnx (every provider): `com.microsoft.MatMulNBits` (B as offset-binary bytes, [N, blocks,
+  block * bits / 8], no zero points: ORT's default zero point 2^(bits-1) is the offset), whose CPU
+  kernel with `accuracy_level` 4 quantizes the activations to int8 as onnxruntime-genai's builder
+  does on CPU; the level is recorded in the manifest.
+- model.cpu.onnx (ortinf's kernel library): `ortinf.QMatMul`, the weights packed in the layout its
+  VNNI/AVX2 dot products read (kernels/cpu/qmatmul_impl.h), activations quantized per token and
+  block inside the op.
+
+Both dequantize to the same weights, so the two graphs differ only in how they round activations.
+The LM head is a MatMul too and is quantized with the rest; embeddings (Gather) and the KV pool keep
+the export dtype.
+
+Why numpy and not ORT's `MatMulNBitsQuantizer`: that tool walks the graph and quantizes each weight
+through per-block Python and C++ calls; on a 0.4B llama it took minutes (issue 29's measurements),
+where the vectorised rounding below takes seconds. Quantization figures (measured, exporter/verify.py
+and docs/performance.md) are recorded in each package's manifest.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
+import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
@@ -44,24 +42,131 @@ log = logging.getLogger(__name__)
 BITS = {"int8": 8, "int4": 4}
 DEFAULT_BLOCK_SIZES = {"int8": 128, "int4": 32}
 DEFAULT_ACCURACY_LEVEL = 4
+TILE = 16  # columns per packed tile of ortinf.QMatMul
+CPU_OP = "QMatMul"
+CPU_DOMAIN = "ortinf"
+
+
+@dataclass(frozen=True, slots=True)
+class Quantized:
+    """One weight [K, N] as integers q [Kp, N] (K zero-padded to whole blocks) and scales [blocks, N]."""
+
+    q: np.ndarray
+    scales: np.ndarray
+    bits: int
+    block_size: int
+    k: int
+
+    @property
+    def n(self) -> int:
+        return self.q.shape[1]
+
+    def dequantized(self) -> np.ndarray:
+        """The weights the graphs compute with, [K, N] float32."""
+        blocks = self.q.shape[0] // self.block_size
+        w = self.q.reshape(blocks, self.block_size, self.n).astype(np.float32) * self.scales[:, None, :]
+        return w.reshape(-1, self.n)[: self.k]
+
+
+def quantize_weight(w: np.ndarray, bits: int, block_size: int) -> Quantized:
+    """Symmetric block quantization of w [K, N] along K (rules in the module docstring)."""
+    k, n = w.shape
+    blocks = -(-k // block_size)
+    padded = np.zeros((blocks * block_size, n), np.float32)
+    padded[:k] = w
+    wb = padded.reshape(blocks, block_size, n)
+    if bits == 8:
+        scales = np.abs(wb).max(axis=1) / np.float32(127)
+        low, high = -127, 127
+    else:
+        index = np.abs(wb).argmax(axis=1)
+        extreme = np.take_along_axis(wb, index[:, None, :], axis=1)[:, 0, :]
+        scales = extreme / np.float32(-8)
+        low, high = -8, 7
+    safe = np.where(scales == 0, np.float32(1), scales)
+    q = np.clip(np.rint(wb / safe[:, None, :]), low, high).astype(np.int8)
+    return Quantized(q.reshape(-1, n), scales.astype(np.float32), bits, block_size, k)
+
+
+def matmul_nbits_tensors(qw: Quantized) -> tuple[np.ndarray, np.ndarray]:
+    """MatMulNBits' B [N, blocks, block * bits / 8] (offset binary) and scales [N, blocks]."""
+    blocks = qw.q.shape[0] // qw.block_size
+    offset = (qw.q.T.astype(np.int16) + (1 << (qw.bits - 1))).astype(np.uint8)  # [N, Kp]
+    if qw.bits == 4:
+        offset = offset[:, 0::2] | (offset[:, 1::2] << 4)
+    return offset.reshape(qw.n, blocks, -1), np.ascontiguousarray(qw.scales.T)
+
+
+def qmatmul_tensors(qw: Quantized) -> tuple[np.ndarray, np.ndarray]:
+    """ortinf.QMatMul's packed weight (uint8, flat) and scales [tiles, blocks, 16] (qmatmul_impl.h)."""
+    kp, n = qw.q.shape
+    tiles = -(-n // TILE)
+    blocks = kp // qw.block_size
+    q = np.zeros((kp, tiles * TILE), np.int16)
+    q[:, :n] = qw.q
+    u = (q + (1 << (qw.bits - 1))).astype(np.uint8)
+    groups = u.reshape(kp // 4, 4, tiles, TILE).transpose(2, 0, 3, 1)  # [tiles, Kp/4, 16 columns, 4 rows of K]
+    if qw.bits == 4:
+        groups = groups[:, 0::2] | (groups[:, 1::2] << 4)  # groups 2p and 2p+1 share bytes: low, high nibble
+    scales = np.zeros((blocks, tiles * TILE), np.float32)
+    scales[:, :n] = qw.scales
+    return np.ascontiguousarray(groups).reshape(-1), np.ascontiguousarray(scales.reshape(blocks, tiles, TILE).transpose(1, 0, 2))
 
 
 def quantize(model: onnx.ModelProto, dtype: str, block_size: int | None = None,
-             accuracy_level: int = DEFAULT_ACCURACY_LEVEL) -> onnx.ModelProto:
-    """The model with its constant-weight MatMuls as MatMulNBits of `dtype` (int8 or int4)."""
-    from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
-
-    block_size = block_size or DEFAULT_BLOCK_SIZES[dtype]
+             accuracy_level: int = DEFAULT_ACCURACY_LEVEL, cpu: bool = False,
+             cache: dict | None = None) -> onnx.ModelProto:
+    """The model with its constant-weight MatMuls quantized to `dtype`: MatMulNBits (cpu=False) or
+    ortinf.QMatMul (cpu=True, the kernel library's graph). `cache` (weight bytes -> Quantized) lets
+    the second graph reuse the first graph's rounding."""
+    bits, block_size = BITS[dtype], block_size or DEFAULT_BLOCK_SIZES[dtype]
     model = gemm_to_matmul(model)
-    config = DefaultWeightOnlyQuantConfig(block_size=block_size, is_symmetric=True, accuracy_level=accuracy_level,
-                                          bits=BITS[dtype], op_types_to_quantize=("MatMul",))
-    quantizer = MatMulNBitsQuantizer(model, algo_config=config)
-    logging.getLogger("onnxruntime.quantization").setLevel(logging.WARNING)
-    quantizer.process()
-    result = quantizer.model.model
-    count = sum(node.op_type == "MatMulNBits" for node in result.graph.node)
-    log.info("quantized %d MatMul weights to %s (block size %d, accuracy level %d)", count, dtype, block_size, accuracy_level)
-    return result
+    graph = model.graph
+    weights = {t.name: t for t in graph.initializer}
+    users: dict[str, int] = {}
+    for node in graph.node:
+        for name in node.input:
+            users[name] = users.get(name, 0) + 1
+    cache = {} if cache is None else cache
+    nodes, dropped, added, count = [], set(), [], 0
+    for node in graph.node:
+        weight = weights.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
+        if weight is None or len(weight.dims) != 2 or weight.data_type != onnx.TensorProto.FLOAT:
+            nodes.append(node)
+            continue
+        array = numpy_helper.to_array(weight)
+        key = (array.tobytes(), bits, block_size)
+        qw = cache.get(key)
+        if qw is None:
+            qw = cache[key] = quantize_weight(array, bits, block_size)
+        k, n = array.shape
+        base = f"{weight.name}.q{bits}"
+        if cpu:
+            packed, scales = qmatmul_tensors(qw)
+            added += [numpy_helper.from_array(packed, base + ".packed"), numpy_helper.from_array(scales, base + ".scales")]
+            nodes.append(helper.make_node(CPU_OP, [node.input[0], base + ".packed", base + ".scales"], list(node.output),
+                                          name=node.name + ".q", domain=CPU_DOMAIN, K=k, N=n, bits=bits, block_size=block_size))
+        else:
+            b, scales = matmul_nbits_tensors(qw)
+            added += [numpy_helper.from_array(b, base + ".B"), numpy_helper.from_array(scales.reshape(-1), base + ".scales")]
+            nodes.append(helper.make_node("MatMulNBits", [node.input[0], base + ".B", base + ".scales"], list(node.output),
+                                          name=node.name + ".q", domain="com.microsoft", K=k, N=n, bits=bits,
+                                          block_size=block_size, accuracy_level=accuracy_level))
+        users[weight.name] -= 1
+        if users[weight.name] == 0:
+            dropped.add(weight.name)
+        count += 1
+    del graph.node[:]
+    graph.node.extend(nodes)
+    kept = [t for t in graph.initializer if t.name not in dropped]
+    del graph.initializer[:]
+    graph.initializer.extend(kept + added)
+    domain = CPU_DOMAIN if cpu else "com.microsoft"
+    if not any(o.domain == domain for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(domain, 1))
+    log.info("quantized %d MatMul weights to %s (block size %d, %s)", count, dtype, block_size,
+             "ortinf.QMatMul" if cpu else f"MatMulNBits accuracy level {accuracy_level}")
+    return model
 
 
 def gemm_to_matmul(model: onnx.ModelProto) -> onnx.ModelProto:

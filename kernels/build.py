@@ -13,7 +13,8 @@ ships. It comes from, in order:
 
 The library asks ORT for C API 17, so headers of 1.17 or newer build one binary for every ORT from
 1.17 on. Each attention translation unit is compiled once per instruction set (AVX-512, AVX2,
-baseline x86-64) and the library picks the widest the CPU has when it loads.
+baseline x86-64), each quantized-MatMul one once per integer dot-product flavour (AVX512_VNNI,
+AVX-VNNI, AVX2, baseline), and the library picks the widest the CPU has when it loads.
 
 Torch-free and import-light: it runs before anything else is installed.
 """
@@ -43,6 +44,14 @@ MATH = ["-fno-math-errno", "-fno-trapping-math", "-fassociative-math", "-fno-sig
 ISA_FLAGS = {
     "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma", "-mf16c", "-mprefer-vector-width=512"],
     "avx2": ["-mavx2", "-mfma", "-mf16c"],
+    "generic": [],
+}
+# The quantized MatMul's builds (qmatmul_impl.h): VNNI's vpdpbusd in 512-bit (AVX512_VNNI) and
+# 256-bit (AVX-VNNI) form, AVX2's vpmaddubsw, and the portable loops.
+QMATMUL_ISA_FLAGS = {
+    "avx512vnni": ISA_FLAGS["avx512"] + ["-mavx512vnni"],
+    "avxvnni": ISA_FLAGS["avx2"] + ["-mavxvnni"],
+    "avx2": ISA_FLAGS["avx2"],
     "generic": [],
 }
 
@@ -113,20 +122,37 @@ def build(out_dir: Path = LIB_DIR, cache: Path | None = None, verbose: bool = Fa
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         objects = []
-        units = [(SOURCES / "paged_attention.cc", [])]
+        units = [(SOURCES / "paged_attention.cc", []), (SOURCES / "qmatmul.cc", [])]
         units += [(SOURCES / f"attention_{isa}.cc", MATH + ISA_FLAGS[isa]) for isa in isas]
+        units += [(SOURCES / f"qmatmul_{isa}.cc", MATH + QMATMUL_ISA_FLAGS[isa]) for isa in QMATMUL_ISA_FLAGS
+                  if x86 or isa == "generic"]
         for source, flags in units:
             obj = Path(tmp) / (source.stem + ".o")
             command = [cxx, *COMMON, *flags, f"-I{include}", f"-I{SOURCES}", "-c", str(source), "-o", str(obj)]
             if verbose:
                 print(" ".join(command), file=sys.stderr)
             run(command)
+            if flags:
+                check_no_shared_code(obj, source.name)
             objects.append(str(obj))
         target = out_dir / LIB_NAME
         partial = out_dir / (LIB_NAME + ".partial")
         run([cxx, "-shared", "-o", str(partial), *objects])
         os.replace(partial, target)  # a reader never sees half a library
     return target
+
+
+def check_no_shared_code(obj: Path, name: str) -> None:
+    """A per-ISA object may define no weak symbol: the linker keeps one copy of each for the whole
+    library (a std::vector member compiled with AVX-512 ran on AVX2-only CPUs: SIGILL). Skipped when
+    binutils' nm is missing."""
+    if not shutil.which("nm"):
+        return
+    listed = subprocess.run(["nm", "-C", str(obj)], capture_output=True, text=True)
+    shared = [line.split(" ", 2)[2] for line in listed.stdout.splitlines() if line[17:19] in ("W ", "V ", "u ")]
+    if shared:
+        raise BuildError(f"{name} defines code the linker would share across instruction sets: {', '.join(shared[:3])} "
+                         "(keep per-ISA files free of out-of-line templates such as std::vector)")
 
 
 def run(command: list[str]) -> None:

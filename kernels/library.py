@@ -1,7 +1,8 @@
 """ortinf's compiled kernel library for ONNX Runtime's CPU provider: where it is, whether it loads,
 and registering it into a session.
 
-The library (kernels/cpu/, built by kernels/build.py) holds the custom op `ortinf.PagedAttention`.
+The library (kernels/cpu/, built by kernels/build.py) holds the custom ops `ortinf.PagedAttention`
+and `ortinf.QMatMul` (int8/int4 weights against per-token quantized activations).
 Packages carry a graph that uses it (`model.cpu.onnx`, manifest `cpu_kernel`) beside the portable
 one; the runtime runs that graph on the CPU provider when the library loads, and the portable graph
 otherwise, saying so once in the log. Torch-free: the serving install imports it.
@@ -65,6 +66,18 @@ def _isa(path: Path) -> str:
     return library.ortinf_kernels_isa().decode()
 
 
+def qmatmul_isa() -> str:
+    """The instruction set ortinf.QMatMul runs with (avx512vnni, avxvnni, avx2 or generic); "" without the library."""
+    library = load()
+    if library is None:
+        return ""
+    lib = ctypes.CDLL(str(library.path))
+    if not hasattr(lib, "ortinf_qmatmul_isa"):
+        return "unknown"
+    lib.ortinf_qmatmul_isa.restype = ctypes.c_char_p
+    return lib.ortinf_qmatmul_isa().decode()
+
+
 def register(options: ort.SessionOptions) -> KernelLibrary | None:
     """Registers the library into `options` when it loads; returns it (None: not registered)."""
     library = load()
@@ -78,4 +91,4 @@ def describe() -> str:
     library = load()
     if library is None:
         return "portable (ortinf's kernel library is not loaded)"
-    return f"ortinf.PagedAttention ({library.isa}, {library.path.name})"
+    return f"ortinf.PagedAttention ({library.isa}), ortinf.QMatMul ({qmatmul_isa()}), {library.path.name}"

@@ -39,11 +39,16 @@
 #include <vector>
 
 #include "attention_impl.h"
+#include "ort_glue.h"
 
 namespace {
 
-constexpr uint32_t kApiVersion = 17;
-const OrtApi* g_api = nullptr;
+using ortinf::g_api;
+using ortinf::fail;
+using ortinf::Tensor;
+using ortinf::read_input;
+using ortinf::attr_int;
+using ortinf::attr_float;
 
 using JobFn = void (*)(const ortinf::Step&, const ortinf::Job&);
 
@@ -74,44 +79,10 @@ JobFn pick_job(const char** isa) {
 const char* g_isa = "";
 const JobFn g_run_job = pick_job(&g_isa);
 
-OrtStatus* fail(const std::string& message) { return g_api->CreateStatus(ORT_INVALID_ARGUMENT, message.c_str()); }
-
-#define RETURN_IF_ERROR(expr)            \
-  do {                                   \
-    OrtStatus* status_ = (expr);         \
-    if (status_ != nullptr) return status_; \
-  } while (0)
-
 struct Kernel {
   int64_t num_heads = 0, kv_heads = 0, sliding_window = 0, cross = 0;
   float scale = 0.f, softcap = 0.f;
 };
-
-struct Tensor {
-  const void* data = nullptr;
-  std::vector<int64_t> shape;
-  ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
-};
-
-OrtStatus* read_input(OrtKernelContext* context, size_t index, Tensor* out) {
-  const OrtValue* value = nullptr;
-  RETURN_IF_ERROR(g_api->KernelContext_GetInput(context, index, &value));
-  OrtTensorTypeAndShapeInfo* info = nullptr;
-  RETURN_IF_ERROR(g_api->GetTensorTypeAndShape(value, &info));
-  size_t rank = 0;
-  OrtStatus* status = g_api->GetDimensionsCount(info, &rank);
-  if (status == nullptr) {
-    out->shape.resize(rank);
-    status = g_api->GetDimensions(info, out->shape.data(), rank);
-  }
-  if (status == nullptr) status = g_api->GetTensorElementType(info, &out->type);
-  g_api->ReleaseTensorTypeAndShapeInfo(info);
-  RETURN_IF_ERROR(status);
-  void* data = nullptr;  // GetTensorData (const) is API 22; the mutable getter reads the same pointer
-  RETURN_IF_ERROR(g_api->GetTensorMutableData(const_cast<OrtValue*>(value), &data));
-  out->data = data;
-  return nullptr;
-}
 
 struct Call {
   ortinf::Step step;
@@ -245,20 +216,6 @@ OrtStatus* compute(const Kernel& k, OrtKernelContext* context) {
 
 // --- the OrtCustomOp table ---------------------------------------------------------------------
 
-OrtStatus* attr_int(const OrtKernelInfo* info, const char* name, int64_t fallback, int64_t* out) {
-  *out = fallback;
-  OrtStatus* status = g_api->KernelInfoGetAttribute_int64(info, name, out);
-  if (status != nullptr) g_api->ReleaseStatus(status);  // absent: keep the default
-  return nullptr;
-}
-
-OrtStatus* attr_float(const OrtKernelInfo* info, const char* name, float fallback, float* out) {
-  *out = fallback;
-  OrtStatus* status = g_api->KernelInfoGetAttribute_float(info, name, out);
-  if (status != nullptr) g_api->ReleaseStatus(status);
-  return nullptr;
-}
-
 OrtStatus* ORT_API_CALL create_kernel(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo* info, void** kernel) {
   auto* k = new Kernel();
   attr_int(info, "num_heads", 0, &k->num_heads);
@@ -282,7 +239,6 @@ OrtStatus* ORT_API_CALL kernel_compute(void* kernel, OrtKernelContext* context) 
 void ORT_API_CALL kernel_destroy(void* kernel) { delete static_cast<Kernel*>(kernel); }
 
 const char* ORT_API_CALL op_name(const OrtCustomOp*) { return "PagedAttention"; }
-const char* ORT_API_CALL op_provider(const OrtCustomOp*) { return "CPUExecutionProvider"; }
 size_t ORT_API_CALL input_count(const OrtCustomOp*) { return kInputs; }
 size_t ORT_API_CALL output_count(const OrtCustomOp*) { return 2; }
 ONNXTensorElementDataType ORT_API_CALL input_type(const OrtCustomOp*, size_t index) {
@@ -297,17 +253,10 @@ OrtCustomOpInputOutputCharacteristic ORT_API_CALL input_required(const OrtCustom
 OrtCustomOpInputOutputCharacteristic ORT_API_CALL output_required(const OrtCustomOp*, size_t index) {
   return index == 0 ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;
 }
-OrtMemType ORT_API_CALL memory_type(const OrtCustomOp*, size_t) { return OrtMemTypeDefault; }
-int ORT_API_CALL zero(const OrtCustomOp*) { return 0; }
-int ORT_API_CALL start_version(const OrtCustomOp*) { return 1; }
-int ORT_API_CALL end_version(const OrtCustomOp*) { return 1; }
 
 OrtCustomOp make_op() {
-  OrtCustomOp op;
-  std::memset(&op, 0, sizeof(op));  // fields past version 17 (in-place maps, ...) stay null and are not read
-  op.version = kApiVersion;
+  OrtCustomOp op = ortinf::base_op();
   op.GetName = op_name;
-  op.GetExecutionProviderType = op_provider;
   op.GetInputType = input_type;
   op.GetInputTypeCount = input_count;
   op.GetOutputType = output_type;
@@ -315,15 +264,8 @@ OrtCustomOp make_op() {
   op.KernelDestroy = kernel_destroy;
   op.GetInputCharacteristic = input_required;
   op.GetOutputCharacteristic = output_required;
-  op.GetInputMemoryType = memory_type;
-  op.GetVariadicInputMinArity = zero;
-  op.GetVariadicInputHomogeneity = zero;
-  op.GetVariadicOutputMinArity = zero;
-  op.GetVariadicOutputHomogeneity = zero;
   op.CreateKernelV2 = create_kernel;
   op.KernelComputeV2 = kernel_compute;
-  op.GetStartVersion = start_version;
-  op.GetEndVersion = end_version;
   return op;
 }
 
@@ -336,11 +278,12 @@ extern "C" {
 // Called by SessionOptions.register_custom_ops_library. The domain is created per call and never
 // released: ORT keeps a pointer to it for the lifetime of every session built from these options.
 __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
-  g_api = api_base->GetApi(kApiVersion);
-  if (g_api == nullptr) return nullptr;  // ORT older than 1.17: no API to report through; the op stays unregistered
+  ortinf::g_api = api_base->GetApi(ortinf::kApiVersion);
+  if (g_api == nullptr) return nullptr;  // ORT older than 1.17: no API to report through; the ops stay unregistered
   OrtCustomOpDomain* domain = nullptr;
   RETURN_IF_ERROR(g_api->CreateCustomOpDomain("ortinf", &domain));
   RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, &g_paged_attention));
+  RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, ortinf::qmatmul_op()));
   return g_api->AddCustomOpDomain(options, domain);
 }
 

@@ -1,0 +1,96 @@
+// What every op of the library needs from ONNX Runtime's C API: the API table, errors, reading an
+// input's shape and data, attributes, and the parts of an OrtCustomOp that are the same for all ops.
+// (Why the C API and version 17: paged_attention.cc's header comment.)
+#pragma once
+
+#include <onnxruntime_c_api.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace ortinf {
+
+constexpr uint32_t kApiVersion = 17;
+inline const OrtApi* g_api = nullptr;  // set once by RegisterCustomOps (paged_attention.cc)
+
+inline OrtStatus* fail(const std::string& message) { return g_api->CreateStatus(ORT_INVALID_ARGUMENT, message.c_str()); }
+
+#define RETURN_IF_ERROR(expr)               \
+  do {                                      \
+    OrtStatus* status_ = (expr);            \
+    if (status_ != nullptr) return status_; \
+  } while (0)
+
+struct Tensor {
+  const void* data = nullptr;
+  std::vector<int64_t> shape;
+  ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+
+  int64_t size() const {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+  }
+};
+
+inline OrtStatus* read_input(OrtKernelContext* context, size_t index, Tensor* out) {
+  const OrtValue* value = nullptr;
+  RETURN_IF_ERROR(g_api->KernelContext_GetInput(context, index, &value));
+  OrtTensorTypeAndShapeInfo* info = nullptr;
+  RETURN_IF_ERROR(g_api->GetTensorTypeAndShape(value, &info));
+  size_t rank = 0;
+  OrtStatus* status = g_api->GetDimensionsCount(info, &rank);
+  if (status == nullptr) {
+    out->shape.resize(rank);
+    status = g_api->GetDimensions(info, out->shape.data(), rank);
+  }
+  if (status == nullptr) status = g_api->GetTensorElementType(info, &out->type);
+  g_api->ReleaseTensorTypeAndShapeInfo(info);
+  RETURN_IF_ERROR(status);
+  void* data = nullptr;  // GetTensorData (const) is API 22; the mutable getter reads the same pointer
+  RETURN_IF_ERROR(g_api->GetTensorMutableData(const_cast<OrtValue*>(value), &data));
+  out->data = data;
+  return nullptr;
+}
+
+inline OrtStatus* attr_int(const OrtKernelInfo* info, const char* name, int64_t fallback, int64_t* out) {
+  *out = fallback;
+  OrtStatus* status = g_api->KernelInfoGetAttribute_int64(info, name, out);
+  if (status != nullptr) g_api->ReleaseStatus(status);  // absent: keep the default
+  return nullptr;
+}
+
+inline OrtStatus* attr_float(const OrtKernelInfo* info, const char* name, float fallback, float* out) {
+  *out = fallback;
+  OrtStatus* status = g_api->KernelInfoGetAttribute_float(info, name, out);
+  if (status != nullptr) g_api->ReleaseStatus(status);
+  return nullptr;
+}
+
+inline const char* ORT_API_CALL cpu_provider(const OrtCustomOp*) { return "CPUExecutionProvider"; }
+inline OrtMemType ORT_API_CALL default_memory(const OrtCustomOp*, size_t) { return OrtMemTypeDefault; }
+inline int ORT_API_CALL zero(const OrtCustomOp*) { return 0; }
+inline int ORT_API_CALL one(const OrtCustomOp*) { return 1; }
+
+// An OrtCustomOp with the fields every op here shares; the op fills in its name, types and kernel.
+inline OrtCustomOp base_op() {
+  OrtCustomOp op;
+  std::memset(&op, 0, sizeof(op));  // fields past version 17 (in-place maps, ...) stay null and are not read
+  op.version = kApiVersion;
+  op.GetExecutionProviderType = cpu_provider;
+  op.GetInputMemoryType = default_memory;
+  op.GetVariadicInputMinArity = zero;
+  op.GetVariadicInputHomogeneity = zero;
+  op.GetVariadicOutputMinArity = zero;
+  op.GetVariadicOutputHomogeneity = zero;
+  op.GetStartVersion = one;
+  op.GetEndVersion = one;
+  return op;
+}
+
+// The quantized MatMul op (qmatmul.cc), added to the domain next to PagedAttention.
+OrtCustomOp* qmatmul_op();
+
+}  // namespace ortinf

@@ -1,0 +1,174 @@
+"""ortinf.QMatMul (kernels/cpu/qmatmul*) against a numpy reference of the same integer arithmetic, in
+a one-node ONNX graph under the pinned onnxruntime: int8 and int4 weights packed by the exporter
+(exporter/quantize.py), block sizes 32-128, K not a multiple of the block, N not a multiple of the
+16-column tile, ragged row counts, bias, leading batch axes; per-token scales (an outlier row changes
+no other row, bit for bit); and every narrower build the machine can run (ORTINF_KERNEL_ISA)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from ortinf.exporter.quantize import Quantized, matmul_nbits_tensors, qmatmul_tensors, quantize_weight
+from ortinf.kernels import library
+
+pytestmark = pytest.mark.skipif(library.load() is None, reason="the kernel library is not built (python -m ortinf.kernels.build)")
+
+
+def op_session(qw: Quantized, bias: np.ndarray | None = None, rank: int = 2, threads: int = 2,
+               nbits_level: int | None = None) -> ort.InferenceSession:
+    """One QMatMul node (or, with nbits_level, ORT's MatMulNBits on the same numbers)."""
+    k, n = qw.k, qw.n
+    if nbits_level is None:
+        packed, scales = qmatmul_tensors(qw)
+        names = ["a", "w", "s"] + (["bias"] if bias is not None else [])
+        node = helper.make_node("QMatMul", names, ["y"], domain="ortinf", K=k, N=n, bits=qw.bits, block_size=qw.block_size)
+        domain = "ortinf"
+    else:
+        packed, scales = matmul_nbits_tensors(qw)
+        scales = scales.reshape(-1)
+        node = helper.make_node("MatMulNBits", ["a", "w", "s"], ["y"], domain="com.microsoft", K=k, N=n, bits=qw.bits,
+                                block_size=qw.block_size, accuracy_level=nbits_level)
+        domain = "com.microsoft"
+    initializers = [numpy_helper.from_array(packed, "w"), numpy_helper.from_array(scales, "s")]
+    if bias is not None:
+        initializers.append(numpy_helper.from_array(bias, "bias"))
+    lead = [f"d{i}" for i in range(rank - 1)]
+    graph = helper.make_graph([node], "op", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [*lead, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [*lead, n])], initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(domain, 1)])
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    library.register(options)
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def reference(a: np.ndarray, qw: Quantized) -> np.ndarray:
+    """The op's arithmetic in float64: rows quantized per block (scale max|a| / 127, round half to
+    even, float32 as the op computes it), exact integer sums, then both scales."""
+    m, k = a.shape
+    blocks = qw.q.shape[0] // qw.block_size
+    padded = np.zeros((m, blocks * qw.block_size), np.float32)
+    padded[:, :k] = a
+    ab = padded.reshape(m, blocks, qw.block_size)
+    amax = np.abs(ab).max(-1)
+    inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, np.float32(1)), np.float32(0)).astype(np.float32)
+    xq = np.clip(np.rint(ab * inv[..., None]), -127, 127).astype(np.float64)
+    sums = np.einsum("mbk,bkn->mbn", xq, qw.q.reshape(blocks, qw.block_size, -1).astype(np.float64))
+    return np.einsum("mbn,mb,bn->mn", sums, (amax / np.float32(127)).astype(np.float64), qw.scales.astype(np.float64))
+
+
+CASES = [  # bits, block, K, N, M
+    (8, 128, 896, 200, 7), (8, 128, 200, 33, 1), (8, 32, 96, 40, 5), (8, 64, 130, 17, 9),
+    (4, 32, 96, 40, 5), (4, 32, 200, 33, 13), (4, 64, 130, 16, 1), (4, 128, 256, 48, 4),
+]
+
+
+@pytest.mark.parametrize("bits,block,k,n,m", CASES)
+def test_matches_the_integer_reference(bits, block, k, n, m):
+    rng = np.random.default_rng(k * n + m)
+    qw = quantize_weight(rng.standard_normal((k, n)).astype(np.float32), bits, block)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    got = op_session(qw, bias).run(None, {"a": a})[0]
+    want = reference(a, qw) + bias
+    worst = np.abs(got - want).max() / np.abs(want).max()
+    print(f"int{bits} block {block} K={k} N={n} M={m}: worst relative error {worst:.2e}")
+    assert got.shape == (m, n) and worst < 1e-5
+    # and it is the dequantized weights' product up to the activations' rounding (~1/254 per block)
+    dense = a @ qw.dequantized() + bias
+    assert np.abs(got - dense).max() / np.abs(dense).max() < 0.03
+
+
+def test_the_exporter_writes_one_set_of_numbers_for_both_graphs():
+    """MatMulNBits (model.onnx) and QMatMul (model.cpu.onnx) read the same quantized weights."""
+    rng = np.random.default_rng(3)
+    for bits, block in ((8, 128), (4, 32)):
+        qw = quantize_weight(rng.standard_normal((160, 24)).astype(np.float32), bits, block)
+        a = rng.standard_normal((3, 160)).astype(np.float32)
+        nbits = op_session(qw, nbits_level=0).run(None, {"a": a})[0]  # level 0: fp32 activations
+        assert np.abs(nbits - a @ qw.dequantized()).max() < 1e-4
+
+
+def test_weight_quantization_rules():
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((64, 8)).astype(np.float32)
+    q8 = quantize_weight(w, 8, 32)
+    assert q8.q.min() >= -127 and q8.q.max() <= 127 and np.abs(q8.q).max() == 127
+    q4 = quantize_weight(w, 4, 32)
+    assert q4.q.min() == -8 and q4.q.max() <= 7  # each block's extreme lands on -8
+    # rounding costs half a step; only a value opposite the extreme, clipped at +7, costs up to one
+    assert np.abs(q4.dequantized() - w).max() <= np.abs(q4.scales).max() + 1e-6
+    assert np.abs(q8.dequantized() - w).max() <= q8.scales.max() / 2 + 1e-6
+    zero = quantize_weight(np.zeros((32, 3), np.float32), 4, 32)
+    assert not zero.q.any() and not zero.scales.any()
+
+
+def test_leading_axes_and_empty_rows():
+    rng = np.random.default_rng(7)
+    qw = quantize_weight(rng.standard_normal((64, 20)).astype(np.float32), 8, 32)
+    session = op_session(qw, rank=3)
+    a = rng.standard_normal((2, 3, 64)).astype(np.float32)
+    got = session.run(None, {"a": a})[0]
+    assert got.shape == (2, 3, 20)
+    assert np.allclose(got.reshape(6, 20), reference(a.reshape(6, 64), qw), rtol=1e-5, atol=1e-5)
+    assert session.run(None, {"a": np.zeros((1, 0, 64), np.float32)})[0].shape == (1, 0, 20)
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_an_outlier_token_changes_no_other_row(bits):
+    """Per-token scales: a row's result is the same, bit for bit, alone or beside a row of huge
+    activations, at any position in the call and with any number of rows around it (batch invariance)."""
+    rng = np.random.default_rng(11)
+    qw = quantize_weight(rng.standard_normal((256, 48)).astype(np.float32), bits, 32 if bits == 4 else 128)
+    session = op_session(qw)
+    rows = rng.standard_normal((9, 256)).astype(np.float32)
+    alone = np.concatenate([session.run(None, {"a": rows[i:i + 1]})[0] for i in range(9)])
+    outlier = rng.standard_normal((1, 256)).astype(np.float32) * 1e4
+    mixed = session.run(None, {"a": np.concatenate([rows[:4], outlier, rows[4:]])})[0]
+    assert np.array_equal(np.delete(mixed, 4, axis=0), alone)
+
+
+def test_bad_inputs_are_errors_not_crashes():
+    rng = np.random.default_rng(13)
+    qw = quantize_weight(rng.standard_normal((64, 20)).astype(np.float32), 8, 32)
+    with pytest.raises(Exception, match="K = 64|dimension|shape|Got invalid"):
+        op_session(qw).run(None, {"a": np.zeros((2, 63), np.float32)})
+    packed, scales = qmatmul_tensors(qw)
+    node = helper.make_node("QMatMul", ["a", "w", "s"], ["y"], domain="ortinf", K=64, N=20, bits=8, block_size=32)
+    graph = helper.make_graph([node], "op", [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["m", 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m", 20])],
+                              [numpy_helper.from_array(packed[:-1], "w"), numpy_helper.from_array(scales, "s")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ortinf", 1)])
+    options = ort.SessionOptions()
+    library.register(options)
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    with pytest.raises(Exception, match="packed_weight must be uint8"):
+        session.run(None, {"a": np.zeros((2, 64), np.float32)})
+
+
+NARROWER = {"avx512vnni": ["avxvnni", "avx2", "generic"], "avxvnni": ["avx2", "generic"], "avx2": ["generic"], "generic": []}
+
+
+@pytest.mark.parametrize("isa", ["avxvnni", "avx2", "generic"])
+def test_every_build_the_machine_runs(isa):
+    """The op tests again under each narrower build this CPU can run (ORTINF_KERNEL_ISA caps the pick),
+    so that an AVX-512 VNNI machine checks what an AVX2-only machine, or one without AVX2, computes."""
+    if os.environ.get("ORTINF_KERNEL_ISA"):
+        pytest.skip("already running under a capped build")
+    best = library.qmatmul_isa()
+    if isa not in NARROWER.get(best, []):
+        pytest.skip(f"this CPU's best build is {best}: {isa} is not a narrower one it runs")
+    env = {**os.environ, "ORTINF_KERNEL_ISA": isa}
+    probe = subprocess.run([sys.executable, "-c", "from ortinf.kernels import library; print(library.qmatmul_isa())"],
+                           capture_output=True, text=True, env=env, timeout=120)
+    assert probe.stdout.strip() == isa, probe.stderr
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", "not every_build"],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:]
