@@ -20,19 +20,20 @@ from ortinf.exporter.architectures import resolve_task
 from ortinf.exporter.decoder import CPU_PAGED, decoder_spec, trace_decoder
 from ortinf.exporter.encoder import TracedEncoder, encoder_inputs, encoder_spec, read_pooling, trace_encoder
 from ortinf.exporter.kv_write import place_decoder
-from ortinf.exporter.quantize import BITS, DEFAULT_ACCURACY_LEVEL, DEFAULT_BLOCK_SIZES, quantize
+from ortinf.exporter.quantize import BITS, CPU_OP, DEFAULT_ACCURACY_LEVEL, DEFAULT_BLOCK_SIZES, quantize
 from ortinf.exporter.package import staging, token_ids, write_generation_config, write_tokenizer
 from ortinf.exporter.source import ModelSource, resolve_model
 from ortinf.exporter.verify import verify_decoder, verify_encoder, verify_quality
 from ortinf.exporter import attention_cpu as cpu_paged
 from ortinf.manifest import (
     CONTRIB_PAGED, CPU_MODEL_NAME, KERNELS, MODEL_NAME, PORTABLE, SPEECH_RECOGNITION, TASKS, TEXT2TEXT, TEXT_GENERATION, CpuKernel, Manifest,
-    Quantization,
+    Quality, Quantization,
 )
 
 log = logging.getLogger(__name__)
 
-# Quantized dtypes trace at fp32, then their MatMul weights become MatMulNBits (exporter/quantize.py).
+# Quantized dtypes trace at fp32, then their MatMul weights become MatMulNBits in model.onnx and
+# ortinf.QMatMul in model.cpu.onnx (exporter/quantize.py).
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "int8": torch.float32, "int4": torch.float32}
 QUANTIZED = ("int8", "int4")
 # Quantized packages are gated by quality figures (verify_quality), not by a logit tolerance.
@@ -40,6 +41,7 @@ DEFAULT_TOLERANCE = {"fp32": 1e-3, "fp16": 5e-2, "int8": float("inf"), "int4": f
 # Above this many bytes of weights the graph keeps them in model.onnx.data (protobuf stops at 2 GiB).
 EXTERNAL_DATA_THRESHOLD = 1 << 30
 STAGES = ("loading", "tracing", "saving", "verifying")
+QUALITY_GATES = ("enforce", "record")
 
 
 def export(
@@ -57,6 +59,7 @@ def export(
     kv_dtype: str = "auto",
     cpu_kernel: bool = True,
     enable_lora: bool = False,
+    quality_gate: str = "enforce",
 ) -> Manifest:
     """Exports MODEL (a local folder or a cached hub id) to the package folder OUT and verifies it.
 
@@ -64,6 +67,9 @@ def export(
     `cpu_kernel`: also write model.cpu.onnx, the graph for ortinf's CPU kernel library (portable
     fp32/int8/int4 decoders; needs the library built here, to verify it; skipped with a warning if not).
     `enable_lora`: decoders get LoRA inputs (exporter/lora.py) for serving adapters.
+    `quality_gate`: int8/int4 quality figures below their thresholds refuse the export ("enforce"), or
+    are recorded in the manifest with a warning ("record": random-weight benchmark models, whose flat
+    next-token distributions flip argmaxes under any rounding, or a user who has measured otherwise).
 
     Raises ExportError (or a subclass) with a message that says what to change.
     """
@@ -71,6 +77,8 @@ def export(
         raise ExportError(f"unknown task '{task}': choose auto, {', '.join(TASKS)}")
     if dtype not in DTYPES:
         raise ExportError(f"unknown dtype '{dtype}': choose {', '.join(DTYPES)}")
+    if quality_gate not in QUALITY_GATES:
+        raise ExportError(f"unknown quality gate '{quality_gate}': choose {' or '.join(QUALITY_GATES)}")
     if kernel not in KERNELS:
         raise ExportError(f"unknown kernel '{kernel}': choose {', '.join(KERNELS)}")
     if kernel == CONTRIB_PAGED and dtype not in contrib_dtypes():
@@ -89,7 +97,8 @@ def export(
                               "(fp16, LoRA and the paged-attention kernel are not built for Whisper)")
         from ortinf.exporter.whisper import export_whisper
 
-        return export_whisper(source, out_path, overwrite, tolerance, progress, dtype, quant_block_size, accuracy_level)
+        return export_whisper(source, out_path, overwrite, tolerance, progress, dtype, quant_block_size, accuracy_level,
+                              quality_gate)
     if task == TEXT2TEXT:
         if dtype != "fp32" or kernel != PORTABLE or enable_lora:
             raise ExportError(f"{source.name} is a text encoder-decoder: export it at --dtype fp32 with the portable kernel")
@@ -140,11 +149,13 @@ def export(
         bar.update()
         bar.set_description_str(STAGES[2])
         if task == TEXT_GENERATION:  # two graphs sharing model.onnx.data, whatever the threshold
-            transform = None
+            transform = cpu_transform = None
             if dtype in QUANTIZED:
                 kind["quantization"] = Quantization(BITS[dtype], quant_block_size, accuracy_level)
-                transform = lambda graph: quantize(graph, dtype, quant_block_size, accuracy_level)  # noqa: E731
-            inputs, outputs = place_decoder(trace_dir / MODEL_NAME, stage, spec, transform, cpu_traced)
+                rounded: dict = {}  # both graphs round each weight once
+                transform = lambda graph: quantize(graph, dtype, quant_block_size, accuracy_level, cache=rounded)  # noqa: E731
+                cpu_transform = lambda graph: quantize(graph, dtype, quant_block_size, cpu=True, cache=rounded)  # noqa: E731
+            inputs, outputs = place_decoder(trace_dir / MODEL_NAME, stage, spec, transform, cpu_traced, cpu_transform)
             shutil.rmtree(trace_dir)
         else:
             _place_graph(trace_dir, stage, external_data_threshold)
@@ -163,7 +174,8 @@ def export(
             has_chat_template=has_template,
             source=str(source.name),
             versions=_versions(),
-            cpu_kernel=CpuKernel(CPU_MODEL_NAME, cpu_paged.DOMAIN, (cpu_paged.OP,), float("nan"), "")
+            cpu_kernel=CpuKernel(CPU_MODEL_NAME, cpu_paged.DOMAIN, (cpu_paged.OP, CPU_OP) if dtype in QUANTIZED else (cpu_paged.OP,),
+                                 float("nan"), "")
             if cpu_traced is not None else None,
             **kind,
         )
@@ -189,15 +201,25 @@ def export(
             manifest = replace(manifest, cpu_kernel=replace(manifest.cpu_kernel, max_abs_diff=fused.max_abs_diff,
                                                             description=fused.description))
         if dtype in QUANTIZED:
-            quality = verify_quality(hf_model, stage, dtype)
-            if quality.failures():
-                raise ExportError(f"verification failed: {'; '.join(quality.failures())} against the fp32 model "
-                                  f"({quality.description}); nothing was written. Try {quality_hints(dtype, accuracy_level, quant_block_size)}")
+            quality = gate(verify_quality(hf_model, stage, dtype), quality_gate,
+                           f"Try {quality_hints(dtype, accuracy_level, quant_block_size)}")
             manifest = replace(manifest, quality=quality)
         manifest.save(stage)
         bar.update()
     log.info("exported %s to %s (max abs diff %.3g)", source.name, out_path, parity.max_abs_diff)
     return manifest
+
+
+def gate(quality: Quality, mode: str, hint: str, extra_failures: list[str] | None = None) -> Quality:
+    """Enforces the quality thresholds (ExportError naming `hint`), or records a miss with a warning."""
+    failures = quality.failures() + list(extra_failures or [])
+    if not failures:
+        return quality
+    if mode == "enforce":
+        raise ExportError(f"verification failed: {'; '.join(failures)} against the fp32 model ({quality.description}); "
+                          f"nothing was written. {hint}, or --quality-gate record to keep the package with its figures")
+    log.warning("quality gate not met, recorded and not enforced (--quality-gate record): %s", "; ".join(failures))
+    return replace(quality, enforced=False)
 
 
 def wants_cpu_graph(kernel: str, dtype: str) -> bool:

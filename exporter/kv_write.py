@@ -90,12 +90,14 @@ def add_kv_write(model: onnx.ModelProto, num_layers: int, num_kv_heads: int) -> 
 
 def place_decoder(traced: Path, stage: Path, spec: DecoderSpec,
                   transform: Callable[[onnx.ModelProto], onnx.ModelProto] | None = None,
-                  cpu_traced: Path | None = None) -> tuple[list[str], list[str]]:
+                  cpu_traced: Path | None = None,
+                  cpu_transform: Callable[[onnx.ModelProto], onnx.ModelProto] | None = None) -> tuple[list[str], list[str]]:
     """Writes the decoder graphs into the package, sharing one weights file: the host-write graph
     (as traced) and model.onnx (with the KV write). The contrib paged kernel writes its pool itself:
     its traced graph is model.onnx, alone. `cpu_traced`, the same model traced with the CPU kernel
     library's op, becomes model.cpu.onnx (with the KV write), its weights pointing into the same file.
-    `transform` (quantization) rewrites each traced graph first. Returns model.onnx's input and
+    `transform` (quantization) rewrites the traced graph first, `cpu_transform` the CPU one (else
+    `transform` does). Returns model.onnx's input and
     output names."""
     model = onnx.load(str(traced), load_external_data=True)
     if transform is not None:
@@ -111,11 +113,14 @@ def place_decoder(traced: Path, stage: Path, spec: DecoderSpec,
         onnx.save_model(model, str(stage / MODEL_NAME))
     if cpu_traced is not None:
         cpu = onnx.load(str(cpu_traced), load_external_data=True)
-        if transform is not None:
-            cpu = transform(cpu)
+        if (cpu_transform or transform) is not None:
+            cpu = (cpu_transform or transform)(cpu)
         add_kv_write(cpu, spec.num_layers, spec.num_kv_heads)
-        share_weights(cpu, model, digests)
-        onnx.save_model(cpu, str(stage / CPU_MODEL_NAME))
+        if share_weights(cpu, model, digests):  # the quantized CPU graph's packed weights: a file of their own
+            onnx.save_model(cpu, str(stage / CPU_MODEL_NAME), save_as_external_data=True, all_tensors_to_one_file=True,
+                            location=CPU_MODEL_NAME + ".data", size_threshold=1024)
+        else:
+            onnx.save_model(cpu, str(stage / CPU_MODEL_NAME))
     initializers = {t.name for t in model.graph.initializer}
     return [i.name for i in model.graph.input if i.name not in initializers], [o.name for o in model.graph.output]
 
@@ -124,10 +129,11 @@ def digest(tensor: onnx.TensorProto) -> bytes:
     return hashlib.blake2b(tensor.raw_data + bytes(tensor.data_type) + str(list(tensor.dims)).encode(), digest_size=20).digest()
 
 
-def share_weights(graph: onnx.ModelProto, saved: onnx.ModelProto, digests: dict[bytes, str]) -> None:
+def share_weights(graph: onnx.ModelProto, saved: onnx.ModelProto, digests: dict[bytes, str]) -> int:
     """Points `graph`'s initializers at the bytes `saved` already wrote to the weights file (matched by
-    content, since two traces name constant-folded weights differently). Weights it cannot match (none
-    in practice: both traces fold the same weights) stay inside the graph file."""
+    content, since two traces name constant-folded weights differently). Returns the bytes of large
+    weights it cannot match: none at fp32 (both traces fold the same weights); a quantized package's
+    ortinf.QMatMul weights, packed for the CPU kernels, are not model.onnx's MatMulNBits bytes."""
     external = {t.name: list(t.external_data) for t in saved.graph.initializer if t.data_location == TensorProto.EXTERNAL}
     missing = 0
     for tensor in graph.graph.initializer:
@@ -141,5 +147,4 @@ def share_weights(graph: onnx.ModelProto, saved: onnx.ModelProto, digests: dict[
         tensor.data_location = TensorProto.EXTERNAL
         del tensor.external_data[:]
         tensor.external_data.extend(external[name])
-    if missing > 1 << 30:
-        raise ValueError(f"{missing >> 20} MiB of the CPU graph's weights match none of model.onnx's")
+    return missing

@@ -47,10 +47,15 @@ def cli(verbose: bool) -> None:
 )
 @click.option("--dtype", type=click.Choice(["fp32", "fp16", "int8", "int4"]), default="fp32", show_default=True,
               help="Precision: fp32/fp16 for weights, activations and KV cache; int8/int4 quantize the decoder's "
-                   "MatMul weights (MatMulNBits; fp32 activations, fp16 KV cache by default), gated by quality figures.")
+                   "MatMul weights (MatMulNBits, and ortinf.QMatMul in the CPU kernel graph; fp16 KV cache by default), "
+                   "gated by quality figures.")
 @click.option("--quant-block-size", type=int, default=None, help="int8/int4: weights per quantization block [int8: 128, int4: 32].")
 @click.option("--accuracy-level", type=click.IntRange(0, 4), default=4, show_default=True,
-              help="int8/int4: MatMulNBits activation precision on the CPU (0: fp32; 4: int8, faster, may flip argmaxes).")
+              help="int8/int4: MatMulNBits activation precision on the CPU's portable graph (0: fp32; 4: int8, faster, may "
+                   "flip argmaxes). The CPU kernel graph always quantizes activations per token and block.")
+@click.option("--quality-gate", type=click.Choice(["enforce", "record"]), default="enforce", show_default=True,
+              help="int8/int4: enforce refuses a package whose quality figures miss their thresholds; record keeps it, "
+                   "with the figures and a warning (random-weight benchmark models, or a model you have measured).")
 @click.option("--kv-dtype", type=click.Choice(["auto", "fp32", "fp16"]), default="auto", show_default=True,
               help="Decoders: dtype of the paged KV cache (auto: fp16 under int8/int4 weights, else the compute dtype; "
                    "fp16 under fp32 weights halves its memory).")
@@ -74,8 +79,8 @@ def cli(verbose: bool) -> None:
     callback=_list_architectures,
     help="Print the supported architectures per task and exit.",
 )
-def export(model: str | None, out: Path | None, task: str, dtype: str, quant_block_size: int | None, accuracy_level: int, kv_dtype: str,
-           overwrite: bool, tolerance: float | None, kernel: str, cpu_kernel: bool, enable_lora: bool, quiet: bool) -> None:
+def export(model: str | None, out: Path | None, task: str, dtype: str, quant_block_size: int | None, accuracy_level: int,
+           quality_gate: str, kv_dtype: str, overwrite: bool, tolerance: float | None, kernel: str, cpu_kernel: bool, enable_lora: bool, quiet: bool) -> None:
     """Export MODEL (a local Hugging Face folder, or a hub id already in the local HF cache) to an ONNX package.
 
     The export is verified against PyTorch before it is written; a failed export leaves nothing behind.
@@ -88,7 +93,7 @@ def export(model: str | None, out: Path | None, task: str, dtype: str, quant_blo
 
     manifest = run_export(model, out, task=task, dtype=dtype, overwrite=overwrite, tolerance=tolerance, progress=not quiet,
                           kernel=kernel, quant_block_size=quant_block_size, accuracy_level=accuracy_level, kv_dtype=kv_dtype,
-                          cpu_kernel=cpu_kernel, enable_lora=enable_lora)
+                          cpu_kernel=cpu_kernel, enable_lora=enable_lora, quality_gate=quality_gate)
     parity = manifest.parity
     assert parity is not None
     click.echo(f"exported {manifest.architecture} ({manifest.task}, {manifest.dtype}) to {out}: max abs diff vs PyTorch {parity.max_abs_diff:.2e}")
@@ -97,6 +102,8 @@ def export(model: str | None, out: Path | None, task: str, dtype: str, quant_blo
     if manifest.quality is not None:
         q = manifest.quality
         click.echo(f"quality vs fp32: top-1 agreement {q.top1_agreement:.3f}, mean KL {q.mean_kl:.4f}, greedy agreement {q.greedy_agreement:.3f}")
+        if q.failures():
+            click.echo(f"warning: quality gate not met, recorded only (--quality-gate record): {'; '.join(q.failures())}", err=True)
 
 
 @cli.command()

@@ -84,7 +84,8 @@ def manifest_rows(manifest: Manifest, folder: Path) -> list[tuple[str, str]]:
         q = manifest.quality
         rows.append(("quality vs fp32", f"top-1 agreement {q.top1_agreement:.3f} (>= {q.min_top1_agreement}), mean KL "
                                         f"{q.mean_kl:.4f} (<= {q.max_mean_kl}), greedy agreement {q.greedy_agreement:.3f} "
-                                        f"(>= {q.min_greedy_agreement}); {q.description}"))
+                                        f"(>= {q.min_greedy_agreement}); {q.description}"
+                                        + ("" if q.enforced else "; gate recorded, not enforced (--quality-gate record)")))
     if manifest.parity is not None:
         p = manifest.parity
         rows.append(("parity vs PyTorch", f"max abs diff {p.max_abs_diff:.2e} (tolerance {p.tolerance:g}; {p.description})"))

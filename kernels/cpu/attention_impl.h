@@ -78,6 +78,14 @@ inline void rope(const float* x, const float* cos, const float* sin, int64_t rot
   for (int64_t d = rotary_dim; d < dim; ++d) out[d] = x[d] * scale;
 }
 
+// Rounds n floats through IEEE half (to nearest even), as a half pool stores them: with a half pool,
+// the step's own keys and values are read rounded too, so a token sees the same numbers whether
+// its context came from the pool (an earlier chunk or step) or from this step (chunked prefill is
+// then exact: the same logits as an unchunked one).
+void round_half_avx512(const float* src, float* dst, int64_t n);
+void round_half_avx2(const float* src, float* dst, int64_t n);
+void round_half_generic(const float* src, float* dst, int64_t n);
+
 void run_job_avx512(const Step& step, const Job& job);
 void run_job_avx2(const Step& step, const Job& job);
 void run_job_generic(const Step& step, const Job& job);

@@ -51,6 +51,7 @@ using ortinf::attr_int;
 using ortinf::attr_float;
 
 using JobFn = void (*)(const ortinf::Step&, const ortinf::Job&);
+using RoundFn = void (*)(const float*, float*, int64_t);
 
 // The widest build this CPU runs (the AVX-512 build needs F, BW, VL, DQ: what -mavx512{f,bw,vl,dq}
 // let the compiler use, and F16C/FMA for the half pool and the multiply-adds). ORTINF_KERNEL_ISA=avx2
@@ -78,6 +79,8 @@ JobFn pick_job(const char** isa) {
 
 const char* g_isa = "";
 const JobFn g_run_job = pick_job(&g_isa);
+const RoundFn g_round_half = std::strcmp(g_isa, "avx512") == 0 ? ortinf::round_half_avx512
+                             : std::strcmp(g_isa, "avx2") == 0 ? ortinf::round_half_avx2 : ortinf::round_half_generic;
 
 struct Kernel {
   int64_t num_heads = 0, kv_heads = 0, sliding_window = 0, cross = 0;
@@ -202,9 +205,21 @@ OrtStatus* compute(const Kernel& k, OrtKernelContext* context) {
     return fail("PagedAttention: the rotated_key output needs the cos and sin inputs");
   }
 
+  const float* values = static_cast<const float*>(value.data);
+  std::vector<float> half_keys, half_values;
+  if (half && !k.cross) {  // read the step's K/V as the half pool will hold them (attention_impl.h, round_half)
+    const size_t n = static_cast<size_t>(num_tokens * kv_heads * dim);
+    half_keys.resize(n);
+    half_values.resize(n);
+    g_round_half(keys, half_keys.data(), static_cast<int64_t>(n));
+    g_round_half(values, half_values.data(), static_cast<int64_t>(n));
+    keys = half_keys.data();
+    values = half_values.data();
+  }
+
   step = {static_cast<const float*>(query.data), keys,
           rotate ? static_cast<const float*>(cos.data) : nullptr, rotate ? static_cast<const float*>(sin.data) : nullptr,
-          rotary_dim, static_cast<const float*>(value.data), key_cache.data, value_cache.data, half, table, ctx, starts.data(), max_blocks, pool_blocks,
+          rotary_dim, values, key_cache.data, value_cache.data, half, table, ctx, starts.data(), max_blocks, pool_blocks,
           block_size, k.num_heads, kv_heads, dim, k.scale, k.sliding_window, k.softcap, out,
           static_cast<const float*>(sinks.data), k.cross != 0};
   if (call.jobs.size() == 1) {

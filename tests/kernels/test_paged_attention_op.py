@@ -45,8 +45,10 @@ def reference(q, k, v, key_cache, value_cache, tables, ctx, qlens, num_heads, kv
         blocks = tables[s, slots // key_cache.shape[2]]
         past_k = key_cache[:, blocks, slots % key_cache.shape[2]].astype(np.float64)  # [KVH, c, D]
         past_v = value_cache[:, blocks, slots % key_cache.shape[2]].astype(np.float64)
-        new_k = k[start:start + n].reshape(n, kv_heads, dim).transpose(1, 0, 2).astype(np.float64)
-        new_v = v[start:start + n].reshape(n, kv_heads, dim).transpose(1, 0, 2).astype(np.float64)
+        # a half pool: the step's own K/V are read as the pool will hold them (exact chunked prefill)
+        step_k, step_v = (k, v) if key_cache.dtype != np.float16 else (k.astype(np.float16), v.astype(np.float16))
+        new_k = step_k[start:start + n].reshape(n, kv_heads, dim).transpose(1, 0, 2).astype(np.float64)
+        new_v = step_v[start:start + n].reshape(n, kv_heads, dim).transpose(1, 0, 2).astype(np.float64)
         keys, values = np.concatenate([past_k, new_k], 1), np.concatenate([past_v, new_v], 1)
         queries = q[start:start + n].reshape(n, num_heads, dim).astype(np.float64)
         for h in range(num_heads):

@@ -13,7 +13,8 @@ import pytest
 import ortinf
 from engine_helpers import assert_scheduling_exact, make_engine, run_to_completion
 from ortinf.errors import ConfigError, ExportError
-from ortinf.manifest import MODEL_NAME
+from ortinf.exporter.quantize import routers
+from ortinf.manifest import CPU_MODEL_NAME, MODEL_NAME
 from ortinf.providers.registry import Found, resolve
 from ortinf.runtime.decoder_graph import DecoderGraph
 from tiny_models import DECODERS, build_decoder
@@ -32,7 +33,13 @@ def test_quantized_export_per_architecture(model_type, dtype, tmp_path):
     assert not q.failures() and q.top1_agreement >= q.min_top1_agreement >= 0.35 and q.mean_kl <= q.max_mean_kl <= 0.1
     graph = onnx.load(str(tmp_path / "pkg" / MODEL_NAME), load_external_data=False).graph
     assert sum(n.op_type == "MatMulNBits" for n in graph.node) >= 4 * manifest.decoder.num_layers
-    assert not any(n.op_type == "MatMul" and any(i in {t.name for t in graph.initializer} for i in n.input) for n in graph.node)
+    constant = [n for n in graph.node if n.op_type == "MatMul" and n.input[1] in {t.name for t in graph.initializer}]
+    assert {n.input[1] for n in constant} == routers(graph)  # only MoE routers (MatMul -> ... -> TopK) stay float
+    if manifest.cpu_kernel is not None:  # the CPU kernel graph: the same weights as ortinf.QMatMul
+        assert manifest.cpu_kernel.ops == ("PagedAttention", "QMatMul")
+        cpu = onnx.load(str(tmp_path / "pkg" / CPU_MODEL_NAME), load_external_data=False).graph
+        ops = [n.op_type for n in cpu.node]
+        assert ops.count("QMatMul") == ops.count("MatMulNBits") + sum(n.op_type == "MatMulNBits" for n in graph.node)
     # the package loads and generates
     engine = make_engine(tmp_path / "pkg", num_blocks=32)
     finished = run_to_completion(engine, [[5, 6, 7, 8, 9]])
@@ -43,9 +50,11 @@ def test_int8_engine_is_exact_under_chunking_preemption_and_prefix_hits(tmp_path
     """The paged machinery adds nothing to quantization error: chunked, preempted, prefix-hit runs
     give the tokens of an unconstrained run of the same package."""
     build_decoder("llama", tmp_path / "hf")
-    # accuracy level 0: level 4 quantizes activations with kernels that differ by the batch's row
-    # count, so its tokens may depend on scheduling (exporter/quantize.py)
-    ortinf.export(tmp_path / "hf", tmp_path / "pkg", dtype="int8", accuracy_level=0, progress=False)
+    # the default export: on the CPU kernel graph ortinf.QMatMul quantizes each token's activations on
+    # their own (batch invariant), and a half pool's step K/V are read rounded as the pool holds them,
+    # so int8 activations are exact under scheduling too (MatMulNBits' level 4 was not: its kernels
+    # differ by the call's row count)
+    ortinf.export(tmp_path / "hf", tmp_path / "pkg", dtype="int8", progress=False)
     rng = np.random.default_rng(3)
     prompts = [rng.integers(3, 256, n).tolist() for n in (5, 40, 90, 130, 170)]
     prompts.append(prompts[3][:96] + [7, 8])  # shares 6 blocks with prompt 3
