@@ -1,10 +1,16 @@
 """ortinf beside the engines a user would pick instead, on one workload, in one run.
 
-usage: .venv/bin/python benchmarks/compare.py [--passes N] [--only ENGINE ...] [--record] [--tiny]
+usage: .venv/bin/python benchmarks/compare.py [--size toy|0.5b|1.5b] [--passes N] [--only ENGINE ...] [--record] [--tiny]
 
-Workload (benchmarks/offline.py's): the 33.6M llama (hidden 512, 8 layers, 8 heads, 4 KV heads,
-intermediate 1536, vocab 8192; random weights, seed 0), 32 prompts of 64 + 4i distinct random tokens,
-128 greedy new tokens each with no EOS stop, 2 threads everywhere, prefix caching off.
+Workload, --size toy (benchmarks/offline.py's): the 33.6M llama (hidden 512, 8 layers, 8 heads, 4 KV
+heads, intermediate 1536, vocab 8192; random weights, seed 0), 32 prompts of 64 + 4i distinct random
+tokens, 128 greedy new tokens each with no EOS stop, 2 threads everywhere, prefix caching off.
+--size 0.5b: a Qwen2.5-0.5B-shaped llama (hidden 896, 24 layers, 14 heads / 2 KV, intermediate 4864,
+vocab 32000), 16 prompts, 64 tokens, 2 single; --size 1.5b: Qwen2.5-1.5B-shaped (hidden 1536, 28
+layers, 12 / 2, intermediate 8960), 16 prompts, 32 tokens, 2 single. The conversion column is each
+engine's conversion of the model (export, quantization, verification), timed when it ran and cached;
+the roofline column is a single-request step's weight bytes over the machine's measured streaming
+bandwidth (benchmarks/bandwidth.py), divided by the step's time.
 
 Each row runs in a fresh process of its engine's own environment (benchmarks/peers/run_*.py; the
 peers are installed by benchmarks/peers/install_*.sh and are benchmark dependencies only), one after
@@ -41,6 +47,38 @@ from ortinf.matrix import machine  # noqa: E402
 
 NUM_PROMPTS, NEW_TOKENS, THREADS = 32, 128, 2
 SINGLE = slice(14, 18)  # the single-stream rows' prompts
+
+
+@dataclass(frozen=True)
+class Size:
+    """A benchmark model shape (a llama with random weights) and the workload scaled so that one pass
+    of every engine fits in ~30 minutes on 2 cores."""
+
+    label: str
+    config: dict
+    num_prompts: int
+    new_tokens: int
+    single: slice
+
+
+SIZES = {
+    "toy": Size("33.6M llama", dict(vocab_size=8192, hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
+                                      num_attention_heads=8, num_key_value_heads=4), 32, 128, slice(14, 18)),
+    "0.5b": Size("Qwen2.5-0.5B-shaped llama", dict(vocab_size=32000, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                                                   num_attention_heads=14, num_key_value_heads=2), 16, 64, slice(7, 9)),
+    "1.5b": Size("Qwen2.5-1.5B-shaped llama", dict(vocab_size=32000, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                                                   num_attention_heads=12, num_key_value_heads=2), 16, 32, slice(7, 9)),
+}
+BYTES_PER_WEIGHT = {"fp32": 4.0, "int8": 1.0 + 4 / 128, "int4": 0.5 + 4 / 32}  # ortinf's default blocks, scales included
+
+
+def weight_bytes_per_token(config: dict, precision: str) -> float:
+    """Bytes of weights one decode step reads: every layer's projections and the LM head (the embedding
+    row read is negligible), at the precision's storage size."""
+    h, inter, layers = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]
+    head_dim = h // config["num_attention_heads"]
+    per_layer = h * h * 2 + 2 * h * config["num_key_value_heads"] * head_dim + 3 * h * inter
+    return (layers * per_layer + config["vocab_size"] * h) * BYTES_PER_WEIGHT.get(precision, 4.0)
 
 
 @dataclass(frozen=True)
@@ -98,7 +136,7 @@ TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_la
             num_key_value_heads=2)
 
 
-def build_model(hf_dir: Path, tiny: bool = False) -> None:
+def build_model(hf_dir: Path, tiny: bool = False, size: str = "toy") -> None:
     """The benchmark llama, plus a placeholder word-level tokenizer: the peers' converters insist on
     one; the benchmark feeds token ids, so its pieces never matter."""
     if (hf_dir / "config.json").exists():
@@ -107,8 +145,9 @@ def build_model(hf_dir: Path, tiny: bool = False) -> None:
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    build(hf_dir, **(TINY if tiny else {}))
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"t{i}": i for i in range(3, TINY["vocab_size"] if tiny else 8192)}}
+    config = TINY if tiny else SIZES[size].config
+    build(hf_dir, **config, max_position_embeddings=4096)
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"t{i}": i for i in range(3, config["vocab_size"])}}
     raw = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     raw.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="<unk>").save_pretrained(hf_dir)
@@ -154,20 +193,24 @@ def reference_tokens(work: Path, hf_dir: Path, prompt_set: list[list[int]]) -> l
     return json.loads(cache.read_text())
 
 
-def table(rows: list[Row], reference: list[list[int]]) -> list[str]:
-    lines = ["| engine | precision | requests | output tok/s | mean TTFT ms | mean TPOT ms | greedy = transformers |",
-             "|---|---|---|---:|---:|---:|---|"]
+def table(rows: list[Row], reference: list[list[int]], config: dict, bandwidth: float) -> list[str]:
+    lines = ["| engine | precision | requests | output tok/s | mean TTFT ms | mean TPOT ms | TPOT roofline | greedy = transformers | conversion s |",
+             "|---|---|---|---:|---:|---:|---:|---|---:|"]
     for row in rows:
         e = row.engine
         label = f"{e.precision} ({PRECISION_LABEL[e.job_precision]})" if e.job_precision in PRECISION_LABEL else e.precision
         requests = f"{NUM_PROMPTS} at once" if row.mode == "batch" else f"{SINGLE.stop - SINGLE.start} one at a time"
         if row.result is None:
-            lines.append(f"| {e.name} | {label} | {requests} | {row.error} | | | |")
+            lines.append(f"| {e.name} | {label} | {requests} | {row.error} | | | | | |")
             continue
         r = row.result
         ref = reference if row.mode == "batch" else reference[SINGLE]
+        tpot = statistics.mean(r["tpot"])
+        # the single-request step as a fraction of the bandwidth roofline: weight bytes per token / bandwidth
+        roof = f"{weight_bytes_per_token(config, e.precision) / bandwidth / tpot:.0%}" if row.mode == "single" and bandwidth else ""
+        conv = r.get("conversion_seconds")
         lines.append(f"| {e.name} | {label} | {requests} | {row.throughput:,.0f} | {statistics.mean(r['ttft']) * 1e3:,.0f} | "
-                     f"{statistics.mean(r['tpot']) * 1e3:.1f} | {row.agreement(ref)}/{len(ref)} |")
+                     f"{tpot * 1e3:.1f} | {roof} | {row.agreement(ref)}/{len(ref)} | {'' if conv is None else f'{conv:.0f}'} |")
     return lines
 
 
@@ -221,8 +264,14 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=1200, help="seconds allowed to one row, conversion included")
     parser.add_argument("--record", action="store_true", help="append the table to benchmarks/RESULTS.md")
     parser.add_argument("--tiny", action="store_true", help="2-layer model, 4 prompts x 8 tokens, ortinf and transformers only (smoke test)")
+    parser.add_argument("--size", choices=sorted(SIZES), default="toy",
+                        help="model shape: toy (33.6M), 0.5b (Qwen2.5-0.5B-shaped), 1.5b (Qwen2.5-1.5B-shaped); the workload scales with it")
     args = parser.parse_args()
     global NUM_PROMPTS, NEW_TOKENS, SINGLE
+    size = SIZES[args.size]
+    NUM_PROMPTS, NEW_TOKENS, SINGLE = size.num_prompts, size.new_tokens, size.single
+    if args.size != "toy":
+        args.work_dir = args.work_dir.with_name(f"{args.work_dir.name}-{args.size}")
     if args.tiny:
         NUM_PROMPTS, NEW_TOKENS, SINGLE = 4, 8, slice(1, 2)
         args.only = [name for name in (args.only or ["ortinf", "hf"]) if name in ("ortinf", "hf")]
@@ -230,8 +279,9 @@ def main() -> None:
     work = args.work_dir
     work.mkdir(parents=True, exist_ok=True)
     hf_dir = work / "hf"
-    build_model(hf_dir, args.tiny)
-    prompt_set = prompts(TINY["vocab_size"] if args.tiny else 8192)
+    build_model(hf_dir, args.tiny, args.size)
+    config = TINY if args.tiny else size.config
+    prompt_set = prompts(config["vocab_size"])
     reference = reference_tokens(work, hf_dir, prompt_set)
     engines = [e for e in ENGINES if (args.only is None or e.runner in args.only) and (args.precisions is None or e.precision in args.precisions)]
     passes: dict[tuple[int, str], list[Row]] = {}
@@ -249,9 +299,13 @@ def main() -> None:
     for key in sorted(passes, key=lambda k: (k[1] != "batch", k[0])):
         runs = sorted(passes[key], key=lambda r: r.throughput)
         rows.append(runs[len(runs) // 2])
-    head = (f"### Side by side: {'tiny 2-layer' if args.tiny else '33.6M'} llama, {NUM_PROMPTS} prompts of 64+4i tokens, {NEW_TOKENS} greedy tokens each, {THREADS} threads, "
+    from bandwidth import measure
+
+    bandwidth = measure(THREADS)
+    head = (f"### Side by side: {'tiny 2-layer llama' if args.tiny else size.label}, {NUM_PROMPTS} prompts of 64+4i tokens, {NEW_TOKENS} greedy tokens each, {THREADS} threads, "
             f"median of {args.passes} interleaved pass(es) ({time.strftime('%Y-%m-%d')})")
-    text = "\n".join([head, "", f"Machine: {machine()}", "", *table(rows, reference), "", *ratios(rows), ""])
+    text = "\n".join([head, "", f"Machine: {machine()}; memory bandwidth {bandwidth / 1e9:.1f} GB/s (benchmarks/bandwidth.py, {THREADS} threads)",
+                      "", *table(rows, reference, config, bandwidth), "", *ratios(rows), ""])
     print(text)
     if args.record:
         with (ROOT / "benchmarks" / "RESULTS.md").open("a", encoding="utf-8") as fh:

@@ -31,14 +31,19 @@ NUM_BLOCKS = 64
 
 
 def greedy_reference(model: PreTrainedModel, prompt: list[int], steps: int) -> tuple[list[int], np.ndarray]:
-    """Greedy continuation by the PyTorch model; returns all tokens and the logits at every position."""
+    """Greedy continuation by the PyTorch model; returns all tokens and the logits at every position.
+
+    With the model's own KV cache: the prompt once, then one token per step. (It recomputed the
+    whole sequence per step before: on a 0.4B llama that was 131 of an int8 export's 242 s.)"""
     tokens = list(prompt)
     with torch.no_grad(), lower_index_ties():
+        out = model(torch.tensor([tokens]), use_cache=True)
+        rows = [out.logits[0]]
         for _ in range(steps):
-            logits = model(torch.tensor([tokens])).logits[0, -1]
-            tokens.append(int(logits.argmax()))
-        logits = model(torch.tensor([tokens])).logits[0].float().numpy()
-    return tokens, logits
+            tokens.append(int(rows[-1][-1].argmax()))
+            out = model(torch.tensor([tokens[-1:]]), past_key_values=out.past_key_values, use_cache=True)
+            rows.append(out.logits[0])
+    return tokens, torch.cat(rows).float().numpy()
 
 
 def verify_decoder(model: PreTrainedModel, package: Path, tolerance: float, progress: bool = True,

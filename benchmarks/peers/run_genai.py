@@ -18,15 +18,16 @@ import time
 from pathlib import Path
 
 import numpy as np
-from protocol import load_job, one_at_a_time, write_result
+from protocol import conversion, load_job, one_at_a_time, write_result
 
 
 def model_dir(job: dict) -> Path:
     out = Path(job["work_dir"]) / job["precision"]
-    if not (out / "genai_config.json").exists():
-        subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", job["hf_dir"], "-o", str(out),
-                        "-p", job["precision"], "-e", "cpu", "-c", str(Path(job["work_dir"]) / "cache")], check=True,
-                       stdout=subprocess.DEVNULL)
+    job["conversion_seconds"] = conversion(
+        out.with_name(out.name + ".conversion_seconds"), not (out / "genai_config.json").exists(),
+        lambda: subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", job["hf_dir"], "-o", str(out),
+                                "-p", job["precision"], "-e", "cpu", "-c", str(Path(job["work_dir"]) / "cache")], check=True,
+                               stdout=subprocess.DEVNULL))
     config_file = out / "genai_config.json"
     config = json.loads(config_file.read_text())
     config["model"]["decoder"].setdefault("session_options", {})["intra_op_num_threads"] = job["threads"]

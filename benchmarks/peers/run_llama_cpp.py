@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from protocol import load_job, one_at_a_time, write_result
+from protocol import conversion, load_job, one_at_a_time, write_result
 
 FILE_TYPES = {"fp32": 0, "q8_0": 7, "q4_0": 2}  # llama_ftype: ALL_F32, MOSTLY_Q8_0, MOSTLY_Q4_0
 
@@ -104,16 +104,20 @@ def model_file(job: dict, llama) -> Path:
     work = Path(job["work_dir"])
     work.mkdir(parents=True, exist_ok=True)
     f32 = work / "model-f32.gguf"
-    if not f32.exists():
-        write_gguf(Path(job["hf_dir"]), f32)
+    to_gguf = conversion(work / "model-f32.conversion_seconds", not f32.exists(), lambda: write_gguf(Path(job["hf_dir"]), f32))
+    job["conversion_seconds"] = to_gguf
     if job["precision"] == "fp32":
         return f32
     out = work / f"model-{job['precision']}.gguf"
-    if not out.exists():
+
+    def quantize() -> None:
         params = llama.llama_model_quantize_default_params()
         params.ftype = FILE_TYPES[job["precision"]]
         params.nthread = job["threads"]
         assert llama.llama_model_quantize(str(f32).encode(), str(out).encode(), ctypes.byref(params)) == 0
+
+    quantized = conversion(work / f"model-{job['precision']}.conversion_seconds", not out.exists(), quantize)
+    job["conversion_seconds"] = None if to_gguf is None or quantized is None else to_gguf + quantized  # GGUF, then quantize
     return out
 
 

@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from protocol import load_job, one_at_a_time, write_result
+from protocol import conversion, load_job, one_at_a_time, write_result
 
 WEIGHT_FORMATS = {"fp32": ["--weight-format", "fp32"], "int8": ["--weight-format", "int8"],
                   "int4": ["--weight-format", "int4", "--sym", "--group-size", "32", "--ratio", "1.0"]}
@@ -26,10 +26,11 @@ WEIGHT_FORMATS = {"fp32": ["--weight-format", "fp32"], "int8": ["--weight-format
 def model_dir(job: dict) -> Path:
     weights = "fp32" if job["precision"] == "default" else job["precision"]
     out = Path(job["work_dir"]) / weights
-    if not (out / "openvino_model.xml").exists():
-        subprocess.run([sys.executable, "-m", "optimum.commands.optimum_cli", "export", "openvino", "--model", job["hf_dir"],
-                        "--task", "text-generation-with-past", *WEIGHT_FORMATS[weights], str(out)], check=True,
-                       stdout=subprocess.DEVNULL)
+    job["conversion_seconds"] = conversion(
+        out.with_name(out.name + ".conversion_seconds"), not (out / "openvino_model.xml").exists(),
+        lambda: subprocess.run([sys.executable, "-m", "optimum.commands.optimum_cli", "export", "openvino", "--model", job["hf_dir"],
+                                "--task", "text-generation-with-past", *WEIGHT_FORMATS[weights], str(out)], check=True,
+                               stdout=subprocess.DEVNULL))
     return out
 
 
