@@ -30,6 +30,7 @@ and docs/performance.md) are recorded in each package's manifest.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass
 
@@ -117,7 +118,7 @@ def quantize(model: onnx.ModelProto, dtype: str, block_size: int | None = None,
              accuracy_level: int = DEFAULT_ACCURACY_LEVEL, cpu: bool = False,
              cache: dict | None = None) -> onnx.ModelProto:
     """The model with its constant-weight MatMuls quantized to `dtype`: MatMulNBits (cpu=False) or
-    ortinf.QMatMul (cpu=True, the kernel library's graph). `cache` (weight bytes -> Quantized) lets
+    ortinf.QMatMul (cpu=True, the kernel library's graph). `cache` (weight digest -> Quantized) lets
     the second graph reuse the first graph's rounding."""
     bits, block_size = BITS[dtype], block_size or DEFAULT_BLOCK_SIZES[dtype]
     keep = routers(model.graph)
@@ -138,7 +139,7 @@ def quantize(model: onnx.ModelProto, dtype: str, block_size: int | None = None,
             nodes.append(node)
             continue
         array = numpy_helper.to_array(weight)
-        key = (array.tobytes(), bits, block_size)
+        key = (hashlib.blake2b(array.tobytes(), digest_size=20).digest(), array.shape, bits, block_size)
         qw = cache.get(key)
         if qw is None:
             qw = cache[key] = quantize_weight(array, bits, block_size)
