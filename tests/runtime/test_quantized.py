@@ -122,3 +122,30 @@ def test_int8_greedy_agreement_on_trained_weights(tmp_path):
     q = manifest.quality
     print(f"demo llama int8: top-1 {q.top1_agreement:.3f}, KL {q.mean_kl:.4f}, greedy {q.greedy_agreement:.3f}")
     assert q.top1_agreement >= 0.95 and q.mean_kl <= 0.005 and q.greedy_agreement >= 0.5
+
+
+def test_quality_gate_record_keeps_a_package_that_misses_its_gate(tmp_path, monkeypatch):
+    """A gate the figures miss refuses the export by default (the message names --quality-gate record);
+    with record, the package is written, its figures and the miss are in the manifest and `inspect`,
+    and it serves. The gate is moved out of reach here rather than the model made worse."""
+    from ortinf.exporter import verify
+    from ortinf.inspect_table import cpu_kernel_row, manifest_rows
+    from ortinf.kernels import library
+
+    build_decoder("llama", tmp_path / "hf")
+    monkeypatch.setitem(verify.THRESHOLDS, "int4", (0.999, 0.0, 0.0))
+    with pytest.raises(ExportError, match="top-1 agreement .* < 0.999.*--quality-gate record"):
+        ortinf.export(tmp_path / "hf", tmp_path / "refused", dtype="int4", progress=False)
+    assert not (tmp_path / "refused").exists()
+    with pytest.raises(ExportError, match="unknown quality gate 'maybe'"):
+        ortinf.export(tmp_path / "hf", tmp_path / "x", dtype="int4", quality_gate="maybe", progress=False)
+    manifest = ortinf.export(tmp_path / "hf", tmp_path / "pkg", dtype="int4", quality_gate="record", progress=False)
+    q = manifest.quality
+    assert not q.enforced and q.failures() and q.min_top1_agreement == 0.999
+    assert json.loads((tmp_path / "pkg" / "ortinf.json").read_text())["quality"]["enforced"] is False
+    table = dict(manifest_rows(manifest, tmp_path / "pkg"))
+    assert "recorded, not enforced" in table["quality vs fp32"]
+    if manifest.cpu_kernel is not None and library.load() is not None:  # inspect names the build each op runs
+        assert f"QMatMul {library.qmatmul_isa()}" in cpu_kernel_row(manifest)
+    finished = run_to_completion(make_engine(tmp_path / "pkg", num_blocks=32), [[5, 6, 7, 8, 9]])
+    assert len(finished["0"].outputs[0].token_ids) >= 1
