@@ -1,12 +1,11 @@
 """The machine's streaming read bandwidth with N threads: each thread sums its own 256 MiB buffer
 (far larger than any cache), best of 5; numpy releases the GIL inside the reduction.
 
-usage: .venv/bin/python benchmarks/bandwidth.py [THREADS]
+usage: .venv/bin/python benchmarks/bandwidth.py [--threads N] [--tiny]
 """
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 
@@ -29,5 +28,11 @@ def measure(threads: int = 2, mib: int = 256, repeats: int = 5) -> float:
 
 
 if __name__ == "__main__":
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 2
-    print(f"{measure(n) / 1e9:.1f} GB/s with {n} threads")
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, default=2, help="threads reading at once")
+    parser.add_argument("--tiny", action="store_true", help="16 MiB buffers, one round (smoke test)")
+    args = parser.parse_args()
+    rate = measure(args.threads, 16, 1) if args.tiny else measure(args.threads)
+    print(f"{rate / 1e9:.1f} GB/s with {args.threads} threads")

@@ -21,9 +21,9 @@ Reported per row: output tokens/s (all output tokens / wall time of the timed ru
 TPOT, and greedy agreement: prompts whose 128 tokens equal transformers' own greedy tokens (computed
 once, one prompt at a time, unpadded). "batch" rows submit all 32 prompts at once; "single" rows run
 4 prompts one after another. Ratios: ortinf over the best peer at each precision, and the int8/int4
-rows over the best fp32 peer. ortinf runs its CPU kernel library's graph (model.cpu.onnx) where the
-library is built; the "portable kernel" row is the same package on the portable graph, for the
-before/after in the same run. --tiny: a 2-layer model, 4 prompts, 8 tokens, ortinf and transformers
+rows over the best fp32 peer. ortinf runs its CPU kernel library's graph (model.cpu.onnx: ortinf.PagedAttention, and ortinf.QMatMul
+for int8/int4) where the library is built; the "portable kernel" and "MatMulNBits graph" rows are the
+same packages on the portable graph (model.onnx), for the before/after in the same run. --tiny: a 2-layer model, 4 prompts, 8 tokens, ortinf and transformers
 rows only (the smoke test).
 """
 
@@ -99,8 +99,10 @@ ENGINES = [
     Engine("ortinf, portable kernel", "ortinf", ".venv", "fp32", "fp32", (("options", {"cpu_kernel": False}),)),
     Engine("ortinf", "ortinf", ".venv", "int8", "int8"),
     Engine("ortinf", "ortinf", ".venv", "int4", "int4"),
-    Engine("ortinf, accuracy level 0", "ortinf", ".venv", "int8", "int8", (("export", {"accuracy_level": 0}),)),
-    Engine("ortinf, accuracy level 0", "ortinf", ".venv", "int4", "int4", (("export", {"accuracy_level": 0}),)),
+    # the same int8/int4 packages on their portable graph (ORT's MatMulNBits, accuracy level 4) instead of
+    # the kernel library's graph (ortinf.QMatMul): the before/after of the quantized GEMMs in one run
+    Engine("ortinf, MatMulNBits graph", "ortinf", ".venv", "int8", "int8", (("options", {"cpu_kernel": False}),)),
+    Engine("ortinf, MatMulNBits graph", "ortinf", ".venv", "int4", "int4", (("options", {"cpu_kernel": False}),)),
     Engine("transformers generate (padded batch)", "hf", ".venv", "fp32", "fp32", (("engine", "transformers"),)),
     Engine("Optimum ORTModelForCausalLM (padded batch)", "hf", ".venv", "fp32", "fp32", (("engine", "optimum"),)),
     Engine("onnxruntime-genai Generator (padded batch)", "genai", ".venv-bench-genai", "fp32", "fp32"),

@@ -33,6 +33,8 @@ SCRIPTS = {
     "lora_layouts.py": [],
     "whisper.py": [],
     "whisper_front_end.py": [],
+    "qmatmul.py": ["--repeats", "1"],
+    "bandwidth.py": [],
 }
 SLOW = {"ray_serve.py"}  # starts Ray clusters: minutes
 

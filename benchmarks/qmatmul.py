@@ -1,0 +1,113 @@
+"""ortinf.QMatMul beside ORT's MatMulNBits (accuracy level 4, int8 activations, as onnxruntime-genai
+runs int8/int4 on CPU) on the same quantized numbers, one node per session, at the row counts a
+server sees: 1 (one request decoding), 8 and 32 (batched decode steps), 512 (a prefill chunk), for
+the projections of the 0.5b and 1.5b benchmark shapes (benchmarks/compare.py --size).
+
+usage: .venv/bin/python benchmarks/qmatmul.py [--record] [--tiny] [--repeats N]
+
+Eight different weights per shape are cycled so that the one-row case reads its weights from memory,
+not from a cache that holds them from the last call (the 0.5b MLP weights are 4.4 MB at int8). Also
+printed: the activation-quantization error per block size (the op's per-token rounding of a
+standard-normal activation row against the exact product with the same quantized weights).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+from ortinf.exporter.quantize import matmul_nbits_tensors, qmatmul_tensors, quantize_weight
+from ortinf.kernels import library
+from ortinf.matrix import machine
+from record import finish
+
+SHAPES = {"0.5b": [(896, 4864), (4864, 896), (896, 1152)], "1.5b": [(1536, 8960), (8960, 1536), (1536, 2048)]}
+ROWS = (1, 8, 32, 512)
+WEIGHTS = 8
+
+
+def session(qw, op: str, threads: int = 2) -> ort.InferenceSession:
+    k, n = qw.k, qw.n
+    if op == "QMatMul":
+        packed, scales = qmatmul_tensors(qw)
+        node = helper.make_node("QMatMul", ["a", "w", "s"], ["y"], domain="ortinf", K=k, N=n, bits=qw.bits, block_size=qw.block_size)
+        domain = "ortinf"
+    else:
+        packed, scales = matmul_nbits_tensors(qw)
+        scales = scales.reshape(-1)
+        node = helper.make_node("MatMulNBits", ["a", "w", "s"], ["y"], domain="com.microsoft", K=k, N=n, bits=qw.bits,
+                                block_size=qw.block_size, accuracy_level=4)
+        domain = "com.microsoft"
+    graph = helper.make_graph([node], "op", [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["m", k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m", n])],
+                              [numpy_helper.from_array(packed, "w"), numpy_helper.from_array(scales, "s")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(domain, 1)])
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    library.register(options)
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def best_ms(sessions: list[ort.InferenceSession], a: np.ndarray, repeats: int) -> float:
+    for s in sessions:
+        s.run(None, {"a": a})
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for s in sessions:
+            s.run(None, {"a": a})
+        best = min(best, (time.perf_counter() - start) / len(sessions))
+    return best * 1e3
+
+
+def activation_error(block: int, k: int = 896, n: int = 256) -> float:
+    """Relative error of the op against the exact product of the same rows with the same quantized
+    weights: what quantizing the activations per token and block costs."""
+    rng = np.random.default_rng(block)
+    qw = quantize_weight(rng.standard_normal((k, n)).astype(np.float32), 8, block)
+    a = rng.standard_normal((16, k)).astype(np.float32)
+    got = session(qw, "QMatMul").run(None, {"a": a})[0]
+    exact = a.astype(np.float64) @ qw.dequantized().astype(np.float64)
+    return float(np.linalg.norm(got - exact) / np.linalg.norm(exact))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--record", action="store_true", help="append the table to benchmarks/RESULTS.md")
+    parser.add_argument("--tiny", action="store_true", help="one small shape, 2 weights (smoke test)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed rounds per cell (best is reported)")
+    args = parser.parse_args()
+    if library.load() is None:
+        raise SystemExit("the kernel library is not built: python -m ortinf.kernels.build")
+    shapes = {"tiny": [(128, 64)]} if args.tiny else SHAPES
+    rows = (1, 8) if args.tiny else ROWS
+    count = 2 if args.tiny else WEIGHTS
+    rng = np.random.default_rng(0)
+    lines = [f"### ortinf.QMatMul ({library.qmatmul_isa()}) vs MatMulNBits (accuracy level 4), ms per call, 2 threads "
+             f"({time.strftime('%Y-%m-%d')})", "", f"Machine: {machine()}", "",
+             "| size | K x N | weights | " + " | ".join(f"{m} rows: QMatMul / MatMulNBits" for m in rows) + " |",
+             "|---|---|---|" + "---:|" * len(rows)]
+    for size, dims in shapes.items():
+        for k, n in dims:
+            for bits, block in ((8, 128), (4, 32), (4, 64)):
+                weights = [quantize_weight(rng.standard_normal((k, n)).astype(np.float32) * 0.02, bits, block) for _ in range(count)]
+                ours = [session(w, "QMatMul") for w in weights]
+                theirs = [session(w, "MatMulNBits") for w in weights]
+                cells = []
+                for m in rows:
+                    a = rng.standard_normal((m, k)).astype(np.float32)
+                    q, o = best_ms(ours, a, args.repeats), best_ms(theirs, a, args.repeats)
+                    cells.append(f"{q:.3f} / {o:.3f} ({o / q:.2f}x)")
+                lines.append(f"| {size} | {k} x {n} | int{bits}, block {block} | " + " | ".join(cells) + " |")
+    lines += ["", "Activation quantization error of QMatMul (per token and block, int8 weights; relative L2 error against "
+              "the exact product with the same quantized weights, 16 standard-normal rows, K = 896): "
+              + ", ".join(f"block {b}: {activation_error(b):.2e}" for b in (32, 64, 128, 256))]
+    finish(lines, args.record)
+
+
+if __name__ == "__main__":
+    main()
