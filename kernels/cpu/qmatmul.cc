@@ -19,7 +19,9 @@
 // job's weights (K x 64 bytes at int8) stay in L2 while its row groups pass over them.
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -65,7 +67,49 @@ Isa pick_isa() {
   return {"generic", quantize_rows_generic, qgemm_generic};
 }
 
-const Isa g_isa = pick_isa();
+// Whether `isa` computes what the portable build computes, on a small problem with every feature a
+// call has (two blocks, a ragged last tile, rows in groups and alone, int8 and int4). A build this
+// project's test machines cannot run (the AVX-512 VNNI one, on an AVX2-only CI) is checked here on
+// the first machine that runs it: a mismatch falls back to the next build and says so, instead of
+// serving wrong numbers.
+bool agrees_with_generic(const Isa& isa) {
+  constexpr int64_t K = 64, N = 20, M = 5, kBlock = 32, kBlocks = 2, kTiles = 2;
+  uint32_t state = 12345u;
+  const auto next = [&state]() { return (state = state * 1664525u + 1013904223u) >> 8; };
+  float a[M * K], scales[kTiles * kBlocks * kTile], want[M * N], got[M * N];
+  for (float& v : a) v = static_cast<float>(static_cast<int>(next() % 2001) - 1000) / 250.f;
+  for (float& v : scales) v = static_cast<float>(next() % 1000 + 1) / 4096.f;
+  for (int64_t bits : {8, 4}) {
+    std::vector<uint8_t> w(static_cast<size_t>(kTiles * K * kTile * bits / 8));
+    for (uint8_t& byte : w) byte = static_cast<uint8_t>(bits == 8 ? next() % 255 + 1 : next() % 256);  // int8 never -128
+    for (const Isa* run : {&isa, static_cast<const Isa*>(nullptr)}) {
+      std::vector<int8_t> xq(M * K);
+      std::vector<float> xscale(M * kBlocks);
+      std::vector<int32_t> xsum(M * kBlocks);
+      float* out = run != nullptr ? got : want;
+      const QGemm g{xq.data(), xscale.data(), xsum.data(), w.data(), scales, nullptr, out, M, N, K, kBlocks, kBlock, bits};
+      (run != nullptr ? run->quantize : quantize_rows_generic)(a, K, K, g, 0, M);
+      (run != nullptr ? run->gemm : qgemm_generic)(g, 0, M, 0, kTiles);
+    }
+    for (int64_t i = 0; i < M * N; ++i)
+      if (!(std::fabs(got[i] - want[i]) <= 1e-4f * (1.f + std::fabs(want[i])))) return false;
+  }
+  return true;
+}
+
+Isa checked_isa() {
+  Isa isa = pick_isa();
+  if (std::strcmp(isa.name, "generic") == 0 || agrees_with_generic(isa)) return isa;
+  std::fprintf(stderr, "ortinf: the %s build of QMatMul disagrees with the portable one on this CPU; using avx2/generic "
+               "instead (please report this)\n", isa.name);
+  Isa avx2{"avx2", quantize_rows_avx2, qgemm_avx2};
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  if (std::strcmp(isa.name, "avx2") != 0 && __builtin_cpu_supports("avx2") && agrees_with_generic(avx2)) return avx2;
+#endif
+  return {"generic", quantize_rows_generic, qgemm_generic};
+}
+
+const Isa g_isa = checked_isa();
 
 struct Kernel {
   int64_t K = 0, N = 0, bits = 0, block = 0;
