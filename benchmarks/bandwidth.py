@@ -1,7 +1,7 @@
 """The machine's streaming read bandwidth with N threads: each thread sums its own 256 MiB buffer
 (far larger than any cache), best of 5; numpy releases the GIL inside the reduction.
 
-usage: .venv/bin/python benchmarks/bandwidth.py [--threads N] [--tiny]
+usage: .venv/bin/python benchmarks/bandwidth.py [--tiny] [--record]
 """
 
 from __future__ import annotations
@@ -27,12 +27,20 @@ def measure(threads: int = 2, mib: int = 256, repeats: int = 5) -> float:
     return best
 
 
-if __name__ == "__main__":
+def main() -> None:
     import argparse
 
+    from ortinf.matrix import machine
+    from record import finish
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--threads", type=int, default=2, help="threads reading at once")
     parser.add_argument("--tiny", action="store_true", help="16 MiB buffers, one round (smoke test)")
+    parser.add_argument("--record", action="store_true", help="append the table to benchmarks/RESULTS.md")
     args = parser.parse_args()
-    rate = measure(args.threads, 16, 1) if args.tiny else measure(args.threads)
-    print(f"{rate / 1e9:.1f} GB/s with {args.threads} threads")
+    rows = [(n, measure(n, 16, 1) if args.tiny else measure(n)) for n in (1, 2)]
+    finish([f"### Streaming read bandwidth ({time.strftime('%Y-%m-%d')})", "", f"Machine: {machine()}", "",
+            "| threads | GB/s |", "|---:|---:|", *(f"| {n} | {rate / 1e9:.1f} |" for n, rate in rows)], args.record)
+
+
+if __name__ == "__main__":
+    main()

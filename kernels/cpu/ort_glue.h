@@ -74,11 +74,36 @@ inline OrtMemType ORT_API_CALL default_memory(const OrtCustomOp*, size_t) { retu
 inline int ORT_API_CALL zero(const OrtCustomOp*) { return 0; }
 inline int ORT_API_CALL one(const OrtCustomOp*) { return 1; }
 
-// An OrtCustomOp with the fields every op here shares; the op fills in its name, types and kernel.
-inline OrtCustomOp base_op() {
+// The callbacks that make one op: its name, its inputs' and outputs' types, counts and whether each
+// is required, and its kernel's life cycle.
+struct OpCallbacks {
+  const char*(ORT_API_CALL* name)(const OrtCustomOp*);
+  ONNXTensorElementDataType(ORT_API_CALL* input_type)(const OrtCustomOp*, size_t);
+  size_t(ORT_API_CALL* input_count)(const OrtCustomOp*);
+  ONNXTensorElementDataType(ORT_API_CALL* output_type)(const OrtCustomOp*, size_t);
+  size_t(ORT_API_CALL* output_count)(const OrtCustomOp*);
+  OrtCustomOpInputOutputCharacteristic(ORT_API_CALL* input_required)(const OrtCustomOp*, size_t);
+  OrtCustomOpInputOutputCharacteristic(ORT_API_CALL* output_required)(const OrtCustomOp*, size_t);
+  OrtStatus*(ORT_API_CALL* create)(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo*, void**);
+  OrtStatus*(ORT_API_CALL* compute)(void*, OrtKernelContext*);
+  void(ORT_API_CALL* destroy)(void*);
+};
+
+// An OrtCustomOp for the CPU provider from an op's callbacks, every other field as all ops here share it.
+inline OrtCustomOp make_op(const OpCallbacks& f) {
   OrtCustomOp op;
   std::memset(&op, 0, sizeof(op));  // fields past version 17 (in-place maps, ...) stay null and are not read
   op.version = kApiVersion;
+  op.GetName = f.name;
+  op.GetInputType = f.input_type;
+  op.GetInputTypeCount = f.input_count;
+  op.GetOutputType = f.output_type;
+  op.GetOutputTypeCount = f.output_count;
+  op.GetInputCharacteristic = f.input_required;
+  op.GetOutputCharacteristic = f.output_required;
+  op.CreateKernelV2 = f.create;
+  op.KernelComputeV2 = f.compute;
+  op.KernelDestroy = f.destroy;
   op.GetExecutionProviderType = cpu_provider;
   op.GetInputMemoryType = default_memory;
   op.GetVariadicInputMinArity = zero;

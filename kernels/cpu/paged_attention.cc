@@ -269,22 +269,8 @@ OrtCustomOpInputOutputCharacteristic ORT_API_CALL output_required(const OrtCusto
   return index == 0 ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;
 }
 
-OrtCustomOp make_op() {
-  OrtCustomOp op = ortinf::base_op();
-  op.GetName = op_name;
-  op.GetInputType = input_type;
-  op.GetInputTypeCount = input_count;
-  op.GetOutputType = output_type;
-  op.GetOutputTypeCount = output_count;
-  op.KernelDestroy = kernel_destroy;
-  op.GetInputCharacteristic = input_required;
-  op.GetOutputCharacteristic = output_required;
-  op.CreateKernelV2 = create_kernel;
-  op.KernelComputeV2 = kernel_compute;
-  return op;
-}
-
-OrtCustomOp g_paged_attention = make_op();
+OrtCustomOp g_paged_attention = ortinf::make_op({op_name, input_type, input_count, output_type, output_count, input_required,
+                                         output_required, create_kernel, kernel_compute, kernel_destroy});
 
 }  // namespace
 

@@ -230,22 +230,8 @@ OrtCustomOpInputOutputCharacteristic ORT_API_CALL input_required(const OrtCustom
 }
 OrtCustomOpInputOutputCharacteristic ORT_API_CALL output_required(const OrtCustomOp*, size_t) { return INPUT_OUTPUT_REQUIRED; }
 
-OrtCustomOp make_op() {
-  OrtCustomOp op = base_op();
-  op.GetName = op_name;
-  op.GetInputType = input_type;
-  op.GetInputTypeCount = input_count;
-  op.GetOutputType = output_type;
-  op.GetOutputTypeCount = output_count;
-  op.KernelDestroy = kernel_destroy;
-  op.GetInputCharacteristic = input_required;
-  op.GetOutputCharacteristic = output_required;
-  op.CreateKernelV2 = create_kernel;
-  op.KernelComputeV2 = kernel_compute;
-  return op;
-}
-
-OrtCustomOp g_qmatmul = make_op();
+OrtCustomOp g_qmatmul = make_op({op_name, input_type, input_count, output_type, output_count, input_required,
+                                         output_required, create_kernel, kernel_compute, kernel_destroy});
 
 }  // namespace
 

@@ -10,6 +10,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
+from builds import rerun_under
 from ortinf.kernels import library
 
 pytestmark = pytest.mark.skipif(library.load() is None, reason="the kernel library is not built (python -m ortinf.kernels.build)")
@@ -261,20 +262,7 @@ def test_cross_attention_mode():
 
 @pytest.mark.parametrize("isa", ["avx2", "generic"])
 def test_every_build_the_machine_runs(isa):
-    """The op tests again under the narrower builds this CPU can run (ORTINF_KERNEL_ISA caps the pick),
-    so that an AVX-512 machine checks what an AVX2-only machine, or one without AVX2, computes."""
-    import os
-    import subprocess
-    import sys
-
-    if os.environ.get("ORTINF_KERNEL_ISA"):
-        pytest.skip("already running under a capped build")
+    """The op tests again under the narrower builds this CPU can run."""
     if isa == "avx2" and "avx2" not in open("/proc/cpuinfo").read():
         pytest.skip("this CPU has no AVX2")
-    env = {**os.environ, "ORTINF_KERNEL_ISA": isa}
-    probe = subprocess.run([sys.executable, "-c", "from ortinf.kernels import library; print(library.load().isa)"],
-                           capture_output=True, text=True, env=env, timeout=120)
-    assert probe.stdout.strip() == isa, probe.stderr
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", "not every_build"],
-                          capture_output=True, text=True, env=env, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:]
+    rerun_under(isa, __file__, "library.load().isa")

@@ -6,15 +6,12 @@ no other row, bit for bit); and every narrower build the machine can run (ORTINF
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import numpy as np
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from builds import rerun_under
 from ortinf.exporter.quantize import Quantized, matmul_nbits_tensors, qmatmul_tensors, quantize_weight
 from ortinf.kernels import library
 
@@ -160,18 +157,10 @@ NARROWER = {"avx512vnni": ["avxvnni", "avx2", "generic"], "avxvnni": ["avx2", "g
 def test_every_build_the_machine_runs(isa):
     """The op tests again under each narrower build this CPU can run (ORTINF_KERNEL_ISA caps the pick),
     so that an AVX-512 VNNI machine checks what an AVX2-only machine, or one without AVX2, computes."""
-    if os.environ.get("ORTINF_KERNEL_ISA"):
-        pytest.skip("already running under a capped build")
     best = library.qmatmul_isa()
     if isa not in NARROWER.get(best, []):
         pytest.skip(f"this CPU's best build is {best}: {isa} is not a narrower one it runs")
     flags = next((line for line in open("/proc/cpuinfo") if line.startswith("flags")), "").split()
     if isa == "avxvnni" and "avx_vnni" not in flags:  # AVX-512 VNNI CPUs without the VEX form (Zen 4, Ice Lake)
         pytest.skip("this CPU has no AVX-VNNI")
-    env = {**os.environ, "ORTINF_KERNEL_ISA": isa}
-    probe = subprocess.run([sys.executable, "-c", "from ortinf.kernels import library; print(library.qmatmul_isa())"],
-                           capture_output=True, text=True, env=env, timeout=120)
-    assert probe.stdout.strip() == isa, probe.stderr
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", "not every_build"],
-                          capture_output=True, text=True, env=env, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:]
+    rerun_under(isa, __file__, "library.qmatmul_isa()")
