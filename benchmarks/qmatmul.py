@@ -5,7 +5,7 @@ the projections of the 0.5b and 1.5b benchmark shapes (benchmarks/compare.py --s
 
 usage: .venv/bin/python benchmarks/qmatmul.py [--record] [--tiny] [--repeats N]
 
-Eight different weights per shape are cycled so that the one-row case reads its weights from memory,
+Eight different weights per shape (one node each, in one graph) are run in turn so that the one-row case reads its weights from memory,
 not from a cache that holds them from the last call (the 0.5b MLP weights are 4.4 MB at int8). Also
 printed: the activation-quantization error per block size (the op's per-token rounding of a
 standard-normal activation row against the exact product with the same quantized weights).
@@ -30,21 +30,27 @@ ROWS = (1, 8, 32, 512)
 WEIGHTS = 8
 
 
-def session(qw, op: str, threads: int = 2) -> ort.InferenceSession:
-    k, n = qw.k, qw.n
-    if op == "QMatMul":
-        packed, scales = qmatmul_tensors(qw)
-        node = helper.make_node("QMatMul", ["a", "w", "s"], ["y"], domain="ortinf", K=k, N=n, bits=qw.bits, block_size=qw.block_size)
-        domain = "ortinf"
-    else:
-        packed, scales = matmul_nbits_tensors(qw)
-        scales = scales.reshape(-1)
-        node = helper.make_node("MatMulNBits", ["a", "w", "s"], ["y"], domain="com.microsoft", K=k, N=n, bits=qw.bits,
-                                block_size=qw.block_size, accuracy_level=4)
-        domain = "com.microsoft"
-    graph = helper.make_graph([node], "op", [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["m", k])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m", n])],
-                              [numpy_helper.from_array(packed, "w"), numpy_helper.from_array(scales, "s")])
+def session(weights: list, op: str, threads: int = 2) -> ort.InferenceSession:
+    """One graph with a node per weight, all reading the same rows (ORT runs them one after another,
+    as a decoder's MatMuls run; one session, so one thread pool: separate sessions' spinning pools
+    fight over the cores and made the first version of this table noise)."""
+    nodes, initializers, outputs = [], [], []
+    for i, qw in enumerate(weights):
+        k, n = qw.k, qw.n
+        if op == "QMatMul":
+            packed, scales = qmatmul_tensors(qw)
+            nodes.append(helper.make_node("QMatMul", ["a", f"w{i}", f"s{i}"], [f"y{i}"], domain="ortinf", K=k, N=n, bits=qw.bits,
+                                          block_size=qw.block_size))
+        else:
+            packed, scales = matmul_nbits_tensors(qw)
+            scales = scales.reshape(-1)
+            nodes.append(helper.make_node("MatMulNBits", ["a", f"w{i}", f"s{i}"], [f"y{i}"], domain="com.microsoft", K=k, N=n,
+                                          bits=qw.bits, block_size=qw.block_size, accuracy_level=4))
+        initializers += [numpy_helper.from_array(packed, f"w{i}"), numpy_helper.from_array(scales, f"s{i}")]
+        outputs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, ["m", n]))
+    domain = "ortinf" if op == "QMatMul" else "com.microsoft"
+    graph = helper.make_graph(nodes, "op", [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["m", weights[0].k])], outputs,
+                              initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(domain, 1)])
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
@@ -52,16 +58,15 @@ def session(qw, op: str, threads: int = 2) -> ort.InferenceSession:
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-def best_ms(sessions: list[ort.InferenceSession], a: np.ndarray, repeats: int) -> float:
-    for s in sessions:
-        s.run(None, {"a": a})
+def best_ms(graph: ort.InferenceSession, a: np.ndarray, repeats: int, nodes: int) -> float:
+    """Milliseconds per node: the best of `repeats` runs of the graph, over its node count."""
+    graph.run(None, {"a": a})
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
-        for s in sessions:
-            s.run(None, {"a": a})
-        best = min(best, (time.perf_counter() - start) / len(sessions))
-    return best * 1e3
+        graph.run(None, {"a": a})
+        best = min(best, time.perf_counter() - start)
+    return best / nodes * 1e3
 
 
 def activation_error(block: int, k: int = 896, n: int = 256) -> float:
@@ -70,7 +75,7 @@ def activation_error(block: int, k: int = 896, n: int = 256) -> float:
     rng = np.random.default_rng(block)
     qw = quantize_weight(rng.standard_normal((k, n)).astype(np.float32), 8, block)
     a = rng.standard_normal((16, k)).astype(np.float32)
-    got = session(qw, "QMatMul").run(None, {"a": a})[0]
+    got = session([qw], "QMatMul").run(None, {"a": a})[0]
     exact = a.astype(np.float64) @ qw.dequantized().astype(np.float64)
     return float(np.linalg.norm(got - exact) / np.linalg.norm(exact))
 
@@ -95,12 +100,11 @@ def main() -> None:
         for k, n in dims:
             for bits, block in ((8, 128), (4, 32), (4, 64)):
                 weights = [quantize_weight(rng.standard_normal((k, n)).astype(np.float32) * 0.02, bits, block) for _ in range(count)]
-                ours = [session(w, "QMatMul") for w in weights]
-                theirs = [session(w, "MatMulNBits") for w in weights]
+                ours, theirs = session(weights, "QMatMul"), session(weights, "MatMulNBits")
                 cells = []
                 for m in rows:
                     a = rng.standard_normal((m, k)).astype(np.float32)
-                    q, o = best_ms(ours, a, args.repeats), best_ms(theirs, a, args.repeats)
+                    q, o = best_ms(ours, a, args.repeats, count), best_ms(theirs, a, args.repeats, count)
                     cells.append(f"{q:.3f} / {o:.3f} ({o / q:.2f}x)")
                 lines.append(f"| {size} | {k} x {n} | int{bits}, block {block} | " + " | ".join(cells) + " |")
     lines += ["", "Activation quantization error of QMatMul (per token and block, int8 weights; relative L2 error against "
