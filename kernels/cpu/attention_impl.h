@@ -13,6 +13,18 @@
 
 namespace ortinf {
 
+// How the pool holds a row (one token's K or V of one head):
+//   kFloat: head_dim floats; kHalf: head_dim IEEE halves;
+//   kInt8:  head_dim int8 values then the row's float scale (4 bytes, native order): value = q * scale,
+//           scale = max|x| / 127, q = round(x / scale) in -127..127 (per token, per head, like
+//           llama.cpp's q8_0 with its scale inside the block). One tensor per K or V, so the graph's
+//           one ScatterND per pool writes rows and scales together, and the op reads both in place.
+enum CacheKind : int { kFloat = 0, kHalf = 1, kInt8 = 2 };
+
+inline int64_t row_bytes(CacheKind kind, int64_t head_dim) {
+  return kind == kInt8 ? head_dim + 4 : head_dim * (kind == kHalf ? 2 : 4);
+}
+
 // One unit of parallel work: the queries [q_begin, q_end) of sequence `seq` against KV head
 // `kv_head`. All query heads of that KV head's group are computed together, so every key and value
 // row read from the pool serves `group` query rows (GQA without repeating K/V).
@@ -40,9 +52,9 @@ struct Step {
   const float* sin;
   int64_t rotary_dim;
   const float* value;      // [T, kv_heads * head_dim]
-  const void* key_cache;   // [kv_heads, pool_blocks, block_size, head_dim], float or IEEE half
+  const void* key_cache;   // [kv_heads, pool_blocks, block_size, row], rows of float, IEEE half or int8 (below)
   const void* value_cache;
-  bool half_cache;
+  CacheKind cache_kind;
   const int64_t* block_tables;  // [num_seqs, max_blocks]
   const int64_t* context_lens;  // [num_seqs]
   const int64_t* starts;        // [num_seqs]: first flat token of each sequence

@@ -9,14 +9,17 @@
 //
 // The op, per layer (inputs, then attributes):
 //   query [T, H*D] f32, key [T, KVH*D] f32, value [T, KVH*D] f32   this step's tokens
-//   key_cache, value_cache [KVH, blocks, block_size, D] f32 or f16   the paged pool, read in place
+//   key_cache, value_cache [KVH, blocks, block_size, D] f32 or f16,  the paged pool, read in place
+//     or [KVH, blocks, block_size, D + 4] int8 (rows of D int8 values and their float scale; attention_impl.h)
 //   block_tables [S, max_blocks] i64, context_lens [S] i64, query_lens [S] i64
 //   cos, sin [T, R] f32 (optional, both or neither)                  RoPE of each token, R <= D, even
 //   sinks [H] f32 (optional)                                         gpt-oss's attention sinks per head
 //   num_heads, kv_num_heads (int), scale (float), sliding_window (int, 0 none), softcap (float, 0 none),
 //   cross (int, 0 none): cross-attention, each query over exactly the cached keys (Whisper's encoder
 //   K/V in the sequence's cross blocks; key and value are then ignored)
-//   -> output [T, H*D] f32, and (optional) rotated_key [T, KVH*D] f32
+//   -> output [T, H*D] f32, and (optional) rotated_key [T, KVH*D] f32 (the step's keys, rotated when cos/sin
+//      are given), key_rows and value_rows [T, KVH*(D + 4)] int8 (an int8 pool only: the step's K and V
+//      quantized as the pool holds them, for the graph's KV write)
 // Without cos/sin, query and key come rotated already (graphs exported before RoPE moved here).
 // With them the op rotates the query rows as it loads them and the step's keys once, and returns
 // the rotated keys for the pool: the graph then has no RoPE nodes (14 elementwise nodes and a
@@ -32,6 +35,7 @@
 #include <onnxruntime_c_api.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -99,6 +103,33 @@ void run_one(void* data, size_t index) {
 
 constexpr size_t kInputs = 11, kRequiredInputs = 8;
 
+template <typename T>
+OrtStatus* output_data(OrtKernelContext* context, size_t index, int64_t rows, int64_t cols, T** data) {
+  OrtValue* value = nullptr;
+  const int64_t shape[2] = {rows, cols};
+  RETURN_IF_ERROR(g_api->KernelContext_GetOutput(context, index, shape, 2, &value));
+  return g_api->GetTensorMutableData(value, reinterpret_cast<void**>(data));
+}
+
+// The int8 pool's rows (attention_impl.h, kInt8) of n rows of `dim` floats, and the floats they stand
+// for (q * scale, as the jobs' dequantize_rows computes them). Plain scalar code compiled once: the
+// rows are the same bytes whatever build the jobs run.
+void quantize_rows(const float* x, int64_t n, int64_t dim, int8_t* rows, float* read) {
+  for (int64_t r = 0; r < n; ++r) {
+    const float* in = x + r * dim;
+    int8_t* q = rows + r * (dim + 4);
+    float top = 0.f;
+    for (int64_t d = 0; d < dim; ++d) top = std::max(top, std::fabs(in[d]));
+    const float scale = top / 127.f, inverse = top > 0.f ? 127.f / top : 0.f;
+    for (int64_t d = 0; d < dim; ++d) {
+      const float v = std::nearbyint(in[d] * inverse);  // to nearest even (the default rounding mode)
+      q[d] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, v)));
+      read[r * dim + d] = static_cast<float>(q[d]) * scale;
+    }
+    std::memcpy(q + dim, &scale, sizeof(scale));
+  }
+}
+
 OrtStatus* compute(const Kernel& k, OrtKernelContext* context) {
   Tensor t[kInputs];
   size_t given = 0;
@@ -119,13 +150,19 @@ OrtStatus* compute(const Kernel& k, OrtKernelContext* context) {
     if (t[i].type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) return fail("PagedAttention: query, key and value must be float32");
   for (int i = 5; i < 8; ++i)
     if (t[i].type != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64) return fail("PagedAttention: block_tables, context_lens and query_lens must be int64");
-  const bool half = key_cache.type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
-  if ((!half && key_cache.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) || value_cache.type != key_cache.type)
-    return fail("PagedAttention: the caches must both be float32 or both float16");
+  ortinf::CacheKind kind;
+  switch (key_cache.type) {
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT: kind = ortinf::kFloat; break;
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16: kind = ortinf::kHalf; break;
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8: kind = ortinf::kInt8; break;
+    default: return fail("PagedAttention: the caches must be float32, float16 or int8");
+  }
+  if (value_cache.type != key_cache.type) return fail("PagedAttention: the K and V caches must have one type");
   if (key_cache.shape.size() != 4 || key_cache.shape != value_cache.shape)
     return fail("PagedAttention: the caches must be [kv_heads, blocks, block_size, head_dim], the same for K and V");
   const int64_t kv_heads = key_cache.shape[0], pool_blocks = key_cache.shape[1], block_size = key_cache.shape[2];
-  const int64_t dim = key_cache.shape[3];
+  const int64_t dim = key_cache.shape[3] - (kind == ortinf::kInt8 ? 4 : 0);  // int8 rows end in their scale
+  if (kind == ortinf::kInt8 && k.cross) return fail("PagedAttention: cross-attention reads a float32 or float16 pool");
   if (kv_heads != k.kv_heads || k.num_heads % k.kv_heads != 0 || dim <= 0 || dim > ortinf::kMaxHeadDim || block_size <= 0)
     return fail("PagedAttention: the cache shape does not match kv_num_heads, or head_dim is outside 1..512");
   if (query.shape.size() != 2 || key.shape.size() != 2 || value.shape != key.shape || tables.shape.size() != 2 ||
@@ -181,45 +218,62 @@ OrtStatus* compute(const Kernel& k, OrtKernelContext* context) {
   size_t outputs = 0;
   RETURN_IF_ERROR(g_api->KernelContext_GetOutputCount(context, &outputs));
   const float* keys = static_cast<const float*>(key.data);
+  const int64_t step_floats = num_tokens * kv_heads * dim;
   std::vector<float> rotated_scratch;
-  if (rotate) {  // the step's keys, rotated once: the jobs read them, the pool gets them (output 1)
+  if (rotate || outputs > 1) {  // the step's keys, rotated once: the jobs read them, the pool gets them (output 1)
     float* rotated = nullptr;
     if (outputs > 1) {
-      OrtValue* key_out = nullptr;
-      const int64_t key_shape[2] = {num_tokens, kv_heads * dim};
-      RETURN_IF_ERROR(g_api->KernelContext_GetOutput(context, 1, key_shape, 2, &key_out));
-      RETURN_IF_ERROR(g_api->GetTensorMutableData(key_out, reinterpret_cast<void**>(&rotated)));
+      RETURN_IF_ERROR(output_data(context, 1, num_tokens, kv_heads * dim, &rotated));
     } else {
-      rotated_scratch.resize(static_cast<size_t>(num_tokens * kv_heads * dim));
+      rotated_scratch.resize(static_cast<size_t>(step_floats));
       rotated = rotated_scratch.data();
     }
     const float* c = static_cast<const float*>(cos.data);
     const float* s = static_cast<const float*>(sin.data);
-    for (int64_t token = 0; token < num_tokens; ++token)
-      for (int64_t h = 0; h < kv_heads; ++h) {
-        const int64_t at = (token * kv_heads + h) * dim;
-        ortinf::rope(keys + at, c + token * rotary_dim, s + token * rotary_dim, rotary_dim, dim, 1.f, rotated + at);
-      }
+    if (rotate) {
+      for (int64_t token = 0; token < num_tokens; ++token)
+        for (int64_t h = 0; h < kv_heads; ++h) {
+          const int64_t at = (token * kv_heads + h) * dim;
+          ortinf::rope(keys + at, c + token * rotary_dim, s + token * rotary_dim, rotary_dim, dim, 1.f, rotated + at);
+        }
+    } else {
+      std::memcpy(rotated, keys, static_cast<size_t>(step_floats) * sizeof(float));
+    }
     keys = rotated;
-  } else if (outputs > 1) {
-    return fail("PagedAttention: the rotated_key output needs the cos and sin inputs");
   }
 
   const float* values = static_cast<const float*>(value.data);
-  std::vector<float> half_keys, half_values;
-  if (half && !k.cross) {  // read the step's K/V as the half pool will hold them (attention_impl.h, round_half)
-    const size_t n = static_cast<size_t>(num_tokens * kv_heads * dim);
-    half_keys.resize(n);
-    half_values.resize(n);
-    g_round_half(keys, half_keys.data(), static_cast<int64_t>(n));
-    g_round_half(values, half_values.data(), static_cast<int64_t>(n));
-    keys = half_keys.data();
-    values = half_values.data();
+  std::vector<float> read_keys, read_values;  // the step's K/V as the pool will hold them
+  std::vector<int8_t> row_scratch;
+  if (kind != ortinf::kFloat && !k.cross) {  // a token then sees the same numbers from the pool or from this step:
+    read_keys.resize(static_cast<size_t>(step_floats));  // chunked prefill equals unchunked
+    read_values.resize(static_cast<size_t>(step_floats));
+    if (kind == ortinf::kHalf) {
+      g_round_half(keys, read_keys.data(), step_floats);
+      g_round_half(values, read_values.data(), step_floats);
+    } else {
+      int8_t* rows[2] = {nullptr, nullptr};
+      const int64_t row = dim + 4, width = kv_heads * row;
+      for (int i = 0; i < 2; ++i) {
+        if (outputs > 2 + static_cast<size_t>(i)) {
+          RETURN_IF_ERROR(output_data(context, 2 + i, num_tokens, width, &rows[i]));
+        } else {
+          row_scratch.resize(static_cast<size_t>(2 * num_tokens * width));
+          rows[i] = row_scratch.data() + i * num_tokens * width;
+        }
+      }
+      quantize_rows(keys, num_tokens * kv_heads, dim, rows[0], read_keys.data());
+      quantize_rows(values, num_tokens * kv_heads, dim, rows[1], read_values.data());
+    }
+    keys = read_keys.data();
+    values = read_values.data();
+  } else if (outputs > 2) {
+    return fail("PagedAttention: the key_rows and value_rows outputs need an int8 pool");
   }
 
   step = {static_cast<const float*>(query.data), keys,
           rotate ? static_cast<const float*>(cos.data) : nullptr, rotate ? static_cast<const float*>(sin.data) : nullptr,
-          rotary_dim, values, key_cache.data, value_cache.data, half, table, ctx, starts.data(), max_blocks, pool_blocks,
+          rotary_dim, values, key_cache.data, value_cache.data, kind, table, ctx, starts.data(), max_blocks, pool_blocks,
           block_size, k.num_heads, kv_heads, dim, k.scale, k.sliding_window, k.softcap, out,
           static_cast<const float*>(sinks.data), k.cross != 0};
   if (call.jobs.size() == 1) {
@@ -255,13 +309,15 @@ void ORT_API_CALL kernel_destroy(void* kernel) { delete static_cast<Kernel*>(ker
 
 const char* ORT_API_CALL op_name(const OrtCustomOp*) { return "PagedAttention"; }
 size_t ORT_API_CALL input_count(const OrtCustomOp*) { return kInputs; }
-size_t ORT_API_CALL output_count(const OrtCustomOp*) { return 2; }
+size_t ORT_API_CALL output_count(const OrtCustomOp*) { return 4; }
 ONNXTensorElementDataType ORT_API_CALL input_type(const OrtCustomOp*, size_t index) {
   if (index < 3 || index >= kRequiredInputs) return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
   if (index < 5) return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;  // the pool: float or float16, checked in compute
   return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
 }
-ONNXTensorElementDataType ORT_API_CALL output_type(const OrtCustomOp*, size_t) { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
+ONNXTensorElementDataType ORT_API_CALL output_type(const OrtCustomOp*, size_t index) {
+  return index < 2 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8;
+}
 OrtCustomOpInputOutputCharacteristic ORT_API_CALL input_required(const OrtCustomOp*, size_t index) {
   return index < kRequiredInputs ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;
 }

@@ -260,6 +260,73 @@ def test_cross_attention_mode():
     assert np.abs(got - want.reshape(q.shape[0], -1)).max() < 2e-5
 
 
+def quantize_rows(x: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """The int8 pool's rows of x [n, dim] float32 (D int8 values, then the float scale's 4 bytes) and the
+    floats they stand for, computed as the op does: scale = max|x| / 127, q = rint(x * 127 / max|x|)."""
+    x = x.reshape(-1, dim).astype(np.float32)
+    top = np.abs(x).max(1)
+    scale = (top / np.float32(127)).astype(np.float32)
+    inverse = np.where(top > 0, np.float32(127) / np.where(top > 0, top, 1), 0).astype(np.float32)
+    q = np.clip(np.rint(x * inverse[:, None]), -127, 127).astype(np.int8)
+    rows = np.concatenate([q, scale.view(np.int8).reshape(-1, 4)], 1)
+    return rows, q.astype(np.float32) * scale[:, None]
+
+
+def int8_session(num_heads: int, kv_heads: int, scale: float, window: int = 0, pool: int = TensorProto.INT8) -> ort.InferenceSession:
+    types = [TensorProto.FLOAT] * 3 + [pool] * 2 + [TensorProto.INT64] * 3
+    inputs = [helper.make_tensor_value_info(n, t, [None] * r) for n, t, r in zip(INPUTS, types, [2, 2, 2, 4, 4, 2, 1, 1])]
+    outs = [("out", TensorProto.FLOAT), ("rotated_key", TensorProto.FLOAT), ("key_rows", TensorProto.INT8),
+            ("value_rows", TensorProto.INT8)]
+    node = helper.make_node("PagedAttention", list(INPUTS), [n for n, _ in outs], domain="ortinf", num_heads=num_heads,
+                            kv_num_heads=kv_heads, scale=scale, sliding_window=window)
+    graph = helper.make_graph([node], "op", inputs, [helper.make_tensor_value_info(n, t, [None, None]) for n, t in outs])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ortinf", 1)])
+    options = ort.SessionOptions()
+    library.register(options)
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("contexts,query_lens,heads,kv_heads,dim,window", [
+    ([1, 150, 1000], [1, 1, 1], 8, 2, 64, 0),
+    ([0, 48, 200], [37, 3, 1], 8, 4, 128, 0),
+    ([0, 300], [18, 1], 4, 1, 40, 64),
+], ids=["decode GQA 4, dim 64", "chunked prefill, dim 128", "dim 40, window 64"])
+def test_int8_pool(contexts, query_lens, heads, kv_heads, dim, window):
+    """An int8 pool (rows of int8 values and their float scale, per token per head): the op reads it in
+    place, returns the step's K/V quantized as the pool holds them (bit for bit numpy's rows), and
+    attends over the step's own keys as those rows read back (chunked prefill then equals unchunked)."""
+    rng = np.random.default_rng(dim)
+    q, k, v, key_f, value_f, tables, ctx, qlens = random_case(rng, contexts, query_lens, heads, kv_heads, dim, shared_prefix=1)
+    key_rows, key_read = quantize_rows(key_f, dim)
+    value_rows, value_read = quantize_rows(value_f, dim)
+    pool_shape = (*key_f.shape[:3], dim + 4)
+    feeds = dict(zip(INPUTS, (q, k, v, key_rows.reshape(pool_shape), value_rows.reshape(pool_shape), tables, ctx, qlens)))
+    out, rotated, new_key_rows, new_value_rows = int8_session(heads, kv_heads, dim**-0.5, window).run(None, feeds)
+    want_k, step_k = quantize_rows(k, dim)
+    want_v, step_v = quantize_rows(v, dim)
+    assert np.array_equal(rotated, k)  # no cos/sin: the keys as given
+    assert np.array_equal(new_key_rows, want_k.reshape(len(k), -1)) and np.array_equal(new_value_rows, want_v.reshape(len(v), -1))
+    want = reference(q, step_k.reshape(k.shape), step_v.reshape(v.shape), key_read.reshape(key_f.shape),
+                     value_read.reshape(value_f.shape), tables, ctx, qlens, heads, kv_heads, dim**-0.5, window, 0.0)
+    error = float(np.abs(out - want).max())
+    print(f"int8 pool dim {dim}: max abs error {error:.2e} against attention over the dequantized rows")
+    assert error < 2e-5
+    exact = reference(q, k, v, key_f, value_f, tables, ctx, qlens, heads, kv_heads, dim**-0.5, window, 0.0)
+    print(f"int8 pool dim {dim}: max abs error {np.abs(out - exact).max():.2e} against the float K/V (the rounding)")
+    assert np.abs(out - exact).max() < 0.05
+
+
+def test_int8_pool_refusals():
+    case = list(random_case(np.random.default_rng(5), [20], [1], 4, 2, 64))
+    rows = quantize_rows(case[3], 64)[0].reshape(*case[3].shape[:3], 68)
+    with pytest.raises(Exception, match="the same for K and V"):  # rows without their scale bytes
+        int8_session(4, 2, 0.125).run(None, dict(zip(INPUTS, [*case[:3], rows, rows[..., :64].copy(), *case[5:]])))
+    with pytest.raises(Exception, match="shapes disagree"):  # a float pool's width read as int8 rows: head_dim 60
+        int8_session(4, 2, 0.125).run(None, dict(zip(INPUTS, [*case[:3], rows[..., :64].copy(), rows[..., :64].copy(), *case[5:]])))
+    with pytest.raises(Exception, match="key_rows and value_rows outputs need an int8 pool"):
+        int8_session(4, 2, 0.125, pool=TensorProto.FLOAT).run(None, dict(zip(INPUTS, case)))
+
+
 @pytest.mark.parametrize("isa", ["avx2", "generic"])
 def test_every_build_the_machine_runs(isa):
     """The op tests again under the narrower builds this CPU can run."""
