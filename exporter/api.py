@@ -83,7 +83,11 @@ def export(
         raise ExportError(f"unknown kernel '{kernel}': choose {', '.join(KERNELS)}")
     if kernel == CONTRIB_PAGED and dtype not in contrib_dtypes():
         raise ExportError(f"the {kernel} kernel runs at {', '.join(contrib_dtypes())} only: pass --dtype fp16")
-    kv_dtype = kv_cache_dtype(dtype, kv_dtype, kernel)
+    requested_kv, cpu_kv_dtype = kv_dtype, "int8" if kv_dtype == "int8" else ""
+    if cpu_kv_dtype and (kernel != PORTABLE or not cpu_kernel):
+        raise ExportError("--kv-dtype int8 is read by ortinf's CPU kernel graph only: drop --kernel/--no-cpu-kernel, "
+                          "or choose --kv-dtype fp16")
+    kv_dtype = kv_cache_dtype(dtype, "auto" if cpu_kv_dtype else kv_dtype, kernel)
     tolerance = DEFAULT_TOLERANCE[kv_dtype if dtype == "fp32" else dtype] if tolerance is None else tolerance
     out_path = Path(out).expanduser().resolve()
     source = resolve_model(str(model))
@@ -91,6 +95,8 @@ def export(
     quant_block_size = quant_block_size or DEFAULT_BLOCK_SIZES.get(dtype, 32)
     if dtype in QUANTIZED and (quant_block_size < 16 or quant_block_size & (quant_block_size - 1)):
         raise ExportError(f"--quant-block-size must be a power of two >= 16, got {quant_block_size}")
+    if task in (SPEECH_RECOGNITION, TEXT2TEXT) and requested_kv != "auto":
+        raise ExportError(f"--kv-dtype is for decoder-only models; {source.name} is a {task} model (its KV cache is fp32)")
     if task == SPEECH_RECOGNITION:
         if dtype not in ("fp32", *QUANTIZED) or kernel != PORTABLE or enable_lora:
             raise ExportError(f"{source.name} is a speech model: export it at --dtype fp32, int8 or int4 with the portable kernel "
@@ -111,7 +117,7 @@ def export(
             raise ExportError(f"--dtype {dtype} is for decoders; {source.name} is a {task} model: export it at fp32 or fp16")
         if kernel != PORTABLE:
             raise ExportError(f"--kernel {kernel} is for decoders; {source.name} is a {task} model")
-        if kv_dtype != dtype:
+        if kv_dtype != dtype or cpu_kv_dtype:
             raise ExportError(f"--kv-dtype is for decoders; {source.name} is a {task} model")
         if enable_lora:
             raise ExportError(f"--enable-lora is for decoders; {source.name} is a {task} model")
@@ -134,10 +140,11 @@ def export(
                 raise ExportError(f"--enable-lora: {source.model_type} has no nn.Linear projections under self_attn/mlp "
                                   "to adapt (GPT-2's are Conv1D): export it without --enable-lora")
             trace_decoder(hf_model.to(DTYPES[dtype]), spec, trace_dir / MODEL_NAME, DTYPES[dtype])
-            if cpu_kernel and wants_cpu_graph(kernel, dtype):
+            if cpu_kernel and wants_cpu_graph(kernel, dtype, cpu_kv_dtype):
                 cpu_traced = trace_dir / "cpu" / MODEL_NAME
                 cpu_traced.parent.mkdir()
-                trace_decoder(hf_model, spec, cpu_traced, DTYPES[dtype], attention=CPU_PAGED)
+                trace_decoder(hf_model, replace(spec, kv_dtype=cpu_kv_dtype or spec.kv_dtype), cpu_traced, DTYPES[dtype],
+                              attention=CPU_PAGED)
             hf_model.float()  # the reference for verification: same weights, fp32 arithmetic
             kind = {"decoder": spec}
         else:
@@ -175,7 +182,7 @@ def export(
             source=str(source.name),
             versions=_versions(),
             cpu_kernel=CpuKernel(CPU_MODEL_NAME, cpu_paged.DOMAIN, (cpu_paged.OP, CPU_OP) if dtype in QUANTIZED else (cpu_paged.OP,),
-                                 float("nan"), "")
+                                 float("nan"), "", cpu_kv_dtype)
             if cpu_traced is not None else None,
             **kind,
         )
@@ -193,16 +200,19 @@ def export(
             )
         manifest = replace(manifest, parity=parity)
         if manifest.cpu_kernel is not None:
-            fused = verify_decoder(hf_model, stage, tolerance, progress, cpu_kernel=True)
-            if not fused.max_abs_diff <= tolerance:
+            # an int8 pool rounds every K/V: its figures are the quality gate's, as for int8 weights
+            cpu_tolerance = float("inf") if cpu_kv_dtype else tolerance
+            fused = verify_decoder(hf_model, stage, cpu_tolerance, progress, cpu_kernel=True)
+            if not fused.max_abs_diff <= cpu_tolerance:
                 raise ExportError(f"verification failed: the CPU kernel graph differs from PyTorch by "
                                   f"{fused.max_abs_diff:.3g}, above the tolerance {tolerance:g} ({fused.description}); "
                                   "nothing was written. Export with --no-cpu-kernel and report this")
             manifest = replace(manifest, cpu_kernel=replace(manifest.cpu_kernel, max_abs_diff=fused.max_abs_diff,
                                                             description=fused.description))
-        if dtype in QUANTIZED:
-            quality = gate(verify_quality(hf_model, stage, dtype), quality_gate,
-                           f"Try {quality_hints(dtype, accuracy_level, quant_block_size)}")
+        if dtype in QUANTIZED or cpu_kv_dtype:  # on the CPU graph where there is one: int8 KV and weights together
+            hint = quality_hints(dtype, accuracy_level, quant_block_size) if dtype in QUANTIZED else "--kv-dtype fp16"
+            quality = gate(verify_quality(hf_model, stage, dtype if dtype in QUANTIZED else "int8"), quality_gate,
+                           f"Try {'--kv-dtype fp16, or ' if cpu_kv_dtype and dtype in QUANTIZED else ''}{hint}")
             manifest = replace(manifest, quality=quality)
         manifest.save(stage)
         bar.update()
@@ -222,14 +232,20 @@ def gate(quality: Quality, mode: str, hint: str, extra_failures: list[str] | Non
     return replace(quality, enforced=False)
 
 
-def wants_cpu_graph(kernel: str, dtype: str) -> bool:
+def wants_cpu_graph(kernel: str, dtype: str, cpu_kv_dtype: str = "") -> bool:
     """Whether this export writes model.cpu.onnx: portable decoders that compute in fp32, when ortinf's
-    kernel library loads here (it verifies the graph); otherwise one warning says why not."""
+    kernel library loads here (it verifies the graph); otherwise one warning says why not (an error
+    with --kv-dtype int8, which only that graph reads)."""
     if kernel != PORTABLE or DTYPES[dtype] != torch.float32:
+        if cpu_kv_dtype:
+            raise ExportError(f"--kv-dtype int8 is read by ortinf's CPU kernel graph, which computes in fp32: not at --dtype {dtype}")
         return False
     from ortinf.kernels import library
 
     if library.load() is None:
+        if cpu_kv_dtype:
+            raise ExportError("--kv-dtype int8 is read by ortinf's kernel library, which is not loaded here: build it with "
+                              "`python -m ortinf.kernels.build`, or choose --kv-dtype fp16")
         log.warning("this package gets no graph for ortinf's CPU kernel library (the library is not loaded here): "
                     "on the CPU it runs the portable kernel. Build the library and re-export for the faster graph")
         return False
@@ -242,7 +258,7 @@ def kv_cache_dtype(dtype: str, kv_dtype: str, kernel: str) -> str:
     llama 10% faster on the CPU kernel, quality figures unchanged; docs/performance.md). fp16 may be
     asked for under fp32 weights, fp32 under int8/int4."""
     if kv_dtype not in ("auto", "fp32", "fp16"):
-        raise ExportError(f"unknown KV cache dtype '{kv_dtype}': choose auto, fp32 or fp16")
+        raise ExportError(f"unknown KV cache dtype '{kv_dtype}': choose auto, fp32, fp16 or int8")
     if dtype in QUANTIZED and kv_dtype in ("auto", "fp32"):
         return "fp16" if kv_dtype == "auto" and kernel == PORTABLE else "fp32"
     natural = dtype

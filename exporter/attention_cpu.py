@@ -78,6 +78,32 @@ def rope_in_kernel(model: torch.nn.Module, batch: CpuBatch, half_tables: bool = 
             module.apply_rotary_pos_emb = original
 
 
+class Int8PagedAttentionOp(torch.autograd.Function):
+    """The node over an int8 pool: outputs 2 and 3 are the step's K and V as the pool's rows
+    ([T, kv_heads * (head_dim + 4)] int8), which the graph's KV write scatters; cos/sin and sinks as
+    in RotaryPagedAttentionOp when given."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, key_cache, value_cache, tables, context_lens, query_lens, cos, sin, sinks,  # noqa: ANN001
+                num_heads, kv_num_heads, scale, sliding_window, softcap):
+        rows = torch.zeros(key.shape[0], kv_num_heads * key_cache.shape[3], dtype=torch.int8)
+        return torch.zeros_like(query), torch.zeros_like(key), rows, rows.clone()
+
+    @staticmethod
+    def symbolic(g, query, key, value, key_cache, value_cache, tables, context_lens, query_lens, cos, sin, sinks,  # noqa: ANN001
+                 num_heads, kv_num_heads, scale, sliding_window, softcap):
+        extra = tuple(x for x in (cos, sin, sinks) if x is not None)
+        out, rotated, key_rows, value_rows = g.op(
+            f"{DOMAIN}::{OP}", query, key, value, key_cache, value_cache, tables, context_lens, query_lens, *extra,
+            num_heads_i=num_heads, kv_num_heads_i=kv_num_heads, scale_f=scale, sliding_window_i=sliding_window,
+            softcap_f=softcap, outputs=4)
+        out.setType(query.type())
+        rotated.setType(key.type())
+        key_rows.setType(key.type().with_dtype(torch.int8))
+        value_rows.setType(key.type().with_dtype(torch.int8))
+        return out, rotated, key_rows, value_rows
+
+
 class PagedAttentionOp(torch.autograd.Function):
     """Traces to one ortinf::PagedAttention node; its forward only gives the tracer a shape."""
 
@@ -150,6 +176,12 @@ def paged_attention(
     sinks = None if s_aux is None else s_aux.float()  # gpt-oss: one sink logit per query head
     if sinks is not None and cos is None:
         raise NotImplementedError("attention sinks on the CPU kernel need RoPE in the op (DecoderArch.rope_in_kernel)")
+    if key_cache.dtype == torch.int8:  # the op quantizes the step's K/V into the pool's rows
+        out, _, key_rows, value_rows = Int8PagedAttentionOp.apply(q, k.reshape(flat), v.reshape(flat), key_cache, value_cache,
+                                                                   *common, cos, sin, sinks, *attributes)
+        batch.new_keys.append(key_rows.reshape(-1, batch.num_kv_heads, key_cache.shape[3]))
+        batch.new_values.append(value_rows.reshape(-1, batch.num_kv_heads, key_cache.shape[3]))
+        return out.reshape(1, -1, batch.num_heads, batch.head_dim), None
     if cos is not None:  # q and k arrive unrotated (rope_in_kernel): the op rotates them
         out, rotated = RotaryPagedAttentionOp.apply(q, k.reshape(flat), v.reshape(flat), key_cache, value_cache, *common,
                                                     cos, sin, sinks, *attributes)

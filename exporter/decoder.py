@@ -21,7 +21,7 @@ from ortinf.exporter.lora import example_lora_inputs, find_targets, lora_dynamic
 from ortinf.exporter.moe import traceable_moe
 from ortinf.exporter.tracing import OPSET, quiet_tracing
 from ortinf.exporter import attention_contrib as contrib_paged, attention_cpu as cpu_paged, attention_portable as portable
-from ortinf.manifest import CONTRIB_PAGED, KV_LAYOUTS, LOGITS, PORTABLE, DecoderSpec, cache_names, lora_input_names, new_kv_names
+from ortinf.manifest import CONTRIB_PAGED, KV_LAYOUTS, LOGITS, PORTABLE, DecoderSpec, cache_names, lora_input_names, new_kv_names, pool_row
 
 # The attention a graph is traced with: the package's kernel (the manifest's), or the CPU kernel
 # library's op for the package's second graph, model.cpu.onnx (same inputs, pool and KV write).
@@ -156,7 +156,7 @@ def decoder_spec(model: PreTrainedModel, kv_dtype: str, kernel: str = PORTABLE, 
     )
 
 
-KV_TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
+KV_TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "int8": torch.int8}
 
 
 def example_inputs(spec: DecoderSpec, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
@@ -171,8 +171,11 @@ def example_inputs(spec: DecoderSpec, dtype: torch.dtype) -> tuple[torch.Tensor,
     if spec.kernel == CONTRIB_PAGED:  # the tables also cover the new tokens: 2 + 3 and 5 + 1 tokens fit 2 blocks
         shape = (num_blocks, block_size, spec.num_kv_heads, spec.head_dim)
     else:
-        shape = (spec.num_kv_heads, num_blocks, block_size, spec.head_dim)
-    caches = [torch.randn(shape, dtype=KV_TORCH_DTYPES[spec.kv_dtype]) for _ in range(2 * spec.num_layers)]
+        shape = (spec.num_kv_heads, num_blocks, block_size, pool_row(spec))
+    if spec.kv_dtype == "int8":  # the CPU kernel's rows (kernels/cpu/attention_impl.h): never read while tracing
+        caches = [torch.zeros(shape, dtype=torch.int8) for _ in range(2 * spec.num_layers)]
+    else:
+        caches = [torch.randn(shape, dtype=KV_TORCH_DTYPES[spec.kv_dtype]) for _ in range(2 * spec.num_layers)]
     lora = example_lora_inputs(spec.num_layers, spec.lora_targets, len(input_ids), dtype) if spec.lora_targets else []
     return (input_ids, positions, block_tables, context_lens, query_lens, logits_indices, *caches, *lora)
 

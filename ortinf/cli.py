@@ -56,9 +56,10 @@ def cli(verbose: bool) -> None:
 @click.option("--quality-gate", type=click.Choice(["enforce", "record"]), default="enforce", show_default=True,
               help="int8/int4: enforce refuses a package whose quality figures miss their thresholds; record keeps it, "
                    "with the figures and a warning (random-weight benchmark models, or a model you have measured).")
-@click.option("--kv-dtype", type=click.Choice(["auto", "fp32", "fp16"]), default="auto", show_default=True,
+@click.option("--kv-dtype", type=click.Choice(["auto", "fp32", "fp16", "int8"]), default="auto", show_default=True,
               help="Decoders: dtype of the paged KV cache (auto: fp16 under int8/int4 weights, else the compute dtype; "
-                   "fp16 under fp32 weights halves its memory).")
+                   "fp16 under fp32 weights halves its memory; int8: a quarter, per-token scales, read by ortinf's CPU "
+                   "kernel graph only, the other providers keep auto's).")
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists (only once the new export has verified).")
 @click.option("--tolerance", type=float, default=None, help="Max abs logit difference vs PyTorch allowed at verification [fp32: 1e-3, fp16: 5e-2].")
 @click.option("--kernel", type=click.Choice(["portable", "paged-attention"]), default="portable", show_default=True,

@@ -46,7 +46,9 @@ def manifest_rows(manifest: Manifest, folder: Path) -> list[tuple[str, str]]:
             ("max model len", str(d.max_model_len)),
             ("sliding window", str(d.sliding_window or "none")),
             ("attention kernel", f"{d.kernel} (runs on {', '.join(n for n, p in PROVIDERS.items() if d.kernel in p.kernels)})"),
-            ("kv cache", f"{d.kv_dtype}, layout [{d.kv_layout}] per layer"),
+            ("kv cache", f"{d.kv_dtype}, layout [{d.kv_layout}] per layer" + (
+                f"; {manifest.cpu_kernel.kv_dtype} (rows of head_dim + 4 bytes) in {manifest.cpu_kernel.graph}"
+                if manifest.cpu_kernel is not None and manifest.cpu_kernel.kv_dtype else "")),
             ("cpu kernel", cpu_kernel_row(manifest)),
             ("lora", f"inputs on {', '.join(d.lora_targets)} (serve adapters with --lora-modules)" if d.lora_targets
              else "none (export with --enable-lora to serve adapters)"),

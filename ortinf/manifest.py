@@ -91,6 +91,15 @@ class DecoderSpec:
     lora_targets: dict[str, list[int]] = field(default_factory=dict)
 
 
+KV_DTYPE_BYTES = {"fp32": 4, "fp16": 2, "int8": 1}
+
+
+def pool_row(spec: DecoderSpec) -> int:
+    """The last dimension of a pool tensor: head_dim, or head_dim + 4 for int8 rows (the values, then their
+    float scale's 4 bytes: kernels/cpu/attention_impl.h)."""
+    return spec.head_dim + 4 if spec.kv_dtype == "int8" else spec.head_dim
+
+
 LORA_MASK = "lora_mask"  # [num_tokens, lora_width]: each token's adapter scale on its adapter's columns
 
 
@@ -194,6 +203,9 @@ class CpuKernel:
     ops: tuple[str, ...]  # the library's ops it uses
     max_abs_diff: float  # against PyTorch, measured at export as Parity is for model.onnx
     description: str
+    # the pool this graph reads, when not the decoder's kv_dtype: "int8" (`--kv-dtype int8`: rows of int8
+    # values and their scale, which only ortinf.PagedAttention reads; the portable graph keeps the decoder's)
+    kv_dtype: str = ""
 
 
 @dataclass(frozen=True, slots=True)

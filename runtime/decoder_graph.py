@@ -11,6 +11,7 @@ padded to shape buckets (runtime/model_input.py, pad_to_buckets).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +28,30 @@ from ortinf.providers.session import create_session
 from ortinf.runtime.kv_pool import KVPool
 from ortinf.runtime.lora import LoraSlots
 from ortinf.runtime.model_input import ModelInput, pad_to_buckets
+
+
+def cpu_kernels(manifest: Manifest, package_dir: str | Path, provider: str, wanted: bool | None) -> library.KernelLibrary | None:
+    """The kernel library when a session on `provider` runs the package's CPU-kernel graph, else None
+    (`wanted`: DecoderGraph's cpu_kernel)."""
+    if wanted is False or provider != "cpu":
+        return None
+    if manifest.cpu_kernel is None:
+        if wanted:
+            raise ConfigError(f"{package_dir} has no graph for ortinf's CPU kernel library: re-export it with this ortinf")
+        return None
+    loaded = library.load()
+    if loaded is None and wanted:
+        raise ConfigError(f"{package_dir}'s CPU graph needs ortinf's kernel library, which is not loaded here: "
+                          "build it with `python -m ortinf.kernels.build`")
+    return loaded
+
+
+def pool_spec(manifest: Manifest, kernels: library.KernelLibrary | None) -> DecoderSpec:
+    """The decoder spec whose kv_dtype is the pool's: the CPU-kernel graph's own (an int8 pool) when it runs."""
+    spec = manifest.decoder
+    if kernels is not None and manifest.cpu_kernel.kv_dtype:
+        return replace(spec, kv_dtype=manifest.cpu_kernel.kv_dtype)
+    return spec
 
 
 class DecoderGraph:
@@ -70,9 +95,10 @@ class DecoderGraph:
         check_block_size(self.spec.kernel, block_size)
         self.max_query_len = self.provider.max_query_len.get(self.spec.kernel)  # the scheduler chunks prefills to it
         graph_file = MODEL_NAME if self.provider.kv_write == GRAPH_WRITE or self.contrib else HOST_WRITE_MODEL_NAME
-        kernels = self._cpu_kernels(package_dir, cpu_kernel) if graph_file == MODEL_NAME else None
+        kernels = cpu_kernels(self.manifest, package_dir, self.provider.name, cpu_kernel) if graph_file == MODEL_NAME else None
         if kernels is not None:
             graph_file = self.manifest.cpu_kernel.graph
+            self.spec = pool_spec(self.manifest, kernels)
         #: which attention kernel this session runs, in words (`ortinf inspect`, logs)
         self.kernel_description = (f"{library.DOMAIN}.{'/'.join(self.manifest.cpu_kernel.ops)} ({kernels.isa})"
                                    if kernels is not None else self.spec.kernel)
@@ -108,20 +134,6 @@ class DecoderGraph:
     @property
     def lora_dtype(self) -> type:
         return np.float16 if self.manifest.dtype == "fp16" else np.float32
-
-    def _cpu_kernels(self, package_dir: str | Path, wanted: bool | None) -> library.KernelLibrary | None:
-        """The kernel library when this session runs the package's CPU-kernel graph, else None."""
-        if wanted is False or self.provider.name != "cpu":
-            return None
-        if self.manifest.cpu_kernel is None:
-            if wanted:
-                raise ConfigError(f"{package_dir} has no graph for ortinf's CPU kernel library: re-export it with this ortinf")
-            return None
-        loaded = library.load()
-        if loaded is None and wanted:
-            raise ConfigError(f"{package_dir}'s CPU graph needs ortinf's kernel library, which is not loaded here: "
-                              "build it with `python -m ortinf.kernels.build`")
-        return loaded
 
     def run(self, model_input: ModelInput) -> np.ndarray:
         """Runs one step; returns logits [rows, vocab]. The graph writes the new K/V into the pool."""

@@ -15,7 +15,7 @@ from ortinf.errors import ConfigError, RequestError, StepFailedError
 from ortinf.manifest import TEXT_GENERATION, Manifest
 from ortinf.providers.registry import resolve
 from ortinf.runtime.config import EngineConfig
-from ortinf.runtime.decoder_graph import DecoderGraph
+from ortinf.runtime.decoder_graph import DecoderGraph, cpu_kernels, pool_spec
 from ortinf.runtime.draft_proposer import DraftProposer
 from ortinf.runtime.kv_cache_manager import KVCacheManager
 from ortinf.runtime.kv_pool import resolve_num_blocks
@@ -57,7 +57,8 @@ class LLMEngine:
         self.tokenizer = load_checked_tokenizer(config.package_dir, spec.vocab_size) if manifest.has_tokenizer else None
         self.max_model_len = min(config.max_model_len or spec.max_model_len, spec.max_model_len)
         found = resolve(config.provider)
-        num_blocks = resolve_num_blocks(config, spec, self.max_model_len, found.provider)
+        kernels = cpu_kernels(manifest, config.package_dir, found.provider.name, config.cpu_kernel)
+        num_blocks = resolve_num_blocks(config, pool_spec(manifest, kernels), self.max_model_len, found.provider)
         self.graph = DecoderGraph(config.package_dir, num_blocks, config.block_size, found, config.intra_op_threads,
                                   config.provider_options, config.allow_cpu_fallback, config.shape_buckets, config.cpu_kernel)
         self.loras = self._lora_slots(config)

@@ -1,7 +1,8 @@
 """The paged KV pool: its size, its memory, its binding to the graph, and how K/V get written.
 
 One K and one V tensor per layer, [kv_heads, num_blocks + 1, block_size, head_dim] (the contrib
-paged kernel's: [num_blocks + 1, block_size, kv_heads, head_dim]), allocated once where the provider
+paged kernel's: [num_blocks + 1, block_size, kv_heads, head_dim]; an int8 pool's rows are head_dim + 4
+bytes, the values and their scale, read by the CPU kernel graph only), allocated once where the provider
 computes:
 
 - HOST providers (CPU, OpenVINO): a numpy array (pages touched at start-up) wrapped as an OrtValue
@@ -32,20 +33,19 @@ import numpy as np
 import onnxruntime as ort
 
 from ortinf.errors import ConfigError
-from ortinf.manifest import BLOCKS_FIRST_LAYOUT, DecoderSpec, cache_names, new_kv_names
+from ortinf.manifest import BLOCKS_FIRST_LAYOUT, KV_DTYPE_BYTES, DecoderSpec, cache_names, new_kv_names, pool_row
 from ortinf.providers.base import GRAPH_WRITE, HOST, Provider
 from ortinf.runtime.config import EngineConfig, available_memory
 
 log = logging.getLogger(__name__)
 
 DEFAULT_KV_FRACTION = 0.2  # of available RAM, for host pools when neither num_blocks nor kv_cache_memory is given
-DTYPE_BYTES = {"fp32": 4, "fp16": 2}
-NUMPY_DTYPES = {"fp32": np.float32, "fp16": np.float16}
+NUMPY_DTYPES = {"fp32": np.float32, "fp16": np.float16, "int8": np.int8}
 
 
 def block_bytes(spec: DecoderSpec, block_size: int) -> int:
     """Bytes of one block across all layers, keys and values."""
-    return 2 * spec.num_layers * block_size * spec.num_kv_heads * spec.head_dim * DTYPE_BYTES[spec.kv_dtype]
+    return 2 * spec.num_layers * block_size * spec.num_kv_heads * pool_row(spec) * KV_DTYPE_BYTES[spec.kv_dtype]
 
 
 def resolve_num_blocks(config: EngineConfig, spec: DecoderSpec, max_model_len: int, provider: Provider) -> int:
@@ -93,7 +93,7 @@ class KVPool:
         if self.blocks_first:
             self.shape = (num_blocks + 1, block_size, spec.num_kv_heads, spec.head_dim)
         else:
-            self.shape = (spec.num_kv_heads, num_blocks + 1, block_size, spec.head_dim)
+            self.shape = (spec.num_kv_heads, num_blocks + 1, block_size, pool_row(spec))
         dtype = NUMPY_DTYPES[spec.kv_dtype]
         self.input_names, self.output_names = cache_names(spec.num_layers)
         self.graph_write = provider.kv_write == GRAPH_WRITE or self.blocks_first  # the contrib op always writes
