@@ -52,6 +52,8 @@ struct Step {
   const float* sin;
   int64_t rotary_dim;
   const float* value;      // [T, kv_heads * head_dim]
+  const int8_t* key_rows;  // an int8 pool: the step's K and V as the pool's rows, [T, kv_heads, head_dim + 4]; the
+  const int8_t* value_rows;  // jobs read the step's own keys from these (not key/value), as they read the pool
   const void* key_cache;   // [kv_heads, pool_blocks, block_size, row], rows of float, IEEE half or int8 (below)
   const void* value_cache;
   CacheKind cache_kind;

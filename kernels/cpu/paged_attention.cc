@@ -111,10 +111,9 @@ OrtStatus* output_data(OrtKernelContext* context, size_t index, int64_t rows, in
   return g_api->GetTensorMutableData(value, reinterpret_cast<void**>(data));
 }
 
-// The int8 pool's rows (attention_impl.h, kInt8) of n rows of `dim` floats, and the floats they stand
-// for (q * scale, as the jobs' dequantize_rows computes them). Plain scalar code compiled once: the
-// rows are the same bytes whatever build the jobs run.
-void quantize_rows(const float* x, int64_t n, int64_t dim, int8_t* rows, float* read) {
+// The int8 pool's rows (attention_impl.h, kInt8) of n rows of `dim` floats. Plain scalar code compiled
+// once: the rows are the same bytes whatever build the jobs run.
+void quantize_rows(const float* x, int64_t n, int64_t dim, int8_t* rows) {
   for (int64_t r = 0; r < n; ++r) {
     const float* in = x + r * dim;
     int8_t* q = rows + r * (dim + 4);
@@ -124,7 +123,6 @@ void quantize_rows(const float* x, int64_t n, int64_t dim, int8_t* rows, float* 
     for (int64_t d = 0; d < dim; ++d) {
       const float v = std::nearbyint(in[d] * inverse);  // to nearest even (the default rounding mode)
       q[d] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, v)));
-      read[r * dim + d] = static_cast<float>(q[d]) * scale;
     }
     std::memcpy(q + dim, &scale, sizeof(scale));
   }
@@ -243,16 +241,20 @@ OrtStatus* compute(const Kernel& k, OrtKernelContext* context) {
   }
 
   const float* values = static_cast<const float*>(value.data);
-  std::vector<float> read_keys, read_values;  // the step's K/V as the pool will hold them
+  // The jobs read the step's own K/V as the pool will hold them: a token then sees the same numbers from
+  // the pool or from this step, and chunked prefill equals unchunked. Half: rounded copies; int8: the rows.
+  std::vector<float> read_keys, read_values;
   std::vector<int8_t> row_scratch;
-  if (kind != ortinf::kFloat && !k.cross) {  // a token then sees the same numbers from the pool or from this step:
-    read_keys.resize(static_cast<size_t>(step_floats));  // chunked prefill equals unchunked
-    read_values.resize(static_cast<size_t>(step_floats));
+  int8_t* rows[2] = {nullptr, nullptr};
+  if (kind != ortinf::kFloat && !k.cross) {
     if (kind == ortinf::kHalf) {
+      read_keys.resize(static_cast<size_t>(step_floats));
+      read_values.resize(static_cast<size_t>(step_floats));
       g_round_half(keys, read_keys.data(), step_floats);
       g_round_half(values, read_values.data(), step_floats);
+      keys = read_keys.data();
+      values = read_values.data();
     } else {
-      int8_t* rows[2] = {nullptr, nullptr};
       const int64_t row = dim + 4, width = kv_heads * row;
       for (int i = 0; i < 2; ++i) {
         if (outputs > 2 + static_cast<size_t>(i)) {
@@ -262,18 +264,16 @@ OrtStatus* compute(const Kernel& k, OrtKernelContext* context) {
           rows[i] = row_scratch.data() + i * num_tokens * width;
         }
       }
-      quantize_rows(keys, num_tokens * kv_heads, dim, rows[0], read_keys.data());
-      quantize_rows(values, num_tokens * kv_heads, dim, rows[1], read_values.data());
+      quantize_rows(keys, num_tokens * kv_heads, dim, rows[0]);
+      quantize_rows(values, num_tokens * kv_heads, dim, rows[1]);
     }
-    keys = read_keys.data();
-    values = read_values.data();
   } else if (outputs > 2) {
     return fail("PagedAttention: the key_rows and value_rows outputs need an int8 pool");
   }
 
   step = {static_cast<const float*>(query.data), keys,
           rotate ? static_cast<const float*>(cos.data) : nullptr, rotate ? static_cast<const float*>(sin.data) : nullptr,
-          rotary_dim, values, key_cache.data, value_cache.data, kind, table, ctx, starts.data(), max_blocks, pool_blocks,
+          rotary_dim, values, rows[0], rows[1], key_cache.data, value_cache.data, kind, table, ctx, starts.data(), max_blocks, pool_blocks,
           block_size, k.num_heads, kv_heads, dim, k.scale, k.sliding_window, k.softcap, out,
           static_cast<const float*>(sinks.data), k.cross != 0};
   if (call.jobs.size() == 1) {
