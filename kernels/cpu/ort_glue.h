@@ -117,5 +117,6 @@ inline OrtCustomOp make_op(const OpCallbacks& f) {
 
 // The quantized MatMul op (qmatmul.cc), added to the domain next to PagedAttention.
 OrtCustomOp* qmatmul_op();
+OrtCustomOp* moe_op();
 
 }  // namespace ortinf

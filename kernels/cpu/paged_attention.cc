@@ -341,6 +341,7 @@ __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps
   RETURN_IF_ERROR(g_api->CreateCustomOpDomain("ortinf", &domain));
   RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, &g_paged_attention));
   RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, ortinf::qmatmul_op()));
+  RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, ortinf::moe_op()));
   return g_api->AddCustomOpDomain(options, domain);
 }
 

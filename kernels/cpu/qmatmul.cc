@@ -237,6 +237,11 @@ OrtCustomOp g_qmatmul = make_op({op_name, input_type, input_count, output_type, 
 
 OrtCustomOp* qmatmul_op() { return &g_qmatmul; }
 
+const QKernels& qmatmul_kernels() {
+  static const QKernels kernels{g_isa.name, g_isa.quantize, g_isa.gemm};
+  return kernels;
+}
+
 }  // namespace ortinf
 
 // For `ortinf inspect` (read with ctypes): the instruction set the quantized MatMul runs with.

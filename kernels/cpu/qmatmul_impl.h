@@ -57,6 +57,14 @@ using GemmFn = void (*)(const QGemm& g, int64_t m0, int64_t m1, int64_t t0, int6
   void quantize_rows_##isa(const float* a, int64_t lda, int64_t K, const QGemm& g, int64_t m0, int64_t m1); \
   void qgemm_##isa(const QGemm& g, int64_t m0, int64_t m1, int64_t t0, int64_t t1);
 
+// The build QMatMul runs with (picked and checked at load, qmatmul.cc); ortinf.MoE's quantized experts use it too.
+struct QKernels {
+  const char* name;
+  QuantizeFn quantize;
+  GemmFn gemm;
+};
+const QKernels& qmatmul_kernels();
+
 ORTINF_QMATMUL_DECLARE(avx512vnni)
 ORTINF_QMATMUL_DECLARE(avxvnni)
 ORTINF_QMATMUL_DECLARE(avx2)
