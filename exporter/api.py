@@ -11,6 +11,7 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
+import onnx
 import torch
 from tqdm.auto import tqdm
 
@@ -20,7 +21,7 @@ from ortinf.exporter.architectures import resolve_task
 from ortinf.exporter.decoder import CPU_PAGED, decoder_spec, trace_decoder
 from ortinf.exporter.encoder import TracedEncoder, encoder_inputs, encoder_spec, read_pooling, trace_encoder
 from ortinf.exporter.kv_write import place_decoder
-from ortinf.exporter.quantize import BITS, CPU_OP, DEFAULT_ACCURACY_LEVEL, DEFAULT_BLOCK_SIZES, quantize
+from ortinf.exporter.quantize import BITS, CPU_OP, DEFAULT_ACCURACY_LEVEL, DEFAULT_BLOCK_SIZES, MOE_OP, quantize
 from ortinf.exporter.package import staging, token_ids, write_generation_config, write_tokenizer
 from ortinf.exporter.source import ModelSource, resolve_model
 from ortinf.exporter.verify import verify_decoder, verify_encoder, verify_quality
@@ -181,8 +182,7 @@ def export(
             has_chat_template=has_template,
             source=str(source.name),
             versions=_versions(),
-            cpu_kernel=CpuKernel(CPU_MODEL_NAME, cpu_paged.DOMAIN, (cpu_paged.OP, CPU_OP) if dtype in QUANTIZED else (cpu_paged.OP,),
-                                 float("nan"), "", cpu_kv_dtype)
+            cpu_kernel=CpuKernel(CPU_MODEL_NAME, cpu_paged.DOMAIN, library_ops(stage / CPU_MODEL_NAME), float("nan"), "", cpu_kv_dtype)
             if cpu_traced is not None else None,
             **kind,
         )
@@ -230,6 +230,12 @@ def gate(quality: Quality, mode: str, hint: str, extra_failures: list[str] | Non
                           f"nothing was written. {hint}, or --quality-gate record to keep the package with its figures")
     log.warning("quality gate not met, recorded and not enforced (--quality-gate record): %s", "; ".join(failures))
     return replace(quality, enforced=False)
+
+
+def library_ops(graph: Path) -> tuple[str, ...]:
+    """The kernel library's ops a graph uses, in the library's order (PagedAttention, QMatMul, MoE)."""
+    used = {n.op_type for n in onnx.load(str(graph), load_external_data=False).graph.node if n.domain == cpu_paged.DOMAIN}
+    return tuple(op for op in (cpu_paged.OP, CPU_OP, MOE_OP) if op in used)
 
 
 def wants_cpu_graph(kernel: str, dtype: str, cpu_kv_dtype: str = "") -> bool:

@@ -98,7 +98,7 @@ class PagedDecoder(torch.nn.Module):
             b = {key: lora[2 + 2 * i] for i, key in enumerate(keys)}
             adapters = lora_linears(self.model, self.lora_targets, lora[0], a, b)
         legacy = has_legacy_attention(self.model)  # its base model's forward takes no ortinf_paged
-        with rope, traceable_moe(self.model), adapters, legacy_attention(self.model, batch):
+        with rope, traceable_moe(self.model, fused=self.kernel == CPU_PAGED), adapters, legacy_attention(self.model, batch):
             hidden = self.base(
                 input_ids=input_ids[None],
                 position_ids=positions[None],

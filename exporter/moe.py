@@ -18,7 +18,9 @@ makes PyTorch's reference follow it).
 
 ONNX Runtime's `com.microsoft.MoE` op (CPU since 1.23) fuses this per layer; the portable form here
 runs on every provider and is what parity is proven on (docs/exporter.md has the measurements and
-the op's limits).
+the op's limits). The CPU kernel library's graph (model.cpu.onnx) instead gets one `ortinf.MoE` node
+per block (kernels/cpu/moe.cc: the same routing, the experts' weights stacked [E, H, 2I] and
+[E, I, H]; `traceable_moe(model, fused=True)`), and the quantizer packs those per expert.
 """
 
 from __future__ import annotations
@@ -113,12 +115,74 @@ def _gpt_oss_forward(block: torch.nn.Module, hidden_states: torch.Tensor) -> tup
 FORWARDS = {**dict.fromkeys(MOE_BLOCKS, _sparse_block_forward), "GptOssMLP": _gpt_oss_forward}
 
 
+class MoEOp(torch.autograd.Function):
+    """Traces to one ortinf::MoE node (kernels/cpu/moe.cc); its forward only gives the tracer a shape.
+    fp32 experts: the scales inputs are empty tensors (the quantizer replaces weights and scales)."""
+
+    @staticmethod
+    def forward(ctx, hidden, logits, gate_up, down, gate_up_bias, down_bias, top_k, normalize, activation, alpha, limit):  # noqa: ANN001
+        return torch.zeros_like(hidden)
+
+    @staticmethod
+    def symbolic(g, hidden, logits, gate_up, down, gate_up_bias, down_bias, top_k, normalize, activation, alpha, limit):  # noqa: ANN001
+        empty = g.op("Constant", value_t=torch.zeros(0))
+        biases = () if gate_up_bias is None else (gate_up_bias, down_bias)
+        out = g.op("ortinf::MoE", hidden, logits, gate_up, empty, down, empty, *biases, top_k_i=top_k, normalize_i=int(normalize),
+                   activation_i=activation, alpha_f=alpha, limit_f=limit, bits_i=0, block_size_i=0,
+                   hidden_size_i=gate_up.type().sizes()[1], intermediate_size_i=down.type().sizes()[1])
+        out.setType(hidden.type())
+        return out
+
+
+def _expert_weights(expert: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(gate, up, down) weights of a SiLU-gated expert MLP, as nn.Linear holds them ([out, in])."""
+    if hasattr(expert, "w1"):  # Mixtral's names
+        return expert.w1.weight, expert.w3.weight, expert.w2.weight
+    return expert.gate_proj.weight, expert.up_proj.weight, expert.down_proj.weight
+
+
+def _fused_sparse_forward(block: torch.nn.Module, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """_sparse_block_forward with the routing and routed experts in one ortinf.MoE node."""
+    shape = hidden_states.shape
+    hidden = hidden_states.reshape(-1, shape[-1])
+    router_logits = block.gate(hidden)
+    normalize = type(block).__name__ == "MixtralSparseMoeBlock" or bool(getattr(block, "norm_topk_prob", False))
+    weights = [_expert_weights(e) for e in block.experts]
+    gate_up = torch.stack([torch.cat([gate.T, up.T], 1) for gate, up, _ in weights]).float()
+    down = torch.stack([d.T for _, _, d in weights]).float()
+    out = MoEOp.apply(hidden.float(), router_logits.float(), gate_up, down, None, None, block.top_k, normalize, 0, 0.0, 0.0)
+    if getattr(block, "shared_expert", None) is not None:  # Qwen2-MoE
+        out = out + torch.sigmoid(block.shared_expert_gate(hidden)) * block.shared_expert(hidden)
+    return out.reshape(shape), router_logits
+
+
+def _fused_gpt_oss_forward(block: torch.nn.Module, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    shape = hidden_states.shape
+    hidden = hidden_states.reshape(-1, shape[-1])
+    router, experts = block.router, block.experts
+    logits = F.linear(hidden, router.weight, router.bias)
+    out = MoEOp.apply(hidden, logits, experts.gate_up_proj, experts.down_proj, experts.gate_up_proj_bias, experts.down_proj_bias,
+                      router.top_k, True, 1, float(experts.alpha), float(experts.limit))
+    return out.reshape(shape), logits
+
+
+def _silu_experts(block: torch.nn.Module) -> bool:
+    return all(type(getattr(e, "act_fn", None)).__name__ in ("SiLU", "SiLUActivation") for e in block.experts)
+
+
+FUSED = {**dict.fromkeys(MOE_BLOCKS, _fused_sparse_forward), "GptOssMLP": _fused_gpt_oss_forward}
+
+
 @contextlib.contextmanager
-def traceable_moe(model: torch.nn.Module) -> Iterator[None]:
-    """While tracing, every sparse MoE block of `model` runs this module's traceable forward."""
+def traceable_moe(model: torch.nn.Module, fused: bool = False) -> Iterator[None]:
+    """While tracing, every sparse MoE block of `model` runs this module's traceable forward: the
+    portable one, or with `fused` (the CPU kernel library's graph) one ortinf.MoE node per block where
+    the experts are SiLU-gated MLPs or gpt-oss's."""
     blocks = [m for m in model.modules() if type(m).__name__ in FORWARDS]
     for block in blocks:
-        block.forward = types.MethodType(FORWARDS[type(block).__name__], block)
+        name = type(block).__name__
+        use_fused = fused and (name == "GptOssMLP" or _silu_experts(block))
+        block.forward = types.MethodType((FUSED if use_fused else FORWARDS)[name], block)
     try:
         yield
     finally:

@@ -45,6 +45,7 @@ DEFAULT_BLOCK_SIZES = {"int8": 128, "int4": 32}
 DEFAULT_ACCURACY_LEVEL = 4
 TILE = 16  # columns per packed tile of ortinf.QMatMul
 CPU_OP = "QMatMul"
+MOE_OP = "MoE"  # ortinf.MoE (kernels/cpu/moe.cc): its stacked expert weights are packed per expert
 CPU_DOMAIN = "ortinf"
 
 
@@ -132,6 +133,11 @@ def quantize(model: onnx.ModelProto, dtype: str, block_size: int | None = None,
     cache = {} if cache is None else cache
     nodes, dropped, added, count = [], set(), [], 0
     for node in graph.node:
+        if cpu and node.op_type == MOE_OP and node.domain == CPU_DOMAIN:
+            added += pack_experts(node, weights, bits, block_size, cache, users, dropped)
+            nodes.append(node)
+            count += 2
+            continue
         weight = weights.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
         if weight is not None and weight.name in keep:
             weight = None
@@ -173,6 +179,37 @@ def quantize(model: onnx.ModelProto, dtype: str, block_size: int | None = None,
     return model
 
 
+def pack_experts(node: onnx.NodeProto, weights: dict, bits: int, block_size: int, cache: dict, users: dict,
+                 dropped: set) -> list[onnx.TensorProto]:
+    """Rewrites an ortinf.MoE node's fp32 expert weights (inputs 2 and 4, [E, K, N]) into QMatMul's packing
+    per expert ([E, bytes] uint8 and scales [E, tiles, blocks, 16], inputs 2-5); returns the new tensors."""
+    added = []
+    for index in (2, 4):
+        tensor = weights[node.input[index]]
+        stacked = numpy_helper.to_array(tensor)
+        packed, scales = [], []
+        for expert in stacked:  # per column and block of K, as the portable graph's per-expert MatMuls round
+            key = (hashlib.blake2b(expert.tobytes(), digest_size=20).digest(), expert.shape, bits, block_size)
+            qw = cache.get(key)
+            if qw is None:
+                qw = cache[key] = quantize_weight(expert, bits, block_size)
+            p, sc = qmatmul_tensors(qw)
+            packed.append(p)
+            scales.append(sc)
+        base = f"{tensor.name}.q{bits}"
+        added += [numpy_helper.from_array(np.stack(packed), base + ".packed"), numpy_helper.from_array(np.stack(scales), base + ".scales")]
+        users[tensor.name] -= 1
+        if users[tensor.name] == 0:
+            dropped.add(tensor.name)
+        node.input[index], node.input[index + 1] = base + ".packed", base + ".scales"
+    for attribute in node.attribute:
+        if attribute.name == "bits":
+            attribute.i = bits
+        elif attribute.name == "block_size":
+            attribute.i = block_size
+    return added
+
+
 # What may lie between a router's MatMul and its TopK (gpt-oss: Gemm -> Softmax -> Cast -> TopK).
 ROUTING_PATH = {"Add", "Softmax", "Sigmoid", "Cast", "Reshape", "Mul", "Div", "Tanh"}
 
@@ -193,7 +230,7 @@ def routers(graph: onnx.GraphProto) -> set[str]:
         frontier = [node.output[0]]
         for _ in range(4):
             nexts = [c for name in frontier for c in consumers.get(name, [])]
-            if any(c.op_type == "TopK" for c in nexts):
+            if any(c.op_type == "TopK" or (c.op_type == MOE_OP and c.input[1] in frontier) for c in nexts):
                 found.add(node.input[1])
                 break
             frontier = [o for c in nexts if c.op_type in ROUTING_PATH for o in c.output]

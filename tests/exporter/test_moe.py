@@ -10,7 +10,7 @@ import torch
 
 import ortinf
 from ortinf.exporter.moe import lower_index_ties
-from ortinf.manifest import MODEL_NAME
+from ortinf.manifest import CPU_MODEL_NAME, MODEL_NAME
 from ortinf.runtime.decoder_graph import DecoderGraph
 from ortinf.runtime.model_input import SequenceChunk, build_model_input
 from tiny_models import add_tokenizer, build_decoder
@@ -100,3 +100,7 @@ def test_each_expert_runs_on_its_routed_tokens_only(model_type, tmp_path):
     num_experts = getattr(config, "num_experts", None) or config.num_local_experts
     assert sum(n.op_type == "NonZero" for n in graph.node) == num_experts * config.num_hidden_layers
     assert sum(n.op_type == "ScatterND" for n in graph.node) >= num_experts * config.num_hidden_layers
+    if (package / CPU_MODEL_NAME).exists():  # the CPU kernel library's graph: one ortinf.MoE node per block instead
+        cpu = onnx.load(str(package / CPU_MODEL_NAME), load_external_data=False).graph
+        assert sum(n.op_type == "MoE" and n.domain == "ortinf" for n in cpu.node) == config.num_hidden_layers
+        assert not any(n.op_type == "NonZero" for n in cpu.node)
