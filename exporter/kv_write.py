@@ -113,6 +113,7 @@ def place_decoder(traced: Path, stage: Path, spec: DecoderSpec,
         onnx.save_model(model, str(stage / MODEL_NAME))
     if cpu_traced is not None:
         cpu = onnx.load(str(cpu_traced), load_external_data=True)
+        constants_to_initializers(cpu)
         if (cpu_transform or transform) is not None:
             cpu = (cpu_transform or transform)(cpu)
         add_kv_write(cpu, spec.num_layers, spec.num_kv_heads)
@@ -123,6 +124,25 @@ def place_decoder(traced: Path, stage: Path, spec: DecoderSpec,
             onnx.save_model(cpu, str(stage / CPU_MODEL_NAME))
     initializers = {t.name for t in model.graph.initializer}
     return [i.name for i in model.graph.input if i.name not in initializers], [o.name for o in model.graph.output]
+
+
+def constants_to_initializers(model: onnx.ModelProto, min_bytes: int = 1024) -> None:
+    """Large Constant nodes become initializers (so the weights file holds them and the quantizer finds
+    them): tensors the tracer made from numpy at trace time, such as ortinf.MoE's packed experts
+    (exporter/moe.py), are traced as Constant nodes, which would sit inside the graph's protobuf."""
+    graph = model.graph
+    kept = []
+    for node in graph.node:
+        value = next((a.t for a in node.attribute if a.name == "value" and a.type == onnx.AttributeProto.TENSOR), None)
+        if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or value is None or len(value.raw_data) < min_bytes:
+            kept.append(node)
+            continue
+        tensor = onnx.TensorProto()
+        tensor.CopyFrom(value)
+        tensor.name = node.output[0]
+        graph.initializer.append(tensor)
+    del graph.node[:]
+    graph.node.extend(kept)
 
 
 def digest(tensor: onnx.TensorProto) -> bytes:

@@ -29,6 +29,7 @@ import contextlib
 import types
 from collections.abc import Iterator
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -120,18 +121,36 @@ class MoEOp(torch.autograd.Function):
     fp32 experts: the scales inputs are empty tensors (the quantizer replaces weights and scales)."""
 
     @staticmethod
-    def forward(ctx, hidden, logits, gate_up, down, gate_up_bias, down_bias, top_k, normalize, activation, alpha, limit):  # noqa: ANN001
+    def forward(ctx, hidden, logits, gate_up, down, gate_up_bias, down_bias, top_k, normalize, activation, alpha, limit,  # noqa: ANN001
+                hidden_size, intermediate_size):
         return torch.zeros_like(hidden)
 
     @staticmethod
-    def symbolic(g, hidden, logits, gate_up, down, gate_up_bias, down_bias, top_k, normalize, activation, alpha, limit):  # noqa: ANN001
+    def symbolic(g, hidden, logits, gate_up, down, gate_up_bias, down_bias, top_k, normalize, activation, alpha, limit,  # noqa: ANN001
+                 hidden_size, intermediate_size):
         empty = g.op("Constant", value_t=torch.zeros(0))
         biases = () if gate_up_bias is None else (gate_up_bias, down_bias)
         out = g.op("ortinf::MoE", hidden, logits, gate_up, empty, down, empty, *biases, top_k_i=top_k, normalize_i=int(normalize),
                    activation_i=activation, alpha_f=alpha, limit_f=limit, bits_i=0, block_size_i=0,
-                   hidden_size_i=gate_up.type().sizes()[1], intermediate_size_i=down.type().sizes()[1])
+                   hidden_size_i=hidden_size, intermediate_size_i=intermediate_size)
         out.setType(hidden.type())
         return out
+
+
+def panels(w: torch.Tensor) -> torch.Tensor:
+    """Stacked expert weights [E, K, N] as ortinf.MoE reads fp32 experts: panels of 16 columns, each K rows
+    of 16 contiguous floats, [E, ceil(N / 16), K, 16] (kernels/cpu/moe_impl.h: a job then streams memory).
+    Computed in numpy, so the tracer records one constant (one initializer), not the packing's ops."""
+    array = w.detach().float().numpy()
+    experts, k, n = array.shape
+    padded = np.pad(array, ((0, 0), (0, 0), (0, -n % 16)))
+    return torch.from_numpy(np.ascontiguousarray(padded.reshape(experts, k, -1, 16).transpose(0, 2, 1, 3)))
+
+
+def unpanel(p: np.ndarray, n: int) -> np.ndarray:
+    """panels' inverse on a numpy array: [E, K, N] (the quantizer packs the experts from it)."""
+    experts, tiles, k, width = p.shape
+    return p.transpose(0, 2, 1, 3).reshape(experts, k, tiles * width)[:, :, :n]
 
 
 def _expert_weights(expert: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -143,27 +162,30 @@ def _expert_weights(expert: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor
 
 def _fused_sparse_forward(block: torch.nn.Module, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """_sparse_block_forward with the routing and routed experts in one ortinf.MoE node."""
-    shape = hidden_states.shape
-    hidden = hidden_states.reshape(-1, shape[-1])
+    size = int(block.gate.weight.shape[1])
+    hidden = hidden_states.reshape(-1, size)  # a constant size: no shape nodes
     router_logits = block.gate(hidden)
     normalize = type(block).__name__ == "MixtralSparseMoeBlock" or bool(getattr(block, "norm_topk_prob", False))
     weights = [_expert_weights(e) for e in block.experts]
-    gate_up = torch.stack([torch.cat([gate.T, up.T], 1) for gate, up, _ in weights]).float()
-    down = torch.stack([d.T for _, _, d in weights]).float()
-    out = MoEOp.apply(hidden.float(), router_logits.float(), gate_up, down, None, None, block.top_k, normalize, 0, 0.0, 0.0)
+    gate_up = panels(torch.stack([torch.cat([gate.T, up.T], 1) for gate, up, _ in weights]).float())
+    down = panels(torch.stack([d.T for _, _, d in weights]).float())
+    out = MoEOp.apply(hidden.float(), router_logits.float(), gate_up, down, None, None, block.top_k, normalize, 0, 0.0, 0.0,
+                      size, int(weights[0][0].shape[0]))
     if getattr(block, "shared_expert", None) is not None:  # Qwen2-MoE
         out = out + torch.sigmoid(block.shared_expert_gate(hidden)) * block.shared_expert(hidden)
-    return out.reshape(shape), router_logits
+    return out.view_as(hidden_states), router_logits
 
 
 def _fused_gpt_oss_forward(block: torch.nn.Module, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    shape = hidden_states.shape
-    hidden = hidden_states.reshape(-1, shape[-1])
+    size = int(block.router.weight.shape[1])
+    hidden = hidden_states.reshape(-1, size)
     router, experts = block.router, block.experts
     logits = F.linear(hidden, router.weight, router.bias)
-    out = MoEOp.apply(hidden, logits, experts.gate_up_proj, experts.down_proj, experts.gate_up_proj_bias, experts.down_proj_bias,
-                      router.top_k, True, 1, float(experts.alpha), float(experts.limit))
-    return out.reshape(shape), logits
+    out = MoEOp.apply(hidden, logits, panels(experts.gate_up_proj), panels(experts.down_proj), experts.gate_up_proj_bias,
+                      experts.down_proj_bias,
+                      router.top_k, True, 1, float(experts.alpha), float(experts.limit), size,
+                      int(experts.down_proj.shape[1]))
+    return out.view_as(hidden_states), logits
 
 
 def _silu_experts(block: torch.nn.Module) -> bool:

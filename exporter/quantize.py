@@ -181,12 +181,15 @@ def quantize(model: onnx.ModelProto, dtype: str, block_size: int | None = None,
 
 def pack_experts(node: onnx.NodeProto, weights: dict, bits: int, block_size: int, cache: dict, users: dict,
                  dropped: set) -> list[onnx.TensorProto]:
-    """Rewrites an ortinf.MoE node's fp32 expert weights (inputs 2 and 4, [E, K, N]) into QMatMul's packing
-    per expert ([E, bytes] uint8 and scales [E, tiles, blocks, 16], inputs 2-5); returns the new tensors."""
+    """Rewrites an ortinf.MoE node's fp32 expert weights (inputs 2 and 4, panels of [E, K, N]) into QMatMul's
+    packing per expert ([E, bytes] uint8 and scales [E, tiles, blocks, 16], inputs 2-5); returns the new tensors."""
+    from ortinf.exporter.moe import unpanel
+
+    sizes = {a.name: a.i for a in node.attribute}
     added = []
-    for index in (2, 4):
+    for index, n in ((2, 2 * sizes["intermediate_size"]), (4, sizes["hidden_size"])):
         tensor = weights[node.input[index]]
-        stacked = numpy_helper.to_array(tensor)
+        stacked = unpanel(numpy_helper.to_array(tensor), n)
         packed, scales = [], []
         for expert in stacked:  # per column and block of K, as the portable graph's per-expert MatMuls round
             key = (hashlib.blake2b(expert.tobytes(), digest_size=20).digest(), expert.shape, bits, block_size)

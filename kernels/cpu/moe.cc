@@ -2,8 +2,9 @@
 // layer (the router's MatMul and any shared expert stay in the graph).
 //
 //   hidden [T, H] f32, router_logits [T, E] f32,
-//   gate_up: f32 [E, H, 2I] or packed u8 [E, bytes], gate_up_scales: f32 [0] or [E, tiles, blocks, 16],
-//   down:    f32 [E, I, H]  or packed u8 [E, bytes], down_scales:    f32 [0] or [E, tiles, blocks, 16],
+//   gate_up: f32 panels [E, 2I / 16, H, 16] or packed u8 [E, bytes], gate_up_scales: f32 [0] or [E, tiles, blocks, 16],
+//   down:    f32 panels [E, H / 16, I, 16]  or packed u8 [E, bytes], down_scales:    f32 [0] or [E, tiles, blocks, 16],
+//   (fp32 panels: moe_impl.h; N not a multiple of 16 is zero-padded to one)
 //   gate_up_bias [E, 2I] f32 (optional), down_bias [E, H] f32 (optional)
 //   attributes: top_k, normalize (renormalise the k weights), activation (0: silu(gate) * up with the
 //   columns [gate | up]; 1: gpt-oss's interleaved gate/up, clamped at `limit`, (up + 1) * gate *
@@ -69,7 +70,7 @@ struct Kernel {
 // One GEMM of the op (gate_up or down) over every active expert's rows, grouped by expert.
 struct Gemm {
   int64_t K = 0, N = 0;
-  const float* w = nullptr;        // fp32: [E, K, N]
+  const float* w = nullptr;        // fp32 panels: [E, ceil(N / 16), K, 16]
   const uint8_t* packed = nullptr;  // quantized: [E, expert_bytes]
   const float* scales = nullptr;    // [E, tiles, blocks, 16]
   const float* bias = nullptr;      // [E, N] or null
@@ -104,7 +105,7 @@ void run_job(void* data, size_t index) {
   const Gemm& g = *call->gemm;
   const int64_t rows = (*call->starts).back();
   if (call->k->bits == 0) {
-    const SGemm s{g.x, g.w + job.expert * g.K * g.N, g.bias != nullptr ? g.bias + job.expert * g.N : nullptr, g.out, rows,
+    const SGemm s{g.x, g.w + job.expert * g.tiles * g.K * kPanel, g.bias != nullptr ? g.bias + job.expert * g.N : nullptr, g.out, rows,
                   g.K, g.N};
     sgemm()(s, job.m0, job.m1, job.n0, job.n1);
   } else {
@@ -133,7 +134,7 @@ OrtStatus* run_gemm(const Kernel& k, Gemm& g, const std::vector<int64_t>& starts
       quantize_job(&call, 0);
     }
   }
-  const int64_t cols = k.bits == 0 ? kJobCols : kJobCols / kTile * kTile;  // whole tiles for QMatMul's kernels
+  const int64_t cols = kJobCols;  // whole panels / tiles of 16
   for (size_t e = 0; e + 1 < starts.size(); ++e)
     for (int64_t m0 = starts[e]; m0 < starts[e + 1]; m0 += kJobRows)
       for (int64_t n0 = 0; n0 < g.N; n0 += cols)
@@ -151,14 +152,15 @@ OrtStatus* weights(const Kernel& k, const Tensor& w, const Tensor& scales, const
   g->K = K;
   g->N = N;
   const std::string what = std::string("MoE: ") + name;
+  g->tiles = (N + kTile - 1) / kTile;  // 16-column panels (fp32) or tiles (quantized)
   if (k.bits == 0) {
-    if (w.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || w.shape != std::vector<int64_t>{E, K, N})
-      return fail(what + " must be float32 [" + std::to_string(E) + ", " + std::to_string(K) + ", " + std::to_string(N) + "]");
+    if (w.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || w.shape != std::vector<int64_t>{E, g->tiles, K, kPanel})
+      return fail(what + " must be float32 panels [" + std::to_string(E) + ", " + std::to_string(g->tiles) + ", " +
+                  std::to_string(K) + ", 16]");
     g->w = static_cast<const float*>(w.data);
   } else {
     g->blocks = (K + k.block - 1) / k.block;
     g->Kp = g->blocks * k.block;
-    g->tiles = (N + kTile - 1) / kTile;
     g->expert_bytes = g->tiles * (k.bits == 8 ? g->Kp * kTile : g->Kp * kTile / 2);
     if (w.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 || w.size() != E * g->expert_bytes)
       return fail(what + " must be uint8 with " + std::to_string(E * g->expert_bytes) + " bytes (QMatMul's packing per expert)");

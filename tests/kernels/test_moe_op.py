@@ -36,8 +36,10 @@ def session(gate_up, down, gate_up_bias, down_bias, top_k, normalize, activation
             packed = [qmatmul_tensors(quantize_weight(w[e], bits, block)) for e in range(E)]
             inits += [numpy_helper.from_array(np.stack([p for p, _ in packed]), name),
                       numpy_helper.from_array(np.stack([s for _, s in packed]), name + ".scales")]
-        else:
-            inits += [numpy_helper.from_array(w, name), numpy_helper.from_array(np.zeros(0, np.float32), name + ".scales")]
+        else:  # panels of 16 columns (kernels/cpu/moe_impl.h)
+            panels = np.pad(w, ((0, 0), (0, 0), (0, -w.shape[2] % 16))).reshape(E, w.shape[1], -1, 16).transpose(0, 2, 1, 3)
+            inits += [numpy_helper.from_array(np.ascontiguousarray(panels), name),
+                      numpy_helper.from_array(np.zeros(0, np.float32), name + ".scales")]
         names += [name, name + ".scales"]
     for name, b in (("gate_up_bias", gate_up_bias), ("down_bias", down_bias)):
         if b is not None:
@@ -82,7 +84,7 @@ def reference(hidden, logits, gate_up, down, gate_up_bias, down_bias, top_k, nor
 @pytest.mark.parametrize("tokens", [1, 5, 70])
 def test_fp32_experts_match_numpy(activation, biases, normalize, tokens):
     rng = np.random.default_rng(tokens + 10 * activation)
-    E, H, I, k = 8, 96, 40, 2  # I * 2 = 80 columns: a ragged last column group
+    E, H, I, k = 8, 90, 36, 2  # 72 and 90 columns: both GEMMs end in a part-filled panel of 16
     weights = experts(rng, E, H, I, biases)
     hidden = rng.standard_normal((tokens, H)).astype(np.float32)
     logits = rng.standard_normal((tokens, E)).astype(np.float32)
@@ -145,7 +147,7 @@ def test_bad_inputs_are_errors():
     moe = session(*weights, 2, True, 0)
     with pytest.raises(Exception, match="router_logits must be float32"):
         moe.run(None, {"hidden": np.zeros((3, 64), np.float32), "logits": np.zeros((2, 4), np.float32)})
-    with pytest.raises(Exception, match=r"gate_up must be float32 \[5, 64, 64\]"):  # more experts than weights
+    with pytest.raises(Exception, match=r"gate_up must be float32 panels \[5, 4, 64, 16\]"):  # more experts than weights
         moe.run(None, {"hidden": np.zeros((3, 64), np.float32), "logits": np.zeros((3, 5), np.float32)})
     with pytest.raises(Exception, match="top_k, hidden_size"):
         session(*weights, 0, True, 0)
