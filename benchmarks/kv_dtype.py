@@ -30,6 +30,7 @@ from record import finish  # noqa: E402
 
 import ortinf  # noqa: E402
 from ortinf.bundled import DEMO_LLAMA  # noqa: E402
+from ortinf.manifest import Manifest  # noqa: E402
 from ortinf.matrix import machine  # noqa: E402
 from ortinf.runtime.decoder_graph import DecoderGraph  # noqa: E402
 from ortinf.runtime.model_input import SequenceChunk, build_model_input  # noqa: E402
@@ -55,7 +56,7 @@ def quality_rows(dtype: str, root: Path) -> list[str]:
     rows = []
     for pool in POOLS:
         manifest = ortinf.export(DEMO_LLAMA, root / f"demo-{pool}", dtype=dtype, kv_dtype=pool, progress=False,
-                                 quality_gate="record")
+                                 quality_gate="record", overwrite=True)
         q = manifest.quality
         figures = ("-", "-", "-") if q is None else (f"{q.top1_agreement:.3f}", f"{q.mean_kl:.5f}", f"{q.greedy_agreement:.3f}")
         rows.append(f"| demo llama {dtype}, {pool} pool | {manifest.cpu_kernel.max_abs_diff:.3g} | " + " | ".join(figures) + " |")
@@ -79,21 +80,28 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per pool (default 3)")
     parser.add_argument("--tiny", action="store_true", help="a 2-layer model, few repeats (smoke test)")
     parser.add_argument("--record", action="store_true", help="append the tables to benchmarks/RESULTS.md")
+    parser.add_argument("--work-dir", type=Path, default=None,
+                        help="keep the model and packages here between runs (default: a temporary folder)")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
+        root = args.work_dir or Path(tmp)
+        root.mkdir(parents=True, exist_ok=True)
         lines = [f"### KV cache dtype on the CPU kernel graph: fp16 vs int8 pool, {args.dtype} weights", "",
                  f"CPU: {machine()}; {THREADS} threads.", "",
                  "Quality (the export's own figures against fp32 PyTorch; greedy agreement over 32 tokens):", "",
                  "| package | CPU graph max abs logit diff | top-1 | KL | greedy |", "|---|---:|---:|---:|---:|",
                  *quality_rows(args.dtype, root)]
         shape = TINY if args.tiny else SIZES[args.size].config
-        build(root / "hf", **shape, max_position_embeddings=8192)
+        if not (root / "hf" / "config.json").exists():
+            build(root / "hf", **shape, max_position_embeddings=8192)
         steps = None
         for pool in POOLS:
-            manifest = ortinf.export(root / "hf", root / pool, dtype=args.dtype, kv_dtype=pool, progress=False,
-                                     quality_gate="record")
+            if (root / pool / "ortinf.json").exists():
+                manifest = Manifest.load(root / pool)  # kept from an earlier run (--work-dir)
+            else:
+                manifest = ortinf.export(root / "hf", root / pool, dtype=args.dtype, kv_dtype=pool, progress=False,
+                                         quality_gate="record")
             if steps is None:
                 steps = []
                 for name, lengths, repeats in cases(args.tiny):

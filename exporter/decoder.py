@@ -19,7 +19,7 @@ from ortinf.exporter.architectures import DECODERS
 from ortinf.exporter.legacy_attention import has_legacy_attention, legacy_attention
 from ortinf.exporter.lora import example_lora_inputs, find_targets, lora_dynamic_axes, lora_linears
 from ortinf.exporter.moe import traceable_moe
-from ortinf.exporter.tracing import OPSET, quiet_tracing
+from ortinf.exporter.tracing import OPSET, no_graph_shape_inference, quiet_tracing
 from ortinf.exporter import attention_contrib as contrib_paged, attention_cpu as cpu_paged, attention_portable as portable
 from ortinf.manifest import CONTRIB_PAGED, KV_LAYOUTS, LOGITS, PORTABLE, DecoderSpec, cache_names, lora_input_names, new_kv_names, pool_row
 
@@ -208,7 +208,7 @@ def trace_decoder(model: PreTrainedModel, spec: DecoderSpec, path: Path, dtype: 
         dynamic_axes[name] = {0: "num_blocks", 1: "block_size"}
     dynamic_axes.update(lora_dynamic_axes(spec.num_layers, spec.lora_targets) if spec.lora_targets else {})
     wrapper = PagedDecoder(model, attention, spec.lora_targets).eval()
-    with paged_attention_enabled(model, attention), torch.no_grad(), quiet_tracing():
+    with paged_attention_enabled(model, attention), torch.no_grad(), quiet_tracing(), no_graph_shape_inference():
         torch.onnx.export(
             wrapper,
             example_inputs(spec, dtype),
