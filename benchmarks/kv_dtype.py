@@ -18,13 +18,13 @@ import gc
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compare import SIZES, TINY  # noqa: E402
+from decode_step import time_ms  # noqa: E402
 from export_llama import build  # noqa: E402
 from record import finish  # noqa: E402
 
@@ -61,16 +61,6 @@ def quality_rows(dtype: str, root: Path) -> list[str]:
         figures = ("-", "-", "-") if q is None else (f"{q.top1_agreement:.3f}", f"{q.mean_kl:.5f}", f"{q.greedy_agreement:.3f}")
         rows.append(f"| demo llama {dtype}, {pool} pool | {manifest.cpu_kernel.max_abs_diff:.3g} | " + " | ".join(figures) + " |")
     return rows
-
-
-def time_ms(graph: DecoderGraph, model_input, repeats: int) -> list[float]:
-    graph.run(model_input)  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        graph.run(model_input)
-        times.append((time.perf_counter() - start) * 1e3)
-    return times
 
 
 def main() -> None:

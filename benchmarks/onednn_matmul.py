@@ -65,6 +65,8 @@ def fp32_session(weights: list[np.ndarray]) -> ort.InferenceSession:
 
 def onednn(m: int, k: int, n: int, mode: str, group: int, repeats: int, count: int) -> tuple[str, str]:
     """(ms, implementation) from the harness, or ("unimplemented", why)."""
+    if not HARNESS.exists():
+        return "not installed", "not installed"
     env = {**os.environ, "DNNL_VERBOSE": "0", "OCL_ICD_FILENAMES": str(HARNESS.parent.parent / "lib" / "libintelocl.so")}
     try:
         done = subprocess.run([str(HARNESS), str(m), str(k), str(n), mode, str(group), str(repeats), str(count)], capture_output=True,
@@ -90,8 +92,8 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="one small shape, rows 1 and 8 (smoke test)")
     parser.add_argument("--repeats", type=int, default=7, help="timed rounds per cell (median reported)")
     args = parser.parse_args()
-    if not HARNESS.exists():
-        raise SystemExit(f"{HARNESS} is missing: run bash benchmarks/peers/install_onednn.sh first")
+    if not HARNESS.exists():  # the ortinf columns still run; oneDNN's cells say how to get it
+        print(f"{HARNESS} is missing: run bash benchmarks/peers/install_onednn.sh for the oneDNN cells", file=sys.stderr)
     if library.load() is None:
         raise SystemExit("the kernel library is not built: python -m ortinf.kernels.build")
     shapes = {"tiny": [(128, 64)]} if args.tiny else SHAPES

@@ -35,6 +35,8 @@ SCRIPTS = {
     "whisper_front_end.py": [],
     "qmatmul.py": ["--repeats", "1"],
     "bandwidth.py": [],
+    "kv_dtype.py": [],
+    "onednn_matmul.py": ["--repeats", "1"],  # without benchmarks/peers/install_onednn.sh: ortinf's columns only
 }
 SLOW = {"ray_serve.py"}  # starts Ray clusters: minutes
 
