@@ -11,7 +11,6 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
-import onnx
 import torch
 from tqdm.auto import tqdm
 
@@ -234,6 +233,8 @@ def gate(quality: Quality, mode: str, hint: str, extra_failures: list[str] | Non
 
 def library_ops(graph: Path) -> tuple[str, ...]:
     """The kernel library's ops a graph uses, in the library's order (PagedAttention, QMatMul, MoE)."""
+    import onnx  # here, not at the top: a serving-only install's missing extra is named by torch's import
+
     used = {n.op_type for n in onnx.load(str(graph), load_external_data=False).graph.node if n.domain == cpu_paged.DOMAIN}
     return tuple(op for op in (cpu_paged.OP, CPU_OP, MOE_OP) if op in used)
 
