@@ -89,8 +89,13 @@ def plan(tools: list[dict] | None, tool_choice, parallel: bool, parser: str | No
         return ToolPlan(tools, "auto")
     if choice == "required":
         defs: dict = {}
-        options = [{"type": "object", "properties": {"name": {"const": name}, "parameters": _hoisted(f, f"tool{i}", defs)},
-                    "required": ["name", "parameters"], "additionalProperties": False} for i, (name, f) in enumerate(functions.items())]
+        try:  # _hoisted walks each schema recursively: nesting near the interpreter's limit is the client's error
+            options = [{"type": "object", "properties": {"name": {"const": name}, "parameters": _hoisted(f, f"tool{i}", defs)},
+                        "required": ["name", "parameters"], "additionalProperties": False}
+                       for i, (name, f) in enumerate(functions.items())]
+        except RecursionError:
+            raise RequestError(f"a function's parameters schema is {json_text.MAX_DEPTH_MESSAGE}: flatten it or use $defs",
+                               param="tools") from None
         schema = {"type": "array", "items": {"anyOf": options}, "minItems": 1, "$defs": defs}
         if not parallel:
             schema["maxItems"] = 1

@@ -50,6 +50,22 @@ def test_deep_json_is_a_400_and_the_connection_survives(demo):
         assert after.status_code == 200  # the same connection, still open
 
 
+def test_deeply_nested_tool_parameters_under_required_are_a_400(demo):
+    """Issue 30's attack, finding 5: parameters nested 479+ levels under tool_choice "required" were a
+    500 RecursionError (the schema's rewrite into the combined schema recursed)."""
+    parameters: dict = {"type": "object"}
+    for _ in range(450):  # 900 JSON levels: under the client's own encoder's limit, over the rewrite's
+        parameters = {"type": "object", "properties": {"x": parameters}}
+    tool = {"type": "function", "function": {"name": "deep", "parameters": parameters}}
+    with httpx.Client(base_url=demo.url, timeout=60) as client:
+        deep = client.post("/v1/chat/completions", json={"model": "demo", "messages": [{"role": "user", "content": "x"}],
+                                                         "tools": [tool], "tool_choice": "required", "max_tokens": 2})
+        assert deep.status_code == 400 and "nested too deeply" in deep.json()["error"]["message"], deep.text
+        assert deep.json()["error"]["param"] == "tools"
+        after = client.post("/v1/completions", json={"model": "demo", "prompt": "def f():", "max_tokens": 2})
+        assert after.status_code == 200
+
+
 def test_the_models_own_deep_output_under_a_forced_tool_call_is_not_a_500(demo):
     bracket = Tokenizer.from_file(str(DEMO_LLAMA / "tokenizer.json")).token_to_id("[")
     assert bracket is not None
