@@ -15,10 +15,23 @@ import uuid
 
 from fastapi.responses import JSONResponse
 
+from ortinf.runtime.tokenizer import check_unicode
 from ortinf.serve.errors import APIError
 from ortinf.serve.protocol import CompletionRequest
 
 ALLOWED = {"model", "prompt", "max_tokens", "temperature", "seed", "user", "n"}
+
+
+_LONGEST: dict[int, int] = {}  # id(tokenizer) -> its longest vocabulary entry, in characters
+
+
+def max_source_chars(tokenizer, limit: int) -> int:  # noqa: ANN001 - a tokenizers.Tokenizer
+    """More characters than any tokenization of `limit` tokens can take (2x the longest entry per token,
+    for normalizers that expand text), as the text engine bounds prompts before tokenizing them."""
+    key = id(tokenizer)
+    if key not in _LONGEST:
+        _LONGEST[key] = max((len(t) for t in tokenizer.get_vocab()), default=16)
+    return limit * 2 * max(_LONGEST[key], 1)
 
 
 async def text2text_completion(body: CompletionRequest, model, state) -> JSONResponse:  # noqa: ANN001
@@ -34,7 +47,14 @@ async def text2text_completion(body: CompletionRequest, model, state) -> JSONRes
         raise APIError(400, "the prompt is empty", param="prompt")
     if any(isinstance(p, str) for p in prompts) and runner.tokenizer is None:
         raise APIError(400, "this model has no tokenizer.json (Marian's SentencePiece has no fast form): send token ids", param="prompt")
-    sources = [runner.tokenizer.encode(p).ids if isinstance(p, str) else list(p) for p in prompts]
+    limit = runner.spec.max_source_positions
+    for p in prompts:
+        if isinstance(p, str):  # before the tokenizer: lone surrogates, and megabytes no tokenization fits
+            check_unicode(p, "prompt")
+            if len(p) > max_source_chars(runner.tokenizer, limit):
+                raise APIError(400, f"a source must hold 1 to {limit} tokens: {len(p)} characters is more than {limit} tokens "
+                                    "of this tokenizer can hold", param="prompt")
+    sources = await asyncio.to_thread(lambda: [runner.tokenizer.encode(p).ids if isinstance(p, str) else list(p) for p in prompts])
     max_tokens = body.max_tokens
     if max_tokens == 0:
         raise APIError(400, "max_tokens must be at least 1 for text2text-generation models", param="max_tokens")

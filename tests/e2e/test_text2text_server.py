@@ -56,6 +56,12 @@ def test_text2text_completions(bart_package, chat_package, tmp_path):
         for body, fragment in (({"prompt": "word " * 500}, "1 to 64 tokens"), ({"prompt": "hi", "max_tokens": 0}, "max_tokens")):
             response = httpx.post(f"{server.url}/v1/completions", json={"model": "bart", **body}, timeout=60)
             assert response.status_code == 400 and fragment in response.json()["error"]["message"], response.text
+        # issue 30's attack, findings 3 and 12: a lone surrogate was a 500; megabytes were tokenised on the event loop
+        response = httpx.post(f"{server.url}/v1/completions", content=b'{"model": "bart", "prompt": "\\ud800"}',  # JSON's escape
+                              headers={"content-type": "application/json"}, timeout=60)
+        assert response.status_code == 400 and "not valid Unicode" in response.json()["error"]["message"], response.text
+        response = httpx.post(f"{server.url}/v1/completions", json={"model": "bart", "prompt": "x" * 2_000_000}, timeout=60)
+        assert response.status_code == 400 and "characters" in response.json()["error"]["message"], response.text
         sampled = {"model": "bart", "prompt": "hi", "max_tokens": 5, "temperature": 1.0, "seed": -1}  # any integer seed, as the text routes
         first, again = (httpx.post(f"{server.url}/v1/completions", json=sampled, timeout=60) for _ in range(2))
         assert first.status_code == 200 and first.json()["choices"][0]["token_ids"] == again.json()["choices"][0]["token_ids"]
