@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import shutil
+import socket
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -48,9 +49,12 @@ def staging(out: Path, overwrite: bool) -> Iterator[Path]:
     """Yields a staging folder; on success it replaces `out`, on any failure it is removed."""
     check_output(out, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
+    remove_abandoned(out)
     stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    (stage / OWNER).write_text(f"{socket.gethostname()} {os.getpid()}\n")
     try:
         yield stage
+        (stage / OWNER).unlink(missing_ok=True)
         publish_modes(stage)
         if out.exists():
             if exchange(stage, out):  # one atomic step: `out` is never missing (stage now holds the old package)
@@ -63,6 +67,29 @@ def staging(out: Path, overwrite: bool) -> Iterator[Path]:
             os.replace(stage, out)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
+
+
+OWNER = ".owner"  # in a staging folder: "<host> <pid>" of the export writing it
+
+
+def remove_abandoned(out: Path) -> None:
+    """Removes the staging folders of earlier exports to `out` whose process is gone (killed, or the
+    machine restarted): a failed export cleans up after itself, a killed one cannot. A folder whose
+    owner runs on another host, or is still alive, is left alone."""
+    for stage in out.parent.glob(f".{out.name}.partial-*"):
+        try:
+            host, pid = (stage / OWNER).read_text().split()
+        except (OSError, ValueError):
+            continue  # not ours to judge: no owner file (an older ortinf's, or being created)
+        if host != socket.gethostname():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue  # still running
+        except ProcessLookupError:
+            shutil.rmtree(stage, ignore_errors=True)
+        except (PermissionError, ValueError):
+            continue
 
 
 RENAME_EXCHANGE = 2  # linux/fs.h

@@ -82,3 +82,23 @@ def test_tokenizer_chat_template_and_generation_config(llama, tmp_path):
     for text in ("the lazy fox", "quick  brown dog jumps", "unseen words: zebra!"):
         assert loaded.encode(text).ids == hf_tokenizer(text).input_ids
     assert Manifest.load(tmp_path / "pkg") == manifest  # the manifest round-trips through JSON
+
+
+def test_a_killed_exports_staging_folder_is_removed_by_the_next(llama, tmp_path):
+    """Issue 30's attack, finding 11: killed exports left `.partial-*` folders forever. The next export to
+    the same folder removes those whose process is gone, and leaves a live one's alone."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout.strip()
+    dead = tmp_path / ".pkg.partial-killed"
+    live = tmp_path / ".pkg.partial-running"
+    for folder, pid in ((dead, gone), (live, str(os.getpid()))):
+        folder.mkdir()
+        (folder / "model.onnx.data").write_bytes(b"x" * 1024)
+        (folder / ".owner").write_text(f"{socket.gethostname()} {pid}\n")
+    ortinf.export(llama[0], tmp_path / "pkg", progress=False)
+    assert not dead.exists() and live.exists()
+    assert not (tmp_path / "pkg" / ".owner").exists()  # the marker never reaches a package
