@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import sys
@@ -492,4 +493,10 @@ def main() -> None:
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         sys.exit(130)
+    except OSError as exc:  # a full disk (or a file-size limit) while writing: one line, not a traceback
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            raise
+        where = f" writing {exc.filename}" if exc.filename else ""
+        click.echo(f"error: {exc.strerror}{where}: free some space or write somewhere else (nothing was kept)", err=True)
+        sys.exit(EXIT_USER_ERROR)
     sys.exit(code if isinstance(code, int) else 0)

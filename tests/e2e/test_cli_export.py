@@ -199,3 +199,19 @@ def test_inspect_errors(tmp_path):
     assert_user_error(ortinf("inspect", tmp_path), "has no ortinf.json")
     (tmp_path / "ortinf.json").write_text("{oops")
     assert_user_error(ortinf("inspect", tmp_path), "ortinf.json is unreadable")
+
+
+def test_a_write_that_fails_for_space_is_one_line_and_leaves_nothing(llama_folder, tmp_path):
+    """Issue 30's attack, finding 11: a full disk ended an export in a raw traceback. A file-size limit
+    (RLIMIT_FSIZE, the same failed write a full disk gives, without filling one) stands in for it."""
+    import resource
+    import signal
+
+    def limited() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write then fails with EFBIG instead of killing
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
+
+    result = subprocess.run([*ORTINF, "export", str(llama_folder), "-o", str(tmp_path / "pkg"), "--quiet"], capture_output=True,
+                            text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300, preexec_fn=limited)
+    assert_user_error(result, "free some space or write somewhere else")
+    assert not (tmp_path / "pkg").exists() and not list(tmp_path.glob(".pkg.partial-*"))
