@@ -14,7 +14,6 @@ no LoRA inputs: adapters are refused with the command that makes one that has.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import struct
@@ -25,6 +24,7 @@ import numpy as np
 
 from ortinf.errors import ConfigError
 from ortinf.manifest import DecoderSpec, lora_a_name, lora_b_name
+from ortinf.runtime import json_text
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -41,12 +41,19 @@ def read_safetensors(path: Path) -> dict[str, np.ndarray]:
     """Every tensor of a .safetensors file as a float32 numpy array (F32, F16, BF16, F64)."""
     data = path.read_bytes()
     (length,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8 : 8 + length])
+    if length > len(data) - 8:
+        raise ValueError(f"its header claims {length} bytes, more than the file holds")
+    header = json_text.loads(data[8 : 8 + length])
+    if not isinstance(header, dict):
+        raise ValueError("its header is not a JSON object")
+    body = len(data) - 8 - length
     tensors = {}
     for name, info in header.items():
         if name == "__metadata__":
             continue
         start, end = info["data_offsets"]
+        if not 0 <= start <= end <= body:
+            raise ValueError(f"tensor {name}'s data offsets lie outside the file")
         raw = data[8 + length + start : 8 + length + end]
         kind = info["dtype"]
         if kind not in _SAFETENSORS_DTYPES:
@@ -72,21 +79,27 @@ class LoraAdapter:
     @classmethod
     def load(cls, name: str, folder: str | Path, spec: DecoderSpec) -> LoraAdapter:
         """Reads and checks a PEFT folder against the package; every problem is a one-line ConfigError."""
-        folder = Path(folder).expanduser()
-        if not (folder / ADAPTER_CONFIG).is_file() or not (folder / ADAPTER_WEIGHTS).is_file():
+        try:  # "~nosuchuser/x" (no such home), a name over 255 bytes: the client's path, not a server error
+            folder = Path(folder).expanduser()
+            present = (folder / ADAPTER_CONFIG).is_file() and (folder / ADAPTER_WEIGHTS).is_file()
+        except (OSError, RuntimeError, ValueError) as exc:
+            raise ConfigError(f"LoRA '{name}': {str(folder)[:200]} is not a usable path ({exc})") from exc
+        if not present:
             raise ConfigError(f"LoRA '{name}': {folder} is not a PEFT adapter folder (it needs {ADAPTER_CONFIG} and {ADAPTER_WEIGHTS})")
-        try:
-            config = json.loads((folder / ADAPTER_CONFIG).read_text(encoding="utf-8"))
+        try:  # strict JSON: deep nesting and NaN/Infinity are ValueErrors (runtime/json_text.py)
+            config = json_text.loads((folder / ADAPTER_CONFIG).read_text(encoding="utf-8"))
             tensors = read_safetensors(folder / ADAPTER_WEIGHTS)
-        except (OSError, ValueError, KeyError, struct.error) as exc:
-            raise ConfigError(f"LoRA '{name}': {folder} is unreadable ({exc})") from exc
+        except (OSError, ValueError, KeyError, TypeError, OverflowError, MemoryError, struct.error) as exc:
+            raise ConfigError(f"LoRA '{name}': {folder} is unreadable ({str(exc)[:200]})") from exc
+        if not isinstance(config, dict):
+            raise ConfigError(f"LoRA '{name}': {ADAPTER_CONFIG} must hold a JSON object")
         if config.get("peft_type", "LORA") != "LORA":
             raise ConfigError(f"LoRA '{name}': {folder} is a {config.get('peft_type')} adapter; only LoRA is served")
         if config.get("use_dora"):
             raise ConfigError(f"LoRA '{name}': DoRA adapters are not supported; merge it into the model and export that")
         try:
             rank, alpha = int(config.get("r", 0)), float(config.get("lora_alpha", config.get("r", 0)))
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, OverflowError) as exc:
             raise ConfigError(f"LoRA '{name}': {ADAPTER_CONFIG} has a non-numeric r or lora_alpha") from exc
         if rank <= 0:
             raise ConfigError(f"LoRA '{name}': {ADAPTER_CONFIG} has no positive rank r")

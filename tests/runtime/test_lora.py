@@ -134,7 +134,7 @@ def test_an_adapter_that_would_poison_the_batch_is_refused(lora_setup, tmp_path)
     shutil.copytree(root / "qv", folder)
     config = json.loads((folder / "adapter_config.json").read_text())
     (folder / "adapter_config.json").write_text(json.dumps({**config, "lora_alpha": float("inf")}))
-    with pytest.raises(ConfigError, match="not a finite scale"):
+    with pytest.raises(ConfigError, match="Infinity is not JSON"):  # strict JSON since issue 30's attack (finding 2)
         LLM(root / "pkg", provider="cpu", num_blocks=64, lora_modules={"alpha": str(folder)})
 
 
@@ -150,3 +150,29 @@ def test_adapters_with_speculative_decoding(lora_setup):
     for prompt, name, output in zip(batch, names, outputs):
         assert output.outputs[0].token_ids == hf_greedy(merged[name] if name else model, prompt, 16), name
     assert llm.engine.scheduler.spec_stats.num_draft_tokens > 0
+
+
+def test_malformed_adapter_folders_are_config_errors(lora_setup, tmp_path):
+    """Issue 30's attack, finding 2: these folders and paths made /v1/load_lora_adapter answer 500."""
+    import shutil
+
+    from ortinf.runtime.lora import LoraAdapter
+
+    _, root, _ = lora_setup
+    from ortinf.manifest import Manifest
+
+    spec = Manifest.load(root / "pkg").decoder
+    cases = {"a name over 255 bytes": tmp_path / ("x" * 300), "a home that does not exist": "~nosuchuser/x"}
+    for label, config in (("a list", "[]"), ("an infinite rank", '{"r": Infinity}'), ("deep JSON", "[" * 5000),
+                          ("a NaN alpha", '{"r": 4, "lora_alpha": NaN}')):
+        folder = tmp_path / label.replace(" ", "-")
+        shutil.copytree(root / "qv", folder)
+        (folder / "adapter_config.json").write_text(config)
+        cases[label] = folder
+    bad_header = tmp_path / "bad-header"
+    shutil.copytree(root / "qv", bad_header)
+    (bad_header / "adapter_model.safetensors").write_bytes((2**40).to_bytes(8, "little") + b"{}")
+    cases["a safetensors header longer than the file"] = bad_header
+    for label, folder in cases.items():
+        with pytest.raises(ConfigError, match="LoRA 'bad'"):
+            LoraAdapter.load("bad", folder, spec)
