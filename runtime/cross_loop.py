@@ -35,6 +35,7 @@ from ortinf.providers.session import create_session
 from ortinf.runtime.decoder_graph import DecoderGraph
 from ortinf.runtime.longform import Decoding, Segment, judge
 from ortinf.runtime.model_input import SequenceChunk, build_model_input
+from ortinf.runtime.sampling_params import GREEDY_BELOW
 from ortinf.runtime.window_blocks import Held, WindowBlocks, audio_key
 
 
@@ -264,7 +265,7 @@ class CrossDecoderLoop:
         budget = min(job.max_new_tokens or budget, budget)
         scores = self._scores(window, logits, output, budget)
         temperature = job.decoding.temperatures[window.attempt]
-        if temperature > 0:
+        if temperature >= GREEDY_BELOW:  # below it, dividing by the temperature overflows: greedy, as the text engine
             token = int(job.generator.choice(len(scores), p=_softmax(scores / temperature)))
         else:
             token = int(np.argmax(scores))

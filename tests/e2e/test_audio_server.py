@@ -93,6 +93,9 @@ def test_transcriptions(whisper_package, chat_package, tmp_path):
         error(post(buffer.getvalue()), "NaN")
         error(post(encoded(audio, "WAV"), temperature="1.5"), "temperature")
         assert post(encoded(audio, "WAV"), temperature="0.7").status_code == 200  # sampled
+        # issue 30's attack, finding 4: a temperature <= 1e-45 was a 500 (NaN probabilities): greedy, as the text routes
+        tiny, greedy = post(encoded(audio, "WAV"), temperature="1e-320"), post(encoded(audio, "WAV"), temperature="0")
+        assert tiny.status_code == 200 and tiny.json()["text"] == greedy.json()["text"], tiny.text
         error(post(encoded(audio, "WAV"), response_format="mp4"), "response_format")
         error(post(encoded(audio, "WAV"), stream="true", response_format="srt"), "stream")
         error(post(encoded(audio, "WAV"), **{"timestamp_granularities[]": "word"}), "verbose_json")
