@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import sys
@@ -11,12 +10,11 @@ from pathlib import Path
 import click
 
 import ortinf
-from ortinf.errors import OrtinfError
+from ortinf.cli_exit import run
 from ortinf.manifest import TASKS, TEXT_GENERATION, Manifest
 from ortinf.providers.registry import parse_options
 from ortinf.serve_options import ENGINE_PREFIX, check_port, engine_options, load_yaml_config
 
-EXIT_USER_ERROR = 2
 
 
 def _list_architectures(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
@@ -461,42 +459,6 @@ def bench_serve(url: str, model: str | None, num_prompts: int, input_len: int, o
         raise click.ClickException(f"no request succeeded against {url}: {'; '.join(summary['errors']) or 'no response'}")
 
 
-# Modules of the optional extras (pyproject.toml) -> the extra that installs them. The serving install
-# (`pip install ortinf`) has none of them: a command that needs one says which extra in one line.
-EXTRA_MODULES = {"torch": "export", "transformers": "export", "optimum": "export", "onnx": "export", "onnx_ir": "export",
-                 "safetensors": "export", "huggingface_hub": "export", "ray": "ray", "soundfile": "audio", "soxr": "audio",
-                 "multipart": "audio"}
-
-
 def main() -> None:
-    """Console entry point: runs the CLI and turns ortinf errors into one line and exit code 2."""
-    try:
-        code = cli.main(standalone_mode=False)
-    except click.exceptions.Exit as exc:
-        sys.exit(exc.exit_code)
-    except click.ClickException as exc:
-        exc.show()
-        sys.exit(exc.exit_code)
-    except click.Abort:
-        click.echo("aborted", err=True)
-        sys.exit(130)
-    except OrtinfError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_USER_ERROR)
-    except ModuleNotFoundError as exc:
-        extra = EXTRA_MODULES.get((exc.name or "").split(".")[0])
-        if extra is None:
-            raise
-        click.echo(f"error: this command needs ortinf's '{extra}' extra ({exc.name} is not installed): "
-                   f"pip install 'ortinf[{extra}]' (in a clone: pip install -c constraints.txt '.[{extra}]')", err=True)
-        sys.exit(EXIT_USER_ERROR)
-    except KeyboardInterrupt:
-        click.echo("interrupted", err=True)
-        sys.exit(130)
-    except OSError as exc:  # a full disk (or a file-size limit) while writing: one line, not a traceback
-        if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-            raise
-        where = f" writing {exc.filename}" if exc.filename else ""
-        click.echo(f"error: {exc.strerror}{where}: free some space or write somewhere else (nothing was kept)", err=True)
-        sys.exit(EXIT_USER_ERROR)
-    sys.exit(code if isinstance(code, int) else 0)
+    """Console entry point (pyproject.toml): the CLI, with errors turned into one line (ortinf/cli_exit.py)."""
+    run(cli)
