@@ -12,7 +12,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ortinf.errors import ConfigError, RequestError
-from ortinf.manifest import TEXT_GENERATION, Manifest
+from ortinf.manifest import TEXT2TEXT, TEXT_GENERATION, Manifest
 from ortinf.runtime.config import EngineConfig
 from ortinf.runtime.outputs import RequestOutput
 from ortinf.runtime.sampling_params import SamplingParams
@@ -46,18 +46,12 @@ class LLM:
         self.engine = None
         self.encoder = None
         self.transcriber = None
-        self.seq2seq = None
         if self.manifest.speech is not None:  # Whisper: the offline transcriber (runtime/transcriber.py)
             from ortinf.runtime.transcriber import Transcriber
 
             self.transcriber = Transcriber(package_dir, intra_op_threads=options.get("intra_op_threads", 0),
                                            provider="cpu" if provider == "auto" else provider)
-        elif self.manifest.seq2seq is not None:  # Marian, BART: runtime/seq2seq.py
-            from ortinf.runtime.seq2seq import Seq2Seq
-
-            self.seq2seq = Seq2Seq(package_dir, intra_op_threads=options.get("intra_op_threads", 0),
-                                   provider="cpu" if provider == "auto" else provider)
-        elif self.manifest.task == TEXT_GENERATION:
+        elif self.manifest.task in (TEXT_GENERATION, TEXT2TEXT):  # decoders, and Marian/BART (the source is the encoder's)
             from ortinf.runtime.engine import LLMEngine
 
             try:
@@ -139,16 +133,21 @@ class LLM:
                   max_new_tokens: int | None = None) -> list[str] | list[list[int]]:
         """A text encoder-decoder's (Marian, BART) greedy output for each input: texts give texts (the
         package's tokenizer), token-id lists give token-id lists; all inputs decode together."""
-        if self.seq2seq is None:
+        if self.engine is None or self.manifest.task != TEXT2TEXT:
             raise ConfigError(f"this package is a {self.manifest.task} model: text2text() needs a text2text-generation package")
         batch = [inputs] if isinstance(inputs, str) else list(inputs)
+        texts = [isinstance(item, str) for item in batch]
+        if any(texts) and not all(texts):
+            raise RequestError("text2text() takes texts or token-id lists, not both in one call", param="prompt")
+        if batch and all(texts) and self.engine.tokenizer is None:
+            raise ConfigError(f"{self.engine.config.package_dir} has no tokenizer.json (Marian's SentencePiece tokenizer has "
+                              "no fast form): pass token ids")
         with self._lock:
-            texts = [isinstance(item, str) for item in batch]
-            if any(texts) and not all(texts):
-                raise RequestError("text2text() takes texts or token-id lists, not both in one call", param="prompt")
-            if batch and all(texts):
-                return self.seq2seq.generate(batch, max_new_tokens)
-            return self.seq2seq.generate_ids(batch, max_new_tokens)
+            outputs = self._generate(batch, SamplingParams(max_tokens=max_new_tokens, temperature=0.0), False, None)
+        if batch and all(texts):
+            return [o.outputs[0].text for o in outputs]
+        eos = set(self.manifest.eos_token_ids)  # the ids of what was generated, as generate() gives them less the EOS
+        return [[t for t in o.outputs[0].token_ids if t not in eos] for o in outputs]
 
     def embed(self, texts: str | Sequence[str]) -> np.ndarray:
         """Embeddings [len(texts), dim] of a feature-extraction package."""

@@ -2,8 +2,7 @@
 sequences of every request in flight decode together (continuous batching across requests, as
 AsyncEngine does for text). A request submits (off the event loop) and awaits its job; a step that
 fails fails the sequences in it (their requests get the error) and the loop goes on; a request whose
-caller goes away is cancelled at the next step. Subclasses: runtime/async_transcriber.py (Whisper),
-AsyncSeq2Seq below (Marian, BART).
+caller goes away is cancelled at the next step. Subclass: runtime/async_transcriber.py (Whisper).
 """
 
 from __future__ import annotations
@@ -11,12 +10,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable, Sequence
-
-import numpy as np
+from collections.abc import Callable
 
 from ortinf.runtime.cross_loop import CrossDecoderLoop, Job
-from ortinf.runtime.longform import Decoding
 
 log = logging.getLogger(__name__)
 
@@ -69,24 +65,3 @@ class AsyncLoop:
             except Exception as exc:  # noqa: BLE001 - the requests in the step fail; the loop goes on
                 log.exception("a decoder step failed")
                 self.runner.fail_all(exc)
-
-
-class AsyncSeq2Seq(AsyncLoop):
-    """runtime/seq2seq.py's Seq2Seq for the server: each request's sources join the running batch."""
-
-    def __init__(self, seq2seq: object) -> None:
-        super().__init__(seq2seq, "seq2seq")
-
-    async def generate(self, sources: Sequence[Sequence[int]], max_new_tokens: int | None, temperature: float = 0.0,
-                       seed: int | None = None) -> list[list[int]]:
-        """Each source's output ids (EOS not included), sampled at `temperature` (0: greedy)."""
-        runner = self.runner
-        runner.check_sources(sources)
-        decoding = Decoding(max_new_tokens, (temperature,), seed)
-        jobs = []
-        for source in sources:
-            jobs.append(self.run_job(lambda done, s=source: runner.submit([np.asarray(s, dtype=np.int64)], [runner.decoder_start],
-                                                                        decoding=Decoding(decoding.max_new_tokens,
-                                                                                          decoding.temperatures, decoding.seed),
-                                                                        on_done=done)))
-        return [job.results[0] for job in await asyncio.gather(*jobs)]

@@ -27,6 +27,8 @@ class EngineConfig:
     kv_cache_memory: int | str | None = None  # bytes, or a size as the CLI takes it ("256MiB", "4GiB")
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
+    max_num_encoder_input_tokens: int = field(default=6144, metadata={"cli": "Encoder positions run per engine step by "
+                                              "encoder-decoders (Whisper: 1500 a window; Marian, BART: a source's tokens)."})
     max_model_len: int | None = field(default=None, metadata={"cli": "Context length cap (prompt + output) [default: the model's]."})
     enable_prefix_caching: bool = field(default=True, metadata={"cli": "Reuse the KV blocks of prompt prefixes seen before."})
     intra_op_threads: int = 0
@@ -47,7 +49,7 @@ class EngineConfig:
             object.__setattr__(self, "kv_cache_memory", parse_size(self.kv_cache_memory))
         if self.lora_modules and self.max_loras < len(self.lora_modules):
             object.__setattr__(self, "max_loras", len(self.lora_modules))
-        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_lora_rank"):
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_num_encoder_input_tokens", "max_lora_rank"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")

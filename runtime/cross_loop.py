@@ -1,5 +1,5 @@
 """CrossDecoderLoop: sequences decoded over cross-attention K/V of their own, many at once, for the
-encoder-decoders (Whisper: runtime/transcriber.py; Marian and BART: runtime/seq2seq.py).
+encoder-decoders (Whisper: runtime/transcriber.py; Marian and BART now run on the text engine: runtime/engine.py).
 
 Each sequence (a Whisper window, a source sentence) is a Window: the encoder runs once for it and
 its cross-attention K/V go into pool blocks of its own (exporter/whisper.py explains why the pool);

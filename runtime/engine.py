@@ -12,11 +12,14 @@ from pathlib import Path
 import numpy as np
 
 from ortinf.errors import ConfigError, RequestError, StepFailedError
-from ortinf.manifest import TEXT_GENERATION, Manifest
+from ortinf.manifest import TEXT2TEXT, TEXT_GENERATION, Manifest
 from ortinf.providers.registry import resolve
 from ortinf.runtime.config import EngineConfig
+from ortinf.runtime.cross_encoder import CrossEncoder
 from ortinf.runtime.decoder_graph import DecoderGraph, cpu_kernels, pool_spec
+from ortinf.runtime.decoder_rules import DecoderRules
 from ortinf.runtime.draft_proposer import DraftProposer
+from ortinf.runtime.encoder_input import EncoderInput
 from ortinf.runtime.kv_cache_manager import KVCacheManager
 from ortinf.runtime.kv_pool import resolve_num_blocks
 from ortinf.runtime.lora import LoraAdapter, LoraSlots
@@ -27,7 +30,7 @@ from ortinf.runtime.request import FinishReason, Request
 from ortinf.runtime.sampling_params import SamplingParams
 from ortinf.runtime.scheduler import Scheduler, SchedulerConfig, check_fits
 from ortinf.runtime.scheduler_output import ModelRunnerOutput, SchedulerOutput
-from ortinf.runtime.stopping import judge
+from ortinf.runtime.stopping import Verdict, judge
 from ortinf.runtime.structured_output import GrammarCompiler
 from ortinf.runtime.tokenizer import check_unicode, load_checked_tokenizer
 
@@ -42,6 +45,12 @@ class PreparedRequest:
     token_ids: list[int]
     params: SamplingParams
     lora_name: str | None = None  # a loaded LoRA adapter, None for the base model
+    encoder_input: EncoderInput | None = None  # an encoder-decoder's (the source; `token_ids` are the decoder's)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        """What usage counts as the prompt: the source's tokens for an encoder-decoder, else the prompt's."""
+        return self.encoder_input.num_positions if self.encoder_input is not None else len(self.token_ids)
 
 
 class LLMEngine:
@@ -50,13 +59,19 @@ class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         manifest = Manifest.load(config.package_dir)
-        if manifest.task != TEXT_GENERATION or manifest.decoder is None:
-            raise ConfigError(f"{config.package_dir} holds a {manifest.task} model; generation needs a text-generation package")
+        if manifest.task not in (TEXT_GENERATION, TEXT2TEXT) or manifest.decoder is None:
+            raise ConfigError(f"{config.package_dir} holds a {manifest.task} model; generation needs a text-generation "
+                              "or text2text-generation package")
         self.manifest = manifest
+        self.seq2seq = manifest.seq2seq  # Marian, BART: a request's prompt is the encoder's source (runtime/encoder_input.py)
+        if self.seq2seq is not None and (config.speculative_config is not None or config.max_loras):
+            raise ConfigError("speculative decoding and LoRA adapters are for text-generation packages, not encoder-decoders")
         spec = manifest.decoder
         self.tokenizer = load_checked_tokenizer(config.package_dir, spec.vocab_size) if manifest.has_tokenizer else None
         self.max_model_len = min(config.max_model_len or spec.max_model_len, spec.max_model_len)
-        found = resolve(config.provider)
+        # Marian and BART packages have no encoder graph that writes a device pool (Whisper's do): "auto"
+        # keeps them on the CPU, where the pool is host memory
+        found = resolve("cpu" if self.seq2seq is not None and config.provider == "auto" else config.provider)
         kernels = cpu_kernels(manifest, config.package_dir, found.provider.name, config.cpu_kernel)
         num_blocks = resolve_num_blocks(config, pool_spec(manifest, kernels), self.max_model_len, found.provider)
         self.graph = DecoderGraph(config.package_dir, num_blocks, config.block_size, found, config.intra_op_threads,
@@ -64,10 +79,15 @@ class LLMEngine:
         self.loras = self._lora_slots(config)
         self.kv_cache = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
         scheduler_config = SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len,
-                                           self.graph.max_query_len or 0, speculative=config.speculative_config)
+                                           self.graph.max_query_len or 0, config.max_num_encoder_input_tokens,
+                                           speculative=config.speculative_config)
         self.scheduler = Scheduler(scheduler_config, self.kv_cache)
         self.grammars = GrammarCompiler(self.tokenizer, spec.vocab_size, manifest.eos_token_ids) if self.tokenizer else None
-        self.runner = ModelRunner(self.graph, seed=config.seed, grammars=self.grammars)
+        encoder = rules = None
+        if self.seq2seq is not None:
+            encoder = CrossEncoder(config.package_dir, manifest, self.graph.pool, found, config.intra_op_threads)
+            rules = DecoderRules.load(config.package_dir, spec.vocab_size)
+        self.runner = ModelRunner(self.graph, seed=config.seed, grammars=self.grammars, encoder=encoder, rules=rules)
         self.draft = self._draft_proposer(config, num_blocks, found)
         self.num_failed_steps_in_a_row = 0
         self._lora_loads = 0
@@ -78,7 +98,8 @@ class LLMEngine:
         # it is refused before the tokenizer spends seconds on megabytes (2x the longest vocabulary
         # entry per token, for normalizers that expand text).
         longest = max((len(t) for t in self.tokenizer.get_vocab()), default=16) if self.tokenizer else 16
-        self.max_prompt_chars = self.max_model_len * 2 * max(longest, 1)
+        self.max_prompt_tokens = self.seq2seq.max_source_positions if self.seq2seq is not None else self.max_model_len
+        self.max_prompt_chars = self.max_prompt_tokens * 2 * max(longest, 1)
 
     def _lora_slots(self, config: EngineConfig) -> LoraSlots | None:
         """The adapters' slots, with --lora-modules loaded; None when no adapter may load."""
@@ -168,8 +189,13 @@ class LLMEngine:
         if params.bad_words:
             params = replace(params, bad_words_ids=params.bad_words_ids + self._bad_words_ids(params.bad_words))
         if isinstance(prompt, str) and params.truncate_prompt_tokens is None and len(prompt) > self.max_prompt_chars:
+            if self.seq2seq is not None:
+                raise RequestError(f"a source must hold 1 to {self.max_prompt_tokens} tokens: {len(prompt)} characters are more "
+                                   "than that many tokens can hold", param="prompt")
             raise RequestError(f"the prompt has {len(prompt)} characters, more than {self.max_model_len} tokens (the context "
                                f"length) can hold: shorten it, or pass truncate_prompt_tokens", param="prompt")
+        if self.seq2seq is not None:
+            return self._prepare_source(prompt, params)
         text, token_ids = self.tokenize(prompt)
         if params.truncate_prompt_tokens is not None and len(token_ids) > params.truncate_prompt_tokens:
             text, token_ids = None, token_ids[-params.truncate_prompt_tokens:]  # the prompt's end is what the model continues
@@ -179,6 +205,24 @@ class LLMEngine:
             params = replace(params, max_tokens=self.max_model_len - len(token_ids))
         check_fits(len(token_ids), params.max_tokens, self.max_model_len)
         return PreparedRequest(text, token_ids, params, lora_name)
+
+    def _prepare_source(self, prompt: str | Sequence[int], params: SamplingParams) -> PreparedRequest:
+        """An encoder-decoder's request: the prompt is the encoder's source; the decoder starts from its
+        start token."""
+        if params.prompt_logprobs is not None or params.truncate_prompt_tokens is not None:
+            raise RequestError("echo, prompt_logprobs and truncate_prompt_tokens are for text-generation models: a "
+                               "text2text-generation model's prompt is its encoder's source", param="prompt_logprobs")
+        text, source = self.tokenize(prompt)
+        limit = self.seq2seq.max_source_positions
+        if not 0 < len(source) <= limit:
+            raise RequestError(f"a source must hold 1 to {limit} tokens, not {len(source)}", param="prompt")
+        token_ids = [self.seq2seq.decoder_start_token_id]
+        if params.max_tokens is None:
+            params = replace(params, max_tokens=self.max_model_len - 1)
+        if params.max_tokens < 1:
+            raise RequestError("max_tokens must be at least 1 for text2text-generation models", param="max_tokens")
+        check_fits(1, params.max_tokens, self.max_model_len)
+        return PreparedRequest(text, token_ids, params, None, EncoderInput.of(np.asarray(source, dtype=np.int64), len(source), "source"))
 
     def _bad_words_ids(self, words: Sequence[str]) -> tuple[tuple[int, ...], ...]:
         """Each word's token ids, alone and after a space (vLLM's rule: a word mid-text is usually
@@ -207,6 +251,7 @@ class LLMEngine:
             arrival_time=time.monotonic(),
             lora_slot=self.loras.slot(prepared.lora_name) if self.loras is not None else -1,
             lora_key=self._lora_keys.get(prepared.lora_name) if prepared.lora_name is not None else None,
+            encoder_input=prepared.encoder_input,
         )
         self.scheduler.add_request(request)
         self.outputs.add_request(request, prepared.text)
@@ -293,12 +338,22 @@ class LLMEngine:
             if not scheduled.sample or request is None or request.is_finished or request_id in runner_output.cannot_continue:
                 continue
             try:
-                verdicts[request_id] = judge(request, runner_output.sampled_token_ids.get(request_id, []),
-                                             self.outputs.detokenizer(request_id), self.max_model_len,
-                                             request_id in runner_output.format_complete)
+                verdict = judge(request, runner_output.sampled_token_ids.get(request_id, []), self.outputs.detokenizer(request_id),
+                                self.max_model_len, request_id in runner_output.format_complete)
+                verdicts[request_id] = self._forced_eos_is_length(request, verdict)
             except Exception as exc:  # noqa: BLE001
                 failed[request_id] = exc
         return verdicts, failed
+
+    def _forced_eos_is_length(self, request: Request, verdict: Verdict) -> Verdict:
+        """An encoder-decoder whose generation config forces EOS as the last token the length allows
+        (BART, Marian) ended for its length, not by choice: finish_reason "length", as OpenAI says when
+        max_tokens cut the output."""
+        rules, max_tokens = self.runner.rules, request.sampling_params.max_tokens
+        if (rules is None or rules.forced_eos is None or verdict.finish_reason is not FinishReason.STOP or verdict.stop_reason is not None
+                or max_tokens is None or request.num_output_tokens + verdict.keep < max_tokens):
+            return verdict
+        return Verdict(verdict.keep, FinishReason.LENGTH)
 
     def _fail_step(self, request_ids: list[str], exc: Exception, stage: str) -> list[RequestOutput]:
         self.num_failed_steps_in_a_row += 1

@@ -17,7 +17,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 
 from ortinf.runtime.call_planner import plan_calls
+from ortinf.runtime.cross_encoder import CrossEncoder
 from ortinf.runtime.decoder_graph import DecoderGraph
+from ortinf.runtime.decoder_rules import DecoderRules
 from ortinf.runtime.model_input import SequenceChunk, build_model_input
 from ortinf.runtime.sampler import Sampler, log_softmax
 from ortinf.runtime.scheduler_output import ModelRunnerOutput, ScheduledRequest, SchedulerOutput, TokenLogprobs, top_logprobs
@@ -28,8 +30,11 @@ from ortinf.runtime.structured_output import GrammarCompiler
 class ModelRunner:
     """Executes steps on a DecoderGraph; keeps one RNG per seeded request."""
 
-    def __init__(self, graph: DecoderGraph, seed: int | None = None, grammars: GrammarCompiler | None = None) -> None:
+    def __init__(self, graph: DecoderGraph, seed: int | None = None, grammars: GrammarCompiler | None = None,
+                 encoder: CrossEncoder | None = None, rules: DecoderRules | None = None) -> None:
         self.graph = graph
+        self.encoder = encoder  # an encoder-decoder's: runs first for the requests whose cross blocks wait for it
+        self.rules = rules  # an encoder-decoder's generation rules (suppressed and forced tokens)
         self.sampler = Sampler()
         self.shared_generator = np.random.default_rng(seed)
         self.generators: dict[str, np.random.Generator] = {}
@@ -53,6 +58,9 @@ class ModelRunner:
         last_rows: list[np.ndarray | None] = [None] * len(scheduled)
         prompt_rows: dict[int, np.ndarray] = {}
         query_lens = [len(s.token_ids) for s in scheduled]
+        to_encode = [(s.encoder_input, s.cross_block_ids) for s in scheduled if s.encoder_input is not None]
+        if to_encode:
+            self.encoder.encode(to_encode, self.graph.block_size)
         try:
             for group in plan_calls(query_lens, [s.num_computed_tokens for s in scheduled], self.graph.block_size):
                 self._run_group(scheduled, group, last_rows, prompt_rows)
@@ -83,8 +91,8 @@ class ModelRunner:
         return output
 
     def _run_group(self, scheduled: Sequence[ScheduledRequest], group: list[int], last_rows: list, prompt_rows: dict[int, np.ndarray]) -> None:
-        chunks = [SequenceChunk(scheduled[i].token_ids, scheduled[i].num_computed_tokens, scheduled[i].block_ids, scheduled[i].lora_slot)
-                  for i in group]
+        chunks = [SequenceChunk(scheduled[i].token_ids, scheduled[i].num_computed_tokens, scheduled[i].block_ids, scheduled[i].lora_slot,
+                                scheduled[i].cross_block_ids, scheduled[i].cross_len) for i in group]
         all_logits = [scheduled[i].wants_prompt_logprobs or bool(scheduled[i].spec_token_ids) for i in group]
         logits = self.graph.run(build_model_input(chunks, self.graph.block_size, all_logits))
         row = 0
@@ -161,9 +169,14 @@ class ModelRunner:
     def _allowed(self, scheduled: ScheduledRequest, grammar_mask: np.ndarray | None, banned: Sequence[int]) -> np.ndarray | None:
         """The tokens this row may sample (grammar and allowed_token_ids, less the bans), or None for all."""
         allowed_ids = scheduled.sampling_params.allowed_token_ids
+        vocab = self.graph.spec.vocab_size
+        forced = self.rules.forced(scheduled.num_output_tokens, scheduled.sampling_params.max_tokens) if self.rules else None
+        if forced is not None:  # transformers' forced BOS/EOS: over every other rule
+            mask = np.zeros(vocab, dtype=bool)
+            mask[forced] = True
+            return mask
         if grammar_mask is None and allowed_ids is None:
             return None
-        vocab = self.graph.spec.vocab_size
         mask = grammar_mask.copy() if grammar_mask is not None else np.ones(vocab, dtype=bool)
         if allowed_ids is not None:
             only = self.allowed_ids.get(scheduled.request_id)
@@ -179,9 +192,13 @@ class ModelRunner:
         last token of a bad word whose other tokens end the output."""
         params = scheduled.sampling_params
         banned: tuple[int, ...] = ()
+        if self.rules is not None:
+            if self.rules.forced(scheduled.num_output_tokens, params.max_tokens) is not None:
+                return ()  # the forced token comes whatever else bans it (_allowed)
+            banned = self.rules.banned(scheduled.num_output_tokens)
         if scheduled.num_output_tokens < params.min_tokens:
             eos = () if params.ignore_eos else self.graph.manifest.eos_token_ids
-            banned = (*eos, *params.stop_token_ids)
+            banned += (*eos, *params.stop_token_ids)
         if params.bad_words_ids:
             output_ids = scheduled.all_token_ids[scheduled.num_prompt_tokens :]
             for word in params.bad_words_ids:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from ortinf.runtime.encoder_input import EncoderInput
 from ortinf.runtime.sampling_params import SamplingParams
 
 
@@ -49,9 +50,18 @@ class Request:
     block_hashes: list[int] = field(default_factory=list)
     lora_slot: int = -1  # its LoRA adapter's slot (runtime/lora.py), -1 for the base model
     lora_key: str | None = None  # the adapter's identity in prefix-cache keys (a new one per load)
+    encoder_input: EncoderInput | None = None  # an encoder-decoder's (runtime/encoder_input.py)
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids)
+
+    @property
+    def cache_salt(self) -> str | None:
+        """What the request's K/V depend on besides its tokens (its LoRA adapter, its encoder input): the
+        root of its prefix-cache keys, so that blocks computed under another salt never match."""
+        if self.encoder_input is None:
+            return self.lora_key
+        return self.encoder_input.digest if self.lora_key is None else f"{self.lora_key}|{self.encoder_input.digest}"
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -29,6 +29,7 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 2048
     max_model_len: int = 2048
     long_prefill_token_threshold: int = 0  # most new tokens of one request per step (0: no cap), vLLM's name
+    max_num_encoder_input_tokens: int = 6144  # encoder positions run per step (encoder-decoders), vLLM's name
     speculative: SpeculativeConfig | None = None
 
 
@@ -107,12 +108,18 @@ class Scheduler:
             self._preempt(victim)
             preempted.append(victim.request_id)
 
+        encoder_budget = self.config.max_num_encoder_input_tokens
         while not preempted and self.waiting and len(self.running) < self.config.max_num_seqs and budget > 0:
             request = self.waiting[0]
+            encoder = request.encoder_input
+            if encoder is not None and encoder_budget < min(encoder.num_positions, self.config.max_num_encoder_input_tokens):
+                break  # the step's encoder work is spent (an input larger than the budget runs alone)
             hits, num_hit_tokens = self.kv_cache.get_computed_blocks(request)
             num_new = self._cap(min(request.num_tokens - num_hit_tokens, budget))
             if self.kv_cache.allocate_slots(request, num_new, hits) is None:
                 break
+            if request.request_id in self.kv_cache.to_encode:
+                encoder_budget -= encoder.num_positions
             self.waiting.popleft()
             self.kv_cache.record_prefix_lookup(request.num_tokens, num_hit_tokens)
             if request.first_scheduled_time is None:
@@ -180,6 +187,9 @@ class Scheduler:
             num_prompt_tokens=request.num_prompt_tokens,
             num_output_tokens=request.num_output_tokens,
             lora_slot=request.lora_slot,
+            cross_block_ids=self.kv_cache.cross_block_ids(request.request_id),
+            cross_len=request.encoder_input.num_positions if request.encoder_input is not None else 0,
+            encoder_input=request.encoder_input if request.request_id in self.kv_cache.to_encode else None,
         )
 
     def _preempt(self, request: Request) -> None:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ortinf.runtime.encoder_input import EncoderInput
 from ortinf.runtime.sampling_params import SamplingParams
 
 
@@ -33,6 +34,9 @@ class ScheduledRequest:
     num_output_tokens: int
     spec_token_ids: tuple[int, ...] = ()  # proposed tokens at the end of token_ids, verified by this step's logits
     lora_slot: int = -1  # the request's LoRA adapter slot, -1 for the base model
+    cross_block_ids: Sequence[int] = ()  # an encoder-decoder's cross blocks, holding `cross_len` encoder positions
+    cross_len: int = 0
+    encoder_input: EncoderInput | None = None  # set the step its cross blocks must be written (the encoder runs first)
 
     @property
     def wants_prompt_logprobs(self) -> bool:
@@ -48,10 +52,6 @@ class SchedulerOutput:
     num_scheduled_tokens: int
     finished_request_ids: frozenset[str] = frozenset()
     preempted_request_ids: tuple[str, ...] = ()
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.scheduled
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import ortinf
 from ortinf.errors import ConfigError
-from ortinf.manifest import TEXT_GENERATION, Manifest
+from ortinf.manifest import TEXT2TEXT, TEXT_GENERATION, Manifest
 from ortinf.runtime.async_engine import AsyncEngine
 from ortinf.runtime.config import EngineConfig
 from ortinf.runtime.encoder_graph import EncoderGraph
@@ -175,13 +175,7 @@ def load_model(package: Path, name: str, config: ServerConfig, state: ServerStat
             raise ConfigError(f"{name} has no tokenizer.json: the audio routes answer with text; re-export it from a folder "
                               "with the Whisper tokenizer")
         model.transcriber = AsyncTranscriber(transcriber, fallback=config.transcription_fallback)
-    elif manifest.seq2seq is not None:  # Marian, BART: /v1/completions through serve/text2text.py
-        from ortinf.runtime.async_loop import AsyncSeq2Seq
-        from ortinf.runtime.seq2seq import Seq2Seq
-
-        model.seq2seq = AsyncSeq2Seq(Seq2Seq(package, intra_op_threads=config.intra_op_threads,
-                                             provider="cpu" if config.provider == "auto" else config.provider))
-    elif manifest.task == TEXT_GENERATION:
+    elif manifest.task in (TEXT_GENERATION, TEXT2TEXT):  # decoders, and Marian/BART (the prompt is the encoder's source)
         options = dict(config.engine_options)
         if lora_base:
             options["lora_modules"] = config.lora_modules
@@ -250,7 +244,7 @@ def build_app(config: ServerConfig, load_in_background: bool = True) -> FastAPI:
         if loader is not None:
             loader.cancel()
         for model in state.registry.models.values():
-            for loop in (model.engine, model.transcriber, model.seq2seq):  # their stepping threads
+            for loop in (model.engine, model.transcriber):  # their stepping threads
                 if loop is not None:
                     loop.shutdown()
 

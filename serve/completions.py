@@ -40,7 +40,7 @@ def prepare_samples(model: ServedModel, prompts: list, body_params, n: int) -> l
 
 def usage(prepared: list[PreparedRequest], n: int, completion_tokens: int, cached_tokens: int | None = None) -> dict:
     """OpenAI's usage; prompt_tokens_details.cached_tokens is the prefix-cache hit of each prompt's first sample."""
-    prompt_tokens = sum(len(p.token_ids) for p in prepared[::n])
+    prompt_tokens = sum(p.num_prompt_tokens for p in prepared[::n])
     body = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
     if cached_tokens is not None:
         body["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
@@ -56,10 +56,6 @@ def cached_tokens(outputs: list[RequestOutput], n: int) -> int:
 async def create_completion(body: CompletionRequest, request: Request):
     state: ServerState = request.app.state.ortinf
     model = state.registry.get(body.model)
-    if model.seq2seq is not None:  # Marian, BART: serve/text2text.py
-        from ortinf.serve.text2text import text2text_completion
-
-        return await text2text_completion(body, model, state)
     engine = model.require_engine()
     if body.suffix:
         raise APIError(400, "suffix is not supported", param="suffix")

@@ -29,7 +29,6 @@ class ServedModel:
     _token_bytes: TokenBytes | None = None
     created: int = 0
     transcriber: object | None = None  # a speech-recognition package's runtime/async_transcriber.AsyncTranscriber
-    seq2seq: object | None = None  # a text2text-generation package's runtime/async_loop.AsyncSeq2Seq
     lora_name: str | None = None  # set on the view of a LoRA adapter (its requests run with it)
     parent: str | None = None  # the base model's name, for an adapter
 

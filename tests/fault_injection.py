@@ -22,7 +22,8 @@ from ortinf.runtime.scheduler_output import ModelRunnerOutput, SchedulerOutput
 @dataclass(frozen=True, slots=True)
 class FaultInjection:
     """`after_steps`: every graph call from that engine step on fails (an engine fault).
-    `token_id`: a call that computes this token id fails (a poisoned request)."""
+    `token_id`: a call that computes this token id fails (a poisoned request; for an encoder-decoder,
+    a source that holds it)."""
 
     after_steps: int | None = None
     token_id: int | None = None
@@ -37,7 +38,8 @@ class FaultInjection:
                 calls += 1
                 if self.after_steps is not None and calls >= self.after_steps:
                     raise RuntimeError(f"injected engine fault (graph call {calls})")
-                if self.token_id is not None and any(self.token_id in s.token_ids for s in scheduler_output.scheduled):
+                if self.token_id is not None and any(self.token_id in s.token_ids or (s.encoder_input is not None and self.token_id in s.encoder_input.data)
+                                                     for s in scheduler_output.scheduled):
                     raise RuntimeError(f"injected fault: token id {self.token_id} in the step")
             return execute(*args)
 

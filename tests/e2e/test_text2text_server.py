@@ -1,6 +1,7 @@
 """A BART package behind the real server: /v1/completions with the official openai client (text
-through its tokenizer, and token ids), concurrent requests decoding together, the unsupported
-fields as one-line 400s, and a text model beside it still serving."""
+through its tokenizer, and token ids), concurrent requests decoding together, the text engine's
+fields (stream, n, logprobs, stop) on the one engine, the prompt-only ones as one-line 400s, and a
+text model beside it still serving."""
 
 from __future__ import annotations
 
@@ -44,11 +45,19 @@ def test_text2text_completions(bart_package, chat_package, tmp_path):
             alone = list(pool.map(lambda t: client.completions.create(model="bart", prompt=t, max_tokens=10, temperature=0)
                                   .choices[0].text, texts))
         assert alone == expected
-        ids = LLM(bart_package).seq2seq.tokenizer.encode(texts[0]).ids
+        ids = LLM(bart_package).engine.tokenizer.encode(texts[0]).ids
         by_ids = httpx.post(f"{server.url}/v1/completions", json={"model": "bart", "prompt": ids, "max_tokens": 10,
                                                                   "temperature": 0}, timeout=60).json()
-        assert by_ids["choices"][0]["text"] == expected[0] and by_ids["choices"][0]["token_ids"]
-        for field, value in (("stream", True), ("logprobs", 2), ("stop", ["x"]), ("n", 2), ("echo", True)):
+        assert by_ids["choices"][0]["text"] == expected[0] and by_ids["usage"]["prompt_tokens"] == len(ids)
+        # issue 30: a text2text request is an ordinary engine request, so the text routes' fields work on it
+        streamed = client.completions.create(model="bart", prompt=texts[0], max_tokens=10, temperature=0, stream=True)
+        assert "".join(c.choices[0].text for c in streamed if c.choices) == expected[0]
+        two = client.completions.create(model="bart", prompt=texts[1], max_tokens=10, temperature=0, n=2, logprobs=2)
+        assert [c.text for c in two.choices] == [expected[1]] * 2 and two.choices[0].logprobs.top_logprobs
+        # finding 14: max_tokens cut the output (BART forces EOS as the last token the length allows): "length"
+        cut = client.completions.create(model="bart", prompt=texts[0], max_tokens=3, temperature=0)
+        assert cut.choices[0].finish_reason == "length" and cut.usage.completion_tokens == 3
+        for field, value in (("echo", True), ("prompt_logprobs", 1)):
             response = httpx.post(f"{server.url}/v1/completions", json={"model": "bart", "prompt": "hi", field: value}, timeout=60)
             assert response.status_code == 400 and field in response.json()["error"]["message"], response.text
         response = httpx.post(f"{server.url}/v1/completions", json={"model": "bart", "prompt": [5000]}, timeout=60)
@@ -64,6 +73,6 @@ def test_text2text_completions(bart_package, chat_package, tmp_path):
         assert response.status_code == 400 and "characters" in response.json()["error"]["message"], response.text
         sampled = {"model": "bart", "prompt": "hi", "max_tokens": 5, "temperature": 1.0, "seed": -1}  # any integer seed, as the text routes
         first, again = (httpx.post(f"{server.url}/v1/completions", json=sampled, timeout=60) for _ in range(2))
-        assert first.status_code == 200 and first.json()["choices"][0]["token_ids"] == again.json()["choices"][0]["token_ids"]
+        assert first.status_code == 200 and first.json()["choices"][0]["text"] == again.json()["choices"][0]["text"]
         assert httpx.post(f"{server.url}/v1/completions", json={"model": "text", "prompt": "hi", "max_tokens": 2}).status_code == 200
         assert "bart" in [m.id for m in client.models.list().data]

@@ -1,4 +1,4 @@
-"""Text encoder-decoders on Whisper's machinery (exporter/seq2seq.py, runtime/seq2seq.py): tiny random
+"""Text encoder-decoders as ordinary requests of the one engine (exporter/seq2seq.py, runtime/engine.py with runtime/encoder_input.py): tiny random
 Marian and BART models exported by `ortinf export` (parity recorded at export), then ragged sources
 decoded together, with fewer slots than sources, through preemption and a source seen twice, greedy
 token for token against transformers' own generate (num_beams=1)."""
@@ -11,8 +11,9 @@ import torch
 import transformers
 
 import ortinf
+from fault_injection import FaultInjection
 from ortinf import LLM
-from ortinf.runtime.seq2seq import Seq2Seq
+from ortinf.runtime.sampling_params import SamplingParams
 
 COMMON = dict(vocab_size=300, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
               encoder_ffn_dim=128, decoder_ffn_dim=128, max_position_embeddings=64, init_std=0.3)
@@ -51,20 +52,46 @@ def test_ragged_sources_equal_transformers_generate(seq2seq):
     expected = reference(model, sources, 20)
     # two slots for four sources, and a pool of 8 blocks (the least that holds one 64-token source and
     # 64 tokens of output): the 51-token source (4 blocks) and the 13-token one cannot both grow to 21
-    # output tokens (2 blocks each), so the later is preempted and readmitted from the cache
-    runner = Seq2Seq(package, max_seqs=2, num_blocks=8)
-    assert runner.generate_ids(sources, max_new_tokens=20) == expected
-    assert runner.preemptions >= 1
-    roomy = Seq2Seq(package, max_seqs=2)
-    assert roomy.generate_ids(sources[:2], max_new_tokens=20) == expected[:2]
-    assert roomy.generate_ids(sources[:1], max_new_tokens=20) == expected[:1]  # the same source again: no encoder call
-    assert roomy.encoded_windows == 2 and roomy.blocks.cross_hits == 1
+    # output tokens (2 blocks each), so the later is preempted and readmitted from the cache. The
+    # engine is the text engine's (runtime/engine.py): its options are obeyed, its invariants hold.
+    tight = LLM(package, max_num_seqs=2, num_blocks=8)
+    assert tight.text2text(sources, max_new_tokens=20) == expected
+    assert tight.engine.scheduler.stats.num_preemptions >= 1
+    tight.engine.check_invariants()
+    roomy = LLM(package, max_num_seqs=2)
+    assert roomy.text2text(sources[:2], max_new_tokens=20) == expected[:2]
+    assert roomy.text2text(sources[:1], max_new_tokens=20) == expected[:1]  # the same source again: no encoder call
+    assert roomy.engine.runner.encoder.num_encoded == 2 and roomy.engine.kv_cache.num_cross_hits == 1
     assert all(len(tokens) >= 5 for tokens in expected)  # real decoding, not an immediate end
     if name == "bart":  # BART's random weights give each source its own output (Marian's tiny one does not)
         assert len({tuple(t) for t in expected}) == len(expected)
     with pytest.raises(ortinf.errors.RequestError, match="source"):
-        runner.generate_ids([[]])
+        tight.text2text([[]])
     llm = LLM(package)
     assert llm.text2text([sources[2]], max_new_tokens=20) == expected[2:3]
     with pytest.raises(ortinf.errors.RequestError, match="not both"):
         llm.text2text(["a text", sources[2]])
+
+
+def test_a_failing_source_fails_alone(seq2seq):
+    """issue 30: a text2text request whose step fails fails alone (the text engine's one-by-one re-run);
+    the sources decoding beside it finish with their own output, and the pool is whole."""
+    _, model, package = seq2seq
+    rng = np.random.default_rng(1)
+    sources = [rng.integers(3, 250, n).tolist() + [model.config.eos_token_id] for n in (7, 9, 11)]
+    sources[1][2] = 297  # the poisoned one
+    expected = reference(model, [sources[0], sources[2]], 12)
+    llm = LLM(package)
+    FaultInjection(token_id=297).install(llm.engine.runner)
+    ids = [llm.engine.add_request(source, SamplingParams(max_tokens=12, temperature=0.0)) for source in sources]
+    finished = {}
+    while llm.engine.has_unfinished_requests():
+        for output in llm.engine.step():
+            llm.engine.check_invariants()
+            if output.finished:
+                finished[output.request_id] = output
+    assert finished[ids[1]].error is not None and "injected" in str(finished[ids[1]].error)
+    eos = model.config.eos_token_id
+    got = [[t for t in finished[i].outputs[0].token_ids if t != eos] for i in (ids[0], ids[2])]
+    assert got == expected and finished[ids[0]].error is None
+    assert llm.engine.kv_cache.usage() == 0.0
