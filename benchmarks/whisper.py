@@ -94,7 +94,7 @@ def main() -> None:
         ortinf.export(Path(tmp) / "hf", Path(tmp) / "pkg", dtype=args.dtype, progress=False)
         # no prefix caching: the cases share audio (each case's first window is audio(30, 0)), and the
         # other engines have no cache to find it in
-        transcriber = Transcriber(Path(tmp) / "pkg", max_windows=10, intra_op_threads=2, enable_prefix_caching=False)
+        transcriber = Transcriber(Path(tmp) / "pkg", max_num_seqs=10, intra_op_threads=2, enable_prefix_caching=False)
         transcriber.eos = set()  # decode `tokens` per window, as transformers does with min_new_tokens
         extractor = transformers.WhisperFeatureExtractor(feature_size=shape["num_mel_bins"])
         transcriber.transcribe_ids([audio(1, 0)], max_new_tokens=2)  # warm-up

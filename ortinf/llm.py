@@ -49,8 +49,7 @@ class LLM:
         if self.manifest.speech is not None:  # Whisper: the offline transcriber (runtime/transcriber.py)
             from ortinf.runtime.transcriber import Transcriber
 
-            self.transcriber = Transcriber(package_dir, intra_op_threads=options.get("intra_op_threads", 0),
-                                           provider="cpu" if provider == "auto" else provider)
+            self.transcriber = Transcriber(package_dir, provider, **options)  # its engine takes every engine option
         elif self.manifest.task in (TEXT_GENERATION, TEXT2TEXT):  # decoders, and Marian/BART (the source is the encoder's)
             from ortinf.runtime.engine import LLMEngine
 

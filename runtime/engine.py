@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from ortinf.errors import ConfigError, RequestError, StepFailedError
-from ortinf.manifest import TEXT2TEXT, TEXT_GENERATION, Manifest
+from ortinf.manifest import SPEECH_RECOGNITION, TEXT2TEXT, TEXT_GENERATION, Manifest
 from ortinf.providers.registry import resolve
 from ortinf.runtime.config import EngineConfig
 from ortinf.runtime.cross_encoder import CrossEncoder
@@ -59,12 +59,15 @@ class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         manifest = Manifest.load(config.package_dir)
-        if manifest.task not in (TEXT_GENERATION, TEXT2TEXT) or manifest.decoder is None:
-            raise ConfigError(f"{config.package_dir} holds a {manifest.task} model; generation needs a text-generation "
-                              "or text2text-generation package")
+        if manifest.task not in (TEXT_GENERATION, TEXT2TEXT, SPEECH_RECOGNITION) or manifest.decoder is None:
+            raise ConfigError(f"{config.package_dir} holds a {manifest.task} model; generation needs a text-generation, "
+                              "text2text-generation or speech-recognition package")
         self.manifest = manifest
         self.seq2seq = manifest.seq2seq  # Marian, BART: a request's prompt is the encoder's source (runtime/encoder_input.py)
-        if self.seq2seq is not None and (config.speculative_config is not None or config.max_loras):
+        # Whisper: requests come from runtime/transcriber.py, a window's log-mel as their encoder input
+        self.speech = manifest.speech
+        self.encoder_decoder = self.seq2seq is not None or self.speech is not None
+        if self.encoder_decoder and (config.speculative_config is not None or config.max_loras):
             raise ConfigError("speculative decoding and LoRA adapters are for text-generation packages, not encoder-decoders")
         spec = manifest.decoder
         self.tokenizer = load_checked_tokenizer(config.package_dir, spec.vocab_size) if manifest.has_tokenizer else None
@@ -73,7 +76,9 @@ class LLMEngine:
         # keeps them on the CPU, where the pool is host memory
         found = resolve("cpu" if self.seq2seq is not None and config.provider == "auto" else config.provider)
         kernels = cpu_kernels(manifest, config.package_dir, found.provider.name, config.cpu_kernel)
-        num_blocks = resolve_num_blocks(config, pool_spec(manifest, kernels), self.max_model_len, found.provider)
+        # an encoder-decoder's request holds cross blocks for its whole encoder input beside its own
+        cross_positions = self.speech.source_positions if self.speech else self.seq2seq.max_source_positions if self.seq2seq else 0
+        num_blocks = resolve_num_blocks(config, pool_spec(manifest, kernels), self.max_model_len, found.provider, cross_positions)
         self.graph = DecoderGraph(config.package_dir, num_blocks, config.block_size, found, config.intra_op_threads,
                                   config.provider_options, config.allow_cpu_fallback, config.shape_buckets, config.cpu_kernel)
         self.loras = self._lora_slots(config)
@@ -84,8 +89,9 @@ class LLMEngine:
         self.scheduler = Scheduler(scheduler_config, self.kv_cache)
         self.grammars = GrammarCompiler(self.tokenizer, spec.vocab_size, manifest.eos_token_ids) if self.tokenizer else None
         encoder = rules = None
-        if self.seq2seq is not None:
+        if self.encoder_decoder:
             encoder = CrossEncoder(config.package_dir, manifest, self.graph.pool, found, config.intra_op_threads)
+        if self.seq2seq is not None:  # Whisper's rules depend on the request (timestamps): its logits processors
             rules = DecoderRules.load(config.package_dir, spec.vocab_size)
         self.runner = ModelRunner(self.graph, seed=config.seed, grammars=self.grammars, encoder=encoder, rules=rules)
         self.draft = self._draft_proposer(config, num_blocks, found)
@@ -194,6 +200,9 @@ class LLMEngine:
                                    "than that many tokens can hold", param="prompt")
             raise RequestError(f"the prompt has {len(prompt)} characters, more than {self.max_model_len} tokens (the context "
                                f"length) can hold: shorten it, or pass truncate_prompt_tokens", param="prompt")
+        if self.speech is not None:
+            raise RequestError("a speech-recognition model takes audio: transcribe it (LLM.transcribe, ortinf transcribe, "
+                               "/v1/audio/transcriptions)", param="prompt")
         if self.seq2seq is not None:
             return self._prepare_source(prompt, params)
         text, token_ids = self.tokenize(prompt)

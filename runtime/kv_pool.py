@@ -48,9 +48,11 @@ def block_bytes(spec: DecoderSpec, block_size: int) -> int:
     return 2 * spec.num_layers * block_size * spec.num_kv_heads * pool_row(spec) * KV_DTYPE_BYTES[spec.kv_dtype]
 
 
-def resolve_num_blocks(config: EngineConfig, spec: DecoderSpec, max_model_len: int, provider: Provider) -> int:
-    """The pool size in blocks (see the module docstring). Logs the result."""
+def resolve_num_blocks(config: EngineConfig, spec: DecoderSpec, max_model_len: int, provider: Provider, cross_positions: int = 0) -> int:
+    """The pool size in blocks (see the module docstring). Logs the result. `cross_positions`: the
+    encoder positions an encoder-decoder's request holds cross blocks for, beside its own."""
     per_block = block_bytes(spec, config.block_size)
+    one = -(-max_model_len // config.block_size) + -(-cross_positions // config.block_size)  # blocks of one whole sequence
     if config.num_blocks is not None:
         num_blocks = config.num_blocks
     else:
@@ -61,7 +63,7 @@ def resolve_num_blocks(config: EngineConfig, spec: DecoderSpec, max_model_len: i
                                   "with --kv-cache-memory (e.g. --kv-cache-memory 2GiB; in Python kv_cache_memory= or num_blocks=)")
             memory = int(available_memory() * DEFAULT_KV_FRACTION)
         num_blocks = memory // per_block
-        needed = config.max_num_seqs * -(-max_model_len // config.block_size) + 1
+        needed = config.max_num_seqs * one + 1
         num_blocks = min(num_blocks, needed)
     if provider.max_tensor_bytes is not None:
         per_tensor_block = per_block // (2 * spec.num_layers)
@@ -70,11 +72,11 @@ def resolve_num_blocks(config: EngineConfig, spec: DecoderSpec, max_model_len: i
             log.warning("KV cache: %s computes on tensors of at most %d MiB; the pool is capped at %d blocks",
                         provider.name, provider.max_tensor_bytes // 2**20, most)
             num_blocks = most
-    min_blocks = -(-max_model_len // config.block_size)
-    if num_blocks < min_blocks:
+    if num_blocks < one:
+        cross = f" and its encoder's {cross_positions} positions" if cross_positions else ""
         raise ConfigError(
             f"the KV cache holds {num_blocks} blocks ({num_blocks * config.block_size} tokens), fewer than one "
-            f"sequence of max_model_len {max_model_len} needs ({min_blocks}); raise kv_cache_memory/num_blocks "
+            f"sequence of max_model_len {max_model_len}{cross} needs ({one}); raise kv_cache_memory/num_blocks "
             "or lower max_model_len"
         )
     log.info("KV cache: %d blocks x %d tokens = %d tokens, %.1f MiB", num_blocks, config.block_size,

@@ -120,6 +120,7 @@ class ModelRunner:
     def _sample(self, requests: list[ScheduledRequest], logits: np.ndarray, output: ModelRunnerOutput,
                 grammar_masks: dict[int, np.ndarray] | None) -> None:
         params = [s.sampling_params for s in requests]
+        logits = self._processed(requests, logits)
         histories = [
             (s.all_token_ids[: s.num_prompt_tokens], s.all_token_ids[s.num_prompt_tokens :]) if s.sampling_params.has_penalties else ((), ())
             for s in requests
@@ -151,6 +152,20 @@ class ModelRunner:
                     output.cannot_continue[rid] = error
                 elif complete:
                     output.format_complete.add(rid)
+
+    @staticmethod
+    def _processed(requests: list[ScheduledRequest], logits: np.ndarray) -> np.ndarray:
+        """The rows after their requests' logits processors (SamplingParams.logits_processors), in a copy."""
+        rows = [row for row, s in enumerate(requests) if s.sampling_params.logits_processors]
+        if not rows:
+            return logits
+        logits = np.array(logits, dtype=np.float32)
+        for row in rows:
+            s = requests[row]
+            output_ids = s.all_token_ids[s.num_prompt_tokens :]
+            for processor in s.sampling_params.logits_processors:
+                logits[row] = processor(output_ids, logits[row])
+        return logits
 
     def _verify(self, scheduled: ScheduledRequest, rows: np.ndarray, output: ModelRunnerOutput) -> None:
         """Replaces the request's one sampled token by the proposals its logits accept plus one

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -55,6 +56,11 @@ class SamplingParams:
     # far; "delta", only what is new since the request's previous output (the server's: no O(n) copy
     # per step); "final_only", one output when it finishes (LLM.generate's).
     output_kind: str = "cumulative"
+    # The engine's front-ends only (never set from an HTTP body): functions (output token ids so far, the
+    # row of logits) -> the row, applied first at every sampled position, as vLLM v0's logits processors.
+    # The request's logprobs are those of the processed row (transformers' scores): Whisper's timestamp
+    # rules and its fallback's mean log-probability (runtime/transcriber.py).
+    logits_processors: tuple[Callable[[Sequence[int], np.ndarray], np.ndarray], ...] = ()
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -129,6 +135,9 @@ class SamplingParams:
         if any(not word for word in words):
             raise RequestError("bad_words must not be empty", param="bad_words")
         object.__setattr__(self, "bad_words_ids", words)
+        object.__setattr__(self, "logits_processors", tuple(self.logits_processors))
+        if not all(callable(p) for p in self.logits_processors):
+            raise RequestError("logits_processors must be functions (output ids, logits) -> logits", param="logits_processors")
 
     def for_sample(self, index: int) -> SamplingParams:
         """The parameters of sample `index` of n: one sample each, seeded seed + index when seeded."""

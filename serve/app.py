@@ -159,6 +159,22 @@ class Gate:
         await self.app(scope, receive, send)
 
 
+def engine_options(package: Path, config: ServerConfig, lora_base: bool) -> dict:
+    """The server's engine settings for one package (EngineConfig's fields but package_dir): only the LoRA
+    base gets the adapters' slots, and only a text decoder speculates."""
+    options = dict(config.engine_options)
+    if lora_base:
+        options["lora_modules"] = config.lora_modules
+    else:
+        options.pop("max_loras", None)
+    manifest = Manifest.load(package)
+    return dict(provider=config.provider, provider_options=config.provider_options, allow_cpu_fallback=config.allow_cpu_fallback,
+                shape_buckets=config.shape_buckets, kv_cache_memory=config.kv_cache_memory, cpu_kernel=config.cpu_kernel,
+                max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
+                intra_op_threads=config.intra_op_threads,
+                speculative_config=config.speculative_config if manifest.task == TEXT_GENERATION else None, **options)
+
+
 def load_model(package: Path, name: str, config: ServerConfig, state: ServerState, lora_base: bool = False) -> ServedModel:
     """Builds one served model (blocking: runs in a worker thread) and warms it up. `lora_base`: the
     model that serves --lora-modules (and runtime loads); the others get no LoRA slots."""
@@ -170,25 +186,16 @@ def load_model(package: Path, name: str, config: ServerConfig, state: ServerStat
         from ortinf.runtime.async_transcriber import AsyncTranscriber
         from ortinf.runtime.transcriber import Transcriber
 
-        transcriber = Transcriber(package, intra_op_threads=config.intra_op_threads, provider=config.provider)
+        # the one engine: a window is an ordinary request of the model's AsyncEngine (runtime/transcriber.py)
+        transcriber = Transcriber(package, **engine_options(package, config, lora_base=False))
         if transcriber.tokenizer is None:
             raise ConfigError(f"{name} has no tokenizer.json: the audio routes answer with text; re-export it from a folder "
                               "with the Whisper tokenizer")
-        model.transcriber = AsyncTranscriber(transcriber, fallback=config.transcription_fallback)
+        model.engine = AsyncEngine(transcriber.engine, on_step=state.metrics.hook(name),
+                                   on_dead=lambda exc: state.fatal(f"the engine of '{name}' died", exc))
+        model.transcriber = AsyncTranscriber(transcriber, model.engine, fallback=config.transcription_fallback)
     elif manifest.task in (TEXT_GENERATION, TEXT2TEXT):  # decoders, and Marian/BART (the prompt is the encoder's source)
-        options = dict(config.engine_options)
-        if lora_base:
-            options["lora_modules"] = config.lora_modules
-        else:
-            options.pop("max_loras", None)
-        engine = LLMEngine(EngineConfig(
-            package_dir=package, provider=config.provider, provider_options=config.provider_options,
-            allow_cpu_fallback=config.allow_cpu_fallback, shape_buckets=config.shape_buckets, kv_cache_memory=config.kv_cache_memory,
-            cpu_kernel=config.cpu_kernel,
-            max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
-            intra_op_threads=config.intra_op_threads, speculative_config=config.speculative_config,
-            **options,
-        ))
+        engine = LLMEngine(EngineConfig(package_dir=package, **engine_options(package, config, lora_base)))
         engine.add_request([manifest.bos_token_id or 0] * 4, SamplingParams(max_tokens=2, ignore_eos=True), request_id="warmup")
         while engine.has_unfinished_requests():
             engine.step()
@@ -244,9 +251,8 @@ def build_app(config: ServerConfig, load_in_background: bool = True) -> FastAPI:
         if loader is not None:
             loader.cancel()
         for model in state.registry.models.values():
-            for loop in (model.engine, model.transcriber):  # their stepping threads
-                if loop is not None:
-                    loop.shutdown()
+            if model.engine is not None:  # its stepping thread (text, text2text and speech alike)
+                model.engine.shutdown()
 
     app = FastAPI(title="ortinf", version=ortinf.__version__, lifespan=lifespan,
                   description="OpenAI-compatible API over ONNX Runtime with a paged KV cache.")

@@ -227,7 +227,7 @@ def test_whisper_on_webgpu(webgpu, tmp_path):
     audios = [(0.3 * rng.standard_normal(16000 * seconds)).astype(np.float32) for seconds in (3, 35)]
     results = {}
     for provider in ("cpu", "webgpu"):
-        transcriber = Transcriber(tmp_path / "pkg", max_windows=2, provider=provider)
+        transcriber = Transcriber(tmp_path / "pkg", max_num_seqs=2, provider=provider)
         assert transcriber.device_pool == (provider == "webgpu")
         side_by_side = transcriber.transcribe_ids(audios, max_new_tokens=8)
         [timed] = transcriber.run(audios[1:], Decoding(max_new_tokens=8, timestamps=True, word_timestamps=True))

@@ -60,7 +60,7 @@ def reference(model, samples: np.ndarray, max_new_tokens: int) -> list[int]:
 def test_batched_windows_match_transformers_greedy(whisper):
     model, package = whisper
     audios = [audio(3, 0), audio(45, 1), audio(1, 2)]
-    transcriber = Transcriber(package, max_windows=2)  # fewer slots than windows: windows wait, then reuse freed blocks
+    transcriber = Transcriber(package, max_num_seqs=2)  # fewer slots than windows: windows wait, then reuse freed blocks
     got = transcriber.transcribe_ids(audios, max_new_tokens=10)
     assert got == [reference(model, a, 10) for a in audios]
     assert all(len(tokens) >= 5 for tokens in got), got  # real decoding, not an immediate end
@@ -73,48 +73,55 @@ def test_bad_audio_is_a_request_error(whisper):
 
 
 def test_concurrent_requests_decode_together(whisper):
-    """AsyncTranscriber: the windows of requests in flight at once share decoder calls, and each request
-    gets exactly what it gets alone; a step that fails fails its requests, and the next ones still work."""
+    """AsyncTranscriber on the one engine: the windows of requests in flight at once share decoder calls,
+    and each request gets exactly what it gets alone; a request whose step fails fails alone (the text
+    engine's one-by-one re-run) while the others finish, and the engine goes on serving (issue 30)."""
     import asyncio
-    import threading
+    import time
 
+    from ortinf.runtime.async_engine import AsyncEngine
     from ortinf.runtime.async_transcriber import AsyncTranscriber
+    from ortinf.runtime.encoder_input import EncoderInput
 
     model, package = whisper
-    transcriber = Transcriber(package, max_windows=4)
+    transcriber = Transcriber(package, max_num_seqs=4)
     audios = [audio(3, 0), audio(45, 1), audio(1, 2)]
     alone = [transcriber.transcribe_ids([a])[0] for a in audios]
-    widest = []
-    step, submit = transcriber.step, transcriber.submit
-    all_submitted = threading.Event()
+    engine = transcriber.engine
+    widths, released = [], False
+    step, execute = engine.step, engine.runner.execute
 
-    def counted_submit(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
-        job = submit(*args, **kwargs)
-        if len(transcriber._queue) + len(transcriber._active) >= 4:  # the 4 windows of the 3 requests
-            all_submitted.set()
-        return job
-
-    def watched() -> int:  # the first step waits for every request: the batching asserted is not a race
-        all_submitted.wait(30)
-        widest.append(len(transcriber._active) + min(len(transcriber._queue), transcriber.max_windows - len(transcriber._active)))
+    def gated():  # the first step waits for every request's windows: the batching asserted is not a race
+        nonlocal released
+        if not released and len(engine.scheduler.waiting) < 4:
+            time.sleep(0.005)
+            return []
+        released = True
         return step()
 
-    transcriber.submit, transcriber.step = counted_submit, watched
+    poisoned = EncoderInput.of(transcriber.windows(audio(2, 9))[0], transcriber.source_positions, "audio").digest
+
+    def recorded(scheduler_output):  # noqa: ANN001, ANN202
+        widths.append(len(scheduler_output.scheduled))
+        if any(s.encoder_input is not None and s.encoder_input.digest == poisoned for s in scheduler_output.scheduled):
+            raise RuntimeError("injected fault")
+        return execute(scheduler_output)
+
+    engine.step, engine.runner.execute = gated, recorded
     transcriber._text = lambda ids: ids  # token ids, to compare (the tiny model has no tokenizer)
-    runner = AsyncTranscriber(transcriber, fallback=False)  # greedy alone, to compare with transcribe_ids
+    runner = AsyncTranscriber(transcriber, AsyncEngine(engine), fallback=False)  # greedy alone, to compare with transcribe_ids
 
-    async def main():
-        return await asyncio.gather(*(runner.transcribe_segments(a) for a in audios))
+    async def main(samples):
+        return await asyncio.gather(*(runner.transcribe_segments(a) for a in samples), return_exceptions=True)
 
-    results = asyncio.run(main())
+    results = asyncio.run(main(audios))
     assert [[t for window in r for t in window] for r in results] == alone
-    assert max(widest) == 4  # the windows of all three requests in one decoder call
-    transcriber.step = lambda: (_ for _ in ()).throw(RuntimeError("injected"))
-    with pytest.raises(RuntimeError, match="injected"):
-        asyncio.run(runner.transcribe_segments(audios[0]))
-    transcriber.step = step
-    assert [t for w in asyncio.run(runner.transcribe_segments(audios[2])) for t in w] == alone[2]
-    runner.shutdown()
+    assert max(widths) == 4  # the windows of all three requests in one decoder call
+    mixed = asyncio.run(main([audios[0], audio(2, 9), audios[2]]))
+    assert isinstance(mixed[1], ortinf.errors.StepFailedError) and "injected" in str(mixed[1])
+    assert [[t for w in r for t in w] for r in (mixed[0], mixed[2])] == [alone[0], alone[2]]
+    assert runner.engine.is_alive and engine.kv_cache.usage() == 0.0
+    runner.engine.shutdown()
 
 
 def test_multilingual_prompt_and_language_detection(whisper, tmp_path):
@@ -130,7 +137,7 @@ def test_multilingual_prompt_and_language_detection(whisper, tmp_path):
     generation = {"is_multilingual": True, "lang_to_id": {"<|en|>": 250, "<|de|>": 251, "<|fr|>": 252},
                   "task_to_id": {"transcribe": 253, "translate": 254}, "no_timestamps_token_id": 255, "eos_token_id": 2}
     (multi / "generation_config.json").write_text(json.dumps(generation))
-    transcriber = Transcriber(multi, max_windows=2)
+    transcriber = Transcriber(multi, max_num_seqs=2)
     sample = audio(4, 3)
     extractor = transformers.WhisperFeatureExtractor(feature_size=80)
     features = torch.from_numpy(extractor(sample, sampling_rate=SAMPLE_RATE, return_tensors="np").input_features)
@@ -149,7 +156,7 @@ def test_multilingual_prompt_and_language_detection(whisper, tmp_path):
 
 def test_sampling_at_a_temperature_is_seeded(whisper):
     _, package = whisper
-    transcriber = Transcriber(package, max_windows=2)
+    transcriber = Transcriber(package, max_num_seqs=2)
     windows = transcriber.windows(audio(2, 5))
 
     def run(temperature: float, seed: int | None) -> list[int]:
@@ -178,7 +185,7 @@ def test_a_prompt_goes_behind_startofprev(whisper, tmp_path):
     shutil.copytree(package, folder)
     add_byte_tokenizer(folder, 384)  # its ids run past the tiny vocabulary: the test uses short prompts of low ids
     (folder / "generation_config.json").write_text(json.dumps({"prev_sot_token_id": 200, "eos_token_id": 2}))
-    transcriber = Transcriber(folder, max_windows=2)
+    transcriber = Transcriber(folder, max_num_seqs=2)
     prompt = transcriber._prompt(text="ab")
     ids = transcriber.tokenizer.encode(" ab", add_special_tokens=False).ids
     assert prompt == [200, *ids, 1] and max(ids) < 256
@@ -204,7 +211,7 @@ def test_timestamp_tokens_against_transformers(whisper, tmp_path):
     folder = tmp_path / "timestamps"
     shutil.copytree(package, folder)
     (folder / "generation_config.json").write_text(json.dumps({"no_timestamps_token_id": 200, "eos_token_id": 2}))
-    transcriber = Transcriber(folder, max_windows=2)
+    transcriber = Transcriber(folder, max_num_seqs=2)
     assert transcriber._prompt() == [1, 200] and transcriber._prompt(timestamps=True) == [1]
     sample = audio(40, 6)  # two windows
     job = transcriber.submit(transcriber.windows(sample), transcriber._prompt(timestamps=True), max_new_tokens=12, timestamps=True)
@@ -227,24 +234,26 @@ def test_preemption_and_audio_prefix_hits(whisper):
     # 94 cross + 1 self block for each of 3 windows, and 5 spare: 3 windows start, and as their 41 tokens
     # need 3 self blocks each, the latest is preempted; readmitted, it finds its audio's K/V and its
     # first two self blocks still in the pool (every window decodes 40 tokens: the lengths are fixed)
-    transcriber = Transcriber(package, max_windows=4, num_blocks=3 * 95 + 5)
+    transcriber = Transcriber(package, max_num_seqs=4, num_blocks=3 * 95 + 5)
     assert transcriber.transcribe_ids(audios, max_new_tokens=40) == expected
-    assert transcriber.preemptions >= 1 and transcriber.encoded_windows == 4
-    assert transcriber.blocks.cross_hits >= 1 and transcriber.blocks.self_hit_tokens >= 16
-    transcriber.blocks.pool.check_invariants({})  # everything given back
-    encoded = transcriber.encoded_windows
+    engine = transcriber.engine  # the text engine's scheduler, KV cache manager and counters
+    assert engine.scheduler.stats.num_preemptions >= 1 and engine.runner.encoder.num_encoded == 4
+    assert engine.kv_cache.num_cross_hits >= 1 and engine.kv_cache.stats.num_hits >= 16
+    engine.check_invariants()
+    assert engine.kv_cache.usage() == 0.0  # everything given back
+    encoded = engine.runner.encoder.num_encoded
     assert transcriber.transcribe_ids(audios[2:], max_new_tokens=40) == expected[2:]
-    assert transcriber.encoded_windows == encoded and transcriber.blocks.cross_hits >= 1
-    with pytest.raises(ortinf.errors.ConfigError, match="one whole window"):
+    assert engine.runner.encoder.num_encoded == encoded and engine.kv_cache.num_cross_hits >= 2
+    with pytest.raises(ortinf.errors.ConfigError, match="encoder's 1500 positions"):
         Transcriber(package, num_blocks=50)
 
 
 def test_token_times_equal_transformers_token_timestamps(whisper):
-    """Word timing: the alignment graph over a kept window's tokens and its cross K/V read back from its
-    pool blocks, then DTW, gives transformers' generate(return_token_timestamps=True) times, token for
+    """Word timing: the alignment graph over a kept window's tokens and its cross K/V (the host encoder's,
+    computed again for the kept window), then DTW, gives transformers' generate(return_token_timestamps=True) times, token for
     token (here, two audios of different lengths: the attention is cut to each one's real frames)."""
     model, package = whisper
-    transcriber = Transcriber(package, max_windows=2)
+    transcriber = Transcriber(package, max_num_seqs=2)
     model.generation_config.alignment_heads = [list(h) for h in transcriber.speech.alignment_heads]
     extractor = transformers.WhisperFeatureExtractor(feature_size=80)
     for sample in (audio(12, 7), audio(5, 3)):
