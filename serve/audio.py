@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import math
 import re
 import time
 
@@ -30,7 +31,7 @@ from fastapi.responses import PlainTextResponse, StreamingResponse
 from ortinf.runtime.audio_features import SAMPLE_RATE
 from ortinf.serve.errors import APIError
 from ortinf.serve.state import ServerState
-from ortinf.serve.streaming import SSE_DONE, sse, sse_error
+from ortinf.serve.streaming import SSE_DONE, sse, sse_error, until_disconnected
 
 router = APIRouter()
 MAX_AUDIO_SECONDS = 3600
@@ -92,7 +93,7 @@ def render(segments: list[tuple[float, float, str]], response_format: str, task:
         return PlainTextResponse(text)
     if response_format == "verbose_json":
         body = {"task": task, "duration": duration, "text": text,
-                "segments": [{"id": i, "start": a, "end": b, "text": t} for i, (a, b, t) in enumerate(segments)]}
+                "segments": [{"id": i, "start": round(a, 2), "end": round(b, 2), "text": t} for i, (a, b, t) in enumerate(segments)]}
         if words is not None:
             body["words"] = [{"word": w, "start": round(a, 2), "end": round(b, 2)} for w, a, b in words]
         return body
@@ -131,16 +132,26 @@ async def _run(request: Request, task: str, file: UploadFile, model: str | None,
     if stream:
         return _streamed(state, served.name, runner.stream(samples, language, task, temperature, prompt=prompt), duration,
                          runner.transcriber.stats)
-    ticket = state.admission.acquire(1)
+    ticket = state.admission.acquire(windows_at_once(state, runner, duration))
     started, failed = time.monotonic(), True
-    try:  # windows of concurrent requests decode together (runtime/async_transcriber.py)
-        segments, timed_words = await runner.transcribe(samples, language, task, temperature, prompt=prompt, words=words)
+    try:  # windows of concurrent requests decode together; a client gone aborts its windows (finding 9)
+        segments, timed_words = await until_disconnected(
+            request, runner.transcribe(samples, language, task, temperature, prompt=prompt, words=words))
         failed = False
     finally:
         ticket.release()
         state.metrics.observe_transcription(served.name, time.monotonic() - started, duration, failed, runner.transcriber.stats())
     return render(segments, response_format, "transcribe" if task == "transcribe" else "translate", duration,
                   timed_words if words else None)
+
+
+def windows_at_once(state: ServerState, runner, duration: float) -> int:  # noqa: ANN001
+    """Admission tickets for one audio, weighted by its work in flight: window after window (timestamped
+    models) is one sequence at a time; fixed windows decode side by side, one sequence each (at most the
+    server's capacity: a longer audio waits in the engine's queue rather than being refused)."""
+    if runner.transcriber.rules is not None:
+        return 1
+    return max(1, min(math.ceil(duration / runner.transcriber.window_seconds), state.admission.capacity))
 
 
 def _streamed(state: ServerState, name: str, pieces, duration: float, stats) -> StreamingResponse:  # noqa: ANN001

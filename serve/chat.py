@@ -61,7 +61,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
                            param="tool_choice")
         params = replace(params, structured_output=tools.structured_output)
     # rendering and tokenising are CPU work: off the event loop, which serves every other client
-    prepared = await asyncio.to_thread(lambda: prepare_samples(model, [render_prompt(model, body, tools)], params, body.n))
+    prepared = await asyncio.to_thread(lambda: prepare_samples(model, [render_prompt(model, body, tools)], params, body.n, body.stream))
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     stream = _stream(state, model, body, tools, prepared, request_id, created) if body.stream else None

@@ -24,11 +24,12 @@ from ortinf.serve.streaming import admit_and_run, merged, sse_stream
 router = APIRouter()
 
 
-def prepare_samples(model: ServedModel, prompts: list, body_params, n: int) -> list[PreparedRequest]:
+def prepare_samples(model: ServedModel, prompts: list, body_params, n: int, stream: bool) -> list[PreparedRequest]:
     """One PreparedRequest per prompt x sample (prompt-major); validation happens here, before any runs.
-    The engine returns deltas (each output only what is new): the routes frame or join them."""
+    A stream's engine outputs are deltas (each only what is new), which the route frames; a
+    non-streamed request's is one final output per sample (no per-step wake-up, no text rebuilt)."""
     engine = model.require_engine().engine
-    body_params = replace(body_params, output_kind="delta")
+    body_params = replace(body_params, output_kind="delta" if stream else "final_only")
     prepared = []
     for prompt in prompts:
         if not prompt:
@@ -64,7 +65,7 @@ async def create_completion(body: CompletionRequest, request: Request):
     prompts = body.prompts()
     if not prompts:
         raise APIError(400, "the prompt is empty", param="prompt")
-    prepared = await asyncio.to_thread(prepare_samples, model, prompts, params, body.n)  # tokenising is CPU work
+    prepared = await asyncio.to_thread(prepare_samples, model, prompts, params, body.n, body.stream)  # tokenising is CPU work
     request_id = f"cmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     stream = _stream(state, model, body, prepared, request_id, created) if body.stream else None

@@ -77,7 +77,7 @@ def merged(engine: AsyncEngine, prepared: Sequence[PreparedRequest], request_id:
 
 
 async def final_outputs(engine: AsyncEngine, prepared: Sequence[PreparedRequest], request_id: str) -> list[RequestOutput]:
-    """Each sample's whole output: its deltas joined."""
+    """Each sample's whole output (one final output each when asked for final_only; deltas are joined)."""
     finals: list[RequestOutput | None] = [None] * len(prepared)
     async for index, output in merged(engine, prepared, request_id):
         previous = finals[index]

@@ -98,7 +98,7 @@ def test_whisper_under_openvino(ov_python, tmp_path):
     code = ("import json, sys, numpy as np\nfrom ortinf.runtime.transcriber import Transcriber\n"
             "audio = np.load(sys.argv[2]); t = Transcriber(sys.argv[1], provider='openvino')\n"
             "print(json.dumps({'tokens': t.transcribe_ids([audio[k] for k in sorted(audio.files)], max_new_tokens=10),"
-            " 'providers': t.graph.session.get_providers(), 'torch': 'torch' in sys.modules}))\n")
+            " 'providers': t.engine.graph.session.get_providers(), 'torch': 'torch' in sys.modules}))\n")
     result = subprocess.run([str(ov_python), "-c", code, str(tmp_path / "pkg"), str(tmp_path / "audio.npz")],
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -211,7 +211,7 @@ def test_webgpu_paged_attention_needs_prefill_chunks_of_31(webgpu, tmp_path):
 def test_whisper_on_webgpu(webgpu, tmp_path):
     """Speech on a device pool: the encoder graph writes each window's cross K/V into its blocks on the
     device (encoder.pool-write.onnx), the decoder reads them there; greedy tokens equal the CPU's, for
-    windows decoded side by side and window after window with word timing (the pool read back)."""
+    windows decoded side by side and window after window with word timing (the host encoder's cross K/V)."""
     import json
 
     from ortinf.runtime.longform import Decoding
@@ -227,8 +227,9 @@ def test_whisper_on_webgpu(webgpu, tmp_path):
     audios = [(0.3 * rng.standard_normal(16000 * seconds)).astype(np.float32) for seconds in (3, 35)]
     results = {}
     for provider in ("cpu", "webgpu"):
-        transcriber = Transcriber(tmp_path / "pkg", max_num_seqs=2, provider=provider)
-        assert transcriber.device_pool == (provider == "webgpu")
+        # a device pool is sized by the caller (the engine's rule): two windows of 94 cross + 2 self blocks
+        transcriber = Transcriber(tmp_path / "pkg", max_num_seqs=2, provider=provider, num_blocks=2 * 96)
+        assert transcriber.engine.runner.encoder.device_pool == (provider == "webgpu")
         side_by_side = transcriber.transcribe_ids(audios, max_new_tokens=8)
         [timed] = transcriber.run(audios[1:], Decoding(max_new_tokens=8, timestamps=True, word_timestamps=True))
         results[provider] = side_by_side, [(s.start, s.tokens) for s in timed.segments], timed.timings
