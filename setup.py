@@ -1,5 +1,5 @@
 """Builds ortinf's CPU kernel library into the wheel where a C++ compiler and ONNX Runtime's C API
-headers can be had (kernels/build.py says from where); without them the wheel is pure Python and
+headers can be had (ortinf/kernels/build.py says from where); without them the wheel is pure Python and
 CPU packages run the portable kernel. Everything else about the package is in pyproject.toml."""
 
 import importlib.util
@@ -15,7 +15,7 @@ HERE = Path(__file__).resolve().parent
 class BuildPyWithKernels(build_py):
     def run(self) -> None:
         super().run()
-        spec = importlib.util.spec_from_file_location("ortinf_kernels_build", HERE / "kernels" / "build.py")
+        spec = importlib.util.spec_from_file_location("ortinf_kernels_build", HERE / "ortinf" / "kernels" / "build.py")
         builder = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(builder)
         try:

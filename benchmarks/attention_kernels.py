@@ -5,10 +5,10 @@ usage: .venv/bin/python benchmarks/attention_kernels.py [--sequential] [--record
 32 sequences at contexts 150-192 (12 blocks of 16), GQA 8 query / 4 KV heads, head dim 64, a pool of
 [4, 512 blocks, 16, 64] fp32; 2 threads:
 - the portable kernel's ops as an ORT micro-graph: Gather of the blocks, QK of past and new keys,
-  Where mask, Softmax, PV (exporter/attention_portable.py traces to these);
+  Where mask, Softmax, PV (ortinf/exporter/attention_portable.py traces to these);
 - ONNX Attention-23 over the same gathered blocks (KV heads folded into the batch so each query
   group meets its one KV head);
-- ortinf's own kernel library (kernels/cpu/, the op the CPU graph runs): ortinf.PagedAttention, in
+- ortinf's own kernel library (ortinf/kernels/cpu/, the op the CPU graph runs): ortinf.PagedAttention, in
   place through the block table, on ORT's thread pool;
 - an in-place kernel in numba (benchmark-only, .venv-bench-numba from
   benchmarks/peers/install_numba.sh): one parallel job per (sequence, KV head) reading K/V through

@@ -1,5 +1,5 @@
 """Three ways to give each token its own LoRA adapter in one graph call, measured on the same stack
-of linear layers under ONNX Runtime (CPU): why exporter/lora.py masks instead of gathering or grouping.
+of linear layers under ONNX Runtime (CPU): why ortinf/exporter/lora.py masks instead of gathering or grouping.
 
 usage: .venv/bin/python benchmarks/lora_layouts.py [--record] [--tiny]
 
@@ -43,7 +43,7 @@ class Stack(torch.nn.Module):
         for layer, weight in enumerate(self.weights):
             a, b, a_flat, b_flat = per_layer[4 * layer : 4 * layer + 4]  # one input each, as the runtime binds them
             y = x @ weight
-            if self.layout == "masked":  # as exporter/lora.py and runtime/lora.py lay them out
+            if self.layout == "masked":  # as ortinf/exporter/lora.py and ortinf/worker/lora.py lay them out
                 y = y + ((x @ a_flat) * mask) @ b_flat
             elif self.layout == "gathered":
                 y = y + torch.matmul(torch.matmul(x[:, None, :], a[slots]), b[slots])[:, 0]

@@ -29,9 +29,9 @@ from export_llama import TINY, build  # noqa: E402
 from record import finish  # noqa: E402
 
 import ortinf  # noqa: E402
-from ortinf.runtime.config import EngineConfig  # noqa: E402
-from ortinf.runtime.engine import LLMEngine  # noqa: E402
-from ortinf.runtime.sampling_params import SamplingParams  # noqa: E402
+from ortinf.config import EngineConfig  # noqa: E402
+from ortinf.engine.llm_engine import LLMEngine  # noqa: E402
+from ortinf.sample.sampling_params import SamplingParams  # noqa: E402
 
 KINDS = ("cumulative", "delta")
 

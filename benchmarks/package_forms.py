@@ -29,8 +29,8 @@ from export_llama import TINY, build  # noqa: E402
 from record import finish  # noqa: E402
 
 import ortinf  # noqa: E402
-from ortinf.runtime.decoder_graph import DecoderGraph  # noqa: E402
-from ortinf.runtime.model_input import build_model_input  # noqa: E402
+from ortinf.worker.decoder_graph import DecoderGraph  # noqa: E402
+from ortinf.worker.model_input import build_model_input  # noqa: E402
 
 DEFAULT_FORMS = ["fp32:0:fp32", "int8:32:fp32", "int8:128:fp32", "int8:128:fp16", "int4:32:fp32", "int4:32:fp16"]
 
@@ -60,7 +60,7 @@ def main() -> None:
             options = {"quant_block_size": int(block)} if dtype != "fp32" else {}
             manifest = ortinf.export(root / "hf", root / form.replace(":", "-"), dtype=dtype, kv_dtype=kv, progress=False, **options)
             if manifest.cpu_kernel is None:
-                raise SystemExit("the package has no CPU kernel graph: build the library (python kernels/build.py) first")
+                raise SystemExit("the package has no CPU kernel graph: build the library (python ortinf/kernels/build.py) first")
             packages[form] = root / form.replace(":", "-")
             q = manifest.quality
             quality[form] = f"{q.top1_agreement:.3f} | {q.mean_kl:.4f}" if q else "exact | exact"

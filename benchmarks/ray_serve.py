@@ -34,7 +34,7 @@ import httpx
 from record import finish
 from ortinf.bundled import ensure_exported
 from ortinf.matrix import machine
-from ortinf.bench_cli import BenchConfig, run_bench
+from ortinf.cli.bench import BenchConfig, run_bench
 
 ROWS = [("single process, 2 threads", ["--intra-op-threads", "2"]),
         ("single process, 1 thread", ["--intra-op-threads", "1"]),

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from export_llama import TINY, build, report  # noqa: E402
 
 import ortinf  # noqa: E402
-from ortinf.bench_cli import BenchConfig, run_bench  # noqa: E402
+from ortinf.cli.bench import BenchConfig, run_bench  # noqa: E402
 
 LEVELS = (1, 8, 32, 64)
 

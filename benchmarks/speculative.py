@@ -23,10 +23,10 @@ import onnxruntime
 from demo_tokenizer_models import random_llama
 from record import finish
 from ortinf.bundled import DEMO_LLAMA, ensure_exported
-from ortinf.runtime.config import EngineConfig
-from ortinf.runtime.engine import LLMEngine
+from ortinf.config import EngineConfig
+from ortinf.engine.llm_engine import LLMEngine
 from ortinf.matrix import machine
-from ortinf.runtime.sampling_params import SamplingParams
+from ortinf.sample.sampling_params import SamplingParams
 
 PROMPTS = [
     "def read_config(path):\n", "class LRUCache:\n    def __init__(self, capacity):\n", "import os\n\ndef walk(root):\n",

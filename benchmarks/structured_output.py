@@ -27,11 +27,11 @@ import onnxruntime
 from demo_tokenizer_models import LLAMA_33M, random_llama
 from record import finish
 from ortinf.bundled import ensure_exported
-from ortinf.runtime.config import EngineConfig
-from ortinf.runtime.engine import LLMEngine
+from ortinf.config import EngineConfig
+from ortinf.engine.llm_engine import LLMEngine
 from ortinf.matrix import machine
-from ortinf.runtime.sampling_params import SamplingParams
-from ortinf.runtime.structured_output import StructuredOutput
+from ortinf.sample.sampling_params import SamplingParams
+from ortinf.sample.structured_output import StructuredOutput
 
 STRINGS = {"type": "object", "properties": {"items": {"type": "array", "items": {"type": "string"}, "minItems": 40}},
            "required": ["items"], "additionalProperties": False}

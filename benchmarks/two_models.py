@@ -5,7 +5,7 @@ usage: .venv/bin/python benchmarks/two_models.py [--record] [--tiny]
 The default `ortinf serve` holds the bundled demo llama and all-MiniLM-L6-v2. Each ORT session owns
 an intra-op thread pool whose threads spin after a call, and on a 2-core machine the encoder's
 spinning threads stole the decoder's cores. Now only the engine's decoder spins; encoder and draft
-sessions do not (providers/session.py, create_session's `spin`).
+sessions do not (ortinf/providers/session.py, create_session's `spin`).
 
 Table 1, one graph call: the demo's 32-sequence decode step at context 190, alone and with MiniLM's
 session beside it (an embedding call every fifth step), with the encoder not spinning (now) and
@@ -37,19 +37,19 @@ from record import finish  # noqa: E402
 
 from ortinf.bundled import ensure_exported  # noqa: E402
 from ortinf.matrix import machine  # noqa: E402
-from ortinf.bench_cli import BenchConfig, run_bench  # noqa: E402
+from ortinf.cli.bench import BenchConfig, run_bench  # noqa: E402
 
 STEP = r"""
 import json, statistics, sys, time
 from pathlib import Path
 import numpy as np
-from ortinf.runtime import encoder_graph
+from ortinf.worker import encoder_graph
 if sys.argv[3] == "spinning":  # the old behaviour: the encoder's threads spin too
     create = encoder_graph.create_session
     encoder_graph.create_session = lambda *a, spin=True, **k: create(*a, spin=True, **k)
-from ortinf.runtime.decoder_graph import DecoderGraph
-from ortinf.runtime.encoder_graph import EncoderGraph
-from ortinf.runtime.model_input import SequenceChunk, build_model_input
+from ortinf.worker.decoder_graph import DecoderGraph
+from ortinf.worker.encoder_graph import EncoderGraph
+from ortinf.worker.model_input import SequenceChunk, build_model_input
 graph = DecoderGraph(Path(sys.argv[1]), num_blocks=512, block_size=16, provider="cpu", intra_op_threads=2)
 order = np.random.default_rng(0).permutation(500).tolist()
 step = build_model_input([SequenceChunk([5], 190, order[i * 12:(i + 1) * 12]) for i in range(32)], 16)

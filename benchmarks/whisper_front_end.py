@@ -1,4 +1,4 @@
-"""Whisper's log-mel front end: numpy (runtime/audio_features.py, what ortinf runs) against the same
+"""Whisper's log-mel front end: numpy (ortinf/tasks/speech/audio_features.py, what ortinf runs) against the same
 arithmetic as an ONNX graph (STFT, power, mel MatMul, log10) on ONNX Runtime's CPU provider, both
 against transformers' WhisperFeatureExtractor; time per 30-second window.
 
@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decode_step import cpu_flags  # noqa: E402
 from record import finish  # noqa: E402
 
-from ortinf.runtime.audio_features import HOP_LENGTH, N_FFT, log_mel  # noqa: E402
+from ortinf.tasks.speech.audio_features import HOP_LENGTH, N_FFT, log_mel  # noqa: E402
 
 
 def onnx_front_end(filters: np.ndarray):  # noqa: ANN201

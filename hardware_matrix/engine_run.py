@@ -11,9 +11,9 @@ import json
 import sys
 from pathlib import Path
 
-from ortinf.runtime.config import EngineConfig
-from ortinf.runtime.engine import LLMEngine
-from ortinf.runtime.sampling_params import SamplingParams
+from ortinf.config import EngineConfig
+from ortinf.engine.llm_engine import LLMEngine
+from ortinf.sample.sampling_params import SamplingParams
 
 
 def main() -> None:

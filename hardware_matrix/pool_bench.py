@@ -41,7 +41,7 @@ BATCH, CONTEXT = 16, 128
 def decode_input(vocab: int):
     import numpy as np
 
-    from ortinf.runtime.model_input import SequenceChunk, build_model_input
+    from ortinf.worker.model_input import SequenceChunk, build_model_input
 
     rng = np.random.default_rng(0)
     per_seq = CONTEXT // BLOCK_SIZE + 1
@@ -56,10 +56,10 @@ def worker(package: str, provider: str, mode: str) -> dict:
     "host" (that KV write forced), "fed" (the graph-write graph with the pool fed per call)."""
     import numpy as np
 
-    from ortinf.runtime.config import EngineConfig
-    from ortinf.runtime.decoder_graph import DecoderGraph
-    from ortinf.runtime.engine import LLMEngine
-    from ortinf.runtime.sampling_params import SamplingParams
+    from ortinf.config import EngineConfig
+    from ortinf.worker.decoder_graph import DecoderGraph
+    from ortinf.engine.llm_engine import LLMEngine
+    from ortinf.sample.sampling_params import SamplingParams
 
     fed, name = mode == "fed", provider
     if mode in ("graph", "host", "fed"):
@@ -111,9 +111,12 @@ def worker(package: str, provider: str, mode: str) -> dict:
 
 
 def base_checkout(rev: str, work: Path) -> Path:
-    """A folder importable as `ortinf` at REV (the repo maps its top-level folders into ortinf.*)."""
+    """A folder importable as `ortinf` at REV: the checkout itself since issue 30 (every package under
+    ortinf/), else a shim for the older trees, whose pyproject mapped top-level folders into ortinf.*."""
     tree = work / "base-tree"
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), rev], check=True, capture_output=True)
+    if not (tree / "runtime").is_dir():
+        return tree
     shim = work / "base-shim"
     shutil.copytree(tree / "ortinf", shim / "ortinf")
     for name in ("runtime", "exporter", "providers", "kernels", "serve"):

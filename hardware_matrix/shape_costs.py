@@ -4,7 +4,7 @@ usage: .venv/bin/python hardware_matrix/shape_costs.py [--record]
 
 A serving-like mix of 22 graph calls (decodes of 1-13 sequences at several contexts, prefills of
 5-120 tokens) runs twice in a fresh process, on the 33.6M llama (fp32, 2 threads), with and without
-shape buckets (providers/base.py's powers of two). The first pass pays every compilation (Mesa's shader
+shape buckets (ortinf/providers/base.py's powers of two). The first pass pays every compilation (Mesa's shader
 disk cache is disabled, so WebGPU compiles as on a fresh machine); the second pass runs the same
 calls warm. "extra" is a call's pass-1 time minus its pass-2 time: what compiling cost it (the
 first call, then the mean over the 21 later calls, each a shape not seen before); padding cost =
@@ -30,7 +30,7 @@ BLOCK_SIZE = 16
 def workload(vocab: int):
     import numpy as np
 
-    from ortinf.runtime.model_input import SequenceChunk, build_model_input
+    from ortinf.worker.model_input import SequenceChunk, build_model_input
 
     rng = np.random.default_rng(0)
     steps = []
@@ -45,8 +45,8 @@ def workload(vocab: int):
 
 def worker(package: str, provider: str, buckets: bool) -> dict:
     from ortinf.providers.base import POWER_OF_TWO_BUCKETS
-    from ortinf.runtime.decoder_graph import DecoderGraph
-    from ortinf.runtime.model_input import pad_to_buckets
+    from ortinf.worker.decoder_graph import DecoderGraph
+    from ortinf.worker.model_input import pad_to_buckets
 
     graph = DecoderGraph(package, 256, BLOCK_SIZE, provider, intra_op_threads=2, shape_buckets=buckets)
     steps = workload(graph.spec.vocab_size)

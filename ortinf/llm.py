@@ -13,9 +13,9 @@ from tqdm.auto import tqdm
 
 from ortinf.errors import ConfigError, RequestError
 from ortinf.manifest import TEXT2TEXT, TEXT_GENERATION, Manifest
-from ortinf.runtime.config import EngineConfig
-from ortinf.runtime.outputs import RequestOutput
-from ortinf.runtime.sampling_params import SamplingParams
+from ortinf.config import EngineConfig
+from ortinf.engine.outputs import RequestOutput
+from ortinf.sample.sampling_params import SamplingParams
 
 Prompt = str | Sequence[int]
 
@@ -34,7 +34,7 @@ class LLM:
 
     def __init__(self, package_dir: str | Path | None = None, provider: str = "auto", **options: Any) -> None:
         from ortinf.bundled import resolve_package
-        from ortinf.runtime.speculative import SpeculativeConfig
+        from ortinf.sample.speculative import SpeculativeConfig
 
         package_dir = resolve_package(package_dir)  # a Hugging Face folder is exported into the package cache once
         spec = SpeculativeConfig.parse(options.get("speculative_config"))
@@ -46,12 +46,12 @@ class LLM:
         self.engine = None
         self.encoder = None
         self.transcriber = None
-        if self.manifest.speech is not None:  # Whisper: the offline transcriber (runtime/transcriber.py)
-            from ortinf.runtime.transcriber import Transcriber
+        if self.manifest.speech is not None:  # Whisper: the offline transcriber (ortinf/tasks/speech/transcriber.py)
+            from ortinf.tasks.speech.transcriber import Transcriber
 
             self.transcriber = Transcriber(package_dir, provider, **options)  # its engine takes every engine option
         elif self.manifest.task in (TEXT_GENERATION, TEXT2TEXT):  # decoders, and Marian/BART (the source is the encoder's)
-            from ortinf.runtime.engine import LLMEngine
+            from ortinf.engine.llm_engine import LLMEngine
 
             try:
                 config = EngineConfig(package_dir=Path(package_dir), provider=provider, **options)
@@ -59,7 +59,7 @@ class LLM:
                 raise ConfigError(f"unknown engine option: {exc}") from exc
             self.engine = LLMEngine(config)
         else:
-            from ortinf.runtime.encoder_graph import EncoderGraph
+            from ortinf.worker.encoder_graph import EncoderGraph
 
             self.encoder = EncoderGraph(package_dir, provider=provider, intra_op_threads=options.get("intra_op_threads", 0),
                                         provider_options=options.get("provider_options"),

@@ -22,16 +22,16 @@ MODEL_NAME = "model.onnx"
 HOST_WRITE_MODEL_NAME = "model.host-write.onnx"
 WEIGHTS_NAME = MODEL_NAME + ".data"
 # Decoders: the graph for ONNX Runtime's CPU provider with ortinf's compiled kernel library (one
-# ortinf.PagedAttention op per layer: exporter/attention_cpu.py), sharing model.onnx.data. Optional: the
+# ortinf.PagedAttention op per layer: ortinf/exporter/attention_cpu.py), sharing model.onnx.data. Optional: the
 # runtime falls back to model.onnx where it is missing or the library does not load.
 CPU_MODEL_NAME = "model.cpu.onnx"
-FORMAT_VERSION = 3  # 3: the graph writes K/V into its pool (key_cache_out.{i}); see exporter/kv_write.py
+FORMAT_VERSION = 3  # 3: the graph writes K/V into its pool (key_cache_out.{i}); see ortinf/exporter/kv_write.py
 
 TEXT_GENERATION = "text-generation"
 FEATURE_EXTRACTION = "feature-extraction"
 TEXT_CLASSIFICATION = "text-classification"
 SPEECH_RECOGNITION = "automatic-speech-recognition"
-TEXT2TEXT = "text2text-generation"  # text encoder-decoders: Marian translation, BART (exporter/seq2seq.py)
+TEXT2TEXT = "text2text-generation"  # text encoder-decoders: Marian translation, BART (ortinf/exporter/seq2seq.py)
 TASKS = (TEXT_GENERATION, FEATURE_EXTRACTION, TEXT_CLASSIFICATION, SPEECH_RECOGNITION, TEXT2TEXT)
 ENCODER_MODEL_NAME = "encoder.onnx"  # an encoder-decoder's encoder graph (Whisper: audio -> cross-attention K/V)
 ENCODER_WRITE_MODEL_NAME = "encoder.pool-write.onnx"  # the encoder writing its cross K/V into a device pool in place
@@ -87,7 +87,7 @@ class DecoderSpec:
     kv_dtype: str
     sliding_window: int | None = None
     kv_layout: str = KV_LAYOUT
-    # `--enable-lora`: {target linear: [in_features, out_features]}, each with LoRA inputs (exporter/lora.py)
+    # `--enable-lora`: {target linear: [in_features, out_features]}, each with LoRA inputs (ortinf/exporter/lora.py)
     lora_targets: dict[str, list[int]] = field(default_factory=dict)
 
 
@@ -96,7 +96,7 @@ KV_DTYPE_BYTES = {"fp32": 4, "fp16": 2, "int8": 1}
 
 def pool_row(spec: DecoderSpec) -> int:
     """The last dimension of a pool tensor: head_dim, or head_dim + 4 for int8 rows (the values, then their
-    float scale's 4 bytes: kernels/cpu/attention_impl.h)."""
+    float scale's 4 bytes: ortinf/kernels/cpu/attention_impl.h)."""
     return spec.head_dim + 4 if spec.kv_dtype == "int8" else spec.head_dim
 
 
@@ -118,7 +118,7 @@ def lora_input_names(num_layers: int, targets) -> list[str]:  # noqa: ANN001 - a
 
 @dataclass(frozen=True, slots=True)
 class SpeechSpec:
-    """An encoder-decoder speech model's encoder side (Whisper; exporter/whisper.py). The decoder side is
+    """An encoder-decoder speech model's encoder side (Whisper; ortinf/exporter/whisper.py). The decoder side is
     the package's DecoderSpec; its graph also takes cross_block_tables [S, blocks] and cross_lens [S]:
     each sequence's cross-attention K/V sit in pool blocks of its own."""
 
@@ -136,7 +136,7 @@ class SpeechSpec:
 
 @dataclass(frozen=True, slots=True)
 class Seq2SeqSpec:
-    """A text encoder-decoder's encoder side (exporter/seq2seq.py): encoder.onnx takes input_ids and
+    """A text encoder-decoder's encoder side (ortinf/exporter/seq2seq.py): encoder.onnx takes input_ids and
     attention_mask [B, S]; the decoder is the package's DecoderSpec with cross_block_tables/cross_lens."""
 
     max_source_positions: int
@@ -160,7 +160,7 @@ class EncoderSpec:
 
 @dataclass(frozen=True, slots=True)
 class Quantization:
-    """Weight-only quantization of the decoder's MatMuls (exporter/quantize.py)."""
+    """Weight-only quantization of the decoder's MatMuls (ortinf/exporter/quantize.py)."""
 
     bits: int
     block_size: int
@@ -171,7 +171,7 @@ class Quantization:
 
 @dataclass(frozen=True, slots=True)
 class Quality:
-    """Reduced-precision verification against the fp32 PyTorch model (exporter/verify.py)."""
+    """Reduced-precision verification against the fp32 PyTorch model (ortinf/exporter/verify.py)."""
 
     top1_agreement: float  # share of positions whose next-token argmax equals the reference's
     mean_kl: float  # mean KL(reference || package) of next-token distributions, nats

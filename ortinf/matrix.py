@@ -84,10 +84,10 @@ def measure_row(package: Path, provider: str, threads: int, reference: Path | No
     from ortinf.manifest import Manifest
     from ortinf.providers.base import DEVICE
     from ortinf.providers.registry import PROVIDERS
-    from ortinf.runtime.config import parse_size
-    from ortinf.runtime.decoder_graph import DecoderGraph
-    from ortinf.runtime.model_input import SequenceChunk, build_model_input
-    from ortinf.runtime.sampling_params import SamplingParams
+    from ortinf.config import parse_size
+    from ortinf.worker.decoder_graph import DecoderGraph
+    from ortinf.worker.model_input import SequenceChunk, build_model_input
+    from ortinf.sample.sampling_params import SamplingParams
 
     manifest = Manifest.load(package)
     vocab = manifest.decoder.vocab_size

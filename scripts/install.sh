@@ -3,7 +3,7 @@
 # WebGPU provider (scripts/setup_webgpu.sh: its plugin wheel, and Mesa's software Vulkan driver where
 # there is no GPU) and the serving-only OpenVINO environment in .venv-openvino (onnxruntime-openvino
 # replaces the onnxruntime wheel, so it cannot share .venv). Safe to run again: it only installs what
-# is missing. It also builds ortinf's CPU kernel library into kernels/lib/. ORTINF_SKIP_WEBGPU=1 / ORTINF_SKIP_OPENVINO=1 leave those out.
+# is missing. It also builds ortinf's CPU kernel library into ortinf/kernels/lib/. ORTINF_SKIP_WEBGPU=1 / ORTINF_SKIP_OPENVINO=1 leave those out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-python3}
@@ -22,10 +22,10 @@ fi
 echo "== installing ortinf and its export, demo, audio and test extras (pinned by constraints.txt)"
 "${pip[@]}" -c constraints.txt -e ".[export,demo,audio,test]"
 echo "== building ortinf's CPU kernel library"
-# ortinf's CPU kernel library (kernels/build.py: ONNX Runtime's C API headers from ORTINF_ORT_INCLUDE
+# ortinf's CPU kernel library (ortinf/kernels/build.py: ONNX Runtime's C API headers from ORTINF_ORT_INCLUDE
 # or Debian trixie's libonnxruntime-dev, fetched into build/). Without it: one warning, and CPU
 # packages run the portable kernel.
-.venv/bin/python kernels/build.py
+.venv/bin/python ortinf/kernels/build.py
 if [ "${ORTINF_SKIP_WEBGPU:-0}" != 1 ]; then
   echo "== the WebGPU provider (scripts/setup_webgpu.sh)"
   bash scripts/setup_webgpu.sh

@@ -85,9 +85,9 @@ def test_docs_link_the_repository_architecture_document():
 
 
 def script_options() -> set[str]:
-    """Options of the scripts the docs also describe (benchmarks/, scripts/, kernels/build.py)."""
+    """Options of the scripts the docs also describe (benchmarks/, scripts/, ortinf/kernels/build.py)."""
     found: set[str] = set()
-    for path in [*ROOT.joinpath("benchmarks").rglob("*.py"), *ROOT.joinpath("scripts").glob("*"), ROOT / "kernels" / "build.py"]:
+    for path in [*ROOT.joinpath("benchmarks").rglob("*.py"), *ROOT.joinpath("scripts").glob("*"), ROOT / "ortinf" / "kernels" / "build.py"]:
         text = path.read_text(encoding="utf-8", errors="ignore")
         found |= set(re.findall(r"[\"'](--[a-z][a-z0-9-]*)[\"']", text))
         if path.suffix == ".sh":

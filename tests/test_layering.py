@@ -9,17 +9,17 @@ SERVING_MODULES = [
     "ortinf",
     "ortinf.cli",
     "ortinf.manifest",
-    "ortinf.inspect_table",
-    "ortinf.runtime.decoder_graph",
-    "ortinf.runtime.encoder_graph",
-    "ortinf.runtime.model_input",
-    "ortinf.runtime.kv_pool",
+    "ortinf.cli.inspect_table",
+    "ortinf.worker.decoder_graph",
+    "ortinf.worker.encoder_graph",
+    "ortinf.worker.model_input",
+    "ortinf.worker.kv_pool",
     "ortinf.providers.registry",
     "ortinf.providers.session",
     "ortinf.providers.table",
-    "ortinf.runtime.engine",  # with structured output (llguidance) and speculative decoding
+    "ortinf.engine.llm_engine",  # with structured output (llguidance) and speculative decoding
     "ortinf.serve.app",
-    "ortinf.chat_cli",
+    "ortinf.cli.chat",
 ]
 
 
@@ -33,3 +33,45 @@ def test_serving_modules_do_not_import_torch_or_transformers():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "", f"serving imports pulled in: {result.stdout.strip()}"
+
+
+# The floors of docs/architecture.md, lowest first: a module imports only from its own floor or below
+# (lazy imports inside functions included). The exporter sits beside the runtime: only the public API,
+# the bundled models and the CLI reach it (lazily), and it reaches nothing above the manifest's floor
+# but the worker's graphs it verifies with.
+FLOORS = {"errors": 0, "manifest": 0, "json_text": 0, "tokenizer": 0, "kernels": 1, "providers": 1, "sample": 2, "config": 3,
+          "worker": 4, "core": 5, "engine": 6, "tasks": 7, "llm": 8, "bundled": 8, "serve": 8, "matrix": 9, "cli": 10}
+EXPORTER_USERS = {"ortinf", "ortinf.bundled", "ortinf.cli.main"}
+
+
+def imports(path) -> list[str]:  # noqa: ANN001
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found += [node.module] if node.module != "ortinf" else [f"ortinf.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            found += [a.name for a in node.names]
+    return [name for name in found if name.startswith("ortinf.")]
+
+
+def test_imports_point_down_the_floors():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    upward = []
+    for path in sorted((root / "ortinf").rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        mine = FLOORS.get(parts[1]) if len(parts) > 1 and parts[1] != "__init__" else 11
+        for name in imports(path):
+            target = name.split(".")[1]
+            if target == "exporter":
+                if module not in EXPORTER_USERS and not module.startswith("ortinf.exporter"):
+                    upward.append(f"{module} -> {name}")
+            elif mine is not None and FLOORS.get(target, 0) > mine:
+                upward.append(f"{module} -> {name}")
+            elif module.startswith("ortinf.exporter") and FLOORS.get(target, 0) > FLOORS["worker"]:
+                upward.append(f"{module} -> {name}")
+    assert not upward, "imports that run back up: " + ", ".join(upward)

@@ -77,8 +77,8 @@ HAND_WRITTEN = {"provider": "--provider", "kv_cache_memory": "--kv-cache-memory"
 def test_every_engine_setting_is_a_serve_option():
     import dataclasses
 
-    from ortinf.cli import serve
-    from ortinf.runtime.config import EngineConfig
+    from ortinf.cli.main import serve
+    from ortinf.config import EngineConfig
 
     options = {o for p in serve.params for o in getattr(p, "opts", [])}
     for spec in dataclasses.fields(EngineConfig):

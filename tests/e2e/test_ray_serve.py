@@ -14,7 +14,7 @@ import openai
 import pytest
 
 import ortinf
-from ortinf.runtime.sampling_params import SamplingParams
+from ortinf.sample.sampling_params import SamplingParams
 from server_helpers import metric, running_server
 
 pytestmark = pytest.mark.slow

@@ -7,7 +7,7 @@ import httpx
 import openai
 
 import ortinf
-from ortinf.runtime.sampling_params import SamplingParams
+from ortinf.sample.sampling_params import SamplingParams
 from server_helpers import metric, running_server
 
 PROMPTS = ["the quick brown fox the quick brown fox the", "paged attention keeps keys and values; paged attention keeps", "12, 345 and 6789"]

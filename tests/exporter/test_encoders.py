@@ -10,7 +10,7 @@ import torch
 
 import ortinf
 from ortinf.manifest import Manifest
-from ortinf.runtime.encoder_graph import EncoderGraph
+from ortinf.worker.encoder_graph import EncoderGraph
 from tiny_models import build_classifier
 
 SENTENCES = [

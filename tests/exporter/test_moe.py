@@ -1,4 +1,4 @@
-"""Mixture-of-experts export (exporter/moe.py): routing against transformers with ties in the top-k and
+"""Mixture-of-experts export (ortinf/exporter/moe.py): routing against transformers with ties in the top-k and
 with experts that no token chose, and each expert computed on its own tokens only (no dense compute)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import torch
 import ortinf
 from ortinf.exporter.moe import lower_index_ties
 from ortinf.manifest import CPU_MODEL_NAME, MODEL_NAME
-from ortinf.runtime.decoder_graph import DecoderGraph
-from ortinf.runtime.model_input import SequenceChunk, build_model_input
+from ortinf.worker.decoder_graph import DecoderGraph
+from ortinf.worker.model_input import SequenceChunk, build_model_input
 from tiny_models import add_tokenizer, build_decoder
 
 MOE = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "gpt_oss"]

@@ -1,4 +1,4 @@
-"""Whisper's two graphs (exporter/whisper.py) against transformers, step by step: the encoder's
+"""Whisper's two graphs (ortinf/exporter/whisper.py) against transformers, step by step: the encoder's
 cross-attention K/V written into pool blocks of their own, then a ragged batch of two requests (other
 audio, other prompt lengths) prefilled and decoded through shuffled self-attention blocks."""
 
@@ -60,7 +60,7 @@ def test_ortinf_export_writes_a_verified_whisper_package(tmp_path):
     assert manifest.speech.alignment_heads and manifest.speech.encoder_write_graph == "encoder.pool-write.onnx"
     graph = ort.InferenceSession(str(tmp_path / "pkg" / "model.onnx"), providers=["CPUExecutionProvider"])
     assert {"slot_mapping", "cross_block_tables", "cross_lens"} <= {i.name for i in graph.get_inputs()}
-    from ortinf.inspect_table import manifest_rows
+    from ortinf.cli.inspect_table import manifest_rows
 
     rows = dict(manifest_rows(Manifest.load(tmp_path / "pkg"), tmp_path / "pkg"))
     assert "128 mel bins" in rows["speech encoder"] and rows["task"] == "automatic-speech-recognition"
@@ -70,7 +70,7 @@ def test_int8_whisper_package(tmp_path):
     """--dtype int8: the encoder's and decoder's MatMuls as MatMulNBits, the quality figures against the
     fp32 model recorded (top-1 agreement and KL, teacher-forced), and the package transcribes."""
     import ortinf
-    from ortinf.runtime.transcriber import Transcriber
+    from ortinf.tasks.speech.transcriber import Transcriber
 
     build_whisper(tmp_path / "hf")
     manifest = ortinf.export(tmp_path / "hf", tmp_path / "pkg", dtype="int8", progress=False)

@@ -1,4 +1,4 @@
-"""ortinf.MoE (kernels/cpu/moe.cc) against a numpy reference in a one-node graph: softmax/top-k routing
+"""ortinf.MoE (ortinf/kernels/cpu/moe.cc) against a numpy reference in a one-node graph: softmax/top-k routing
 with ties to the lower expert index and renormalisation, both activations (SiLU-gated with [gate | up]
 columns, gpt-oss's clamped interleaved form with biases), fp32 and int8/int4 experts packed as
 QMatMul packs them, experts no token chose, a token's result independent of the batch and threads,
@@ -36,7 +36,7 @@ def session(gate_up, down, gate_up_bias, down_bias, top_k, normalize, activation
             packed = [qmatmul_tensors(quantize_weight(w[e], bits, block)) for e in range(E)]
             inits += [numpy_helper.from_array(np.stack([p for p, _ in packed]), name),
                       numpy_helper.from_array(np.stack([s for _, s in packed]), name + ".scales")]
-        else:  # panels of 16 columns (kernels/cpu/moe_impl.h)
+        else:  # panels of 16 columns (ortinf/kernels/cpu/moe_impl.h)
             panels = np.pad(w, ((0, 0), (0, 0), (0, -w.shape[2] % 16))).reshape(E, w.shape[1], -1, 16).transpose(0, 2, 1, 3)
             inits += [numpy_helper.from_array(np.ascontiguousarray(panels), name),
                       numpy_helper.from_array(np.zeros(0, np.float32), name + ".scales")]
@@ -60,7 +60,7 @@ def session(gate_up, down, gate_up_bias, down_bias, top_k, normalize, activation
 
 
 def reference(hidden, logits, gate_up, down, gate_up_bias, down_bias, top_k, normalize, activation, alpha=1.702, limit=7.0):
-    """float64, with the routing of exporter/moe.py (stable sort: ties to the lower index)."""
+    """float64, with the routing of ortinf/exporter/moe.py (stable sort: ties to the lower index)."""
     probs = np.exp(logits - logits.max(1, keepdims=True))
     probs /= probs.sum(1, keepdims=True)
     out = np.zeros(hidden.shape, np.float64)

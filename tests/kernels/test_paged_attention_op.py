@@ -1,4 +1,4 @@
-"""ortinf.PagedAttention (kernels/cpu/) against a numpy reference, in a one-node ONNX graph under the
+"""ortinf.PagedAttention (ortinf/kernels/cpu/) against a numpy reference, in a one-node ONNX graph under the
 pinned onnxruntime: random shuffled block tables with shared prefix blocks, ragged contexts,
 GQA groups, head dims, sliding windows, soft-capping, fp16 pools and multi-token (chunked prefill)
 queries. The worst absolute error of every case is printed (pytest -s) and bounded."""

@@ -1,6 +1,6 @@
-"""ortinf.QMatMul (kernels/cpu/qmatmul*) against a numpy reference of the same integer arithmetic, in
+"""ortinf.QMatMul (ortinf/kernels/cpu/qmatmul*) against a numpy reference of the same integer arithmetic, in
 a one-node ONNX graph under the pinned onnxruntime: int8 and int4 weights packed by the exporter
-(exporter/quantize.py), block sizes 32-128, K not a multiple of the block, N not a multiple of the
+(ortinf/exporter/quantize.py), block sizes 32-128, K not a multiple of the block, N not a multiple of the
 16-column tile, ragged row counts, bias, leading batch axes; per-token scales (an outlier row changes
 no other row, bit for bit); and every narrower build the machine can run (ORTINF_KERNEL_ISA)."""
 

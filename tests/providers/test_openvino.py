@@ -86,7 +86,7 @@ def test_whisper_under_openvino(ov_python, tmp_path):
     K/V, the cross K/V are written with numpy): the same greedy tokens as on the CPU provider, which
     tests/runtime/test_transcriber.py holds equal to transformers."""
     import ortinf
-    from ortinf.runtime.transcriber import Transcriber
+    from ortinf.tasks.speech.transcriber import Transcriber
     from tiny_models import build_whisper
 
     build_whisper(tmp_path / "hf", max_target_positions=32)
@@ -95,7 +95,7 @@ def test_whisper_under_openvino(ov_python, tmp_path):
     audios = [(0.3 * np.sin(np.arange(n) / 9) + 0.05 * rng.standard_normal(n)).astype(np.float32) for n in (48_000, 560_000)]
     np.savez(tmp_path / "audio.npz", *audios)
     expected = Transcriber(tmp_path / "pkg").transcribe_ids(audios, max_new_tokens=10)
-    code = ("import json, sys, numpy as np\nfrom ortinf.runtime.transcriber import Transcriber\n"
+    code = ("import json, sys, numpy as np\nfrom ortinf.tasks.speech.transcriber import Transcriber\n"
             "audio = np.load(sys.argv[2]); t = Transcriber(sys.argv[1], provider='openvino')\n"
             "print(json.dumps({'tokens': t.transcribe_ids([audio[k] for k in sorted(audio.files)], max_new_tokens=10),"
             " 'providers': t.engine.graph.session.get_providers(), 'torch': 'torch' in sys.modules}))\n")

@@ -20,10 +20,10 @@ from ortinf import LLM, SamplingParams
 from ortinf.errors import ConfigError
 from ortinf.manifest import LOGITS
 from ortinf.providers.session import create_session
-from ortinf.runtime.config import EngineConfig
-from ortinf.runtime.decoder_graph import DecoderGraph
-from ortinf.runtime.engine import LLMEngine
-from ortinf.runtime.model_input import SequenceChunk, build_model_input
+from ortinf.config import EngineConfig
+from ortinf.worker.decoder_graph import DecoderGraph
+from ortinf.engine.llm_engine import LLMEngine
+from ortinf.worker.model_input import SequenceChunk, build_model_input
 from server_helpers import running_server
 
 LENGTHS = [1, 5, 17, 31, 64, 70]
@@ -190,7 +190,7 @@ def paged_attention_error(session, new_tokens: int, heads: int = 4, kv_heads: in
 
 
 def test_webgpu_paged_attention_needs_prefill_chunks_of_31(webgpu, tmp_path):
-    """Why providers/webgpu.py caps the contrib kernel at 31 new tokens per sequence: a lone
+    """Why ortinf/providers/webgpu.py caps the contrib kernel at 31 new tokens per sequence: a lone
     PagedAttention node is right up to 31 and wrong from 32 (onnxruntime-ep-webgpu 0.4.0). When this
     test fails on the second assert, the plugin was fixed: lift the cap."""
     f16, i32 = TensorProto.FLOAT16, TensorProto.INT32
@@ -214,8 +214,8 @@ def test_whisper_on_webgpu(webgpu, tmp_path):
     windows decoded side by side and window after window with word timing (the host encoder's cross K/V)."""
     import json
 
-    from ortinf.runtime.longform import Decoding
-    from ortinf.runtime.transcriber import Transcriber
+    from ortinf.tasks.speech.longform import Decoding
+    from ortinf.tasks.speech.transcriber import Transcriber
     from tiny_models import build_whisper
 
     model = build_whisper(tmp_path / "hf", max_target_positions=32)

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import torch
 
-from ortinf.runtime.config import EngineConfig
-from ortinf.runtime.engine import LLMEngine
-from ortinf.runtime.outputs import RequestOutput
-from ortinf.runtime.sampling_params import SamplingParams
+from ortinf.config import EngineConfig
+from ortinf.engine.llm_engine import LLMEngine
+from ortinf.engine.outputs import RequestOutput
+from ortinf.sample.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24)
 

@@ -10,8 +10,8 @@ import pytest
 
 from engine_helpers import hf_greedy, make_engine
 from ortinf.errors import RequestError
-from ortinf.runtime.async_engine import AsyncEngine
-from ortinf.runtime.sampling_params import SamplingParams
+from ortinf.engine.async_engine import AsyncEngine
+from ortinf.sample.sampling_params import SamplingParams
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""runtime/audio_features.py (numpy, what serving runs) against transformers' WhisperFeatureExtractor:
+"""ortinf/tasks/speech/audio_features.py (numpy, what serving runs) against transformers' WhisperFeatureExtractor:
 the same features for short, exactly-30-second and longer-than-window audio, 80 and 128 mel bins."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import transformers
 
-from ortinf.runtime.audio_features import SAMPLE_RATE, log_mel
+from ortinf.tasks.speech.audio_features import SAMPLE_RATE, log_mel
 
 
 @pytest.mark.parametrize("mels", [80, 128])

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 
 from ortinf.errors import ConfigError
-from ortinf.runtime.block_pool import BlockPool
-from ortinf.runtime.config import EngineConfig, parse_size
-from ortinf.runtime.kv_cache_manager import KVCacheManager
-from ortinf.runtime.request import Request
-from ortinf.runtime.sampling_params import SamplingParams
+from ortinf.core.block_pool import BlockPool
+from ortinf.config import EngineConfig, parse_size
+from ortinf.core.kv_cache_manager import KVCacheManager
+from ortinf.core.request import Request
+from ortinf.sample.sampling_params import SamplingParams
 
 
 def request(request_id: str, tokens: list[int]) -> Request:

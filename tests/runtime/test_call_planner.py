@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import random
 
-from ortinf.runtime.call_planner import CALL_COST, padded_cells, plan_calls
+from ortinf.worker.call_planner import CALL_COST, padded_cells, plan_calls
 
 BLOCK = 16
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer, decoders
 
-from ortinf.runtime.detokenizer import IncrementalDetokenizer
-from ortinf.runtime.sampling_params import SamplingParams
+from ortinf.core.detokenizer import IncrementalDetokenizer
+from ortinf.sample.sampling_params import SamplingParams
 from tiny_models import add_byte_tokenizer, add_tokenizer
 
 TEXTS = ['def f(x):\n    return "héllo wörld 你好" + x', "the quick brown fox, 12 and 345!", "ünïcödé ✓ 🙂 done"]
@@ -66,7 +66,7 @@ def test_stop_strings_across_tokens(tokenizer):
 def test_token_bytes_are_the_tokens_own(tokenizer):
     """Concatenated, the bytes of a text's tokens are the text's UTF-8 (a byte-level token may hold half
     of a character: its bytes are still right)."""
-    from ortinf.runtime.tokenizer import TokenBytes
+    from ortinf.tokenizer import TokenBytes
 
     token_bytes = TokenBytes(tokenizer)
     text = "the quick brown fox, 12 and 345!"

@@ -11,7 +11,7 @@ import torch
 
 from engine_helpers import GREEDY, drain, hf_greedy, make_engine, run_to_completion
 from ortinf.errors import RequestError
-from ortinf.runtime.sampling_params import SamplingParams
+from ortinf.sample.sampling_params import SamplingParams
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import pytest
 
 from engine_helpers import GREEDY, drain, hf_greedy, make_engine, run_to_completion
 from ortinf.exporter.architectures import DECODERS
-from ortinf.runtime.sampling_params import SamplingParams
+from ortinf.sample.sampling_params import SamplingParams
 
 LENGTHS = [1, 2, 5, 17, 31, 64, 100, 128, 150, 199, 200, 233, 256, 270, 299, 300]
 

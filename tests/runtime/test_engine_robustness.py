@@ -12,10 +12,10 @@ import numpy as np
 from engine_helpers import drain, make_engine, run_to_completion
 from ortinf import LLM
 from ortinf.errors import StepFailedError
-from ortinf.runtime.async_engine import MAX_FAILED_STEPS, AsyncEngine, EngineDeadError
+from ortinf.engine.async_engine import MAX_FAILED_STEPS, AsyncEngine, EngineDeadError
 from fault_injection import FaultInjection
-from ortinf.runtime.sampling_params import SamplingParams
-from ortinf.runtime.structured_output import StructuredOutput
+from ortinf.sample.sampling_params import SamplingParams
+from ortinf.sample.structured_output import StructuredOutput
 
 GREEDY = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
 PROMPTS = [[(11 * i + 7 * j) % 250 + 3 for j in range(8 + 9 * i)] for i in range(4)]
@@ -184,7 +184,7 @@ def test_a_retried_step_samples_what_a_clean_step_would(decoder_package, monkeyp
     """A step that fails after sampling (here: prompt logprobs, once) is re-run request by request;
     the sampling state it had advanced (seeded generators, the shared one, grammar matchers) is put
     back first, so the retry draws exactly the tokens of a run without the failure."""
-    from ortinf.runtime import model_runner
+    from ortinf.worker import model_runner
 
     _, package = decoder_package("llama")
     seeded = SamplingParams(temperature=1.0, max_tokens=6, ignore_eos=True, seed=7, prompt_logprobs=1)

@@ -12,15 +12,15 @@ import ortinf
 from engine_helpers import assert_scheduling_exact, make_engine
 from ortinf.errors import ExportError
 from ortinf.kernels import library
-from ortinf.runtime.decoder_graph import pool_spec
-from ortinf.runtime.kv_pool import block_bytes
+from ortinf.worker.decoder_graph import pool_spec
+from ortinf.worker.kv_pool import block_bytes
 from tiny_models import build_decoder
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "int8"])
 def test_fp16_kv_cache_export_and_engine(dtype, tmp_path):
     build_decoder("llama", tmp_path / "hf")
-    # accuracy level 0: level 4's kernels differ with the batch's row count (see exporter/quantize.py),
+    # accuracy level 0: level 4's kernels differ with the batch's row count (see ortinf/exporter/quantize.py),
     # so only level 0 makes scheduling-independent tokens a property to test
     options = {"accuracy_level": 0} if dtype == "int8" else {}
     manifest = ortinf.export(tmp_path / "hf", tmp_path / "pkg", dtype=dtype, kv_dtype="fp16", progress=False, **options)

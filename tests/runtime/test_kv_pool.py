@@ -13,10 +13,10 @@ from ortinf.manifest import DecoderSpec
 from ortinf.providers import cpu, webgpu
 from ortinf.providers.base import HOST_WRITE
 from ortinf.providers.registry import Found, resolve
-from ortinf.runtime.config import EngineConfig
-from ortinf.runtime.decoder_graph import DecoderGraph
-from ortinf.runtime.kv_pool import resolve_num_blocks
-from ortinf.runtime.model_input import SequenceChunk, build_model_input
+from ortinf.config import EngineConfig
+from ortinf.worker.decoder_graph import DecoderGraph
+from ortinf.worker.kv_pool import resolve_num_blocks
+from ortinf.worker.model_input import SequenceChunk, build_model_input
 
 SPEC = DecoderSpec(num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, hidden_size=64, vocab_size=256,
                    max_model_len=512, kernel="portable", kv_dtype="fp32")

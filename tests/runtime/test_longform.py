@@ -1,4 +1,4 @@
-"""Long-form transcription window after window (runtime/longform.py, Transcriber.submit_long) against
+"""Long-form transcription window after window (ortinf/tasks/speech/longform.py, Transcriber.submit_long) against
 transformers' own long-form `generate`: timestamps, seeking to the last timestamp pair, windows prompted
 with the text so far, the request's prompt, suppressed tokens, temperature fallback and no-speech
 skipping, token for token and segment for segment. A tiny random Whisper with Whisper's real timestamp
@@ -14,10 +14,10 @@ import torch
 import transformers
 
 import ortinf
-import ortinf.runtime.speech_windows as loop_module
-from ortinf.runtime.audio_features import SAMPLE_RATE
-from ortinf.runtime.longform import Decoding
-from ortinf.runtime.transcriber import Transcriber
+import ortinf.tasks.speech.windows as loop_module
+from ortinf.tasks.speech.audio_features import SAMPLE_RATE
+from ortinf.tasks.speech.longform import Decoding
+from ortinf.tasks.speech.transcriber import Transcriber
 from tiny_models import build_whisper
 
 GENERATION = dict(no_timestamps_token_id=258, prev_sot_token_id=257, eos_token_id=2, decoder_start_token_id=1, pad_token_id=0,
@@ -119,8 +119,8 @@ def test_async_long_form_streams_what_it_keeps(whisper, monkeypatch):
     vocabulary leaves no room for a byte tokenizer under the timestamps: a segment's "text" is its ids.)"""
     import asyncio
 
-    from ortinf.runtime.async_engine import AsyncEngine
-    from ortinf.runtime.async_transcriber import AsyncTranscriber
+    from ortinf.engine.async_engine import AsyncEngine
+    from ortinf.tasks.speech.async_transcriber import AsyncTranscriber
 
     _, transcriber = whisper
     monkeypatch.setattr(transcriber, "_text", lambda ids: " ".join(str(t) for t in ids if t < 258))

@@ -156,7 +156,7 @@ def test_malformed_adapter_folders_are_config_errors(lora_setup, tmp_path):
     """Issue 30's attack, finding 2: these folders and paths made /v1/load_lora_adapter answer 500."""
     import shutil
 
-    from ortinf.runtime.lora import LoraAdapter
+    from ortinf.worker.lora import LoraAdapter
 
     _, root, _ = lora_setup
     from ortinf.manifest import Manifest

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from ortinf.providers.base import POWER_OF_TWO_BUCKETS, bucket
-from ortinf.runtime.model_input import SequenceChunk, build_model_input, pad_to_buckets
+from ortinf.worker.model_input import SequenceChunk, build_model_input, pad_to_buckets
 
 BLOCK = 16
 

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from ortinf.runtime.decoder_graph import DecoderGraph
-from ortinf.runtime.model_runner import ModelRunner
-from ortinf.runtime.sampling_params import SamplingParams
-from ortinf.runtime.scheduler_output import ScheduledRequest, SchedulerOutput
+from ortinf.worker.decoder_graph import DecoderGraph
+from ortinf.worker.model_runner import ModelRunner
+from ortinf.sample.sampling_params import SamplingParams
+from ortinf.worker.scheduler_output import ScheduledRequest, SchedulerOutput
 
 BLOCK = 16
 GREEDY = SamplingParams(temperature=0, max_tokens=8)
@@ -77,7 +77,7 @@ def test_a_failure_after_sampling_puts_the_random_generator_back(setup, monkeypa
     params = SamplingParams(temperature=1.0, seed=123, max_tokens=4, prompt_logprobs=0)
     work = step(chunk("s", [5, 6, 7, 8], 0, [7], params=params))
     with monkeypatch.context() as patch:  # prompt logprobs are computed after sampling: fail there
-        patch.setattr("ortinf.runtime.model_runner.prompt_logprobs", lambda *args: (_ for _ in ()).throw(RuntimeError("after sampling")))
+        patch.setattr("ortinf.worker.model_runner.prompt_logprobs", lambda *args: (_ for _ in ()).throw(RuntimeError("after sampling")))
         with pytest.raises(RuntimeError, match="after sampling"):
             runner.execute(work)
     retried = runner.execute(work).sampled_token_ids["s"]

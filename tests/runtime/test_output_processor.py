@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 from tokenizers import Tokenizer
 
-from ortinf.runtime.output_processor import OutputProcessor
-from ortinf.runtime.request import FinishReason, Request, RequestStatus
-from ortinf.runtime.sampling_params import SamplingParams
-from ortinf.runtime.scheduler_output import ModelRunnerOutput, TokenLogprobs
-from ortinf.runtime.stopping import judge
+from ortinf.engine.output_processor import OutputProcessor
+from ortinf.core.request import FinishReason, Request, RequestStatus
+from ortinf.sample.sampling_params import SamplingParams
+from ortinf.worker.scheduler_output import ModelRunnerOutput, TokenLogprobs
+from ortinf.core.stopping import judge
 from tiny_models import add_byte_tokenizer
 
 TEXT = "hello world, this is a test"

@@ -16,7 +16,7 @@ from ortinf.errors import ConfigError, ExportError
 from ortinf.exporter.quantize import routers
 from ortinf.manifest import CPU_MODEL_NAME, MODEL_NAME
 from ortinf.providers.registry import Found, resolve
-from ortinf.runtime.decoder_graph import DecoderGraph
+from ortinf.worker.decoder_graph import DecoderGraph
 from tiny_models import DECODERS, build_decoder
 
 
@@ -39,7 +39,7 @@ def test_quantized_export_per_architecture(model_type, dtype, tmp_path):
         cpu = onnx.load(str(tmp_path / "pkg" / CPU_MODEL_NAME), load_external_data=False).graph
         ops = [n.op_type for n in cpu.node]
         nbits = sum(n.op_type == "MatMulNBits" for n in graph.node)
-        if "MoE" in ops:  # the experts packed inside one ortinf.MoE per block (kernels/cpu/moe.cc)
+        if "MoE" in ops:  # the experts packed inside one ortinf.MoE per block (ortinf/kernels/cpu/moe.cc)
             assert manifest.cpu_kernel.ops == ("PagedAttention", "QMatMul", "MoE")
             assert ops.count("MoE") == manifest.decoder.num_layers and 0 < ops.count("QMatMul") < nbits
             assert all(a.i == manifest.quantization.bits for n in cpu.node if n.op_type == "MoE" for a in n.attribute if a.name == "bits")
@@ -134,7 +134,7 @@ def test_quality_gate_record_keeps_a_package_that_misses_its_gate(tmp_path, monk
     with record, the package is written, its figures and the miss are in the manifest and `inspect`,
     and it serves. The gate is moved out of reach here rather than the model made worse."""
     from ortinf.exporter import verify
-    from ortinf.inspect_table import cpu_kernel_row, manifest_rows
+    from ortinf.cli.inspect_table import cpu_kernel_row, manifest_rows
     from ortinf.kernels import library
 
     build_decoder("llama", tmp_path / "hf")

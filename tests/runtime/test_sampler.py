@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from ortinf.errors import RequestError
-from ortinf.runtime.sampler import Sampler, apply_penalties, log_softmax
-from ortinf.runtime.sampling_params import SamplingParams
-from ortinf.runtime.scheduler_output import top_logprobs
+from ortinf.sample.sampler import Sampler, apply_penalties, log_softmax
+from ortinf.sample.sampling_params import SamplingParams
+from ortinf.worker.scheduler_output import top_logprobs
 
 LOGITS = np.array([2.0, 1.5, 1.2, 0.3, 0.0, -0.5, -1.0, -3.0], dtype=np.float32)
 DRAWS = 4000

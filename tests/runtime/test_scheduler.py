@@ -1,15 +1,15 @@
 """The scheduler alone, over a real KV cache manager and no graph: the token budget, chunked prefill,
 running-first order, max_num_seqs, preemption of the latest admitted, prefix-cache hits, and applying
-verdicts (runtime/stopping.py) after a step."""
+verdicts (ortinf/core/stopping.py) after a step."""
 
 from __future__ import annotations
 
-from ortinf.runtime.kv_cache_manager import KVCacheManager
-from ortinf.runtime.request import FinishReason, Request, RequestStatus
-from ortinf.runtime.sampling_params import SamplingParams
-from ortinf.runtime.scheduler import Scheduler, SchedulerConfig
-from ortinf.runtime.scheduler_output import ModelRunnerOutput, SchedulerOutput
-from ortinf.runtime.stopping import Verdict
+from ortinf.core.kv_cache_manager import KVCacheManager
+from ortinf.core.request import FinishReason, Request, RequestStatus
+from ortinf.sample.sampling_params import SamplingParams
+from ortinf.core.scheduler import Scheduler, SchedulerConfig
+from ortinf.worker.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from ortinf.core.stopping import Verdict
 
 BLOCK = 4
 
@@ -118,7 +118,7 @@ def test_a_request_without_a_verdict_only_advances():
 def test_speculative_tokens_count_as_computed_up_to_the_kept_ones():
     """With proposals, the accepted ones' K/V is computed; a verdict that keeps fewer (a stop in the
     middle) finishes the request with only those."""
-    from ortinf.runtime.speculative import SpeculativeConfig
+    from ortinf.sample.speculative import SpeculativeConfig
 
     scheduler = make(speculative=SpeculativeConfig(method="ngram", num_speculative_tokens=3, prompt_lookup_min=1, prompt_lookup_max=2))
     request = add(scheduler, "a", [5, 6, 7, 5, 6, 7, 5, 6], max_tokens=20)

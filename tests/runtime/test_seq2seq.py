@@ -1,4 +1,4 @@
-"""Text encoder-decoders as ordinary requests of the one engine (exporter/seq2seq.py, runtime/engine.py with runtime/encoder_input.py): tiny random
+"""Text encoder-decoders as ordinary requests of the one engine (ortinf/exporter/seq2seq.py, ortinf/engine/llm_engine.py with ortinf/worker/encoder_input.py): tiny random
 Marian and BART models exported by `ortinf export` (parity recorded at export), then ragged sources
 decoded together, with fewer slots than sources, through preemption and a source seen twice, greedy
 token for token against transformers' own generate (num_beams=1)."""
@@ -13,7 +13,7 @@ import transformers
 import ortinf
 from fault_injection import FaultInjection
 from ortinf import LLM
-from ortinf.runtime.sampling_params import SamplingParams
+from ortinf.sample.sampling_params import SamplingParams
 
 COMMON = dict(vocab_size=300, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
               encoder_ffn_dim=128, decoder_ffn_dim=128, max_position_embeddings=64, init_std=0.3)
@@ -53,7 +53,7 @@ def test_ragged_sources_equal_transformers_generate(seq2seq):
     # two slots for four sources, and a pool of 8 blocks (the least that holds one 64-token source and
     # 64 tokens of output): the 51-token source (4 blocks) and the 13-token one cannot both grow to 21
     # output tokens (2 blocks each), so the later is preempted and readmitted from the cache. The
-    # engine is the text engine's (runtime/engine.py): its options are obeyed, its invariants hold.
+    # engine is the text engine's (ortinf/engine/llm_engine.py): its options are obeyed, its invariants hold.
     tight = LLM(package, max_num_seqs=2, num_blocks=8)
     assert tight.text2text(sources, max_new_tokens=20) == expected
     assert tight.engine.scheduler.stats.num_preemptions >= 1

@@ -9,8 +9,8 @@ import pytest
 
 from engine_helpers import GREEDY, hf_greedy, make_engine, run_to_completion
 from ortinf.errors import ConfigError
-from ortinf.runtime.sampling_params import SamplingParams
-from ortinf.runtime.speculative import SpeculativeConfig, draw, propose_ngram, verify
+from ortinf.sample.sampling_params import SamplingParams
+from ortinf.sample.speculative import SpeculativeConfig, draw, propose_ngram, verify
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
 

@@ -1,4 +1,4 @@
-"""runtime/stopping.py, the one place that decides a request has finished: each rule, their order, and
+"""ortinf/core/stopping.py, the one place that decides a request has finished: each rule, their order, and
 that a multi-token step (speculative decoding) keeps exactly the tokens up to the one that ended it."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from tokenizers import Tokenizer
 
-from ortinf.runtime.detokenizer import IncrementalDetokenizer
-from ortinf.runtime.request import FinishReason, Request
-from ortinf.runtime.sampling_params import SamplingParams
-from ortinf.runtime.stopping import Verdict, judge
+from ortinf.core.detokenizer import IncrementalDetokenizer
+from ortinf.core.request import FinishReason, Request
+from ortinf.sample.sampling_params import SamplingParams
+from ortinf.core.stopping import Verdict, judge
 from tiny_models import add_byte_tokenizer
 
 EOS = 2

@@ -1,4 +1,4 @@
-"""runtime/transcriber.py against transformers: a tiny random Whisper (30-second windows, like the real
+"""ortinf/tasks/speech/transcriber.py against transformers: a tiny random Whisper (30-second windows, like the real
 ones) exported by `ortinf export`, three audios of 3 s, 45 s (two windows) and 1 s decoded together,
 greedy token for token against transformers' own greedy loop on each window."""
 
@@ -10,9 +10,9 @@ import torch
 import transformers
 
 import ortinf
-from ortinf.runtime.audio_features import SAMPLE_RATE
-from ortinf.runtime.longform import Decoding
-from ortinf.runtime.transcriber import Transcriber
+from ortinf.tasks.speech.audio_features import SAMPLE_RATE
+from ortinf.tasks.speech.longform import Decoding
+from ortinf.tasks.speech.transcriber import Transcriber
 from tiny_models import build_whisper
 
 
@@ -79,9 +79,9 @@ def test_concurrent_requests_decode_together(whisper):
     import asyncio
     import time
 
-    from ortinf.runtime.async_engine import AsyncEngine
-    from ortinf.runtime.async_transcriber import AsyncTranscriber
-    from ortinf.runtime.encoder_input import EncoderInput
+    from ortinf.engine.async_engine import AsyncEngine
+    from ortinf.tasks.speech.async_transcriber import AsyncTranscriber
+    from ortinf.worker.encoder_input import EncoderInput
 
     model, package = whisper
     transcriber = Transcriber(package, max_num_seqs=4)

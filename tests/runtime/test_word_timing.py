@@ -1,4 +1,4 @@
-"""runtime/word_timing.py against transformers' own functions: DTW paths (ties included: small integer
+"""ortinf/tasks/speech/word_timing.py against transformers' own functions: DTW paths (ties included: small integer
 costs tie everywhere), the median filter, and word grouping."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import torch
 from transformers.models.whisper.generation_whisper import _dynamic_time_warping, _median_filter
 
-from ortinf.runtime.word_timing import dtw, median_filter, words
+from ortinf.tasks.speech.word_timing import dtw, median_filter, words
 
 
 def test_dtw_equals_transformers_including_ties():

@@ -1,4 +1,4 @@
-"""serve/audio.py decode_audio in process: memory follows the 16 kHz mono result, not the file's
+"""ortinf/serve/audio.py decode_audio in process: memory follows the 16 kHz mono result, not the file's
 channels x rate (issue 30, finding 1: an 8-channel 48 kHz FLAC of silence took 7.2 GB), the result
 equals the one-shot mix-down and resampling, and a file that is not audio is a 400 naming no object."""
 

@@ -1,11 +1,11 @@
-"""serve/metrics.py reads only EngineStats and RequestOutputs: counters per model advance by the growth
+"""ortinf/serve/metrics.py reads only EngineStats and RequestOutputs: counters per model advance by the growth
 of each engine's own running totals, gauges follow the latest step, tokens and finishes are counted once."""
 
 from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from ortinf.runtime.outputs import CompletionOutput, EngineStats, RequestMetrics, RequestOutput
+from ortinf.engine.outputs import CompletionOutput, EngineStats, RequestMetrics, RequestOutput
 from ortinf.serve.metrics import EngineMetrics
 
 

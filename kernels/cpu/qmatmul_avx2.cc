@@ -1,3 +1,0 @@
-// The avx2 build of the quantized MatMul (flags: kernels/build.py).
-#define ISA_SUFFIX avx2
-#include "qmatmul_body.inc"

@@ -1,3 +1,0 @@
-// The avx512vnni build of the quantized MatMul (flags: kernels/build.py).
-#define ISA_SUFFIX avx512vnni
-#include "qmatmul_body.inc"

@@ -1,3 +1,0 @@
-// The avxvnni build of the quantized MatMul (flags: kernels/build.py).
-#define ISA_SUFFIX avxvnni
-#include "qmatmul_body.inc"

@@ -1,0 +1,52 @@
+"""`ortinf transcribe`: audio files through a Whisper package, one line of text per file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+def transcribe_files(package: Path, files: tuple[Path, ...], output_format: str, language: str | None = None,
+                     task: str = "transcribe", temperature: float = 0.0, fallback: bool = True) -> None:
+    """Decodes each file (libsndfile), transcribes all of them together, and prints each file's text, or
+    its srt/vtt/json, with a progress bar on stderr. The decoding is OpenAI's (ortinf/tasks/speech/longform.py
+    openai_decoding): a model with timestamp tokens goes window after window, each prompted with the
+    text so far; temperature 0 falls back to hotter ones for windows that repeat or are unlikely."""
+    import json
+
+    from tqdm.auto import tqdm
+
+    from ortinf.errors import RequestError
+    from ortinf.tasks.speech.longform import openai_decoding
+    from ortinf.tasks.speech.transcriber import Transcriber
+    from ortinf.serve.audio import SAMPLE_RATE, render
+    from ortinf.serve.errors import APIError
+
+    transcriber = Transcriber(package)
+    samples = []
+    for path in tqdm(files, desc="decoding", disable=len(files) < 2, file=click.get_text_stream("stderr")):
+        try:
+            samples.append(_decode(path))
+        except APIError as exc:
+            raise click.UsageError(f"{path}: {exc.message}") from exc
+    click.echo(f"transcribing {len(files)} file(s), {sum(len(s) for s in samples) / SAMPLE_RATE:.0f} s of audio", err=True)
+    decoding = openai_decoding(temperature, transcriber.rules is not None, transcriber.no_speech is not None, fallback)
+    try:
+        jobs = transcriber.run(samples, decoding, language, task, progress=True)
+    except RequestError as exc:
+        raise click.UsageError(str(exc)) from exc
+    for path, audio, job in zip(files, samples, jobs):
+        duration = len(audio) / SAMPLE_RATE
+        segments = transcriber.segments(job, duration)
+        result = render(segments, "json" if output_format == "text" else output_format, task, duration)
+        if output_format in ("text", "json"):
+            click.echo(result["text"] if output_format == "text" else json.dumps({"file": str(path), **result}))
+        else:
+            click.echo(result.body.decode())
+
+
+def _decode(path: Path):  # noqa: ANN202
+    from ortinf.serve.audio import decode_audio
+
+    return decode_audio(path.read_bytes())

@@ -1,0 +1,268 @@
+"""Weight-only quantization of a traced decoder (int8 or int4), in numpy, for both of a package's graphs.
+
+Every MatMul whose weight is a constant 2-D initializer is quantized once, here, with symmetric
+block scales along K (one float scale per `block_size` rows of K and per column):
+
+  int8: scale = max|w| / 127, q = round(w / scale) in -127..127 (never -128: qmatmul_impl.h's sign trick)
+  int4: scale = w* / -8 where w* is the block's value of largest magnitude, q = round(w / scale)
+        clipped to -8..7 (llama.cpp's Q4_0 rule: the extreme lands exactly on -8, so all 16 levels
+        are used; max|w| / 7 wastes one)
+
+and written in two forms of the same numbers:
+
+- model.onnx (every provider): `com.microsoft.MatMulNBits` (B as offset-binary bytes, [N, blocks,
+  block * bits / 8], no zero points: ORT's default zero point 2^(bits-1) is the offset), whose CPU
+  kernel with `accuracy_level` 4 quantizes the activations to int8 as onnxruntime-genai's builder
+  does on CPU; the level is recorded in the manifest.
+- model.cpu.onnx (ortinf's kernel library): `ortinf.QMatMul`, the weights packed in the layout its
+  VNNI/AVX2 dot products read (ortinf/kernels/cpu/qmatmul_impl.h), activations quantized per token and
+  block inside the op.
+
+Both dequantize to the same weights, so the two graphs differ only in how they round activations.
+The LM head is a MatMul too and is quantized with the rest; mixture-of-experts routers are not
+(`routers`); embeddings (Gather) and the KV pool keep the export dtype.
+
+Why numpy and not ORT's `MatMulNBitsQuantizer`: that tool walks the graph and quantizes each weight
+through per-block Python and C++ calls; on a 0.4B llama it took minutes (issue 29's measurements),
+where the vectorised rounding below takes seconds. Quantization figures (measured, ortinf/exporter/verify.py
+and docs/performance.md) are recorded in each package's manifest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+log = logging.getLogger(__name__)
+
+BITS = {"int8": 8, "int4": 4}
+DEFAULT_BLOCK_SIZES = {"int8": 128, "int4": 32}
+DEFAULT_ACCURACY_LEVEL = 4
+TILE = 16  # columns per packed tile of ortinf.QMatMul
+CPU_OP = "QMatMul"
+MOE_OP = "MoE"  # ortinf.MoE (ortinf/kernels/cpu/moe.cc): its stacked expert weights are packed per expert
+CPU_DOMAIN = "ortinf"
+
+
+@dataclass(frozen=True, slots=True)
+class Quantized:
+    """One weight [K, N] as integers q [Kp, N] (K zero-padded to whole blocks) and scales [blocks, N]."""
+
+    q: np.ndarray
+    scales: np.ndarray
+    bits: int
+    block_size: int
+    k: int
+
+    @property
+    def n(self) -> int:
+        return self.q.shape[1]
+
+    def dequantized(self) -> np.ndarray:
+        """The weights the graphs compute with, [K, N] float32."""
+        blocks = self.q.shape[0] // self.block_size
+        w = self.q.reshape(blocks, self.block_size, self.n).astype(np.float32) * self.scales[:, None, :]
+        return w.reshape(-1, self.n)[: self.k]
+
+
+def quantize_weight(w: np.ndarray, bits: int, block_size: int) -> Quantized:
+    """Symmetric block quantization of w [K, N] along K (rules in the module docstring)."""
+    k, n = w.shape
+    blocks = -(-k // block_size)
+    padded = np.zeros((blocks * block_size, n), np.float32)
+    padded[:k] = w
+    wb = padded.reshape(blocks, block_size, n)
+    if bits == 8:
+        scales = np.abs(wb).max(axis=1) / np.float32(127)
+        low, high = -127, 127
+    else:
+        index = np.abs(wb).argmax(axis=1)
+        extreme = np.take_along_axis(wb, index[:, None, :], axis=1)[:, 0, :]
+        scales = extreme / np.float32(-8)
+        low, high = -8, 7
+    safe = np.where(scales == 0, np.float32(1), scales)
+    q = np.clip(np.rint(wb / safe[:, None, :]), low, high).astype(np.int8)
+    return Quantized(q.reshape(-1, n), scales.astype(np.float32), bits, block_size, k)
+
+
+def matmul_nbits_tensors(qw: Quantized) -> tuple[np.ndarray, np.ndarray]:
+    """MatMulNBits' B [N, blocks, block * bits / 8] (offset binary) and scales [N, blocks]."""
+    blocks = qw.q.shape[0] // qw.block_size
+    offset = (qw.q.T.astype(np.int16) + (1 << (qw.bits - 1))).astype(np.uint8)  # [N, Kp]
+    if qw.bits == 4:
+        offset = offset[:, 0::2] | (offset[:, 1::2] << 4)
+    return offset.reshape(qw.n, blocks, -1), np.ascontiguousarray(qw.scales.T)
+
+
+def qmatmul_tensors(qw: Quantized) -> tuple[np.ndarray, np.ndarray]:
+    """ortinf.QMatMul's packed weight (uint8, flat) and scales [tiles, blocks, 16] (qmatmul_impl.h)."""
+    kp, n = qw.q.shape
+    tiles = -(-n // TILE)
+    blocks = kp // qw.block_size
+    q = np.zeros((kp, tiles * TILE), np.int16)
+    q[:, :n] = qw.q
+    u = (q + (1 << (qw.bits - 1))).astype(np.uint8)
+    groups = u.reshape(kp // 4, 4, tiles, TILE).transpose(2, 0, 3, 1)  # [tiles, Kp/4, 16 columns, 4 rows of K]
+    if qw.bits == 4:
+        groups = groups[:, 0::2] | (groups[:, 1::2] << 4)  # groups 2p and 2p+1 share bytes: low, high nibble
+    scales = np.zeros((blocks, tiles * TILE), np.float32)
+    scales[:, :n] = qw.scales
+    return np.ascontiguousarray(groups).reshape(-1), np.ascontiguousarray(scales.reshape(blocks, tiles, TILE).transpose(1, 0, 2))
+
+
+def quantize(model: onnx.ModelProto, dtype: str, block_size: int | None = None,
+             accuracy_level: int = DEFAULT_ACCURACY_LEVEL, cpu: bool = False,
+             cache: dict | None = None) -> onnx.ModelProto:
+    """The model with its constant-weight MatMuls quantized to `dtype`: MatMulNBits (cpu=False) or
+    ortinf.QMatMul (cpu=True, the kernel library's graph). `cache` (weight digest -> Quantized) lets
+    the second graph reuse the first graph's rounding."""
+    bits, block_size = BITS[dtype], block_size or DEFAULT_BLOCK_SIZES[dtype]
+    keep = routers(model.graph)
+    model = gemm_to_matmul(model)
+    graph = model.graph
+    weights = {t.name: t for t in graph.initializer}
+    users: dict[str, int] = {}
+    for node in graph.node:
+        for name in node.input:
+            users[name] = users.get(name, 0) + 1
+    cache = {} if cache is None else cache
+    nodes, dropped, added, count = [], set(), [], 0
+    for node in graph.node:
+        if cpu and node.op_type == MOE_OP and node.domain == CPU_DOMAIN:
+            added += pack_experts(node, weights, bits, block_size, cache, users, dropped)
+            nodes.append(node)
+            count += 2
+            continue
+        weight = weights.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
+        if weight is not None and weight.name in keep:
+            weight = None
+        if weight is None or len(weight.dims) != 2 or weight.data_type != onnx.TensorProto.FLOAT:
+            nodes.append(node)
+            continue
+        array = numpy_helper.to_array(weight)
+        key = (hashlib.blake2b(array.tobytes(), digest_size=20).digest(), array.shape, bits, block_size)
+        qw = cache.get(key)
+        if qw is None:
+            qw = cache[key] = quantize_weight(array, bits, block_size)
+        k, n = array.shape
+        base = f"{weight.name}.q{bits}"
+        if cpu:
+            packed, scales = qmatmul_tensors(qw)
+            added += [numpy_helper.from_array(packed, base + ".packed"), numpy_helper.from_array(scales, base + ".scales")]
+            nodes.append(helper.make_node(CPU_OP, [node.input[0], base + ".packed", base + ".scales"], list(node.output),
+                                          name=node.name + ".q", domain=CPU_DOMAIN, K=k, N=n, bits=bits, block_size=block_size))
+        else:
+            b, scales = matmul_nbits_tensors(qw)
+            added += [numpy_helper.from_array(b, base + ".B"), numpy_helper.from_array(scales.reshape(-1), base + ".scales")]
+            nodes.append(helper.make_node("MatMulNBits", [node.input[0], base + ".B", base + ".scales"], list(node.output),
+                                          name=node.name + ".q", domain="com.microsoft", K=k, N=n, bits=bits,
+                                          block_size=block_size, accuracy_level=accuracy_level))
+        users[weight.name] -= 1
+        if users[weight.name] == 0:
+            dropped.add(weight.name)
+        count += 1
+    del graph.node[:]
+    graph.node.extend(nodes)
+    kept = [t for t in graph.initializer if t.name not in dropped]
+    del graph.initializer[:]
+    graph.initializer.extend(kept + added)
+    domain = CPU_DOMAIN if cpu else "com.microsoft"
+    if not any(o.domain == domain for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(domain, 1))
+    log.info("quantized %d MatMul weights to %s (block size %d, %s)", count, dtype, block_size,
+             "ortinf.QMatMul" if cpu else f"MatMulNBits accuracy level {accuracy_level}")
+    return model
+
+
+def pack_experts(node: onnx.NodeProto, weights: dict, bits: int, block_size: int, cache: dict, users: dict,
+                 dropped: set) -> list[onnx.TensorProto]:
+    """Rewrites an ortinf.MoE node's fp32 expert weights (inputs 2 and 4, panels of [E, K, N]) into QMatMul's
+    packing per expert ([E, bytes] uint8 and scales [E, tiles, blocks, 16], inputs 2-5); returns the new tensors."""
+    from ortinf.exporter.moe import unpanel
+
+    sizes = {a.name: a.i for a in node.attribute}
+    added = []
+    for index, n in ((2, 2 * sizes["intermediate_size"]), (4, sizes["hidden_size"])):
+        tensor = weights[node.input[index]]
+        stacked = unpanel(numpy_helper.to_array(tensor), n)
+        packed, scales = [], []
+        for expert in stacked:  # per column and block of K, as the portable graph's per-expert MatMuls round
+            key = (hashlib.blake2b(expert.tobytes(), digest_size=20).digest(), expert.shape, bits, block_size)
+            qw = cache.get(key)
+            if qw is None:
+                qw = cache[key] = quantize_weight(expert, bits, block_size)
+            p, sc = qmatmul_tensors(qw)
+            packed.append(p)
+            scales.append(sc)
+        base = f"{tensor.name}.q{bits}"
+        added += [numpy_helper.from_array(np.stack(packed), base + ".packed"), numpy_helper.from_array(np.stack(scales), base + ".scales")]
+        users[tensor.name] -= 1
+        if users[tensor.name] == 0:
+            dropped.add(tensor.name)
+        node.input[index], node.input[index + 1] = base + ".packed", base + ".scales"
+    for attribute in node.attribute:
+        if attribute.name == "bits":
+            attribute.i = bits
+        elif attribute.name == "block_size":
+            attribute.i = block_size
+    return added
+
+
+# What may lie between a router's MatMul and its TopK (gpt-oss: Gemm -> Softmax -> Cast -> TopK).
+ROUTING_PATH = {"Add", "Softmax", "Sigmoid", "Cast", "Reshape", "Mul", "Div", "Tanh"}
+
+
+def routers(graph: onnx.GraphProto) -> set[str]:
+    """Weights of mixture-of-experts routers: MatMuls/Gemms whose output reaches a TopK within four
+    nodes. They stay at full precision: routing is a discrete choice, so rounding the router moves
+    tokens to other experts (on the tiny random gpt-oss, int8 top-1 agreement 0.896 with it quantized),
+    and a router is K x num_experts, under 1% of a layer's weights."""
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    found = set()
+    for node in graph.node:
+        if node.op_type not in ("MatMul", "Gemm") or len(node.input) < 2:
+            continue
+        frontier = [node.output[0]]
+        for _ in range(4):
+            nexts = [c for name in frontier for c in consumers.get(name, [])]
+            if any(c.op_type == "TopK" or (c.op_type == MOE_OP and c.input[1] in frontier) for c in nexts):
+                found.add(node.input[1])
+                break
+            frontier = [o for c in nexts if c.op_type in ROUTING_PATH for o in c.output]
+            if not frontier:
+                break
+    return found
+
+
+def gemm_to_matmul(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Gemm nodes with a constant weight (GPT-2's Conv1D layers trace to Gemm) as MatMul + Add, which
+    the quantizer handles (it rewrites MatMul only)."""
+    graph = model.graph
+    weights = {t.name: t for t in graph.initializer}
+    nodes = []
+    for node in graph.node:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if (node.op_type != "Gemm" or node.input[1] not in weights or attrs.get("transA", 0)
+                or attrs.get("alpha", 1.0) != 1.0 or attrs.get("beta", 1.0) != 1.0):
+            nodes.append(node)
+            continue
+        weight = weights[node.input[1]]
+        if attrs.get("transB", 0):
+            transposed = numpy_helper.from_array(numpy_helper.to_array(weight).T.copy(), weight.name)
+            weight.CopyFrom(transposed)
+        if len(node.input) > 2 and node.input[2]:
+            nodes.append(helper.make_node("MatMul", node.input[:2], [node.output[0] + ".matmul"], name=node.name + ".matmul"))
+            nodes.append(helper.make_node("Add", [node.output[0] + ".matmul", node.input[2]], list(node.output), name=node.name + ".bias"))
+        else:
+            nodes.append(helper.make_node("MatMul", node.input[:2], list(node.output), name=node.name))
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return model

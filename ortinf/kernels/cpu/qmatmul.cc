@@ -1,0 +1,248 @@
+// The custom op `ortinf.QMatMul`: Y = A x W with W's int8 or int4 weights packed at export
+// (ortinf/exporter/quantize.py) and A quantized here per token and per block of K (qmatmul_impl.h has
+// the layout and the arithmetic).
+//
+//   A [..., K] f32, packed_weight [bytes] u8, scales [tiles, blocks, 16] f32, bias [N] f32 (optional)
+//   K, N, bits (8 or 4), block_size (int attributes)
+//   -> Y [..., N] f32
+//
+// Why an op of ortinf's own and not ORT's MatMulNBits: on the CPUs this runs on, MatMulNBits'
+// int8-activation path (accuracy level 4) leaves VNNI's integer throughput unused for int8 weights
+// and pays a per-call repack of the activations into its own blocked layout (the kernel issue's
+// notes: 1.7-2.5x slower than a u8s8 GEMM on an AVX-512 VNNI EPYC), and DynamicQuantizeMatMul scales
+// the activations per tensor, so one outlier token coarsens every row of the step. Here the
+// activation scale is per token and block, and the weights sit in the layout the dot-product
+// instructions read (no repack per call).
+//
+// Threads: the activation rows are quantized (in parallel when there are many), then jobs of up to
+// 64 rows x 4 tiles (64 columns) run on ORT's intra-op pool through KernelContext_ParallelFor. A
+// job's weights (K x 64 bytes at int8) stay in L2 while its row groups pass over them.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "ort_glue.h"
+#include "qmatmul_impl.h"
+
+namespace ortinf {
+namespace {
+
+constexpr int64_t kJobRows = 64, kJobTiles = 4, kQuantizeRows = 16;
+
+struct Isa {
+  const char* name;
+  QuantizeFn quantize;
+  GemmFn gemm;
+};
+
+// The widest build this CPU runs. ORTINF_KERNEL_ISA caps it (never raises it): avx2 leaves out both
+// VNNI builds, avxvnni the AVX-512 one, generic everything; the tests run every build the machine can.
+Isa pick_isa() {
+  const char* cap = std::getenv("ORTINF_KERNEL_ISA");
+  const auto capped = [cap](const char* name) { return cap != nullptr && std::strcmp(cap, name) == 0; };
+  const bool no512 = capped("avx2") || capped("avxvnni") || capped("generic");
+  const bool no_vnni256 = capped("avx2") || capped("generic");
+  const bool no256 = capped("generic");
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  __builtin_cpu_init();
+  if (!no512 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni"))
+    return {"avx512vnni", quantize_rows_avx512vnni, qgemm_avx512vnni};
+  if (!no256 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    // AVX-VNNI is CPUID leaf 7, sub-leaf 1, EAX bit 4 (GCC 12's __builtin_cpu_supports does not know it)
+    __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(1));
+    if (!no_vnni256 && (a & (1u << 4))) return {"avxvnni", quantize_rows_avxvnni, qgemm_avxvnni};
+    return {"avx2", quantize_rows_avx2, qgemm_avx2};
+  }
+#else
+  (void)no512, (void)no_vnni256, (void)no256;
+#endif
+  return {"generic", quantize_rows_generic, qgemm_generic};
+}
+
+// Whether `isa` computes what the portable build computes, on a small problem with every feature a
+// call has (two blocks, a ragged last tile, rows in groups and alone, int8 and int4). A build this
+// project's test machines cannot run (the AVX-512 VNNI one, on an AVX2-only CI) is checked here on
+// the first machine that runs it: a mismatch falls back to the next build and says so, instead of
+// serving wrong numbers.
+bool agrees_with_generic(const Isa& isa) {
+  constexpr int64_t K = 64, N = 20, M = 5, kBlock = 32, kBlocks = 2, kTiles = 2;
+  uint32_t state = 12345u;
+  const auto next = [&state]() { return (state = state * 1664525u + 1013904223u) >> 8; };
+  float a[M * K], scales[kTiles * kBlocks * kTile], want[M * N], got[M * N];
+  for (float& v : a) v = static_cast<float>(static_cast<int>(next() % 2001) - 1000) / 250.f;
+  for (float& v : scales) v = static_cast<float>(next() % 1000 + 1) / 4096.f;
+  for (int64_t bits : {8, 4}) {
+    std::vector<uint8_t> w(static_cast<size_t>(kTiles * K * kTile * bits / 8));
+    for (uint8_t& byte : w) byte = static_cast<uint8_t>(bits == 8 ? next() % 255 + 1 : next() % 256);  // int8 never -128
+    for (const Isa* run : {&isa, static_cast<const Isa*>(nullptr)}) {
+      std::vector<int8_t> xq(M * K);
+      std::vector<float> xscale(M * kBlocks);
+      std::vector<int32_t> xsum(M * kBlocks);
+      float* out = run != nullptr ? got : want;
+      const QGemm g{xq.data(), xscale.data(), xsum.data(), w.data(), scales, nullptr, out, M, N, K, kBlocks, kBlock, bits};
+      (run != nullptr ? run->quantize : quantize_rows_generic)(a, K, K, g, 0, M);
+      (run != nullptr ? run->gemm : qgemm_generic)(g, 0, M, 0, kTiles);
+    }
+    for (int64_t i = 0; i < M * N; ++i)
+      if (!(std::fabs(got[i] - want[i]) <= 1e-4f * (1.f + std::fabs(want[i])))) return false;
+  }
+  return true;
+}
+
+Isa checked_isa() {
+  Isa isa = pick_isa();
+  if (std::strcmp(isa.name, "generic") == 0 || agrees_with_generic(isa)) return isa;
+  std::fprintf(stderr, "ortinf: the %s build of QMatMul disagrees with the portable one on this CPU; using avx2/generic "
+               "instead (please report this)\n", isa.name);
+  Isa avx2{"avx2", quantize_rows_avx2, qgemm_avx2};
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  if (std::strcmp(isa.name, "avx2") != 0 && __builtin_cpu_supports("avx2") && agrees_with_generic(avx2)) return avx2;
+#endif
+  return {"generic", quantize_rows_generic, qgemm_generic};
+}
+
+const Isa g_isa = checked_isa();
+
+struct Kernel {
+  int64_t K = 0, N = 0, bits = 0, block = 0;
+  int64_t Kp = 0, blocks = 0, tiles = 0;
+};
+
+struct Job {
+  int64_t m0, m1, t0, t1;
+};
+
+struct Call {
+  QGemm g;
+  const float* a;
+  int64_t K;
+  std::vector<Job> jobs;
+};
+
+void quantize_one(void* data, size_t index) {
+  const Call* call = static_cast<const Call*>(data);
+  const int64_t m0 = static_cast<int64_t>(index) * kQuantizeRows;
+  g_isa.quantize(call->a, call->K, call->K, call->g, m0, std::min(call->g.M, m0 + kQuantizeRows));
+}
+
+void gemm_one(void* data, size_t index) {
+  const Call* call = static_cast<const Call*>(data);
+  const Job& job = call->jobs[index];
+  g_isa.gemm(call->g, job.m0, job.m1, job.t0, job.t1);
+}
+
+OrtStatus* compute(const Kernel& k, OrtKernelContext* context) {
+  size_t given = 0;
+  RETURN_IF_ERROR(g_api->KernelContext_GetInputCount(context, &given));
+  Tensor t[4];
+  for (size_t i = 0; i < std::min<size_t>(given, 4); ++i) {
+    const OrtValue* value = nullptr;
+    RETURN_IF_ERROR(g_api->KernelContext_GetInput(context, i, &value));
+    if (value == nullptr) {
+      if (i < 3) return fail("QMatMul: a required input is missing");
+      continue;
+    }
+    RETURN_IF_ERROR(read_input(context, i, &t[i]));
+  }
+  const Tensor &a = t[0], &packed = t[1], &scales = t[2], &bias = t[3];
+  if (a.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || a.shape.empty() || a.shape.back() != k.K)
+    return fail("QMatMul: A must be float32 [..., K] with K = " + std::to_string(k.K));
+  const int64_t tile_bytes = k.bits == 8 ? k.Kp * kTile : k.Kp * kTile / 2;
+  if (packed.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 || packed.size() != k.tiles * tile_bytes)
+    return fail("QMatMul: packed_weight must be uint8 with " + std::to_string(k.tiles * tile_bytes) + " bytes");
+  if (scales.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || scales.size() != k.tiles * k.blocks * kTile)
+    return fail("QMatMul: scales must be float32 [tiles, blocks, 16]");
+  if (bias.data != nullptr && (bias.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || bias.size() != k.N))
+    return fail("QMatMul: bias must be float32 [N]");
+
+  std::vector<int64_t> out_shape = a.shape;
+  out_shape.back() = k.N;
+  OrtValue* output = nullptr;
+  RETURN_IF_ERROR(g_api->KernelContext_GetOutput(context, 0, out_shape.data(), out_shape.size(), &output));
+  float* out = nullptr;
+  RETURN_IF_ERROR(g_api->GetTensorMutableData(output, reinterpret_cast<void**>(&out)));
+  const int64_t M = a.size() / k.K;
+  if (M == 0) return nullptr;
+
+  std::vector<int8_t> xq(static_cast<size_t>(M * k.Kp));
+  std::vector<float> xscale(static_cast<size_t>(M * k.blocks));
+  std::vector<int32_t> xsum(static_cast<size_t>(M * k.blocks));
+  Call call{{xq.data(), xscale.data(), xsum.data(), static_cast<const uint8_t*>(packed.data),
+             static_cast<const float*>(scales.data), static_cast<const float*>(bias.data), out, M, k.N, k.Kp, k.blocks,
+             k.block, k.bits},
+            static_cast<const float*>(a.data), k.K, {}};
+  const int64_t quantize_jobs = (M + kQuantizeRows - 1) / kQuantizeRows;
+  if (quantize_jobs > 1) {
+    RETURN_IF_ERROR(g_api->KernelContext_ParallelFor(context, quantize_one, static_cast<size_t>(quantize_jobs), 0, &call));
+  } else {
+    quantize_one(&call, 0);
+  }
+  for (int64_t m0 = 0; m0 < M; m0 += kJobRows)
+    for (int64_t t0 = 0; t0 < k.tiles; t0 += kJobTiles)
+      call.jobs.push_back({m0, std::min(M, m0 + kJobRows), t0, std::min(k.tiles, t0 + kJobTiles)});
+  if (call.jobs.size() == 1) {
+    gemm_one(&call, 0);
+    return nullptr;
+  }
+  return g_api->KernelContext_ParallelFor(context, gemm_one, call.jobs.size(), 0, &call);
+}
+
+OrtStatus* ORT_API_CALL create_kernel(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo* info, void** kernel) {
+  auto* k = new Kernel();
+  attr_int(info, "K", 0, &k->K);
+  attr_int(info, "N", 0, &k->N);
+  attr_int(info, "bits", 0, &k->bits);
+  attr_int(info, "block_size", 0, &k->block);
+  if (k->K <= 0 || k->N <= 0 || (k->bits != 8 && k->bits != 4) || k->block < 8 || k->block % 8 != 0) {
+    delete k;
+    return fail("QMatMul: K and N must be positive, bits 8 or 4, block_size a positive multiple of 8");
+  }
+  k->blocks = (k->K + k->block - 1) / k->block;
+  k->Kp = k->blocks * k->block;
+  k->tiles = (k->N + kTile - 1) / kTile;
+  *kernel = k;
+  return nullptr;
+}
+
+OrtStatus* ORT_API_CALL kernel_compute(void* kernel, OrtKernelContext* context) {
+  return compute(*static_cast<const Kernel*>(kernel), context);
+}
+
+void ORT_API_CALL kernel_destroy(void* kernel) { delete static_cast<Kernel*>(kernel); }
+
+const char* ORT_API_CALL op_name(const OrtCustomOp*) { return "QMatMul"; }
+size_t ORT_API_CALL input_count(const OrtCustomOp*) { return 4; }
+size_t ORT_API_CALL output_count(const OrtCustomOp*) { return 1; }
+ONNXTensorElementDataType ORT_API_CALL input_type(const OrtCustomOp*, size_t index) {
+  return index == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+}
+ONNXTensorElementDataType ORT_API_CALL output_type(const OrtCustomOp*, size_t) { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
+OrtCustomOpInputOutputCharacteristic ORT_API_CALL input_required(const OrtCustomOp*, size_t index) {
+  return index < 3 ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;
+}
+OrtCustomOpInputOutputCharacteristic ORT_API_CALL output_required(const OrtCustomOp*, size_t) { return INPUT_OUTPUT_REQUIRED; }
+
+OrtCustomOp g_qmatmul = make_op({op_name, input_type, input_count, output_type, output_count, input_required,
+                                         output_required, create_kernel, kernel_compute, kernel_destroy});
+
+}  // namespace
+
+OrtCustomOp* qmatmul_op() { return &g_qmatmul; }
+
+const QKernels& qmatmul_kernels() {
+  static const QKernels kernels{g_isa.name, g_isa.quantize, g_isa.gemm};
+  return kernels;
+}
+
+}  // namespace ortinf
+
+// For `ortinf inspect` (read with ctypes): the instruction set the quantized MatMul runs with.
+extern "C" __attribute__((visibility("default"))) const char* ortinf_qmatmul_isa() { return ortinf::g_isa.name; }

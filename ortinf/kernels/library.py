@@ -1,0 +1,94 @@
+"""ortinf's compiled kernel library for ONNX Runtime's CPU provider: where it is, whether it loads,
+and registering it into a session.
+
+The library (ortinf/kernels/cpu/, built by ortinf/kernels/build.py) holds the custom ops `ortinf.PagedAttention`
+and `ortinf.QMatMul` (int8/int4 weights against per-token quantized activations).
+Packages carry a graph that uses it (`model.cpu.onnx`, manifest `cpu_kernel`) beside the portable
+one; the runtime runs that graph on the CPU provider when the library loads, and the portable graph
+otherwise, saying so once in the log. Torch-free: the serving install imports it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnxruntime as ort
+
+log = logging.getLogger(__name__)
+
+DOMAIN = "ortinf"
+LIB_NAME = "libortinf_kernels.so"
+ENV_PATH = "ORTINF_KERNELS_LIB"  # a library elsewhere, or "off" to run the portable kernel
+
+
+@dataclass(frozen=True, slots=True)
+class KernelLibrary:
+    """A library that loaded into this onnxruntime, and the instruction set its jobs run with."""
+
+    path: Path
+    isa: str
+
+
+@functools.cache
+def load() -> KernelLibrary | None:
+    """The library when it exists and ORT accepts it; None (logged once, with the reason) otherwise.
+    ORTINF_KERNELS_LIB names a library elsewhere, or is "off"."""
+    configured = os.environ.get(ENV_PATH, "")
+    if configured.lower() == "off":
+        log.info("CPU kernel library switched off (%s=off): CPU packages run the portable kernel", ENV_PATH)
+        return None
+    path = Path(configured) if configured else Path(__file__).resolve().parent / "lib" / LIB_NAME
+    if not path.is_file():
+        log.warning("ortinf's CPU kernel library is not built (%s): CPU packages run the portable kernel, which is "
+                    "slower; build it with `python -m ortinf.kernels.build`", path)
+        return None
+    try:
+        ort.SessionOptions().register_custom_ops_library(str(path))
+        isa = _isa(path)
+    except Exception as exc:  # noqa: BLE001 - a library from another ORT or CPU: fall back, never crash
+        log.warning("ortinf's CPU kernel library %s does not load into onnxruntime %s (%s): CPU packages run the "
+                    "portable kernel", path, ort.__version__, str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+        return None
+    return KernelLibrary(path, isa)
+
+
+def _isa(path: Path) -> str:
+    """The instruction set the library chose for this CPU (avx512, avx2 or generic)."""
+    library = ctypes.CDLL(str(path))
+    if not hasattr(library, "ortinf_kernels_isa"):
+        return "unknown"
+    library.ortinf_kernels_isa.restype = ctypes.c_char_p
+    return library.ortinf_kernels_isa().decode()
+
+
+def qmatmul_isa() -> str:
+    """The instruction set ortinf.QMatMul runs with (avx512vnni, avxvnni, avx2 or generic); "" without the library."""
+    library = load()
+    if library is None:
+        return ""
+    lib = ctypes.CDLL(str(library.path))
+    if not hasattr(lib, "ortinf_qmatmul_isa"):
+        return "unknown"
+    lib.ortinf_qmatmul_isa.restype = ctypes.c_char_p
+    return lib.ortinf_qmatmul_isa().decode()
+
+
+def register(options: ort.SessionOptions) -> KernelLibrary | None:
+    """Registers the library into `options` when it loads; returns it (None: not registered)."""
+    library = load()
+    if library is not None:
+        options.register_custom_ops_library(str(library.path))
+    return library
+
+
+def describe() -> str:
+    """One line for `ortinf providers` / `inspect`: which CPU attention kernel runs."""
+    library = load()
+    if library is None:
+        return "portable (ortinf's kernel library is not loaded)"
+    return f"ortinf.PagedAttention ({library.isa}), ortinf.QMatMul ({qmatmul_isa()}), {library.path.name}"

@@ -1,0 +1,316 @@
+"""The FastAPI app: middleware (body size, API key), routes, and background model loading."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import importlib.util
+import logging
+import time
+from pathlib import Path
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+import ortinf
+from ortinf.errors import ConfigError
+from ortinf.manifest import TEXT2TEXT, TEXT_GENERATION, Manifest
+from ortinf.engine.async_engine import AsyncEngine
+from ortinf.config import EngineConfig
+from ortinf.worker.encoder_graph import EncoderGraph
+from ortinf.engine.llm_engine import LLMEngine
+from ortinf.sample.sampling_params import SamplingParams
+from ortinf.serve import chat, completions, embeddings, lora_routes, responses, tokens
+from ortinf.serve.chat_template import ChatTemplate
+from ortinf.serve.tools import resolve_parser
+from ortinf.serve.errors import error_body, error_response, from_exception, install_error_handlers
+from ortinf.serve.models import ServedModel
+from ortinf.serve.state import ServerConfig, ServerState
+
+log = logging.getLogger(__name__)
+AUDIO_BODY_LIMIT = 26 * 2**20  # an audio upload (25 MiB, OpenAI's limit) and its form fields
+
+
+class BodyLimit:
+    """Pure ASGI middleware: a body over `limit` bytes gets 413 before any route sees it.
+
+    The body is read here (bounded by the limit) and replayed to the app.
+    """
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD"):
+            return await self.app(scope, receive, send)
+        limit = max(self.limit, AUDIO_BODY_LIMIT) if scope["path"].startswith("/v1/audio/") else self.limit
+        too_large = error_response(413, f"the request body is larger than {limit} bytes")
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > limit:
+            return await too_large(scope, receive, send)
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away before sending its body
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > limit:
+                return await too_large(scope, receive, send)
+            if not message.get("more_body", False):
+                break
+        body, replayed = b"".join(chunks), False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+class CatchAll:
+    """Pure ASGI middleware, innermost of ours: an exception no handler took becomes the 500 answer
+    here. Starlette's own catch-all (ServerErrorMiddleware) sends that answer and then re-raises, and
+    uvicorn then drops the keep-alive connection without `Connection: close`, so a client's next
+    request on it failed with a reset. A response already started (a stream) cannot be replaced:
+    that exception goes on up (the routes turn stream failures into error events themselves)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def watch(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        except Exception as exc:  # noqa: BLE001 - every error leaves as an OpenAI-shaped answer
+            if started:
+                raise
+            err = from_exception(exc)
+            await error_response(err.status, err.message, err.param, err.code)(scope, receive, send)
+
+
+class ClientGone:
+    """Pure ASGI middleware, outermost of ours: an answer that cannot be written because the client
+    closed the connection is nobody's error. uvicorn's httptools protocol marks only the last parsed
+    request of a connection as disconnected, so a pipelined request queued behind it runs on and its
+    write to the closed transport raises (uvloop); uncaught, that logged an "unexpected error" and
+    uvicorn's "Exception in ASGI application". Here the failed write ends the request quietly, and
+    the request's cycle is marked disconnected, as uvicorn would have had it."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        gone = False
+
+        async def guarded(message: Message) -> None:
+            nonlocal gone
+            try:
+                await send(message)
+            except (OSError, RuntimeError):
+                gone = True
+                raise
+
+        try:
+            await self.app(scope, receive, guarded)
+        except Exception as exc:  # noqa: BLE001
+            if not gone:
+                raise
+            log.debug("the client closed the connection before its answer was written (%s)", exc)
+            cycle = getattr(receive, "__self__", None)  # uvicorn's RequestResponseCycle, when it is that server
+            if hasattr(cycle, "disconnected"):
+                cycle.disconnected = True
+
+
+class Gate:
+    """Pure ASGI middleware (BaseHTTPMiddleware would hide client disconnects from the routes):
+    the API key on /v1 routes, compared in constant time, and 503 while the models load."""
+
+    def __init__(self, app: ASGIApp, state: ServerState) -> None:
+        self.app, self.state = app, state
+        key = state.config.api_key
+        self.expected = f"Bearer {key}".encode() if key else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and (scope["path"].startswith("/v1/") or scope["path"] in ("/tokenize", "/detokenize")):
+            if self.expected is not None:
+                given = dict(scope.get("headers") or []).get(b"authorization", b"")
+                if not hmac.compare_digest(given, self.expected):
+                    response = error_response(401, "missing or wrong API key: send `Authorization: Bearer <key>`", code="invalid_api_key")
+                    return await response(scope, receive, send)
+            if not self.state.ready:
+                response = error_response(503, "the model is loading; retry shortly", code="model_loading", headers={"Retry-After": "1"})
+                return await response(scope, receive, send)
+        await self.app(scope, receive, send)
+
+
+def engine_options(package: Path, config: ServerConfig, lora_base: bool) -> dict:
+    """The server's engine settings for one package (EngineConfig's fields but package_dir): only the LoRA
+    base gets the adapters' slots, and only a text decoder speculates."""
+    options = dict(config.engine_options)
+    if lora_base:
+        options["lora_modules"] = config.lora_modules
+    else:
+        options.pop("max_loras", None)
+    manifest = Manifest.load(package)
+    return dict(provider=config.provider, provider_options=config.provider_options, allow_cpu_fallback=config.allow_cpu_fallback,
+                shape_buckets=config.shape_buckets, kv_cache_memory=config.kv_cache_memory, cpu_kernel=config.cpu_kernel,
+                max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
+                intra_op_threads=config.intra_op_threads,
+                speculative_config=config.speculative_config if manifest.task == TEXT_GENERATION else None, **options)
+
+
+def load_model(package: Path, name: str, config: ServerConfig, state: ServerState, lora_base: bool = False) -> ServedModel:
+    """Builds one served model (blocking: runs in a worker thread) and warms it up. `lora_base`: the
+    model that serves --lora-modules (and runtime loads); the others get no LoRA slots."""
+    manifest = Manifest.load(package)
+    model = ServedModel(name=name, package_dir=package, manifest=manifest, created=int(time.time()))
+    if manifest.speech is not None:
+        if importlib.util.find_spec("soundfile") is None or importlib.util.find_spec("multipart") is None:
+            raise ConfigError(f"{name} is a speech-recognition model: its audio routes need pip install 'ortinf[audio]'")
+        from ortinf.tasks.speech.async_transcriber import AsyncTranscriber
+        from ortinf.tasks.speech.transcriber import Transcriber
+
+        # the one engine: a window is an ordinary request of the model's AsyncEngine (ortinf/tasks/speech/transcriber.py)
+        transcriber = Transcriber(package, **engine_options(package, config, lora_base=False))
+        if transcriber.tokenizer is None:
+            raise ConfigError(f"{name} has no tokenizer.json: the audio routes answer with text; re-export it from a folder "
+                              "with the Whisper tokenizer")
+        model.engine = AsyncEngine(transcriber.engine, on_step=state.metrics.hook(name),
+                                   on_dead=lambda exc: state.fatal(f"the engine of '{name}' died", exc))
+        model.transcriber = AsyncTranscriber(transcriber, model.engine, fallback=config.transcription_fallback)
+    elif manifest.task in (TEXT_GENERATION, TEXT2TEXT):  # decoders, and Marian/BART (the prompt is the encoder's source)
+        engine = LLMEngine(EngineConfig(package_dir=package, **engine_options(package, config, lora_base)))
+        engine.add_request([manifest.bos_token_id or 0] * 4, SamplingParams(max_tokens=2, ignore_eos=True), request_id="warmup")
+        while engine.has_unfinished_requests():
+            engine.step()
+        model.engine = AsyncEngine(engine, on_step=state.metrics.hook(name),
+                                   on_dead=lambda exc: state.fatal(f"the engine of '{name}' died", exc))
+        model.chat_template = ChatTemplate.load(package)
+        model.tool_parser = resolve_parser(config.tool_call_parser, model.chat_template.source if model.chat_template else None)
+    else:
+        model.encoder = EncoderGraph(package, provider=config.provider, intra_op_threads=config.intra_op_threads,
+                                     provider_options=config.provider_options, allow_cpu_fallback=config.allow_cpu_fallback)
+        model.encoder.run([[0, 1]])  # warm-up
+    return model
+
+
+def model_names(config: ServerConfig) -> list[str]:
+    """Served names: --served-model-name, else each package folder's name."""
+    return list(config.served_model_names) or [p.resolve().name for p in config.packages]
+
+
+async def _load_all(state: ServerState) -> None:
+    config = state.config
+    try:
+        packages = list(zip(config.packages, model_names(config)))
+        wants_lora = bool(config.lora_modules or config.engine_options.get("max_loras") or config.allow_runtime_lora_updates)
+        base = next((name for package, name in packages if Manifest.load(package).decoder is not None), None) if wants_lora else None
+        if wants_lora and base is None:
+            raise ConfigError("LoRA adapters need a text-generation package (exported with --enable-lora)")
+        for package, name in packages:
+            state.registry.add(await asyncio.to_thread(load_model, package, name, config, state, name == base))
+        for adapter in config.lora_modules:
+            state.registry.add_lora(adapter, base)
+        state.ready = True
+        log.info("ready: serving %s on http://%s:%d", ", ".join(state.registry.models), config.host, config.port)
+    except Exception as exc:  # noqa: BLE001 - reported by /health and the log, then the process exits 1
+        state.load_error = str(exc)
+        log.error("loading failed: %s", exc)
+        state.fatal("loading failed", exc)  # a server that can never serve stops, visibly, instead of answering 503 forever
+
+
+def build_app(config: ServerConfig, load_in_background: bool = True) -> FastAPI:
+    """The app for `config`; models load in the background while /health answers 503, or (for a Ray
+    replica, which must be ready when its start-up ends) before start-up completes."""
+    state = ServerState(config)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        if not load_in_background:
+            await _load_all(state)
+            if state.load_error is not None:
+                raise RuntimeError(f"loading failed: {state.load_error}")
+        loader = asyncio.create_task(_load_all(state)) if load_in_background else None
+        yield
+        if loader is not None:
+            loader.cancel()
+        for model in state.registry.models.values():
+            if model.engine is not None:  # its stepping thread (text, text2text and speech alike)
+                model.engine.shutdown()
+
+    app = FastAPI(title="ortinf", version=ortinf.__version__, lifespan=lifespan,
+                  description="OpenAI-compatible API over ONNX Runtime with a paged KV cache.")
+    app.state.ortinf = state
+    install_error_handlers(app)
+    app.include_router(completions.router)
+    app.include_router(chat.router)
+    app.include_router(embeddings.router)
+    app.include_router(tokens.router)
+    if config.allow_runtime_lora_updates:
+        app.include_router(lora_routes.router)
+    if importlib.util.find_spec("multipart") is not None:  # FastAPI's form parsing (the audio extra)
+        from ortinf.serve import audio
+
+        app.include_router(audio.router)
+
+    # the last added runs first: the API key is checked before a byte of the body is read
+    app.add_middleware(CatchAll)
+    app.add_middleware(BodyLimit, limit=config.max_body_size)
+    app.add_middleware(Gate, state=state)
+    app.add_middleware(ClientGone)
+
+    def card(m: ServedModel) -> responses.ModelCard:
+        length = m.engine.engine.max_model_len if m.engine is not None else (m.manifest.decoder or m.manifest.encoder).max_model_len
+        root = None
+        if m.lora_name is not None and m.engine is not None and m.engine.engine.loras is not None:
+            adapter = m.engine.engine.loras.adapters.get(m.lora_name)
+            root = str(adapter.path) if adapter is not None else None
+        return responses.ModelCard(id=m.name, created=m.created, task=m.manifest.task, max_model_len=length, root=root, parent=m.parent)
+
+    @app.get("/v1/models", response_model=responses.ModelList)
+    async def list_models():
+        return responses.ModelList(data=[card(m) for m in (*state.registry.models.values(), *state.registry.adapters())])
+
+    @app.get("/v1/models/{model_id:path}", response_model=responses.ModelCard)
+    async def retrieve_model(model_id: str):
+        return card(state.registry.get(model_id))
+
+    @app.get("/health")
+    async def health():
+        ok, message = state.healthy()
+        if ok:
+            return {"status": "ok"}
+        return JSONResponse(error_body(503, message, code="unhealthy"), status_code=503)
+
+    @app.get("/load")
+    async def load():
+        """vLLM's server-load endpoint: requests admitted and not yet finished (running, queued or
+        being tokenised), what a load-aware router compares across replicas."""
+        return {"server_load": state.admission.in_flight}
+
+    @app.get("/version")
+    async def version():
+        return {"version": ortinf.__version__}
+
+    @app.get("/metrics")
+    async def metrics():
+        state.metrics.admitted.set(state.admission.in_flight)
+        return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    return app

@@ -1,0 +1,195 @@
+"""OpenAI's /v1/audio/transcriptions and /v1/audio/translations over a Whisper package (multipart form:
+file, model, language, prompt, response_format, temperature, timestamp_granularities[], stream).
+
+Audio is decoded by libsndfile (soundfile: wav, flac, ogg, mp3 and more), mixed to mono and resampled
+to 16 kHz with soxr. A file that is empty, not audio, or longer than MAX_AUDIO_SECONDS is a 400.
+
+Decoding is OpenAI's (ortinf/tasks/speech/longform.py openai_decoding): temperature 0 is greedy, retried at 0.2 ...
+1.0 for a window that repeats or is unlikely, and a probably silent window is skipped (`ortinf serve
+--no-transcription-fallback`: the temperature alone). A model with timestamp tokens (every real
+Whisper) goes window after window, each window prompted with the text so far, and its segments are the
+model's own timestamps; otherwise the 30-second windows decode side by side and are the segments.
+`prompt` goes behind <|startofprev|>. `stream=true` sends a `transcript.text.delta` event per kept
+segment (nothing that a retry or seek takes back), then `transcript.text.done`. Word timestamps
+(`timestamp_granularities[]=word`, verbose_json) come from the alignment heads (ortinf/tasks/speech/word_timing.py).
+The windows of all requests in flight to one model decode together
+(ortinf/tasks/speech/async_transcriber.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import math
+import re
+import time
+
+import numpy as np
+from fastapi import APIRouter, File, Form, Request, UploadFile
+from fastapi.responses import PlainTextResponse, StreamingResponse
+
+from ortinf.tasks.speech.audio_features import SAMPLE_RATE
+from ortinf.serve.errors import APIError
+from ortinf.serve.state import ServerState
+from ortinf.serve.streaming import SSE_DONE, sse, sse_error, until_disconnected
+
+router = APIRouter()
+MAX_AUDIO_SECONDS = 3600
+MAX_AUDIO_BYTES = 25 * 2**20  # OpenAI's upload limit
+FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
+
+
+BLOCK_FRAMES = 2**16  # frames decoded at a time: the memory of a decode is this block, not the file
+
+
+def decode_audio(data: bytes) -> np.ndarray:
+    """16 kHz mono float32 samples of an audio file's bytes; APIError 400 for anything else.
+
+    The file is decoded a block of frames at a time, each block mixed to mono and fed to a streaming
+    resampler (its output equals the one-shot resampler's), so that memory follows the 16 kHz mono
+    result (at most MAX_AUDIO_SECONDS of it), never the channels x rate of the file: an 8-channel 48 kHz
+    hour of compressed silence (1.4 MB of FLAC) was 5.4 GB of float32 decoded whole (issue 30, finding 1)."""
+    import soundfile
+    import soxr
+
+    if not data:
+        raise APIError(400, "the audio file is empty", param="file")
+    try:
+        with soundfile.SoundFile(io.BytesIO(data)) as audio:
+            # the length is checked before decoding: 25 MB of compressed silence is hours of samples
+            if audio.frames / audio.samplerate > MAX_AUDIO_SECONDS:
+                raise APIError(400, f"the audio is {audio.frames / audio.samplerate:.0f} s long; at most {MAX_AUDIO_SECONDS} s "
+                                    "per request", param="file")
+            rate = audio.samplerate
+            stream = None if rate == SAMPLE_RATE else soxr.ResampleStream(rate, SAMPLE_RATE, 1, dtype="float32")
+            pieces = []
+            for block in audio.blocks(BLOCK_FRAMES, dtype="float32", always_2d=True):
+                mono = block.mean(axis=1, dtype=np.float32)
+                pieces.append(mono if stream is None else stream.resample_chunk(mono, last=False))
+            if stream is not None:
+                pieces.append(stream.resample_chunk(np.zeros(0, np.float32), last=True))
+    except APIError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - libsndfile's many refusals are all "not audio we read"
+        reason = re.sub(r"<_io\.BytesIO object at 0x[0-9a-fA-F]+>", "the upload", str(exc))[:120] or type(exc).__name__
+        raise APIError(400, f"the file is not audio this server reads (wav, flac, ogg, mp3): {reason}", param="file") from exc
+    samples = np.concatenate(pieces).astype(np.float32, copy=False) if pieces else np.zeros(0, np.float32)
+    if samples.size == 0:
+        raise APIError(400, "the audio file holds no samples", param="file")
+    return samples
+
+
+def _clock(seconds: float, separator: str) -> str:
+    millis = int(round(seconds * 1000))
+    return f"{millis // 3_600_000:02d}:{millis // 60_000 % 60:02d}:{millis // 1000 % 60:02d}{separator}{millis % 1000:03d}"
+
+
+def render(segments: list[tuple[float, float, str]], response_format: str, task: str, duration: float,
+           words: list[tuple[str, float, float]] | None = None):
+    text = " ".join(s[2] for s in segments if s[2]).strip()
+    if response_format == "json":
+        return {"text": text}
+    if response_format == "text":
+        return PlainTextResponse(text)
+    if response_format == "verbose_json":
+        body = {"task": task, "duration": duration, "text": text,
+                "segments": [{"id": i, "start": round(a, 2), "end": round(b, 2), "text": t} for i, (a, b, t) in enumerate(segments)]}
+        if words is not None:
+            body["words"] = [{"word": w, "start": round(a, 2), "end": round(b, 2)} for w, a, b in words]
+        return body
+    if response_format == "srt":
+        return PlainTextResponse("\n".join(f"{i + 1}\n{_clock(a, ',')} --> {_clock(b, ',')}\n{t}\n" for i, (a, b, t) in enumerate(segments)))
+    return PlainTextResponse("WEBVTT\n\n" + "\n".join(f"{_clock(a, '.')} --> {_clock(b, '.')}\n{t}\n" for a, b, t in segments))
+
+
+async def _run(request: Request, task: str, file: UploadFile, model: str | None, language: str | None, prompt: str | None,
+               response_format: str, temperature: float, stream: bool, granularities: list[str] | None = None):
+    state: ServerState = request.app.state.ortinf
+    served = state.registry.get(model)
+    if served.transcriber is None:
+        raise APIError(400, f"model '{served.name}' is a {served.manifest.task} model, not speech recognition", param="model")
+    if response_format not in FORMATS:
+        raise APIError(400, f"response_format must be one of {', '.join(FORMATS)}", param="response_format")
+    if not 0 <= temperature <= 1:
+        raise APIError(400, "temperature must be between 0 and 1", param="temperature")
+    if stream and response_format not in ("json", "text"):
+        raise APIError(400, "stream=true gives text events: response_format must be json or text", param="stream")
+    granularities = granularities or []
+    if set(granularities) - {"segment", "word"}:
+        raise APIError(400, "timestamp_granularities[] takes segment and word", param="timestamp_granularities[]")
+    words = "word" in granularities
+    if words and (response_format != "verbose_json" or stream):
+        raise APIError(400, "word timestamps come in response_format=verbose_json, not streamed", param="timestamp_granularities[]")
+    if words and not served.transcriber.transcriber.speech.alignment_graph:
+        raise APIError(400, "this package has no alignment graph for word timestamps: re-export it with this ortinf",
+                       param="timestamp_granularities[]")
+    data = await file.read(MAX_AUDIO_BYTES + 1)
+    if len(data) > MAX_AUDIO_BYTES:
+        raise APIError(413, f"the audio file is larger than {MAX_AUDIO_BYTES} bytes", param="file")
+    samples = await asyncio.to_thread(decode_audio, data)
+    runner = served.transcriber
+    duration = len(samples) / SAMPLE_RATE
+    if stream:
+        return _streamed(state, served.name, runner.stream(samples, language, task, temperature, prompt=prompt), duration,
+                         runner.transcriber.stats)
+    ticket = state.admission.acquire(windows_at_once(state, runner, duration))
+    started, failed = time.monotonic(), True
+    try:  # windows of concurrent requests decode together; a client gone aborts its windows (finding 9)
+        segments, timed_words = await until_disconnected(
+            request, runner.transcribe(samples, language, task, temperature, prompt=prompt, words=words))
+        failed = False
+    finally:
+        ticket.release()
+        state.metrics.observe_transcription(served.name, time.monotonic() - started, duration, failed, runner.transcriber.stats())
+    return render(segments, response_format, "transcribe" if task == "transcribe" else "translate", duration,
+                  timed_words if words else None)
+
+
+def windows_at_once(state: ServerState, runner, duration: float) -> int:  # noqa: ANN001
+    """Admission tickets for one audio, weighted by its work in flight: window after window (timestamped
+    models) is one sequence at a time; fixed windows decode side by side, one sequence each (at most the
+    server's capacity: a longer audio waits in the engine's queue rather than being refused)."""
+    if runner.transcriber.rules is not None:
+        return 1
+    return max(1, min(math.ceil(duration / runner.transcriber.window_seconds), state.admission.capacity))
+
+
+def _streamed(state: ServerState, name: str, pieces, duration: float, stats) -> StreamingResponse:  # noqa: ANN001
+    """OpenAI's transcription stream: a `transcript.text.delta` event per kept segment (or window), then
+    `transcript.text.done` with the whole text; an error after the headers is an error event."""
+    ticket = state.admission.acquire(1)
+
+    async def events():  # noqa: ANN202
+        started, failed, texts = time.monotonic(), True, []
+        try:
+            async for text in pieces:
+                if text:
+                    delta = text if not texts else " " + text
+                    texts.append(text)
+                    yield sse({"type": "transcript.text.delta", "delta": delta})
+            yield sse({"type": "transcript.text.done", "text": " ".join(texts)})
+            failed = False
+        except Exception as exc:  # noqa: BLE001 - reported in the stream, whose headers are already sent
+            yield sse_error(exc)
+        finally:
+            await pieces.aclose()
+            ticket.release()
+            state.metrics.observe_transcription(name, time.monotonic() - started, duration, failed, stats())
+        yield SSE_DONE
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+@router.post("/v1/audio/transcriptions", responses={200: {"description": "the transcription, in response_format"}})
+async def transcriptions(request: Request, file: UploadFile = File(...), model: str | None = Form(None), language: str | None = Form(None),
+                         prompt: str | None = Form(None), response_format: str = Form("json"), temperature: float = Form(0.0),
+                         timestamp_granularities: list[str] | None = Form(None, alias="timestamp_granularities[]"),
+                         stream: bool = Form(False)):
+    return await _run(request, "transcribe", file, model, language, prompt, response_format, temperature, stream,
+                      timestamp_granularities)
+
+
+@router.post("/v1/audio/translations", responses={200: {"description": "the English translation, in response_format"}})
+async def translations(request: Request, file: UploadFile = File(...), model: str | None = Form(None), prompt: str | None = Form(None),
+                       response_format: str = Form("json"), temperature: float = Form(0.0), stream: bool = Form(False)):
+    return await _run(request, "translate", file, model, None, prompt, response_format, temperature, stream)

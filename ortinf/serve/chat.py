@@ -1,0 +1,153 @@
+"""POST /v1/chat/completions."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import replace
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from ortinf.engine.llm_engine import PreparedRequest
+from ortinf.tokenizer import check_unicode
+from ortinf.serve.completions import cached_tokens, prepare_samples, usage
+from ortinf.serve import responses
+from ortinf.serve.errors import APIError
+from ortinf.serve.logprobs import chat_logprobs, prompt_logprobs
+from ortinf.serve.models import ServedModel
+from ortinf.serve.protocol import ChatCompletionRequest
+from ortinf.serve.state import ServerState
+from ortinf.serve.streaming import admit_and_run, merged, sse_stream
+from ortinf.serve.tools import ToolPlan, held_back, plan, template_messages
+
+router = APIRouter()
+
+
+def render_prompt(model: ServedModel, body: ChatCompletionRequest, tools: ToolPlan | None = None) -> list[int]:
+    """The conversation through the package's chat template, as token ids."""
+    if model.chat_template is None or model.tokenizer is None:
+        raise APIError(400, f"model '{model.name}' has no chat template: use /v1/completions", param="messages")
+    if body.continue_final_message and body.add_generation_prompt:
+        raise APIError(400, "continue_final_message and add_generation_prompt cannot both be true: set add_generation_prompt to false",
+                       param="continue_final_message")
+    text = model.chat_template.render(template_messages(body.messages), add_generation_prompt=body.add_generation_prompt,
+                                      tools=tools.tools if tools else None, extra=body.chat_template_kwargs,
+                                      continue_final_message=body.continue_final_message)
+    # the template writes the special tokens (BOS, role markers) itself
+    return model.tokenizer.encode(check_unicode(text, "messages"), add_special_tokens=False).ids
+
+
+def tool_plan(model: ServedModel, body: ChatCompletionRequest) -> ToolPlan:
+    tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
+    choice = body.tool_choice.model_dump() if hasattr(body.tool_choice, "model_dump") else body.tool_choice
+    return plan(tools, choice, body.parallel_tool_calls, model.tool_parser)
+
+
+@router.post("/v1/chat/completions", response_model=responses.ChatCompletion,
+             responses={200: {"description": "a chat completion, or with stream=true server-sent events of chat completion chunks"}})
+async def create_chat_completion(body: ChatCompletionRequest, request: Request):
+    state: ServerState = request.app.state.ortinf
+    model = state.registry.get(body.model)
+    engine = model.require_engine()
+    logprobs = body.logprobs_count()
+    tools = tool_plan(model, body)
+    params = body.sampling_params(body.max_new_tokens(), logprobs)
+    if tools.structured_output is not None:
+        if params.structured_output is not None:
+            raise APIError(400, "tool_choice 'required' or a named function already fixes the output's format: drop response_format",
+                           param="tool_choice")
+        params = replace(params, structured_output=tools.structured_output)
+    # rendering and tokenising are CPU work: off the event loop, which serves every other client
+    prepared = await asyncio.to_thread(lambda: prepare_samples(model, [render_prompt(model, body, tools)], params, body.n, body.stream))
+    request_id = f"chatcmpl-{uuid.uuid4().hex}"
+    created = int(time.time())
+    stream = _stream(state, model, body, tools, prepared, request_id, created) if body.stream else None
+    outputs = await admit_and_run(request, state.admission, engine, prepared, request_id, stream)
+    if body.stream:
+        return outputs
+    choices = []
+    for index, output in enumerate(outputs):
+        completion = output.outputs[0]
+        content, calls = tools.parse(completion.text, model.tool_parser)
+        message: dict = {"role": "assistant", "content": content}
+        if calls:
+            message["tool_calls"] = [c.to_openai() for c in calls]
+        choices.append({
+            "index": index,
+            "message": message,
+            "logprobs": chat_logprobs(model, completion.logprobs or []) if logprobs is not None else None,
+            "finish_reason": _finish_reason(completion.finish_reason, bool(calls)),
+            "stop_reason": completion.stop_reason,
+        })
+    completion_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    response = {
+        "id": request_id, "object": "chat.completion", "created": created, "model": model.name,
+        "system_fingerprint": model.fingerprint, "choices": choices,
+        "usage": usage(prepared, body.n, completion_tokens, cached_tokens(outputs, body.n)),
+    }
+    if body.prompt_logprobs is not None:
+        response["prompt_logprobs"] = prompt_logprobs(model, outputs[0].prompt_logprobs)
+    return JSONResponse(responses.body(responses.ChatCompletion.model_validate(response)))
+
+
+def _finish_reason(reason: str | None, called: bool) -> str | None:
+    """OpenAI ends a reply that calls tools with "tool_calls"."""
+    return "tool_calls" if called and reason == "stop" else reason
+
+
+def _stream(state: ServerState, model: ServedModel, body: ChatCompletionRequest, tools: ToolPlan, prepared: list[PreparedRequest],
+            request_id: str, created: int) -> AsyncIterator[str]:
+    head = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model.name,
+            "system_fingerprint": model.fingerprint}
+    completion_tokens = [0] * len(prepared)
+    cached = [0] * len(prepared)
+
+    def choice(index: int, delta: dict, logprobs: dict | None = None, finish_reason: str | None = None,
+               stop_reason: int | str | None = None) -> dict:
+        return {**head, "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason,
+                                     "stop_reason": stop_reason}]}
+
+    async def chunks() -> AsyncIterator[dict]:
+        sent_text = [0] * len(prepared)
+        texts = [""] * len(prepared)  # each sample's text so far (the engine sends deltas)
+        for index in range(len(prepared)):  # the role comes first, before any content
+            yield choice(index, {"role": "assistant", "content": ""})
+        async for index, output in merged(model.require_engine(), prepared, request_id):
+            delta = output.outputs[0]
+            texts[index] += delta.text
+            completion = replace(delta, text=texts[index])
+            # text that may belong to a tool call is held back until the output is finished
+            visible = len(completion.text) if completion.finish_reason else held_back(completion.text, tools.mode, model.tool_parser)
+            calls = []
+            if completion.finish_reason and tools.mode != "none":
+                content, calls = tools.parse(completion.text, model.tool_parser)
+                if calls:
+                    visible = len(content or "") if tools.mode == "auto" else 0
+            delta_text = completion.text[sent_text[index]:max(visible, sent_text[index])]
+            sent_text[index] = max(visible, sent_text[index])
+            new_tokens = len(delta.token_ids)
+            completion_tokens[index] = output.num_output_tokens
+            cached[index] = output.num_cached_tokens or 0
+            logprobs = None
+            if body.logprobs:
+                entries = delta.logprobs or []
+                logprobs = chat_logprobs(model, entries) if entries else None
+            if delta_text or logprobs or (new_tokens and not completion.finish_reason):
+                chunk = choice(index, {"content": delta_text}, logprobs)
+                if body.continuous_usage():
+                    chunk["usage"] = usage(prepared, body.n, sum(completion_tokens))
+                yield chunk
+            if calls:
+                yield choice(index, {"tool_calls": [c.to_openai(i) for i, c in enumerate(calls)]})
+            if completion.finish_reason:
+                yield choice(index, {}, finish_reason=_finish_reason(completion.finish_reason, bool(calls)), stop_reason=completion.stop_reason)
+
+    def last() -> dict | None:
+        if not body.include_usage():
+            return None
+        return {**head, "choices": [], "usage": usage(prepared, body.n, sum(completion_tokens), sum(cached[:: body.n]))}
+
+    return sse_stream(chunks(), last)

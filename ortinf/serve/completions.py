@@ -1,0 +1,146 @@
+"""POST /v1/completions."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import replace
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from ortinf.engine.llm_engine import PreparedRequest
+from ortinf.engine.outputs import RequestOutput
+from ortinf.serve import responses
+from ortinf.serve.errors import APIError
+from ortinf.serve.logprobs import completion_logprobs, echo_logprobs, prompt_logprobs
+from ortinf.serve.models import ServedModel
+from ortinf.serve.protocol import CompletionRequest
+from ortinf.serve.state import ServerState
+from ortinf.serve.streaming import admit_and_run, merged, sse_stream
+
+router = APIRouter()
+
+
+def prepare_samples(model: ServedModel, prompts: list, body_params, n: int, stream: bool) -> list[PreparedRequest]:
+    """One PreparedRequest per prompt x sample (prompt-major); validation happens here, before any runs.
+    A stream's engine outputs are deltas (each only what is new), which the route frames; a
+    non-streamed request's is one final output per sample (no per-step wake-up, no text rebuilt)."""
+    engine = model.require_engine().engine
+    body_params = replace(body_params, output_kind="delta" if stream else "final_only")
+    prepared = []
+    for prompt in prompts:
+        if not prompt:
+            raise APIError(400, "the prompt is empty", param="prompt")
+        first = engine.prepare(prompt, body_params, model.lora_name)  # tokenised and checked once per prompt
+        prepared += [replace(first, params=first.params.for_sample(j)) for j in range(n)]
+    return prepared
+
+
+def usage(prepared: list[PreparedRequest], n: int, completion_tokens: int, cached_tokens: int | None = None) -> dict:
+    """OpenAI's usage; prompt_tokens_details.cached_tokens is the prefix-cache hit of each prompt's first sample."""
+    prompt_tokens = sum(p.num_prompt_tokens for p in prepared[::n])
+    body = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
+    if cached_tokens is not None:
+        body["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return body
+
+
+def cached_tokens(outputs: list[RequestOutput], n: int) -> int:
+    return sum(o.num_cached_tokens or 0 for o in outputs[::n])
+
+
+@router.post("/v1/completions", response_model=responses.Completion,
+             responses={200: {"description": "a completion, or with stream=true server-sent events of completion chunks"}})
+async def create_completion(body: CompletionRequest, request: Request):
+    state: ServerState = request.app.state.ortinf
+    model = state.registry.get(body.model)
+    engine = model.require_engine()
+    if body.suffix:
+        raise APIError(400, "suffix is not supported", param="suffix")
+    prompt_logprobs = max(body.logprobs or 0, body.prompt_logprobs or 0) if body.echo else None  # echo shows the prompt's logprobs too
+    params = body.sampling_params(body.max_tokens, body.logprobs, prompt_logprobs)
+    prompts = body.prompts()
+    if not prompts:
+        raise APIError(400, "the prompt is empty", param="prompt")
+    prepared = await asyncio.to_thread(prepare_samples, model, prompts, params, body.n, body.stream)  # tokenising is CPU work
+    request_id = f"cmpl-{uuid.uuid4().hex}"
+    created = int(time.time())
+    stream = _stream(state, model, body, prepared, request_id, created) if body.stream else None
+    outputs = await admit_and_run(request, state.admission, engine, prepared, request_id, stream)
+    if body.stream:
+        return outputs
+    choices = [_choice(model, body, p, o, i) for i, (p, o) in enumerate(zip(prepared, outputs))]
+    completion_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    return JSONResponse(responses.body(responses.Completion.model_validate({
+        "id": request_id, "object": "text_completion", "created": created, "model": model.name,
+        "system_fingerprint": model.fingerprint, "choices": choices,
+        "usage": usage(prepared, body.n, completion_tokens, cached_tokens(outputs, body.n)),
+    })))
+
+
+def _prompt_text(model: ServedModel, prepared: PreparedRequest) -> str:
+    if prepared.text is not None:
+        return prepared.text
+    tokenizer = model.tokenizer
+    return tokenizer.decode(prepared.token_ids, skip_special_tokens=False) if tokenizer else ""
+
+
+def _choice(model: ServedModel, body: CompletionRequest, prepared: PreparedRequest, output: RequestOutput, index: int) -> dict:
+    completion = output.outputs[0]
+    prefix = _prompt_text(model, prepared) if body.echo else ""
+    logprobs = None
+    if body.logprobs is not None:
+        entries = completion.logprobs or []
+        if body.echo:
+            logprobs = echo_logprobs(model, prepared.token_ids, output.prompt_logprobs, entries)
+        else:
+            logprobs = completion_logprobs(model, entries)
+    choice = {"index": index, "text": prefix + completion.text, "logprobs": logprobs, "finish_reason": completion.finish_reason,
+              "stop_reason": completion.stop_reason}
+    if body.prompt_logprobs is not None:
+        choice["prompt_logprobs"] = prompt_logprobs(model, output.prompt_logprobs)
+    return choice
+
+
+def _stream(state: ServerState, model: ServedModel, body: CompletionRequest, prepared: list[PreparedRequest],
+            request_id: str, created: int) -> AsyncIterator[str]:
+    head = {"id": request_id, "object": "text_completion", "created": created, "model": model.name, "system_fingerprint": model.fingerprint}
+    completion_tokens = [0] * len(prepared)
+    cached = [0] * len(prepared)
+
+    async def chunks() -> AsyncIterator[dict]:
+        started = [False] * len(prepared)
+        async for index, output in merged(model.require_engine(), prepared, request_id):
+            completion = output.outputs[0]  # a delta: only what is new since the previous chunk
+            text = completion.text
+            logprobs = None
+            if body.logprobs is not None:
+                entries = completion.logprobs or []
+                if body.echo and not started[index]:
+                    logprobs = echo_logprobs(model, prepared[index].token_ids, output.prompt_logprobs, entries)
+                else:
+                    logprobs = completion_logprobs(model, entries)
+            if body.echo and not started[index]:
+                text = _prompt_text(model, prepared[index]) + text
+            started[index] = True
+            new_tokens = len(completion.token_ids)
+            completion_tokens[index] = output.num_output_tokens
+            # one chunk per step with new tokens, even when they add no text yet (a held-back stop
+            # string prefix, an incomplete character, a package without tokenizer)
+            cached[index] = output.num_cached_tokens or 0
+            if text or new_tokens or completion.finish_reason or logprobs:
+                chunk = {**head, "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": completion.finish_reason,
+                                              "stop_reason": completion.stop_reason}]}
+                if body.continuous_usage():
+                    chunk["usage"] = usage(prepared, body.n, sum(completion_tokens))
+                yield chunk
+
+    def last() -> dict | None:
+        if not body.include_usage():
+            return None
+        return {**head, "choices": [], "usage": usage(prepared, body.n, sum(completion_tokens), sum(cached[:: body.n]))}
+
+    return sse_stream(chunks(), last)

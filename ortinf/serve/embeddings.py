@@ -1,0 +1,78 @@
+"""POST /v1/embeddings.
+
+Inputs are tokenised off the event loop, checked (length, vocabulary) before anything runs, and
+embedded in chunks of similar length (never one giant padded batch): a request of 2,048 inputs
+where one is 512 tokens long must not pad the other 2,047 to 512.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+
+import numpy as np
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from ortinf.worker.encoder_graph import EncoderGraph
+from ortinf.serve import responses
+from ortinf.serve.errors import APIError
+from ortinf.serve.protocol import EmbeddingRequest
+from ortinf.serve.state import ServerState
+
+router = APIRouter()
+
+CHUNK = 32  # inputs per graph call
+
+
+def token_lists(body: EmbeddingRequest, encoder: EncoderGraph) -> list[list[int]]:
+    """Token ids of every input (text is tokenised here: call it off the event loop), checked."""
+    items = body.input
+    if isinstance(items, str):
+        items = [items]
+    elif items and all(isinstance(t, int) for t in items):
+        items = [items]
+    if any(isinstance(item, str) and not item for item in items):
+        raise APIError(400, "input strings must not be empty", param="input")
+    limit = body.truncate_prompt_tokens
+    if limit is not None and limit > encoder.spec.max_model_len:
+        raise APIError(400, f"truncate_prompt_tokens ({limit}) is beyond this model's context length "
+                            f"{encoder.spec.max_model_len}", param="truncate_prompt_tokens")
+    texts = [item for item in items if isinstance(item, str)]
+    encoded = iter(encoder.encode(texts, limit) if texts else [])
+    token_ids = [next(encoded) if isinstance(item, str) else list(item)[:limit] for item in items]
+    encoder.check(token_ids)
+    return token_ids
+
+
+def embed_in_chunks(encoder: EncoderGraph, token_ids: list[list[int]]) -> np.ndarray:
+    """The encoder's outputs in input order, computed in length-sorted chunks of CHUNK inputs."""
+    order = sorted(range(len(token_ids)), key=lambda i: len(token_ids[i]))
+    outputs: list[np.ndarray | None] = [None] * len(token_ids)
+    for start in range(0, len(order), CHUNK):
+        rows = order[start : start + CHUNK]
+        for row, vector in zip(rows, encoder.run([token_ids[i] for i in rows])):
+            outputs[row] = vector
+    return np.stack(outputs).astype(np.float32)  # type: ignore[arg-type]
+
+
+@router.post("/v1/embeddings", response_model=responses.EmbeddingList)
+async def create_embeddings(body: EmbeddingRequest, request: Request):
+    state: ServerState = request.app.state.ortinf
+    model = state.registry.get(body.model)
+    encoder = model.require_embeddings()
+    if body.dimensions is not None and body.dimensions != encoder.spec.embedding_dim:
+        raise APIError(400, f"this model's embeddings have {encoder.spec.embedding_dim} dimensions", param="dimensions")
+    ticket = state.admission.acquire(1)
+    try:
+        token_ids = await asyncio.to_thread(token_lists, body, encoder)
+        vectors = await asyncio.to_thread(embed_in_chunks, encoder, token_ids)
+    finally:
+        ticket.release()
+    data = []
+    for index, vector in enumerate(vectors):
+        embedding = base64.b64encode(vector.tobytes()).decode() if body.encoding_format == "base64" else vector.tolist()
+        data.append({"object": "embedding", "index": index, "embedding": embedding})
+    num_tokens = sum(len(ids) for ids in token_ids)
+    return JSONResponse(responses.body(responses.EmbeddingList.model_validate(
+        {"object": "list", "data": data, "model": model.name, "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens}})))

@@ -1,0 +1,295 @@
+"""OpenAI protocol request models (pydantic). Bounds live here so they appear in the OpenAPI schema;
+SamplingParams checks them again for the Python API, and the engine checks what depends on the
+model (token ids below its vocabulary size, prompt + max_tokens within its context length).
+
+A field this server does not implement is refused with 400 naming it (extra="forbid"), never
+silently ignored: a client that sends a field must learn when it did nothing."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ortinf.errors import RequestError
+from ortinf.sample.sampling_params import MAX_LOGPROBS, SamplingParams
+from ortinf.sample.structured_output import StructuredOutput
+
+MAX_N = 16
+MAX_PROMPTS = 256  # prompts in one completions request (each x n samples, within the server's capacity)
+MAX_STOP = 64  # stop strings, and stop token ids, per request
+MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit
+MAX_LOGIT_BIAS = 1024  # entries in logit_bias (each is applied on every step of the request)
+TOKEN_ID_KEY = re.compile(r"\s*[0-9]{1,12}\s*")
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+TokenId = Annotated[int, Field(strict=True, ge=0, description="a token id, below the model's vocabulary size (400 otherwise)")]
+TokenIds = Annotated[list[TokenId], Field(min_length=1)]
+STRICT = ConfigDict(extra="forbid")
+# Integer fields are strict (Field(strict=True)): pydantic's lax mode would read "2" and false as 2
+# and 0 (`"n": "2"`, `prompt: [[false]]` were accepted); floats stay lax, so 1 is a valid temperature.
+
+
+class StreamOptions(BaseModel):
+    model_config = STRICT
+
+    include_usage: bool = False
+    continuous_usage_stats: bool = Field(False, description="usage in every chunk, not only the last (vLLM's field)")
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    name: str = "response"
+    description: str | None = None
+    json_schema: dict | bool = Field(default_factory=dict, alias="schema")
+    strict: bool | None = Field(None, description="accepted; the schema is always enforced")
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's response_format: text, any JSON object, or JSON following a schema."""
+
+    model_config = STRICT
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputs(BaseModel):
+    """vLLM's structured_outputs: exactly one of json, regex, choice, grammar (Lark or GBNF), json_object."""
+
+    model_config = STRICT
+
+    json_: dict | bool | str | None = Field(None, alias="json", description="a JSON schema")
+    regex: str | None = None
+    choice: Annotated[list[str], Field(min_length=1)] | None = None
+    grammar: str | None = Field(None, description="a Lark grammar (llguidance's dialect) or a GBNF grammar")
+    json_object: bool | None = None
+
+
+def structured_output(response_format: ResponseFormat | None, structured: StructuredOutputs | None) -> StructuredOutput | None:
+    """The request's output format, from OpenAI's response_format or vLLM's structured_outputs."""
+    if response_format is not None and response_format.type != "text" and structured is not None:
+        raise RequestError("send response_format or structured_outputs, not both", param="structured_outputs")
+    if structured is not None:
+        given = {name: value for name, value in (("json", structured.json_), ("regex", structured.regex), ("choice", structured.choice),
+                                                 ("grammar", structured.grammar), ("json_object", structured.json_object or None))
+                 if value is not None}
+        if len(given) != 1:
+            raise RequestError(f"structured_outputs needs exactly one of json, regex, choice, grammar, json_object (got {len(given)})",
+                               param="structured_outputs")
+        (kind, value), = given.items()
+        if kind == "json":
+            return StructuredOutput.json_schema(value, param="structured_outputs.json")
+        if kind == "json_object":
+            return StructuredOutput.json_schema({"type": "object"}, param="structured_outputs.json_object")
+        if kind == "choice":
+            return StructuredOutput.choice(value, param="structured_outputs.choice")
+        return StructuredOutput(kind, value, param=f"structured_outputs.{kind}")
+    if response_format is None or response_format.type == "text":
+        return None
+    if response_format.type == "json_object":
+        return StructuredOutput.json_schema({"type": "object"})
+    if response_format.json_schema is None:
+        raise RequestError("response_format of type json_schema needs a json_schema object", param="response_format")
+    return StructuredOutput.json_schema(response_format.json_schema.json_schema, param="response_format.json_schema")
+
+
+class SamplingFields(BaseModel):
+    """Fields shared by completions and chat completions (OpenAI's, plus vLLM's extensions)."""
+
+    model_config = STRICT
+
+    model: str | None = None
+    temperature: Annotated[Finite, Field(ge=0.0, le=2.0, description="0 (or below 1e-5) is greedy")] | None = None
+    top_p: Annotated[Finite, Field(gt=0.0, le=1.0)] | None = None
+    top_k: Annotated[int, Field(strict=True, ge=-1)] | None = None
+    min_p: Annotated[Finite, Field(ge=0.0, le=1.0)] | None = None
+    repetition_penalty: Annotated[Finite, Field(gt=0.0)] | None = None
+    presence_penalty: Annotated[Finite, Field(ge=-2.0, le=2.0)] | None = None
+    frequency_penalty: Annotated[Finite, Field(ge=-2.0, le=2.0)] | None = None
+    seed: Annotated[int, Field(strict=True, description="any integer; mapped into [0, 2**64) as vLLM does")] | None = None
+    n: Annotated[int, Field(strict=True, ge=1, le=MAX_N)] = 1
+    stop: str | Annotated[list[str], Field(max_length=MAX_STOP)] | None = None
+    stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP)] | None = None
+    ignore_eos: bool = False
+    min_tokens: Annotated[int, Field(strict=True, ge=0)] = 0
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    logit_bias: Annotated[dict[str, Annotated[Finite, Field(ge=-100.0, le=100.0)]], Field(max_length=MAX_LOGIT_BIAS)] | None = Field(
+        None, description=f"token id (as a string) -> bias added to its logit before sampling; at most {MAX_LOGIT_BIAS} entries")
+    allowed_token_ids: Annotated[list[TokenId], Field(min_length=1)] | None = None
+    bad_words: Annotated[list[str], Field(max_length=MAX_STOP)] | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    prompt_logprobs: Annotated[int, Field(strict=True, ge=0, le=MAX_LOGPROBS)] | None = None
+    truncate_prompt_tokens: Annotated[int, Field(strict=True, ge=1, description="keep only the last k prompt tokens (vLLM's field)")] | None = None
+
+    def sampling_params(self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None = None) -> SamplingParams:
+        """SamplingParams for one sample; raises RequestError naming a bad parameter."""
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        bias = {}
+        for key, value in (self.logit_bias or {}).items():
+            if not TOKEN_ID_KEY.fullmatch(key):  # ASCII digits only: int() refuses "²" and 5,000-digit numbers
+                raise RequestError(f"logit_bias keys must be token ids, got {key[:40]!r}", param="logit_bias")
+            bias[int(key)] = value
+        values = dict(
+            max_tokens=max_tokens,
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=self.top_k or 0,
+            min_p=self.min_p or 0.0,
+            repetition_penalty=self.repetition_penalty or 1.0,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            seed=self.seed,
+            stop=tuple(stop),
+            stop_token_ids=tuple(self.stop_token_ids or ()),
+            ignore_eos=self.ignore_eos,
+            min_tokens=self.min_tokens,
+            logprobs=logprobs,
+            prompt_logprobs=self.prompt_logprobs if prompt_logprobs is None else prompt_logprobs,
+            structured_output=structured_output(self.response_format, self.structured_outputs),
+            logit_bias=tuple(bias.items()),
+            allowed_token_ids=tuple(self.allowed_token_ids) if self.allowed_token_ids else None,
+            bad_words=tuple(self.bad_words or ()),
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            skip_special_tokens=self.skip_special_tokens,
+            truncate_prompt_tokens=self.truncate_prompt_tokens,
+        )
+        return SamplingParams(**values)
+
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def continuous_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.continuous_usage_stats)
+
+
+class CompletionRequest(SamplingFields):
+    """POST /v1/completions."""
+
+    prompt: str | Annotated[list[str], Field(max_length=MAX_PROMPTS)] | TokenIds | Annotated[list[TokenIds], Field(max_length=MAX_PROMPTS)]
+    max_tokens: Annotated[int, Field(strict=True, ge=0)] | None = 16
+    logprobs: Annotated[int, Field(strict=True, ge=0, le=MAX_LOGPROBS)] | None = None
+    echo: bool = False
+    suffix: str | None = None
+
+    def prompts(self) -> list[str | list[int]]:
+        prompt = self.prompt
+        if isinstance(prompt, str):
+            return [prompt]
+        if prompt and all(isinstance(t, int) for t in prompt):
+            return [list(prompt)]  # type: ignore[arg-type]
+        return list(prompt)  # type: ignore[arg-type]
+
+
+class TextPart(BaseModel):
+    model_config = STRICT
+
+    type: Literal["text"]
+    text: str
+
+
+class FunctionCall(BaseModel):
+    model_config = STRICT
+
+    name: str
+    arguments: str = Field(description="the arguments as JSON text")
+
+
+class ToolCallIn(BaseModel):
+    model_config = STRICT
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class FunctionDef(BaseModel):
+    model_config = STRICT
+
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
+    description: str | None = None
+    parameters: dict | None = Field(None, description="a JSON schema of the arguments object")
+    strict: bool | None = None
+
+
+class Tool(BaseModel):
+    model_config = STRICT
+
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(BaseModel):
+    model_config = STRICT
+
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    model_config = STRICT
+
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class ChatMessage(BaseModel):
+    model_config = STRICT
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class ChatCompletionRequest(SamplingFields):
+    """POST /v1/chat/completions."""
+
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_tokens: Annotated[int, Field(strict=True, ge=1)] | None = None
+    max_completion_tokens: Annotated[int, Field(strict=True, ge=1)] | None = None
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Field(strict=True, ge=0, le=MAX_LOGPROBS)] | None = None
+    tools: Annotated[list[Tool], Field(max_length=128)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
+    chat_template_kwargs: dict | None = Field(None, description="extra variables for the chat template (e.g. enable_thinking)")
+    add_generation_prompt: bool = True
+    continue_final_message: bool = Field(False, description="end the prompt inside the last (assistant) message, to continue it")
+
+    def max_new_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def logprobs_count(self) -> int | None:
+        if self.top_logprobs and not self.logprobs:
+            raise RequestError("top_logprobs needs logprobs to be true", param="top_logprobs")
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+
+class EmbeddingRequest(BaseModel):
+    """POST /v1/embeddings."""
+
+    model_config = STRICT
+
+    model: str | None = None
+    input: (str | Annotated[list[str], Field(min_length=1, max_length=MAX_EMBEDDING_INPUTS)] | TokenIds
+            | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_EMBEDDING_INPUTS)])
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Annotated[int, Field(strict=True, ge=1)] | None = None
+    truncate_prompt_tokens: Annotated[int, Field(strict=True, ge=1, description=(
+        "keep at most this many tokens of each input (vLLM's field); without it, an input beyond the "
+        "model's context length is a 400"))] | None = None
+    user: str | None = None

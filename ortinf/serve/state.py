@@ -1,0 +1,91 @@
+"""ServerState: what the app holds (config, models, metrics, admission) and ServerConfig."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ortinf.serve.metrics import EngineMetrics
+from ortinf.serve.models import ModelRegistry
+from ortinf.serve.streaming import Admission
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """Every `ortinf serve` option; CLI flags, environment variables and the YAML file map onto it."""
+
+    packages: tuple[Path, ...]
+    host: str = "127.0.0.1"
+    port: int = 8000
+    provider: str = "auto"
+    provider_options: dict[str, str] = field(default_factory=dict)
+    allow_cpu_fallback: bool = False
+    shape_buckets: bool | None = None
+    cpu_kernel: bool | None = None
+    served_model_names: tuple[str, ...] = ()
+    api_key: str | None = None
+    max_num_seqs: int = 64
+    max_queued_requests: int = 256
+    max_num_batched_tokens: int = 2048
+    kv_cache_memory: int | None = None
+    shutdown_timeout: float = 30.0
+    max_body_size: int = 2 * 2**20  # TGI's default
+    intra_op_threads: int = 0
+    tool_call_parser: str = "auto"
+    speculative_config: str | None = None  # JSON, vLLM's speculative_config
+    metrics_prefix: str = "ortinf"  # or "vllm": the names dashboards and cluster routers look for
+    lora_modules: dict[str, str] = field(default_factory=dict)  # adapter name -> PEFT folder, on the first decoder
+    allow_runtime_lora_updates: bool = False  # /v1/load_lora_adapter and /v1/unload_lora_adapter
+    transcription_fallback: bool = True  # OpenAI's temperature 0: hotter retries, silent windows skipped (ortinf/tasks/speech/longform.py)
+    engine_options: dict = field(default_factory=dict)  # EngineConfig fields given on the CLI (ortinf/config.py "cli")
+
+
+@dataclass(slots=True)
+class ServerState:
+    config: ServerConfig
+    registry: ModelRegistry = field(default_factory=ModelRegistry)
+    metrics: EngineMetrics = field(default_factory=EngineMetrics)
+    admission: Admission | None = None
+    ready: bool = False
+    load_error: str | None = None
+    fatal_error: str | None = None  # an engine died: the process exits non-zero (ortinf/serve/server.py)
+    request_exit: Callable[[], None] | None = None  # set by the server: begins a graceful stop
+
+    def __post_init__(self) -> None:
+        self.admission = Admission(self.config.max_num_seqs, self.config.max_queued_requests)
+        self.metrics = EngineMetrics(self.config.metrics_prefix)
+
+    def fatal(self, what: str, exc: BaseException) -> None:
+        """A model failed to load or its engine died (called from any thread): the server stops
+        gracefully and exits 1, so a supervisor restarts it; one that stays up answering 503 or 500
+        to everything helps nobody."""
+        log.critical("%s (%s): the server stops and exits with status 1", what, exc)
+        self.fatal_error = str(exc)
+        if self.request_exit is not None:
+            self.request_exit()
+
+    def end_running_requests(self) -> None:
+        """The drain deadline (ortinf/serve/server.py): every request still running ends now with a 503 error
+        (streams: an error event, then [DONE]) instead of being cut off by uvicorn."""
+        from ortinf.errors import ShuttingDownError
+
+        error = ShuttingDownError(f"the server is shutting down and its drain time (--shutdown-timeout "
+                                  f"{self.config.shutdown_timeout:g} s) ran out before this request finished; retry it")
+        for model in self.registry.models.values():
+            if model.engine is not None and model.engine.num_unfinished:
+                log.warning("drain time ran out: ending %d running request(s) of '%s'", model.engine.num_unfinished, model.name)
+                model.engine.fail_all(error)
+
+    def healthy(self) -> tuple[bool, str]:
+        if self.load_error is not None:
+            return False, f"the model failed to load: {self.load_error}"
+        if not self.ready:
+            return False, "the model is loading"
+        for model in self.registry.models.values():
+            if model.engine is not None and not model.engine.is_alive:
+                return False, f"the engine of '{model.name}' has failed: {model.engine.error}"
+        return True, "ok"

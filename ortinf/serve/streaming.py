@@ -1,0 +1,147 @@
+"""Running a request's samples: merged streams, client-disconnect detection, SSE framing, admission."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+
+from ortinf.engine.async_engine import AsyncEngine
+from ortinf.engine.llm_engine import PreparedRequest
+from ortinf.engine.outputs import RequestOutput
+from ortinf.serve.errors import APIError, error_body, from_exception
+
+T = TypeVar("T")
+
+
+class Ticket:
+    """`count` admitted samples; released exactly once, whichever path ends the request first."""
+
+    def __init__(self, admission: Admission, count: int) -> None:
+        self.admission, self.count, self.released = admission, count, False
+
+    def release(self) -> None:
+        if not self.released:
+            self.released = True
+            self.admission.in_flight -= self.count
+
+
+class Admission:
+    """Bounds the requests in the server: max_num_seqs running plus max_queued_requests waiting.
+
+    Past that, a request gets 429 with Retry-After at once; nothing admitted is ever dropped. A
+    request that could never fit (more samples than the capacity) gets 400.
+    """
+
+    def __init__(self, max_running: int, max_queued: int) -> None:
+        self.capacity = max_running + max_queued
+        self.in_flight = 0
+
+    def acquire(self, count: int) -> Ticket:
+        if count > self.capacity:
+            raise APIError(400, f"the request asks for {count} sequences (prompts x n); this server runs at most "
+                                f"{self.capacity} at once: split it", param="n")
+        if self.in_flight + count > self.capacity:
+            raise APIError(429, f"the server is at capacity ({self.capacity} requests in flight); retry shortly",
+                           code="server_overloaded", headers={"Retry-After": "1"})
+        self.in_flight += count
+        return Ticket(self, count)
+
+
+class AdmittedStream(StreamingResponse):
+    """A streaming response that releases its admission ticket however it ends, also when the
+    client is gone before the body generator ever starts (a never-started generator's `finally`
+    never runs)."""
+
+    def __init__(self, content: AsyncIterator[str], ticket: Ticket) -> None:
+        super().__init__(content, media_type="text/event-stream")
+        self.ticket = ticket
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.ticket.release()
+            await self.body_iterator.aclose()  # type: ignore[attr-defined] - aborts the engine requests
+
+
+def merged(engine: AsyncEngine, prepared: Sequence[PreparedRequest], request_id: str) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """Yields (sample index, output) from all samples as they advance, through the engine's one
+    mailbox per caller (the routes ask for deltas: what a slow consumer has not taken is joined);
+    closing it aborts them all."""
+    return engine.generate_many(prepared, [f"{request_id}-{index}" for index in range(len(prepared))])
+
+
+async def final_outputs(engine: AsyncEngine, prepared: Sequence[PreparedRequest], request_id: str) -> list[RequestOutput]:
+    """Each sample's whole output (one final output each when asked for final_only; deltas are joined)."""
+    finals: list[RequestOutput | None] = [None] * len(prepared)
+    async for index, output in merged(engine, prepared, request_id):
+        previous = finals[index]
+        finals[index] = previous.followed_by(output) if previous is not None else output
+    return finals  # type: ignore[return-value]
+
+
+async def until_disconnected(request: Request, work: Awaitable[T], poll: float = 0.1) -> T:
+    """Runs `work`, cancelling it (and so aborting its requests) if the client goes away."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=poll)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                task.cancel()
+                raise APIError(499, "client disconnected")
+    finally:
+        if not task.done():
+            task.cancel()
+
+
+async def admit_and_run(request: Request, admission: Admission, engine: AsyncEngine, prepared: Sequence[PreparedRequest],
+                        request_id: str, stream: AsyncIterator[str] | None) -> list[RequestOutput] | StreamingResponse:
+    """Admits the samples (429 past capacity), then returns a streaming response over `stream`
+    (which releases them however it ends) or runs them to the end and returns their final outputs."""
+    ticket = admission.acquire(len(prepared))
+    if stream is not None:
+        return AdmittedStream(stream, ticket)
+    try:
+        return await until_disconnected(request, final_outputs(engine, prepared, request_id))
+    finally:
+        ticket.release()
+
+
+async def sse_stream(chunks: AsyncIterator[dict], last: Callable[[], dict | None]) -> AsyncIterator[str]:
+    """Frames a route's chunks as server-sent events: the chunks, then `last()` (the usage chunk, if
+    asked for), an error event if anything failed (headers are already sent), and [DONE]."""
+    try:
+        async for chunk in chunks:
+            yield sse(chunk)
+        final = last()
+        if final is not None:
+            yield sse(final)
+    except Exception as exc:  # noqa: BLE001 - reported in the stream, whose headers are already sent
+        yield sse_error(exc)
+    finally:
+        await chunks.aclose()  # type: ignore[attr-defined] - closing aborts the samples still running
+    yield SSE_DONE
+
+
+# Characters that JSON leaves raw but that line splitters other than SSE's (Python's str.splitlines,
+# JavaScript's old JSON-in-lines readers) treat as line ends: escaped, so an event is always one line.
+_LINE_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
+def sse(data: Any) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False).translate(_LINE_BREAKS)}\n\n"
+
+
+SSE_DONE = "data: [DONE]\n\n"
+
+
+def sse_error(exc: BaseException) -> str:
+    err = from_exception(exc)
+    return sse(error_body(err.status, err.message, err.param, err.code))

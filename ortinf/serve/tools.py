@@ -1,0 +1,218 @@
+"""Tool calling on chat completions: what the model is asked for, and reading its calls back.
+
+tool_choice "none" shows the tools to the template but reads no calls; "auto" offers them through the chat template and parses the
+model's text with the package's tool-call parser (the Hermes/Qwen `<tool_call>{json}</tool_call>`
+format, picked from the chat template or with `--tool-call-parser`); "required" and a named function
+are enforced with structured output (a JSON grammar), as vLLM does, so even a weak model emits a
+valid call: "required" generates `[{"name": ..., "parameters": {...}}, ...]` (one call unless
+parallel_tool_calls), a named function generates its arguments object.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import dataclass
+
+from ortinf.errors import RequestError
+from ortinf import json_text
+from ortinf.sample.structured_output import StructuredOutput
+
+HERMES_OPEN = "<tool_call>"
+_HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+    id: str = ""
+
+    def to_openai(self, index: int | None = None) -> dict:
+        body = {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+        return body if index is None else {"index": index, **body}
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def resolve_parser(configured: str, template_source: str | None) -> str | None:
+    """The parser for a package: the configured one, or for 'auto' the one its chat template speaks."""
+    if configured == "none":
+        return None
+    if configured == "hermes":
+        return "hermes"
+    return "hermes" if template_source and HERMES_OPEN in template_source else None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolPlan:
+    """How one request uses tools: what the template sees, what the output must match, how to read it."""
+
+    tools: list[dict] | None  # passed to the chat template (None: the template sees no tools)
+    mode: str  # "none", "auto", "required" or "named"
+    named: str | None = None
+    structured_output: StructuredOutput | None = None
+
+    def parse(self, text: str, parser: str | None) -> tuple[str | None, list[ToolCall]]:
+        """(content, tool calls) of a finished output."""
+        if self.mode == "named":
+            return (None, [ToolCall(self.named or "", text, new_call_id())]) if _is_json(text) else (text, [])
+        if self.mode == "required":
+            try:  # the grammar's shape, unless a stop string or max_tokens cut it: then it stays text
+                calls = [ToolCall(c["name"], json_text.dumps(c.get("parameters", {}), ensure_ascii=False), new_call_id())
+                         for c in json_text.loads(text)]
+            except (ValueError, TypeError, KeyError, AttributeError):
+                return text, []
+            return None, calls
+        if self.mode == "auto" and parser == "hermes":
+            return parse_hermes(text)
+        return text, []
+
+
+def plan(tools: list[dict] | None, tool_choice, parallel: bool, parser: str | None) -> ToolPlan:
+    """The ToolPlan for a request's tools and tool_choice (OpenAI's defaults: auto with tools, none without)."""
+    if not tools:
+        if tool_choice not in (None, "none"):
+            raise RequestError("tool_choice needs tools", param="tool_choice")
+        return ToolPlan(None, "none")
+    functions = {t["function"]["name"]: t["function"] for t in tools}
+    choice = tool_choice if tool_choice is not None else "auto"
+    if choice == "none":  # the template still sees the tools (vLLM's default); the output is text
+        return ToolPlan(tools, "none")
+    if choice == "auto":
+        if parser is None:
+            raise RequestError("this model has no tool-call parser for tool_choice 'auto': serve it with --tool-call-parser hermes "
+                               "if its chat template uses <tool_call> blocks, or use tool_choice 'required' or a named function",
+                               param="tool_choice")
+        return ToolPlan(tools, "auto")
+    if choice == "required":
+        defs: dict = {}
+        try:  # _hoisted walks each schema recursively: nesting near the interpreter's limit is the client's error
+            options = [{"type": "object", "properties": {"name": {"const": name}, "parameters": _hoisted(f, f"tool{i}", defs)},
+                        "required": ["name", "parameters"], "additionalProperties": False}
+                       for i, (name, f) in enumerate(functions.items())]
+        except RecursionError:
+            raise RequestError(f"a function's parameters schema is {json_text.MAX_DEPTH_MESSAGE}: flatten it or use $defs",
+                               param="tools") from None
+        schema = {"type": "array", "items": {"anyOf": options}, "minItems": 1, "$defs": defs}
+        if not parallel:
+            schema["maxItems"] = 1
+        return ToolPlan(tools, "required", structured_output=StructuredOutput.json_schema(schema, param="tools"))
+    name = choice["function"]["name"]
+    if name not in functions:
+        raise RequestError(f"tool_choice names '{name}', which is not among the tools", param="tool_choice")
+    schema = _parameters(functions[name])
+    return ToolPlan(tools, "named", name, StructuredOutput.json_schema(schema, param="tools"))
+
+
+def _parameters(function: dict) -> dict:
+    return function.get("parameters") or {"type": "object", "properties": {}}
+
+
+def _hoisted(function: dict, key: str, defs: dict) -> dict:
+    """A reference to the function's parameters schema moved into the root's `defs` as `key`, with its
+    own `$defs` / `definitions` beside it (as `key.Name`) and every local `$ref` rewritten to match.
+
+    Under tool_choice "required" each tool's schema sits inside one combined schema, so its local
+    references (`#/$defs/Loc`, what pydantic emits; `#` for a recursive schema) would otherwise
+    point into the combined root, where they do not exist."""
+    params = dict(_parameters(function))
+    moved: dict[str, str] = {}  # "#/$defs/Loc" -> "#/$defs/tool0.Loc"
+    subs: dict[str, object] = {}
+    for section in ("$defs", "definitions"):
+        for name, schema in (params.pop(section, None) or {}).items():
+            moved[f"#/{section}/{name}"] = f"#/$defs/{key}.{name}"
+            subs[f"{key}.{name}"] = schema
+
+    def target(ref: str) -> str:
+        if ref == "#":
+            return f"#/$defs/{key}"
+        for old, new in moved.items():
+            if ref == old or ref.startswith(old + "/"):
+                return new + ref[len(old):]
+        return f"#/$defs/{key}{ref[1:]}" if ref.startswith("#/") else ref
+
+    def rewrite(node: object) -> object:
+        if isinstance(node, dict):
+            return {k: (target(v) if k == "$ref" and isinstance(v, str) else rewrite(v)) for k, v in node.items()}
+        if isinstance(node, list):
+            return [rewrite(item) for item in node]
+        return node
+
+    defs[key] = rewrite(params)
+    defs.update({name: rewrite(schema) for name, schema in subs.items()})
+    return {"$ref": f"#/$defs/{key}"}
+
+
+def parse_hermes(text: str) -> tuple[str | None, list[ToolCall]]:
+    """Hermes/Qwen calls: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks; the text
+    before the first block is the content. A block that is not a JSON call stays in the content."""
+    start = text.find(HERMES_OPEN)
+    if start < 0:
+        return text, []
+    calls = []
+    for body in _HERMES_CALL.findall(text[start:]):
+        try:
+            call = json_text.loads(body)
+            name, arguments = call["name"], call.get("arguments", call.get("parameters", {}))
+            if not isinstance(name, str):
+                return text, []
+            if isinstance(arguments, str):
+                json_text.loads(arguments)  # arguments given as a string must hold JSON too
+            else:
+                arguments = json_text.dumps(arguments, ensure_ascii=False)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return text, []
+        calls.append(ToolCall(name, arguments, new_call_id()))
+    return (text[:start] or None), calls
+
+
+def held_back(text: str, mode: str, parser: str | None) -> int:
+    """How much of a streamed output's text may be sent as content now: with "auto" and Hermes, the
+    text before a `<tool_call>` (or before what may be the start of one); nothing for enforced calls."""
+    if mode in ("required", "named"):
+        return 0
+    if mode != "auto" or parser != "hermes":
+        return len(text)
+    found = text.find(HERMES_OPEN)
+    if found >= 0:
+        return found
+    for keep in range(min(len(HERMES_OPEN) - 1, len(text)), 0, -1):
+        if HERMES_OPEN.startswith(text[-keep:]):
+            return len(text) - keep
+    return len(text)
+
+
+def template_messages(messages: list) -> list[dict]:
+    """Messages as chat templates expect them: tool calls with parsed arguments (Qwen's and Llama's
+    templates write `arguments | tojson`), tool results with their call id."""
+    rendered = []
+    for m in messages:
+        item: dict = {"role": m.role, "content": m.text()}
+        if m.name is not None:
+            item["name"] = m.name
+        if m.tool_calls:
+            item["tool_calls"] = [{"id": c.id, "type": "function",
+                                   "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments)}}
+                                  for c in m.tool_calls]
+        if m.tool_call_id is not None:
+            item["tool_call_id"] = m.tool_call_id
+        rendered.append(item)
+    return rendered
+
+
+def _arguments(text: str):
+    try:
+        return json_text.loads(text)
+    except ValueError as exc:
+        raise RequestError(f"a tool call's arguments are not JSON: {exc}", param="messages") from exc
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json_text.loads(text)
+    except ValueError:
+        return False
+    return True

@@ -1,0 +1,35 @@
+"""EncoderInput: what an encoder-decoder request (Marian, BART, a Whisper window) gives its encoder.
+
+The engine treats it as part of the request's prompt: the KV cache manager gives the request cross
+blocks for `num_positions` encoder positions (ortinf/core/kv_cache_manager.py), the model runner runs the
+encoder into them the step the request is admitted (ortinf/worker/cross_encoder.py), and `digest` salts the
+request's prefix-cache keys, so that the same input again (a second request, a retry, a request
+readmitted after preemption) finds its cross blocks and skips the encoder, while the same decoder
+tokens over another input never match (the decoder's K/V depend on the input through cross-attention).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class EncoderInput:
+    """The encoder's input for one request: source token ids [S] or a log-mel window [mels, frames]."""
+
+    data: np.ndarray
+    num_positions: int  # encoder positions its cross K/V fill (a source's length; Whisper: 1500)
+    digest: str  # the data's identity in prefix-cache keys
+
+    @classmethod
+    def of(cls, data: np.ndarray, num_positions: int, kind: str) -> EncoderInput:
+        data = np.ascontiguousarray(data)
+        digest = hashlib.blake2b(data.tobytes(), digest_size=16)
+        digest.update(str(data.shape).encode())
+        return cls(data, num_positions, f"{kind}:{digest.hexdigest()}")
+
+
+__all__ = ["EncoderInput"]

@@ -1,0 +1,139 @@
+"""The paged KV pool: its size, its memory, its binding to the graph, and how K/V get written.
+
+One K and one V tensor per layer, [kv_heads, num_blocks + 1, block_size, head_dim] (the contrib
+paged kernel's: [num_blocks + 1, block_size, kv_heads, head_dim]; an int8 pool's rows are head_dim + 4
+bytes, the values and their scale, read by the CPU kernel graph only), allocated once where the provider
+computes:
+
+- HOST providers (CPU, OpenVINO): a numpy array (pages touched at start-up) wrapped as an OrtValue
+  without a copy;
+- DEVICE providers (WebGPU, CUDA, DirectML, MIGraphX): an OrtValue in the provider's memory, zeroed
+  once from the host.
+
+Each tensor is bound once as the graph's `key_cache.{i}` input. How the step's K/V get in is the
+provider's choice (Provider.kv_write, measured per provider):
+
+- GRAPH_WRITE (model.onnx): the tensor is also bound as the `key_cache_out.{i}` output, and the
+  graph's ScatterND writes the step's K/V into it in place (ortinf/exporter/kv_write.py); the pool is never
+  fed, copied or fetched per step.
+- HOST_WRITE (model.host-write.onnx, host pools only): the graph returns the new K/V
+  ([num_tokens, kv_heads, head_dim] per layer) and `write` puts them into their slots with numpy.
+
+The last block is scratch, never handed out: the padding tokens of shape buckets write there.
+
+Sizing: --num-blocks, else --kv-cache-memory, else (host memory only) a share of free RAM; capped
+at what max_num_seqs full-length sequences can use, and at the provider's largest tensor.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import onnxruntime as ort
+
+from ortinf.errors import ConfigError
+from ortinf.manifest import BLOCKS_FIRST_LAYOUT, KV_DTYPE_BYTES, DecoderSpec, cache_names, new_kv_names, pool_row
+from ortinf.providers.base import GRAPH_WRITE, HOST, Provider
+from ortinf.config import EngineConfig, available_memory
+
+log = logging.getLogger(__name__)
+
+DEFAULT_KV_FRACTION = 0.2  # of available RAM, for host pools when neither num_blocks nor kv_cache_memory is given
+NUMPY_DTYPES = {"fp32": np.float32, "fp16": np.float16, "int8": np.int8}
+
+
+def block_bytes(spec: DecoderSpec, block_size: int) -> int:
+    """Bytes of one block across all layers, keys and values."""
+    return 2 * spec.num_layers * block_size * spec.num_kv_heads * pool_row(spec) * KV_DTYPE_BYTES[spec.kv_dtype]
+
+
+def resolve_num_blocks(config: EngineConfig, spec: DecoderSpec, max_model_len: int, provider: Provider, cross_positions: int = 0) -> int:
+    """The pool size in blocks (see the module docstring). Logs the result. `cross_positions`: the
+    encoder positions an encoder-decoder's request holds cross blocks for, beside its own."""
+    per_block = block_bytes(spec, config.block_size)
+    one = -(-max_model_len // config.block_size) + -(-cross_positions // config.block_size)  # blocks of one whole sequence
+    if config.num_blocks is not None:
+        num_blocks = config.num_blocks
+    else:
+        memory = config.kv_cache_memory
+        if memory is None:
+            if provider.memory != HOST:
+                raise ConfigError(f"the {provider.name} provider does not report its free memory: size the KV cache "
+                                  "with --kv-cache-memory (e.g. --kv-cache-memory 2GiB; in Python kv_cache_memory= or num_blocks=)")
+            memory = int(available_memory() * DEFAULT_KV_FRACTION)
+        num_blocks = memory // per_block
+        needed = config.max_num_seqs * one + 1
+        num_blocks = min(num_blocks, needed)
+    if provider.max_tensor_bytes is not None:
+        per_tensor_block = per_block // (2 * spec.num_layers)
+        most = provider.max_tensor_bytes // per_tensor_block - 1  # one block is scratch
+        if num_blocks > most:
+            log.warning("KV cache: %s computes on tensors of at most %d MiB; the pool is capped at %d blocks",
+                        provider.name, provider.max_tensor_bytes // 2**20, most)
+            num_blocks = most
+    if num_blocks < one:
+        cross = f" and its encoder's {cross_positions} positions" if cross_positions else ""
+        raise ConfigError(
+            f"the KV cache holds {num_blocks} blocks ({num_blocks * config.block_size} tokens), fewer than one "
+            f"sequence of max_model_len {max_model_len}{cross} needs ({one}); raise kv_cache_memory/num_blocks "
+            "or lower max_model_len"
+        )
+    log.info("KV cache: %d blocks x %d tokens = %d tokens, %.1f MiB", num_blocks, config.block_size,
+             num_blocks * config.block_size, num_blocks * per_block / 2**20)
+    return num_blocks
+
+
+class KVPool:
+    """The pool of one decoder session: allocated at construction, bound with `bind`."""
+
+    def __init__(self, spec: DecoderSpec, num_blocks: int, block_size: int, provider: Provider) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.scratch_slot = num_blocks * block_size  # first slot of the scratch block
+        self.blocks_first = spec.kv_layout == BLOCKS_FIRST_LAYOUT  # the contrib kernel's layout
+        if self.blocks_first:
+            self.shape = (num_blocks + 1, block_size, spec.num_kv_heads, spec.head_dim)
+        else:
+            self.shape = (spec.num_kv_heads, num_blocks + 1, block_size, pool_row(spec))
+        dtype = NUMPY_DTYPES[spec.kv_dtype]
+        self.input_names, self.output_names = cache_names(spec.num_layers)
+        self.graph_write = provider.kv_write == GRAPH_WRITE or self.blocks_first  # the contrib op always writes
+        if not self.graph_write:
+            assert provider.memory == HOST, "the numpy write needs a host pool"
+            self.output_names = new_kv_names(spec.num_layers)
+        self.arrays: list[np.ndarray] = []  # host pools only
+        self.values: list[ort.OrtValue] = []
+        for _ in self.input_names:
+            if provider.memory == HOST:
+                array = np.zeros(self.shape, dtype=dtype)
+                array.fill(0)  # maps every page now: no page faults on the request path, memory really reserved
+                self.arrays.append(array)
+                self.values.append(ort.OrtValue.ortvalue_from_numpy(array))
+            else:
+                value = ort.OrtValue.ortvalue_from_shape_and_type(self.shape, dtype, provider.device_type, 0)
+                value.update_inplace(np.zeros(self.shape, dtype=dtype))  # device memory starts as garbage (NaN * 0 = NaN)
+                self.values.append(value)
+
+    def bind(self, binding: ort.IOBinding) -> None:
+        """Binds every tensor as the graph's pool input and, with the graph write, as the output the
+        graph writes it to (with the host write, the new K/V outputs come back to host memory)."""
+        for name_in, name_out, value in zip(self.input_names, self.output_names, self.values):
+            binding.bind_ortvalue_input(name_in, value)
+            if self.graph_write:
+                binding.bind_ortvalue_output(name_out, value)
+            else:
+                binding.bind_output(name_out, "cpu")
+
+    def write(self, slot_mapping: np.ndarray, new_kv: list[ort.OrtValue | np.ndarray]) -> None:
+        """The host write: each layer's new K/V ([num_tokens, kv_heads, head_dim]) into their slots
+        (also how an encoder-decoder's cross-attention K/V reach their blocks)."""
+        kv_heads, head_dim = self.shape[0], self.shape[3]
+        for array, value in zip(self.arrays, new_kv):
+            values = value.numpy() if isinstance(value, ort.OrtValue) else np.asarray(value)
+            array.reshape(kv_heads, -1, head_dim)[:, slot_mapping] = values.swapaxes(0, 1)
+
+    def read(self, index: int) -> np.ndarray:
+        """A host copy of tensor `index` (K of layer i is 2i, V is 2i + 1), without the scratch block."""
+        array = self.values[index].numpy()
+        return array[: self.num_blocks] if self.blocks_first else array[:, : self.num_blocks]
