@@ -4,8 +4,8 @@ usage: .venv/bin/python benchmarks/whisper.py [--record] [--tiny]
 
 Model: the shape of whisper-tiny (d_model 384, 4 encoder and 4 decoder layers, 6 heads, vocabulary
 51865, 80 mel bins), random weights (no checkpoint can be downloaded here), fp32, 2 threads. Each
-30-second window decodes 48 tokens greedily (EOS suppressed in both engines, so that both do the
-same work). Rows: 1 and 4 concurrent audios of 30 s, and 1 of 5 min (10 windows). Real-time factor =
+30-second window decodes 48 tokens greedily (EOS suppressed in both engines by the generation
+config's suppress_tokens, so that both do the same work). Rows: 1 and 4 concurrent audios of 30 s, and 1 of 5 min (10 windows). Real-time factor =
 wall seconds / audio seconds (lower is better). transformers runs its windows as one padded batch
 through `generate`; onnxruntime-genai (its own venv and model builder) as one static batch; ortinf
 batches them in its paged decoder.
@@ -88,14 +88,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         torch.manual_seed(0)
         model = transformers.WhisperForConditionalGeneration(transformers.WhisperConfig(**shape)).eval()
-        model.generation_config.suppress_tokens = None
+        model.generation_config.suppress_tokens = [shape["eos_token_id"]]  # every window decodes `tokens` tokens, in both engines
         model.generation_config.begin_suppress_tokens = None
         model.save_pretrained(Path(tmp) / "hf")
         ortinf.export(Path(tmp) / "hf", Path(tmp) / "pkg", dtype=args.dtype, progress=False)
         # no prefix caching: the cases share audio (each case's first window is audio(30, 0)), and the
         # other engines have no cache to find it in
         transcriber = Transcriber(Path(tmp) / "pkg", max_num_seqs=10, intra_op_threads=2, enable_prefix_caching=False)
-        transcriber.eos = set()  # decode `tokens` per window, as transformers does with min_new_tokens
         extractor = transformers.WhisperFeatureExtractor(feature_size=shape["num_mel_bins"])
         transcriber.transcribe_ids([audio(1, 0)], max_new_tokens=2)  # warm-up
         hf_transcribe(model, extractor, [audio(1, 0)], 2)

@@ -18,6 +18,7 @@ from ortinf.engine.outputs import RequestOutput
 from ortinf.sample.sampling_params import SamplingParams
 
 Prompt = str | Sequence[int]
+ENCODER_OPTIONS = {"intra_op_threads", "provider_options", "allow_cpu_fallback"}  # what an encoder package's LLM takes
 
 
 class LLM:
@@ -29,7 +30,9 @@ class LLM:
     max_num_seqs, max_num_batched_tokens, max_model_len, enable_prefix_caching, intra_op_threads, seed,
     provider_options (a dict of the provider's options), allow_cpu_fallback, speculative_config (vLLM's dict or JSON,
     e.g. {"method": "ngram", "num_speculative_tokens": 4}), lora_modules ({name: PEFT folder}, on a package
-    exported with --enable-lora), max_loras, max_lora_rank.
+    exported with --enable-lora), max_loras, max_lora_rank. Whisper, Marian and BART packages run on the same
+    engine and take the same options; encoder packages (embeddings, classification) take intra_op_threads,
+    provider_options and allow_cpu_fallback. An option a package kind cannot use is a ConfigError.
     """
 
     def __init__(self, package_dir: str | Path | None = None, provider: str = "auto", **options: Any) -> None:
@@ -61,6 +64,10 @@ class LLM:
         else:
             from ortinf.worker.encoder_graph import EncoderGraph
 
+            unused = sorted(set(options) - ENCODER_OPTIONS)
+            if unused:  # never silently dropped
+                raise ConfigError(f"{', '.join(unused)}: not an option of a {self.manifest.task} model, which takes only "
+                                  f"{', '.join(sorted(ENCODER_OPTIONS))} (the others are the generating engine's)")
             self.encoder = EncoderGraph(package_dir, provider=provider, intra_op_threads=options.get("intra_op_threads", 0),
                                         provider_options=options.get("provider_options"),
                                         allow_cpu_fallback=options.get("allow_cpu_fallback", False))

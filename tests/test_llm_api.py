@@ -60,6 +60,8 @@ def test_embed_with_an_encoder_package(tmp_path_factory):
     assert vectors[0] @ vectors[1] > vectors[0] @ vectors[2]  # a trained model: similar meanings lie close
     with pytest.raises(ConfigError, match="embed\\(\\)"):
         encoder.generate("hello")
+    with pytest.raises(ConfigError, match="max_num_seqs: not an option of a feature-extraction model"):
+        LLM(package, provider="cpu", max_num_seqs=4)  # issue 30: never silently dropped
 
 
 def test_unknown_engine_option_is_a_config_error(decoder_package):

@@ -70,6 +70,9 @@ class OutputProcessor:
             return
         if state.metrics.first_token_time is None:
             state.metrics.first_token_time = now
+        else:
+            state.metrics.inter_token_latencies.append(now - state.metrics.last_token_time)
+        state.metrics.last_token_time = now
         if state.logprobs is not None and request.request_id in runner_output.logprobs:
             state.logprobs += runner_output.logprobs[request.request_id][:num_new]
         state.num_detokenized = request.num_output_tokens

@@ -31,6 +31,10 @@ class RequestMetrics:
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     finished_time: float | None = None
+    last_token_time: float | None = None
+    # one per step after the first that gave the request tokens, whatever outputs it asked for (a
+    # final_only request's too): the inter-token latency histogram's source
+    inter_token_latencies: list[float] = field(default_factory=list)
 
 
 @dataclass(slots=True)

@@ -19,7 +19,7 @@ LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0
 @dataclass(slots=True)
 class _Live:
     num_tokens: int = 0
-    last_token_time: float = 0.0
+    num_latencies: int = 0  # of its inter-token latencies, those observed already
 
 
 class EngineMetrics:
@@ -98,9 +98,11 @@ class EngineMetrics:
                 self.ttft.labels(model).observe((metrics.first_token_time or now) - metrics.arrival_time)
                 if metrics.first_scheduled_time is not None:
                     self.queue.labels(model).observe(metrics.first_scheduled_time - metrics.arrival_time)
-            else:
-                self.itl.labels(model).observe(now - live.last_token_time)
-            live.num_tokens, live.last_token_time = num_tokens, now
+            live.num_tokens = num_tokens
+        if metrics is not None:  # from the request's own record: a final_only output brings them all at once
+            for latency in metrics.inter_token_latencies[live.num_latencies :]:
+                self.itl.labels(model).observe(latency)
+            live.num_latencies = len(metrics.inter_token_latencies)
         if output.finished:
             self._live.pop(f"{model}\0{output.request_id}", None)
             reason = "error" if output.error is not None else output.outputs[0].finish_reason or "abort"

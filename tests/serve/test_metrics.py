@@ -21,9 +21,11 @@ def value(metrics: EngineMetrics, name: str, **labels) -> float:
     return samples(metrics).get((name, tuple(sorted(labels.items()))), 0.0)
 
 
-def output(request_id: str, num_tokens: int, finish: str | None = None) -> RequestOutput:
+def output(request_id: str, num_tokens: int, finish: str | None = None, latencies: tuple[float, ...] = ()) -> RequestOutput:
+    """`latencies`: the request's inter-token latencies so far (its record, which the engine keeps growing)."""
     completion = CompletionOutput(0, "x", [7], finish_reason=finish)
-    metrics = RequestMetrics(arrival_time=0.0, first_scheduled_time=0.1, first_token_time=0.2, finished_time=0.3 if finish else None)
+    metrics = RequestMetrics(arrival_time=0.0, first_scheduled_time=0.1, first_token_time=0.2, finished_time=0.3 if finish else None,
+                             inter_token_latencies=list(latencies))
     return RequestOutput(request_id, None, [1, 2, 3], [completion], finished=finish is not None, metrics=metrics,
                          num_output_tokens=num_tokens, delta=True)
 
@@ -55,10 +57,11 @@ def test_speculative_counters_per_position():
 def test_tokens_and_finishes_are_counted_once_per_request():
     metrics = EngineMetrics()
     metrics.observe_step("a", EngineStats(), [output("r", 1)])
-    metrics.observe_step("a", EngineStats(), [output("r", 4)])
-    metrics.observe_step("a", EngineStats(), [output("r", 6, finish="length")])
-    assert value(metrics, "ortinf:generation_tokens_total", model_name="a") == 6
-    assert value(metrics, "ortinf:prompt_tokens_total", model_name="a") == 3
+    metrics.observe_step("a", EngineStats(), [output("r", 4, latencies=(0.05,))])
+    metrics.observe_step("a", EngineStats(), [output("r", 6, finish="length", latencies=(0.05, 0.07))])
+    metrics.observe_step("a", EngineStats(), [output("f", 5, finish="stop", latencies=(0.01, 0.02, 0.03, 0.04))])  # final_only: one output
+    assert value(metrics, "ortinf:generation_tokens_total", model_name="a") == 11
+    assert value(metrics, "ortinf:prompt_tokens_total", model_name="a") == 6
     assert value(metrics, "ortinf:request_success_total", model_name="a", finished_reason="length") == 1
-    assert value(metrics, "ortinf:time_to_first_token_seconds_count", model_name="a") == 1
-    assert value(metrics, "ortinf:inter_token_latency_seconds_count", model_name="a") == 2
+    assert value(metrics, "ortinf:time_to_first_token_seconds_count", model_name="a") == 2
+    assert value(metrics, "ortinf:inter_token_latency_seconds_count", model_name="a") == 6  # a final_only request's four too
