@@ -244,7 +244,11 @@ def _parse_ids(text: str) -> list[int]:
 @click.option("--kv-cache-memory", envvar="ORTINF_KV_CACHE_MEMORY", help="KV cache size, e.g. 2GiB [default: 20% of free RAM].")
 @click.option("--shutdown-timeout", type=float, default=30.0, show_default=True, envvar="ORTINF_SHUTDOWN_TIMEOUT",
               help="On SIGTERM, seconds to let in-flight requests finish.")
-@click.option("--max-body-size", default="2MiB", show_default=True, envvar="ORTINF_MAX_BODY_SIZE", help="Largest request body accepted (413 beyond).")
+@click.option("--max-body-size", default="2MiB", show_default=True, envvar="ORTINF_MAX_BODY_SIZE",
+              help="Largest request body accepted (413 beyond), on every route but the audio uploads (--max-audio-body-size).")
+@click.option("--max-audio-body-size", default="26MiB", show_default=True, envvar="ORTINF_MAX_AUDIO_BODY_SIZE",
+              help="Largest body of /v1/audio/transcriptions and /v1/audio/translations (413 beyond): the audio file "
+                   "(OpenAI's limit is 25 MiB) and its form fields.")
 @click.option("--intra-op-threads", type=int, default=0, show_default=True, envvar="ORTINF_INTRA_OP_THREADS", help="ORT threads per session (0: all cores).")
 @click.option("--tool-call-parser", type=click.Choice(["auto", "hermes", "none"]), default="auto", show_default=True,
               envvar="ORTINF_TOOL_CALL_PARSER",
@@ -285,7 +289,7 @@ def _parse_ids(text: str) -> list[int]:
 def serve(packages: tuple[Path, ...], host: str, port: int, provider: str, provider_options: tuple[str, ...], allow_cpu_fallback: bool,
           shape_buckets: str, cpu_kernel: str, served_model_names: tuple[str, ...], api_key: str | None,
           max_num_seqs: int, max_queued_requests: int, max_num_batched_tokens: int, kv_cache_memory: str | None,
-          shutdown_timeout: float, max_body_size: str, intra_op_threads: int, tool_call_parser: str, speculative_config: str | None,
+          shutdown_timeout: float, max_body_size: str, max_audio_body_size: str, intra_op_threads: int, tool_call_parser: str, speculative_config: str | None,
           metrics_prefix: str, use_ray: bool, num_replicas: int, min_replicas: int | None, max_replicas: int | None,
           target_ongoing_requests: float | None, cpus_per_replica: float, gpus_per_replica: float, prefix_routing: bool,
           lora_modules: tuple[str, ...], allow_runtime_lora_updates: bool, log_level: str, transcription_fallback: bool,
@@ -348,7 +352,8 @@ def serve(packages: tuple[Path, ...], host: str, port: int, provider: str, provi
         cpu_kernel={"auto": None, "on": True, "off": False}[cpu_kernel], served_model_names=served_model_names,
         api_key=api_key, max_num_seqs=max_num_seqs, max_queued_requests=max_queued_requests,
         max_num_batched_tokens=max_num_batched_tokens, kv_cache_memory=parse_size(kv_cache_memory) if kv_cache_memory else None,
-        shutdown_timeout=shutdown_timeout, max_body_size=parse_size(max_body_size), intra_op_threads=intra_op_threads,
+        shutdown_timeout=shutdown_timeout, max_body_size=parse_size(max_body_size),
+        max_audio_body_size=parse_size(max_audio_body_size), intra_op_threads=intra_op_threads,
         tool_call_parser=tool_call_parser, speculative_config=speculative_config, metrics_prefix=metrics_prefix,
         lora_modules=parse_lora_modules(lora_modules), allow_runtime_lora_updates=allow_runtime_lora_updates,
         transcription_fallback=transcription_fallback, engine_options={name.removeprefix(ENGINE_PREFIX): value for name, value in engine_fields.items() if value is not None},

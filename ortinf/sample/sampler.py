@@ -125,6 +125,13 @@ class Sampler:
         return logits
 
     @staticmethod
+    def draw_row(processed: np.ndarray, params: SamplingParams, uniform: float) -> int:
+        """One sampled row's token from its processed logits and its uniform draw, with exactly the
+        arithmetic of __call__ (speculative verification draws each position this way)."""
+        scaled = processed[None, :] / np.array([params.temperature], dtype=np.float32)[:, None]
+        return int(Sampler._draw(scaled, [params], np.array([uniform]))[0])
+
+    @staticmethod
     def distribution(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
         """The probabilities one request samples from at each of its rows (temperature, top-k, top-p,
         min-p applied to processed logits), for verifying speculative tokens."""

@@ -20,6 +20,8 @@ min_tokens not yet reached.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import json
 from dataclasses import dataclass, field
 
@@ -139,28 +141,23 @@ def propose_ngram(token_ids: list[int], config: SpeculativeConfig, limit: int) -
     return tokens[follow : follow + limit].tolist()
 
 
-def verify(rows: np.ndarray, drafts: list[int], greedy: bool, probs: np.ndarray | None, generator: np.random.Generator | None) -> list[int]:
-    """The tokens a request keeps: accepted drafts, then one token from the first rejected position
-    (or a bonus one after them all). `rows` are the processed logits of positions 0..k (greedy);
-    `probs` their sampling distributions (sampling)."""
+def verify(rows: np.ndarray, drafts: list[int], greedy: bool, sample: Callable[[int], int] | None = None) -> list[int]:
+    """The tokens a request keeps: accepted drafts, then one token from the first rejected position (or a
+    bonus one after them all). `rows` are the processed logits of positions 0..k. Greedy: a proposal is
+    kept while it equals the argmax. Sampling: `sample(i)` draws position i's token exactly as the request
+    would draw it without speculation (the same distribution, the same uniform: the model runner's
+    per-position streams), and a proposal is kept while it equals that draw. For a point-mass proposal
+    (n-gram lookup, a greedy draft) this keeps it with probability p(d), as rejection sampling does, and
+    the output is the same tokens whether or not the step speculated (issue 30, finding 7: a full pool,
+    which stops proposals, changed a seeded request's tokens)."""
     kept: list[int] = []
-    if greedy:
-        targets = rows.argmax(axis=1).tolist()
-        for position, draft in enumerate(drafts):
-            if targets[position] != draft:
-                return kept + [targets[position]]
-            kept.append(draft)
-        return kept + [targets[len(drafts)]]
-    assert probs is not None and generator is not None
-    for position, draft in enumerate(drafts):
-        p = probs[position]
-        if generator.random() < p[draft]:
-            kept.append(draft)
-            continue
-        residual = p.copy()
-        residual[draft] = 0.0
-        return kept + [draw(residual, generator.random())]
-    return kept + [draw(probs[len(drafts)], generator.random())]
+    targets = rows.argmax(axis=1).tolist() if greedy else None
+    for position in range(len(drafts) + 1):
+        token = targets[position] if targets is not None else sample(position)
+        if position == len(drafts) or token != drafts[position]:
+            return kept + [token]
+        kept.append(token)
+    return kept
 
 
 def draw(weights: np.ndarray, uniform: float) -> int:

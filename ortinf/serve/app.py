@@ -30,7 +30,6 @@ from ortinf.serve.models import ServedModel
 from ortinf.serve.state import ServerConfig, ServerState
 
 log = logging.getLogger(__name__)
-AUDIO_BODY_LIMIT = 26 * 2**20  # an audio upload (25 MiB, OpenAI's limit) and its form fields
 
 
 class BodyLimit:
@@ -39,13 +38,13 @@ class BodyLimit:
     The body is read here (bounded by the limit) and replayed to the app.
     """
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
-        self.app, self.limit = app, limit
+    def __init__(self, app: ASGIApp, limit: int, audio_limit: int) -> None:
+        self.app, self.limit, self.audio_limit = app, limit, audio_limit
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD"):
             return await self.app(scope, receive, send)
-        limit = max(self.limit, AUDIO_BODY_LIMIT) if scope["path"].startswith("/v1/audio/") else self.limit
+        limit = self.audio_limit if scope["path"].startswith("/v1/audio/") else self.limit  # each bound by its own option
         too_large = error_response(413, f"the request body is larger than {limit} bytes")
         length = dict(scope.get("headers") or []).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > limit:
@@ -271,7 +270,7 @@ def build_app(config: ServerConfig, load_in_background: bool = True) -> FastAPI:
 
     # the last added runs first: the API key is checked before a byte of the body is read
     app.add_middleware(CatchAll)
-    app.add_middleware(BodyLimit, limit=config.max_body_size)
+    app.add_middleware(BodyLimit, limit=config.max_body_size, audio_limit=config.max_audio_body_size)
     app.add_middleware(Gate, state=state)
     app.add_middleware(ClientGone)
 

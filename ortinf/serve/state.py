@@ -33,7 +33,8 @@ class ServerConfig:
     max_num_batched_tokens: int = 2048
     kv_cache_memory: int | None = None
     shutdown_timeout: float = 30.0
-    max_body_size: int = 2 * 2**20  # TGI's default
+    max_body_size: int = 2 * 2**20  # TGI's default; every route but the audio uploads
+    max_audio_body_size: int = 26 * 2**20  # the audio routes' bodies: an upload (OpenAI's 25 MiB) and its form fields
     intra_op_threads: int = 0
     tool_call_parser: str = "auto"
     speculative_config: str | None = None  # JSON, vLLM's speculative_config

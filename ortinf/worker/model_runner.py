@@ -37,7 +37,6 @@ class ModelRunner:
         self.rules = rules  # an encoder-decoder's generation rules (suppressed and forced tokens)
         self.sampler = Sampler()
         self.shared_generator = np.random.default_rng(seed)
-        self.generators: dict[str, np.random.Generator] = {}
         self.grammars = grammars
         self.matchers: dict = {}  # request id -> its llguidance matcher (structured output)
         self.allowed_ids: dict[str, np.ndarray] = {}  # request id -> its allowed_token_ids as a mask, built once
@@ -46,7 +45,6 @@ class ModelRunner:
 
     def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         for request_id in scheduler_output.finished_request_ids:
-            self.generators.pop(request_id, None)
             self.matchers.pop(request_id, None)
             self.allowed_ids.pop(request_id, None)
         scheduled = scheduler_output.scheduled
@@ -174,8 +172,8 @@ class ModelRunner:
         count = len(rows)
         allowed = self._allowed(scheduled, None, ())
         processed = self.sampler.process(rows, [params] * count, [((), ())] * count, (), [allowed] * count)
-        probs = None if params.greedy else self.sampler.distribution(processed, params)
-        tokens = verify(processed, list(scheduled.spec_token_ids), params.greedy, probs, None if params.greedy else self._generator(scheduled))
+        tokens = verify(processed, list(scheduled.spec_token_ids), params.greedy,
+                        lambda i: self.sampler.draw_row(processed[i], params, self._generator(scheduled, i).random()))
         output.sampled_token_ids[scheduled.request_id] = tokens
         if params.logprobs is not None:
             logprobs = log_softmax(rows.astype(np.float32))
@@ -222,13 +220,15 @@ class ModelRunner:
                     banned += (word[-1],)
         return banned
 
-    def _generator(self, scheduled: ScheduledRequest) -> np.random.Generator:
+    def _generator(self, scheduled: ScheduledRequest, offset: int = 0) -> np.random.Generator:
+        """The random stream of the request's next sampled token (`offset` more for a speculated position):
+        a seeded request's token at output position p draws from its own stream (seed, p), so its tokens
+        depend neither on the batch, nor on whether a step speculated, nor on preemption; the others share
+        the runner's generator."""
         seed = scheduled.sampling_params.seed
         if seed is None:
             return self.shared_generator
-        if scheduled.request_id not in self.generators:
-            self.generators[scheduled.request_id] = np.random.default_rng(seed)
-        return self.generators[scheduled.request_id]
+        return np.random.default_rng([seed, scheduled.num_output_tokens + offset])
 
 
 def prompt_logprobs(scheduled: ScheduledRequest, rows: np.ndarray) -> list[TokenLogprobs]:

@@ -47,7 +47,7 @@ def test_transcriptions(whisper_package, chat_package, tmp_path):
     expected = LLM(whisper_package).transcribe(audio)[0]
     assert expected  # the random model says something
     with running_server([str(whisper_package), str(chat_package), "--served-model-name", "whisper", "--served-model-name", "text",
-                         "--kv-cache-memory", "32MiB", "--no-transcription-fallback"], tmp_path) as server:
+                         "--kv-cache-memory", "32MiB", "--no-transcription-fallback", "--max-audio-body-size", "2MiB"], tmp_path) as server:
         wav = tmp_path / "speech.wav"
         wav.write_bytes(encoded(audio, "WAV"))
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
@@ -111,6 +111,13 @@ def test_transcriptions(whisper_package, chat_package, tmp_path):
         assert kept and float(kept[0].split()[-1]) >= 10  # every request's windows
         hits = [line for line in metrics.splitlines() if line.startswith('ortinf:encoder_cache_hits_total{model_name="whisper"}')]
         assert hits and float(hits[0].split()[-1]) >= 1  # the same file, sent again and again, skips the encoder
+        # issue 30: the audio routes are bound by their own option (finding 13: always >= 26 MiB before)
+        big = post(encoded(tone(100), "WAV"))  # 3.2 MB
+        assert big.status_code == 413 and "2097152" in big.json()["error"]["message"], big.text
+        assert httpx.post(f"{server.url}/v1/completions", content=b"x" * 3_000_000, timeout=60).status_code == 413
+        # speech is the engine's: its gauges come from the engine's stats, and nothing is left held
+        assert 'ortinf:num_requests_running{model_name="whisper"} 0.0' in metrics
+        assert 'ortinf:kv_cache_usage_perc{model_name="whisper"} 0.0' in metrics
         # the text model beside it still serves
         assert httpx.post(f"{server.url}/v1/completions", json={"model": "text", "prompt": "hi", "max_tokens": 2}).status_code == 200
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine_helpers import GREEDY, hf_greedy, make_engine, run_to_completion
+from engine_helpers import GREEDY, drain, hf_greedy, make_engine, run_to_completion
 from ortinf.errors import ConfigError
 from ortinf.sample.sampling_params import SamplingParams
 from ortinf.sample.speculative import SpeculativeConfig, draw, propose_ngram, verify
@@ -64,22 +64,47 @@ def test_seeded_sampling_stays_seeded_and_logprobs_follow_tokens(setup):
         assert [entry.token_id for entry in completion.logprobs] == completion.token_ids
 
 
+def test_seeded_tokens_do_not_depend_on_speculation(setup):
+    """issue 30, finding 7: a seeded request's tokens were other tokens when the pool was full (no blocks,
+    no proposals, fewer random draws). Each output position now draws from its own (seed, position)
+    stream and verification keeps a proposal only when it equals that draw: without speculation, with
+    it, and with it in a pool so small that proposals come and go, the tokens are the same."""
+    package, prompts, _ = setup
+    params = [SamplingParams(max_tokens=24, temperature=0.5, top_k=4, seed=100 + i) for i in range(len(prompts))]
+    runs = []
+    for options in (dict(num_blocks=512), dict(num_blocks=512, speculative_config=NGRAM),
+                    dict(num_blocks=24, max_num_batched_tokens=48, max_model_len=256, speculative_config=NGRAM)):
+        engine = make_engine(package, **options)
+        ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params)]
+        finished = drain(engine, ids)  # the pool's invariants every step, every block given back
+        runs.append([finished[i].outputs[0].token_ids for i in ids])
+        if "speculative_config" in options:
+            assert engine.scheduler.spec_stats.num_accepted_tokens > 0
+    assert runs[0] == runs[1] == runs[2]
+
+
 def test_the_sampling_rule_keeps_the_distribution():
-    """A point-mass draft accepted with p(d), else a draw from p without d: the first token's law is p."""
+    """A point-mass draft is kept when the position's own draw equals it (probability p(d)); the first
+    token's law is p, and the tokens are the draws a request without speculation would make."""
     p = np.array([[0.5, 0.3, 0.15, 0.05], [0.25, 0.25, 0.25, 0.25]])
     rng = np.random.default_rng(0)
     for draft in (0, 1, 3):
-        counts = np.zeros(4)
+        counts, kept = np.zeros(4), 0
         for _ in range(20_000):
-            counts[verify(np.log(p), [draft], greedy=False, probs=p, generator=rng)[0]] += 1
+            uniforms = rng.random(2)
+            tokens = verify(np.log(p), [draft], greedy=False, sample=lambda i: draw(p[i], uniforms[i]))
+            counts[tokens[0]] += 1
+            kept += len(tokens) == 2
+            assert tokens[0] == draw(p[0], uniforms[0])  # what the position draws without speculation
         assert np.abs(counts / counts.sum() - p[0]).max() < 0.015, (draft, counts / counts.sum())
+        assert abs(kept / 20_000 - p[0, draft]) < 0.015
 
 
 def test_greedy_verification_by_value():
     rows = np.array([[0, 5, 1], [9, 0, 0], [0, 0, 7]], dtype=np.float32)  # argmax 1, 0, 2
-    assert verify(rows, [1, 0], greedy=True, probs=None, generator=None) == [1, 0, 2]  # both kept, plus the bonus
-    assert verify(rows, [1, 2], greedy=True, probs=None, generator=None) == [1, 0]  # second rejected: the target instead
-    assert verify(rows, [2, 0], greedy=True, probs=None, generator=None) == [1]
+    assert verify(rows, [1, 0], greedy=True) == [1, 0, 2]  # both kept, plus the bonus
+    assert verify(rows, [1, 2], greedy=True) == [1, 0]  # second rejected: the target instead
+    assert verify(rows, [2, 0], greedy=True) == [1]
     assert draw(np.array([0.0, 1.0, 0.0]), 0.999) == 1 and draw(np.array([1.0, 0.0, 1.0]), 0.49) == 0 and draw(np.array([1.0, 0.0, 1.0]), 0.5) == 2
 
 

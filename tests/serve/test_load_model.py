@@ -1,0 +1,33 @@
+"""ortinf/serve/app.py load_model in process: every model kind the server loads is the one engine, built
+from the server's engine options (issue 30: `ortinf serve WHISPER --max-num-seqs 2 --kv-cache-memory
+64MiB` is obeyed; speech used to take only the thread count), and a text-only option is refused for
+the kinds that cannot use it instead of being dropped."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import ortinf
+from ortinf.serve.app import load_model
+from ortinf.serve.state import ServerConfig, ServerState
+from ortinf.worker.kv_pool import block_bytes
+from tiny_models import add_byte_tokenizer, build_whisper
+
+
+def test_a_whisper_model_obeys_the_engine_options(tmp_path: Path):
+    build_whisper(tmp_path / "hf", vocab_size=384, max_target_positions=32)  # 384: room for the byte tokenizer
+    add_byte_tokenizer(tmp_path / "hf", 384)
+    ortinf.export(tmp_path / "hf", tmp_path / "pkg", progress=False)
+    config = ServerConfig(packages=(tmp_path / "pkg",), max_num_seqs=2, kv_cache_memory=8 * 2**20, max_num_batched_tokens=512,
+                          engine_options={"max_num_encoder_input_tokens": 3000, "block_size": 16})
+    state = ServerState(config)
+    model = load_model(tmp_path / "pkg", "whisper", config, state)
+    try:
+        engine = model.engine.engine  # the AsyncEngine's LLMEngine: the text engine's scheduler and pool
+        assert model.transcriber.transcriber.engine is engine
+        assert engine.scheduler.config.max_num_seqs == 2 and engine.scheduler.config.max_num_batched_tokens == 512
+        assert engine.scheduler.config.max_num_encoder_input_tokens == 3000
+        used = engine.kv_cache.pool.num_blocks * block_bytes(engine.manifest.decoder, 16)
+        assert used <= 8 * 2**20 and engine.kv_cache.pool.num_blocks >= 94 + 2  # the memory, and one whole window
+    finally:
+        model.engine.shutdown()
