@@ -14,34 +14,66 @@ _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb"
           "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12, "tib": 2**40}
 
 
+def option(default, help: str, section: str, **cli):  # noqa: A002, ANN001, ANN201 - a dataclass field
+    """A field that is also a command-line option: `help` its text, `section` where `--help` lists it
+    (cache, scheduler, speculative, lora, device), `cli` how the CLI spells and reads it when it is not the
+    field's own name and type: flag, multiple, metavar, choices ({word: value}), parse (a function of the
+    raw values), minimum. ortinf/cli/serve_options.py makes the options of serve, generate, chat and
+    transcribe from these, so a setting is declared once."""
+    metadata = {"cli": help, "section": section, **cli}
+    if default is dict:  # a fresh mapping per config
+        return field(default_factory=dict, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+_AUTO_ON_OFF = {"auto": None, "on": True, "off": False}
+
+
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
-    """Settings of one engine over one decoder package."""
+    """Settings of one engine over one package, every kind (text decoders, Marian/BART, Whisper); each
+    field is a CLI option (`option`), and `LLM(package, **fields)` takes them."""
 
     package_dir: Path
-    provider: str = "auto"
-    # fields with a "cli" help text become `ortinf serve` options generated from here (ortinf/cli/main.py
-    # engine_options); the others have hand-written serve options (their CLI spelling differs)
-    block_size: int = field(default=16, metadata={"cli": "Tokens per KV-cache block."})
-    num_blocks: int | None = field(default=None, metadata={"cli": "KV-cache blocks per model [default: from --kv-cache-memory]."})
-    kv_cache_memory: int | str | None = None  # bytes, or a size as the CLI takes it ("256MiB", "4GiB")
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
-    max_num_encoder_input_tokens: int = field(default=6144, metadata={"cli": "Encoder positions run per engine step by "
-                                              "encoder-decoders (Whisper: 1500 a window; Marian, BART: a source's tokens)."})
-    max_model_len: int | None = field(default=None, metadata={"cli": "Context length cap (prompt + output) [default: the model's]."})
-    enable_prefix_caching: bool = field(default=True, metadata={"cli": "Reuse the KV blocks of prompt prefixes seen before."})
-    intra_op_threads: int = 0
-    seed: int | None = field(default=None, metadata={"cli": "Seed of the engine's shared sampler (requests without a seed)."})
-    provider_options: dict[str, str] = field(default_factory=dict)
-    allow_cpu_fallback: bool = False
-    shape_buckets: bool | None = None  # pad steps to bucket shapes; None: the provider's choice
-    cpu_kernel: bool | None = None  # ortinf's CPU kernel library on the CPU provider; None: when it loads (DecoderGraph)
-    speculative_config: SpeculativeConfig | dict | str | None = None  # vLLM's; e.g. {"method": "ngram", "num_speculative_tokens": 4}
-    lora_modules: dict[str, str] = field(default_factory=dict)  # adapter name -> PEFT folder, loaded at start
-    max_loras: int = field(default=0, metadata={"cli": "LoRA adapters loaded at once (slots) [default: as many as --lora-modules; "
-                                                        "raise it to load more at runtime]."})
-    max_lora_rank: int = field(default=16, metadata={"cli": "Highest LoRA rank an adapter may have."})
+    # device
+    provider: str = option("auto", "Execution provider: auto, cpu, webgpu, openvino, cuda, ... (see `ortinf providers`).", "device")
+    provider_options: dict[str, str] = option(dict, "An option of the execution provider (repeatable), e.g. device_type=GPU for "
+                                              "OpenVINO.", "device", flag="--provider-option", multiple=True, metavar="KEY=VALUE",
+                                              parse=lambda values: _provider_options(values))
+    allow_cpu_fallback: bool = option(False, "Run on the CPU when the chosen provider runs none of the graph, instead of failing.",
+                                      "device")
+    shape_buckets: bool | None = option(None, "Pad each step to a few bucket shapes (for providers that compile per shape); auto: "
+                                        "the provider's choice.", "device", choices=_AUTO_ON_OFF)
+    cpu_kernel: bool | None = option(None, "On the CPU provider, run the package's graph for ortinf's compiled kernel library (fused "
+                                     "paged attention); auto: when the package has it and the library loads, off: the portable "
+                                     "graph, on: fail without it.", "device", choices=_AUTO_ON_OFF)
+    intra_op_threads: int = option(0, "ORT threads per session (0: all cores).", "device", minimum=0)
+    # cache
+    block_size: int = option(16, "Tokens per KV-cache block.", "cache")
+    num_blocks: int | None = option(None, "KV-cache blocks per model [default: from --kv-cache-memory].", "cache")
+    kv_cache_memory: int | str | None = option(None, "KV cache size, e.g. 2GiB [default: 20% of free RAM, capped at what "
+                                               "--max-num-seqs full-length sequences need].", "cache", metavar="SIZE")
+    enable_prefix_caching: bool = option(True, "Reuse the KV blocks of prompt prefixes seen before.", "cache")
+    # scheduler
+    max_num_seqs: int = option(64, "Most sequences in one batch (Whisper: windows; Marian, BART: sources).", "scheduler")
+    max_num_batched_tokens: int = option(2048, "Token budget of one engine step.", "scheduler")
+    max_num_encoder_input_tokens: int = option(6144, "Encoder positions run per engine step by encoder-decoders (Whisper: 1500 a "
+                                               "window; Marian, BART: a source's tokens).", "scheduler")
+    max_model_len: int | None = option(None, "Context length cap (prompt + output) [default: the model's].", "scheduler")
+    seed: int | None = option(None, "Seed of the engine's shared sampler (requests without a seed).", "scheduler", minimum=0)
+    # speculative
+    speculative_config: SpeculativeConfig | dict | str | None = option(
+        None, 'Speculative decoding, vLLM\'s speculative_config: \'{"method": "ngram", "num_speculative_tokens": 4, '
+        '"prompt_lookup_max": 4}\' (n-gram prompt lookup) or \'{"model": "draft-pkg/", "num_speculative_tokens": 3}\' (a '
+        'smaller package with the same tokenizer). Greedy output is unchanged.', "speculative", metavar="JSON")
+    # lora
+    lora_modules: dict[str, str] = option(dict, "A LoRA adapter (a PEFT folder) served as model NAME on the first text-generation "
+                                          "package, which must be exported with --enable-lora; repeat for more. Requests pick one "
+                                          "by `model`, and adapters and the base model batch together.", "lora",
+                                          multiple=True, metavar="NAME=PATH", parse=lambda values: parse_lora_modules(values))
+    max_loras: int = option(0, "LoRA adapters loaded at once (slots) [default: as many as --lora-modules; raise it to load more "
+                               "at runtime].", "lora", minimum=0)
+    max_lora_rank: int = option(16, "Highest LoRA rank an adapter may have.", "lora")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "speculative_config", SpeculativeConfig.parse(self.speculative_config))
@@ -77,3 +109,25 @@ def available_memory() -> int:
     except OSError:
         pass
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _provider_options(values) -> dict[str, str]:  # noqa: ANN001
+    from ortinf.providers.registry import parse_options
+
+    return parse_options(values)
+
+
+def parse_lora_modules(values) -> dict[str, str]:  # noqa: ANN001
+    """NAME=PATH ... (--lora-modules) -> {name: path}; a malformed or repeated NAME, or a PATH that is no
+    folder, is a ConfigError."""
+    modules: dict[str, str] = {}
+    for value in values:
+        name, sep, path = value.partition("=")
+        if not sep or not name.strip() or not path.strip():
+            raise ConfigError(f"--lora-modules takes NAME=PATH (a PEFT adapter folder), got {value!r}")
+        if name in modules:
+            raise ConfigError(f"--lora-modules names '{name}' twice")
+        if not Path(path).expanduser().is_dir():
+            raise ConfigError(f"--lora-modules {name}: {path} is not a folder (pass a PEFT adapter folder)")
+        modules[name.strip()] = str(Path(path).expanduser())
+    return modules

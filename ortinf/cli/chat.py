@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TextIO
 
 from ortinf.errors import ConfigError, OrtinfError
-from ortinf.config import EngineConfig, parse_size
+from ortinf.config import EngineConfig
 from ortinf.engine.llm_engine import LLMEngine
 from ortinf.sample.sampling_params import SamplingParams
 from ortinf.serve.chat_template import ChatTemplate
@@ -20,13 +20,12 @@ from ortinf.serve.chat_template import ChatTemplate
 HELP = "type a message; /reset starts over, /exit (or Ctrl-D) leaves"
 
 
-def chat(package: Path, system: str | None, provider: str, kv_cache_memory: str | None, params: dict,
+def chat(package: Path, system: str | None, engine_options: dict, params: dict,
          stdin: TextIO = sys.stdin, stdout: TextIO = sys.stdout) -> None:
     template = ChatTemplate.load(package)
     if template is None:
         raise ConfigError(f"{package} has no chat template: use `ortinf generate` for plain continuation")
-    engine = LLMEngine(EngineConfig(package_dir=package, provider=provider, max_num_seqs=1,
-                                    kv_cache_memory=parse_size(kv_cache_memory) if kv_cache_memory else None))
+    engine = LLMEngine(EngineConfig(package_dir=package, **{**engine_options, "max_num_seqs": 1}))
     if engine.tokenizer is None:
         raise ConfigError(f"{package} has no tokenizer: chat needs text")
     start = [{"role": "system", "content": system}] if system else []

@@ -7,18 +7,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ortinf.config import EngineConfig, parse_size
+from ortinf.config import EngineConfig
 from ortinf.engine.llm_engine import LLMEngine
 from ortinf.sample.sampling_params import SamplingParams
 
 
-def stream_generation(package: Path, prompt: str | list[int], provider: str, kv_cache_memory: str | None,
-                      provider_options: dict[str, str], allow_cpu_fallback: bool, params: dict[str, Any]) -> None:
-    """Prints the continuation as it is generated, then one line of figures on stderr."""
+def stream_generation(package: Path, prompt: str | list[int], engine_options: dict[str, Any], params: dict[str, Any]) -> None:
+    """Prints the continuation as it is generated, then one line of figures on stderr. `engine_options`:
+    EngineConfig's keyword arguments (one sequence: max_num_seqs 1)."""
     sampling = SamplingParams(**params, output_kind="delta")
-    memory = parse_size(kv_cache_memory) if kv_cache_memory else None
-    config = EngineConfig(package_dir=package, provider=provider, kv_cache_memory=memory, max_num_seqs=1,
-                          provider_options=provider_options, allow_cpu_fallback=allow_cpu_fallback)
+    config = EngineConfig(package_dir=package, **{**engine_options, "max_num_seqs": 1})
     engine = LLMEngine(config)
     engine.add_request(prompt, sampling)
     start = time.monotonic()

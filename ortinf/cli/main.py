@@ -12,8 +12,12 @@ import click
 import ortinf
 from ortinf.cli.exit_codes import run
 from ortinf.manifest import TASKS, TEXT_GENERATION, Manifest
-from ortinf.providers.registry import parse_options
-from ortinf.cli.serve_options import ENGINE_PREFIX, check_port, engine_options, load_yaml_config
+from ortinf.cli.serve_options import check_port, engine_options, engine_values, load_yaml_config
+
+# Engine options a command does not take, because it cannot use them: one stream (generate, chat: --seed
+# is the request's there), or a speech model (no speculative decoding, no LoRA).
+SINGLE_STREAM_EXCLUDED = frozenset({"seed", "max_num_seqs", "lora_modules", "max_loras", "max_lora_rank"})
+SPEECH_EXCLUDED = frozenset({"speculative_config", "lora_modules", "max_loras", "max_lora_rank"})
 
 
 
@@ -116,8 +120,9 @@ def export(model: str | None, out: Path | None, task: str, dtype: str, quant_blo
 @click.option("--temperature", type=click.FloatRange(0, 1), default=0.0, show_default=True,
               help="Sampling temperature; 0 is greedy, retried hotter for windows that repeat or are unlikely.")
 @click.option("--no-fallback", is_flag=True, help="Decode at --temperature only: no hotter retries, no silence skipping.")
+@engine_options(exclude=SPEECH_EXCLUDED)
 def transcribe(package: str, files: tuple[Path, ...], output_format: str, language: str | None, translate: bool,
-               temperature: float, no_fallback: bool) -> None:
+               temperature: float, no_fallback: bool, **engine_given: object) -> None:
     """Transcribe audio FILES (wav, flac, ogg, mp3) with PACKAGE, a Whisper package made by `ortinf export`.
 
     All files are transcribed together; a model with timestamp tokens goes window after window, each
@@ -126,7 +131,7 @@ def transcribe(package: str, files: tuple[Path, ...], output_format: str, langua
     from ortinf.cli.transcribe import transcribe_files
 
     transcribe_files(resolve_package(package), files, output_format, language, "translate" if translate else "transcribe",
-                     temperature, not no_fallback)
+                     temperature, not no_fallback, engine_values(engine_given))
 
 
 @cli.command()
@@ -161,15 +166,10 @@ def inspect(package: str | None) -> None:
 @click.option("--seed", type=int, default=None, help="Makes sampling reproducible.")
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-sequence tokens.")
-@click.option("--provider", default="auto", show_default=True, help="Execution provider: auto, cpu, webgpu, openvino, cuda, ... (see `ortinf providers`).")
-@click.option("--provider-option", "provider_options", multiple=True, metavar="KEY=VALUE", envvar="ORTINF_PROVIDER_OPTIONS",
-              help="An option of the execution provider (repeatable), e.g. device_type=GPU for OpenVINO.")
-@click.option("--allow-cpu-fallback", is_flag=True, envvar="ORTINF_ALLOW_CPU_FALLBACK",
-              help="Run on the CPU when the chosen provider runs none of the graph, instead of failing.")
-@click.option("--kv-cache-memory", default=None, help="KV cache size, e.g. 512MiB [default: a share of free RAM].")
+@engine_options(exclude=SINGLE_STREAM_EXCLUDED)
 def generate(package: str | None, prompt: str | None, prompt_ids: str | None, max_tokens: int, temperature: float, top_p: float,
              top_k: int, min_p: float, repetition_penalty: float, seed: int | None, stop: tuple[str, ...], ignore_eos: bool,
-             provider: str, provider_options: tuple[str, ...], allow_cpu_fallback: bool, kv_cache_memory: str | None) -> None:
+             **engine_given: object) -> None:
     """Generate a continuation of a prompt with a text-generation PACKAGE, streaming it to the terminal.
 
     PACKAGE is a folder made by `ortinf export`, a Hugging Face model folder (exported into the package
@@ -180,8 +180,7 @@ def generate(package: str | None, prompt: str | None, prompt_ids: str | None, ma
     if (prompt is None) == (prompt_ids is None):
         raise click.UsageError("pass exactly one of --prompt and --prompt-ids")
     stream_generation(
-        resolve_package(package), prompt if prompt is not None else _parse_ids(prompt_ids or ""), provider, kv_cache_memory,
-        parse_options(provider_options), allow_cpu_fallback,
+        resolve_package(package), prompt if prompt is not None else _parse_ids(prompt_ids or ""), engine_values(engine_given),
         dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
              repetition_penalty=repetition_penalty, seed=seed, stop=stop, ignore_eos=ignore_eos),
     )
@@ -194,10 +193,9 @@ def generate(package: str | None, prompt: str | None, prompt_ids: str | None, ma
 @click.option("-t", "--temperature", type=float, default=0.7, show_default=True, help="0 is greedy.")
 @click.option("--top-p", type=float, default=0.95, show_default=True, help="Nucleus sampling mass.")
 @click.option("--seed", type=int, default=None, help="Makes sampling reproducible.")
-@click.option("--provider", default="auto", show_default=True, help="Execution provider (see `ortinf providers`).")
-@click.option("--kv-cache-memory", default=None, help="KV cache size, e.g. 512MiB [default: a share of free RAM].")
-def chat(package: str | None, system: str | None, max_tokens: int, temperature: float, top_p: float, seed: int | None, provider: str,
-         kv_cache_memory: str | None) -> None:
+@engine_options(exclude=SINGLE_STREAM_EXCLUDED)
+def chat(package: str | None, system: str | None, max_tokens: int, temperature: float, top_p: float, seed: int | None,
+         **engine_given: object) -> None:
     """Chat with PACKAGE in the terminal, replies streamed; /reset, /exit.
 
     PACKAGE is a folder made by `ortinf export`, a Hugging Face model folder (exported into the package
@@ -205,7 +203,7 @@ def chat(package: str | None, system: str | None, max_tokens: int, temperature: 
     from ortinf.bundled import resolve_package
     from ortinf.cli.chat import chat as run_chat
 
-    run_chat(resolve_package(package), system, provider, kv_cache_memory,
+    run_chat(resolve_package(package), system, engine_values(engine_given),
              dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed))
 
 
@@ -222,26 +220,11 @@ def _parse_ids(text: str) -> list[int]:
               callback=load_yaml_config, help="YAML file of options (keys as the option names, e.g. port: 8000).")
 @click.option("--host", default="127.0.0.1", show_default=True, envvar="ORTINF_HOST", help="Address to listen on.")
 @click.option("--port", type=int, default=8000, show_default=True, envvar="ORTINF_PORT", help="Port to listen on.")
-@click.option("--provider", default="auto", show_default=True, envvar="ORTINF_PROVIDER",
-              help="Execution provider: auto, cpu, webgpu, openvino, cuda, ... (see `ortinf providers`).")
-@click.option("--provider-option", "provider_options", multiple=True, metavar="KEY=VALUE", envvar="ORTINF_PROVIDER_OPTIONS",
-              help="An option of the execution provider (repeatable), e.g. device_type=GPU for OpenVINO.")
-@click.option("--allow-cpu-fallback", is_flag=True, envvar="ORTINF_ALLOW_CPU_FALLBACK",
-              help="Run on the CPU when the chosen provider runs none of the graph, instead of failing.")
-@click.option("--shape-buckets", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True, envvar="ORTINF_SHAPE_BUCKETS",
-              help="Pad each step to a few bucket shapes (for providers that compile per shape); auto: the provider's choice.")
-@click.option("--cpu-kernel", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True, envvar="ORTINF_CPU_KERNEL",
-              help="On the CPU provider, run the package's graph for ortinf's compiled kernel library (fused paged attention); "
-                   "auto: when the package has it and the library loads, off: the portable graph, on: fail without it.")
 @click.option("--served-model-name", "served_model_names", multiple=True, envvar="ORTINF_SERVED_MODEL_NAME",
               help="Name clients use in `model` (one per package) [default: the package folder's name].")
 @click.option("--api-key", envvar="ORTINF_API_KEY", help="Require `Authorization: Bearer KEY` on /v1 routes.")
-@click.option("--max-num-seqs", type=int, default=64, show_default=True, envvar="ORTINF_MAX_NUM_SEQS", help="Most sequences in one batch.")
 @click.option("--max-queued-requests", type=int, default=256, show_default=True, envvar="ORTINF_MAX_QUEUED_REQUESTS",
               help="Requests that may wait beyond the running batch; past that the server answers 429.")
-@click.option("--max-num-batched-tokens", type=int, default=2048, show_default=True, envvar="ORTINF_MAX_NUM_BATCHED_TOKENS",
-              help="Token budget of one engine step.")
-@click.option("--kv-cache-memory", envvar="ORTINF_KV_CACHE_MEMORY", help="KV cache size, e.g. 2GiB [default: 20% of free RAM].")
 @click.option("--shutdown-timeout", type=float, default=30.0, show_default=True, envvar="ORTINF_SHUTDOWN_TIMEOUT",
               help="On SIGTERM, seconds to let in-flight requests finish.")
 @click.option("--max-body-size", default="2MiB", show_default=True, envvar="ORTINF_MAX_BODY_SIZE",
@@ -249,22 +232,13 @@ def _parse_ids(text: str) -> list[int]:
 @click.option("--max-audio-body-size", default="26MiB", show_default=True, envvar="ORTINF_MAX_AUDIO_BODY_SIZE",
               help="Largest body of /v1/audio/transcriptions and /v1/audio/translations (413 beyond): the audio file "
                    "(OpenAI's limit is 25 MiB) and its form fields.")
-@click.option("--intra-op-threads", type=int, default=0, show_default=True, envvar="ORTINF_INTRA_OP_THREADS", help="ORT threads per session (0: all cores).")
 @click.option("--tool-call-parser", type=click.Choice(["auto", "hermes", "none"]), default="auto", show_default=True,
               envvar="ORTINF_TOOL_CALL_PARSER",
               help="How tool calls are read from a model's text for tool_choice 'auto': hermes (<tool_call>{json}</tool_call>, "
                    "Qwen and Hermes models), none, or auto (hermes when the chat template writes <tool_call>).")
-@click.option("--speculative-config", default=None, envvar="ORTINF_SPECULATIVE_CONFIG", metavar="JSON",
-              help='Speculative decoding, vLLM\'s speculative_config: \'{"method": "ngram", "num_speculative_tokens": 4, '
-                   '"prompt_lookup_max": 4}\' (n-gram prompt lookup) or \'{"model": "draft-pkg/", "num_speculative_tokens": 3}\' '
-                   '(a smaller package with the same tokenizer). Greedy output is unchanged.')
 @click.option("--metrics-prefix", type=click.Choice(["ortinf", "vllm"]), default="ortinf", show_default=True, envvar="ORTINF_METRICS_PREFIX",
               help="Prefix of the /metrics names; vllm gives vllm:num_requests_waiting, vllm:kv_cache_usage_perc, ... "
                    "for dashboards and cluster routers (llm-d, the Gateway API Inference Extension) that look for them.")
-@click.option("--lora-modules", "lora_modules", multiple=True, metavar="NAME=PATH", envvar="ORTINF_LORA_MODULES",
-              help="A LoRA adapter (a PEFT folder) served as model NAME on the first text-generation package, which "
-                   "must be exported with --enable-lora; repeat for more. Requests pick one by `model`, and adapters "
-                   "and the base model batch together.")
 @click.option("--allow-runtime-lora-updates", is_flag=True, envvar="ORTINF_ALLOW_RUNTIME_LORA_UPDATES",
               help="Mount /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's): a client may then make the server "
                    "read any adapter folder it names; set --max-loras for the slots.")
@@ -285,15 +259,12 @@ def _parse_ids(text: str) -> list[int]:
 @click.option("--transcription-fallback/--no-transcription-fallback", default=True, show_default=True,
               help="Whisper models: at temperature 0, retry windows that repeat or are unlikely at hotter temperatures and "
                    "skip silent ones (OpenAI's and openai-whisper's behaviour); off: the request's temperature alone.")
-@engine_options
-def serve(packages: tuple[Path, ...], host: str, port: int, provider: str, provider_options: tuple[str, ...], allow_cpu_fallback: bool,
-          shape_buckets: str, cpu_kernel: str, served_model_names: tuple[str, ...], api_key: str | None,
-          max_num_seqs: int, max_queued_requests: int, max_num_batched_tokens: int, kv_cache_memory: str | None,
-          shutdown_timeout: float, max_body_size: str, max_audio_body_size: str, intra_op_threads: int, tool_call_parser: str, speculative_config: str | None,
+@engine_options()
+def serve(packages: tuple[Path, ...], host: str, port: int, served_model_names: tuple[str, ...], api_key: str | None,
+          max_queued_requests: int, shutdown_timeout: float, max_body_size: str, max_audio_body_size: str, tool_call_parser: str,
           metrics_prefix: str, use_ray: bool, num_replicas: int, min_replicas: int | None, max_replicas: int | None,
           target_ongoing_requests: float | None, cpus_per_replica: float, gpus_per_replica: float, prefix_routing: bool,
-          lora_modules: tuple[str, ...], allow_runtime_lora_updates: bool, log_level: str, transcription_fallback: bool,
-          **engine_fields: object) -> None:
+          allow_runtime_lora_updates: bool, log_level: str, transcription_fallback: bool, **engine_given: object) -> None:
     """Serve PACKAGES behind an OpenAI-compatible API (/v1/completions, /v1/chat/completions, /v1/embeddings).
 
     PACKAGES are folders made by `ortinf export`, or Hugging Face model folders, exported into the package
@@ -301,12 +272,12 @@ def serve(packages: tuple[Path, ...], host: str, port: int, provider: str, provi
     bundled demo language model and embedding model the same way. Requests are routed to a model by
     their `model` field.
     """
-    from ortinf.config import parse_size
+    from ortinf.config import EngineConfig, parse_size
     from ortinf.serve.app import model_names
-    from ortinf.cli.serve_options import parse_lora_modules
     from ortinf.serve.server import run
     from ortinf.serve.state import ServerConfig
 
+    engine = engine_values(engine_given)  # the engine's options, as EngineConfig takes them (generated from its fields)
     if not use_ray:
         check_port(host, port)  # before minutes of loading (or exporting) models, not after
     if not packages:
@@ -329,10 +300,9 @@ def serve(packages: tuple[Path, ...], host: str, port: int, provider: str, provi
     from ortinf.providers.base import DEVICE
     from ortinf.providers.registry import resolve
 
-    found = resolve(provider)  # a missing provider fails now, in one line
-    from ortinf.sample.speculative import SpeculativeConfig
-
-    spec = SpeculativeConfig.parse(speculative_config)  # so does a bad --speculative-config
+    found = resolve(engine["provider"])  # a missing provider fails now, in one line
+    checked = EngineConfig(package_dir=Path("."), **engine)  # so do a bad size, --speculative-config or --lora-modules
+    spec = checked.speculative_config
     if spec is not None and spec.model is not None:  # and a draft model that is not there (a Hugging Face folder is exported)
         from dataclasses import asdict, replace
 
@@ -340,23 +310,18 @@ def serve(packages: tuple[Path, ...], host: str, port: int, provider: str, provi
 
         draft = resolve_package(Path(spec.model))
         Manifest.load(draft)
-        speculative_config = json.dumps(asdict(replace(spec, model=str(draft))))
-    if found.provider.memory == DEVICE and kv_cache_memory is None and any(Manifest.load(p).decoder for p in packages):
+        engine["speculative_config"] = json.dumps(asdict(replace(spec, model=str(draft))))
+    if found.provider.memory == DEVICE and checked.kv_cache_memory is None and checked.num_blocks is None \
+            and any(Manifest.load(p).decoder for p in packages):
         raise click.UsageError(f"the {found.provider.name} provider keeps the KV cache in device memory, whose free size ORT "
                                "does not report: pass --kv-cache-memory (e.g. 2GiB)")
     if served_model_names and len(served_model_names) != len(packages):
         raise click.UsageError(f"pass one --served-model-name per package ({len(packages)}), or none")
     config = ServerConfig(
-        packages=tuple(packages), host=host, port=port, provider=provider, provider_options=parse_options(provider_options),
-        allow_cpu_fallback=allow_cpu_fallback, shape_buckets={"auto": None, "on": True, "off": False}[shape_buckets],
-        cpu_kernel={"auto": None, "on": True, "off": False}[cpu_kernel], served_model_names=served_model_names,
-        api_key=api_key, max_num_seqs=max_num_seqs, max_queued_requests=max_queued_requests,
-        max_num_batched_tokens=max_num_batched_tokens, kv_cache_memory=parse_size(kv_cache_memory) if kv_cache_memory else None,
-        shutdown_timeout=shutdown_timeout, max_body_size=parse_size(max_body_size),
-        max_audio_body_size=parse_size(max_audio_body_size), intra_op_threads=intra_op_threads,
-        tool_call_parser=tool_call_parser, speculative_config=speculative_config, metrics_prefix=metrics_prefix,
-        lora_modules=parse_lora_modules(lora_modules), allow_runtime_lora_updates=allow_runtime_lora_updates,
-        transcription_fallback=transcription_fallback, engine_options={name.removeprefix(ENGINE_PREFIX): value for name, value in engine_fields.items() if value is not None},
+        packages=tuple(packages), host=host, port=port, served_model_names=served_model_names, api_key=api_key,
+        max_queued_requests=max_queued_requests, shutdown_timeout=shutdown_timeout, max_body_size=parse_size(max_body_size),
+        max_audio_body_size=parse_size(max_audio_body_size), tool_call_parser=tool_call_parser, metrics_prefix=metrics_prefix,
+        allow_runtime_lora_updates=allow_runtime_lora_updates, transcription_fallback=transcription_fallback, engine_options=engine,
     )
     names = model_names(config)
     duplicates = sorted({name for name in names if names.count(name) > 1})

@@ -3,52 +3,71 @@ files, and the listening-address check that runs before any model loads."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import click
 
 from ortinf.errors import ConfigError
 
-ENGINE_PREFIX = "engine_"
-
-
-def engine_options(command):  # noqa: ANN001, ANN201 - a click decorator
-    """Adds one option per EngineConfig field that carries a "cli" help text (ortinf/config.py), so an
-    engine setting becomes a server option by being declared once: `--block-size`, `--max-model-len`,
-    `--seed`, `--num-blocks`, `--enable-prefix-caching/--no-enable-prefix-caching`."""
-    import dataclasses
-
+def engine_fields(exclude: frozenset[str] = frozenset()) -> list:
+    """EngineConfig's fields, each a CLI option (ortinf/config.py `option`), less `exclude`."""
     from ortinf.config import EngineConfig
 
-    for spec in reversed(dataclasses.fields(EngineConfig)):
-        help_text = spec.metadata.get("cli")
-        if help_text is None:
+    return [f for f in dataclasses.fields(EngineConfig) if "cli" in f.metadata and f.name not in exclude]
+
+
+def engine_options(exclude: frozenset[str] = frozenset()):  # noqa: ANN201 - a click decorator factory
+    """Adds one option per EngineConfig field (but `exclude`), generated from the field: its name
+    (`--max-num-seqs`), type, default, help and section, an environment variable ORTINF_<NAME>. Every
+    command that builds an engine (serve, generate, chat, transcribe) takes them the same way, and
+    `engine_values` turns what was given into EngineConfig's keyword arguments."""
+
+    def decorate(command):  # noqa: ANN001, ANN202
+        for spec in reversed(engine_fields(exclude)):
+            meta = spec.metadata
+            flag = meta.get("flag") or "--" + spec.name.replace("_", "-")
+            common = dict(envvar="ORTINF_" + spec.name.upper(), help=f"[{meta['section']}] {meta['cli']}")
+            default = None if spec.default is dataclasses.MISSING else spec.default
+            if "choices" in meta:
+                word = next(k for k, v in meta["choices"].items() if v == default)
+                option = click.option(flag, spec.name, type=click.Choice(list(meta["choices"])), default=word, show_default=True, **common)
+            elif isinstance(default, bool):
+                option = click.option(f"{flag}/--no-{flag[2:]}", spec.name, default=default, show_default=True, **common)
+            elif meta.get("multiple"):
+                option = click.option(flag, spec.name, multiple=True, metavar=meta.get("metavar"), **common)
+            elif isinstance(default, int) or (str(spec.type).startswith("int") and "str" not in str(spec.type)):
+                option = click.option(flag, spec.name, type=click.IntRange(min=meta.get("minimum", 1)), default=default,
+                                      show_default=default is not None, **common)
+            else:
+                option = click.option(flag, spec.name, default=default, show_default=default is not None, metavar=meta.get("metavar"),
+                                      **common)
+            command = option(command)
+        return command
+
+    return decorate
+
+
+def engine_values(given: dict) -> dict:
+    """The engine options among a command's keyword arguments, as EngineConfig keyword arguments: choices
+    mapped to their values, repeated options parsed (ConfigError says what is wrong)."""
+    values = {}
+    for spec in engine_fields():
+        if spec.name not in given:
             continue
-        flag = "--" + spec.name.replace("_", "-")
-        envvar = "ORTINF_" + spec.name.upper()
-        dest = ENGINE_PREFIX + spec.name
-        if isinstance(spec.default, bool):
-            option = click.option(f"{flag}/--no-{flag[2:]}", dest, default=spec.default, show_default=True, envvar=envvar, help=help_text)
-        else:
-            option = click.option(flag, dest, type=click.IntRange(min=0 if spec.name in ("seed", "max_loras") else 1), default=spec.default,
-                                  show_default=spec.default is not None, envvar=envvar, help=help_text)
-        command = option(command)
-    return command
+        value, meta = given[spec.name], spec.metadata
+        if "choices" in meta:
+            value = meta["choices"][value]
+        elif meta.get("multiple"):
+            value = meta["parse"](value)
+        values[spec.name] = value
+    return values
 
 
-def parse_lora_modules(values: tuple[str, ...]) -> dict[str, str]:
-    """--lora-modules NAME=PATH ... -> {name: path}; a malformed or repeated NAME is a usage error."""
-    modules: dict[str, str] = {}
-    for value in values:
-        name, sep, path = value.partition("=")
-        if not sep or not name.strip() or not path.strip():
-            raise click.UsageError(f"--lora-modules takes NAME=PATH (a PEFT adapter folder), got {value!r}")
-        if name in modules:
-            raise click.UsageError(f"--lora-modules names '{name}' twice")
-        if not Path(path).expanduser().is_dir():
-            raise click.UsageError(f"--lora-modules {name}: {path} is not a folder (pass a PEFT adapter folder)")
-        modules[name.strip()] = str(Path(path).expanduser())
-    return modules
+def split_engine_values(given: dict) -> tuple[dict, dict]:
+    """(EngineConfig keyword arguments, the command's other arguments) of a command's keyword arguments."""
+    names = {spec.name for spec in engine_fields()}
+    return engine_values(given), {k: v for k, v in given.items() if k not in names}
 
 
 def check_port(host: str, port: int) -> None:

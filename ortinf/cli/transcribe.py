@@ -8,7 +8,8 @@ import click
 
 
 def transcribe_files(package: Path, files: tuple[Path, ...], output_format: str, language: str | None = None,
-                     task: str = "transcribe", temperature: float = 0.0, fallback: bool = True) -> None:
+                     task: str = "transcribe", temperature: float = 0.0, fallback: bool = True,
+                     engine_options: dict | None = None) -> None:
     """Decodes each file (libsndfile), transcribes all of them together, and prints each file's text, or
     its srt/vtt/json, with a progress bar on stderr. The decoding is OpenAI's (ortinf/tasks/speech/longform.py
     openai_decoding): a model with timestamp tokens goes window after window, each prompted with the
@@ -23,7 +24,7 @@ def transcribe_files(package: Path, files: tuple[Path, ...], output_format: str,
     from ortinf.serve.audio import SAMPLE_RATE, render
     from ortinf.serve.errors import APIError
 
-    transcriber = Transcriber(package)
+    transcriber = Transcriber(package, **(engine_options or {}))  # the one engine's options (EngineConfig's)
     samples = []
     for path in tqdm(files, desc="decoding", disable=len(files) < 2, file=click.get_text_stream("stderr")):
         try:

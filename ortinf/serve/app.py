@@ -159,19 +159,15 @@ class Gate:
 
 
 def engine_options(package: Path, config: ServerConfig, lora_base: bool) -> dict:
-    """The server's engine settings for one package (EngineConfig's fields but package_dir): only the LoRA
-    base gets the adapters' slots, and only a text decoder speculates."""
+    """The server's engine settings for one package (EngineConfig's keyword arguments but package_dir):
+    only the LoRA base gets the adapters and their slots, and only a text decoder speculates."""
     options = dict(config.engine_options)
-    if lora_base:
-        options["lora_modules"] = config.lora_modules
-    else:
+    if not lora_base:
+        options.pop("lora_modules", None)
         options.pop("max_loras", None)
-    manifest = Manifest.load(package)
-    return dict(provider=config.provider, provider_options=config.provider_options, allow_cpu_fallback=config.allow_cpu_fallback,
-                shape_buckets=config.shape_buckets, kv_cache_memory=config.kv_cache_memory, cpu_kernel=config.cpu_kernel,
-                max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
-                intra_op_threads=config.intra_op_threads,
-                speculative_config=config.speculative_config if manifest.task == TEXT_GENERATION else None, **options)
+    if Manifest.load(package).task != TEXT_GENERATION:
+        options.pop("speculative_config", None)
+    return options
 
 
 def load_model(package: Path, name: str, config: ServerConfig, state: ServerState, lora_base: bool = False) -> ServedModel:
@@ -203,8 +199,9 @@ def load_model(package: Path, name: str, config: ServerConfig, state: ServerStat
         model.chat_template = ChatTemplate.load(package)
         model.tool_parser = resolve_parser(config.tool_call_parser, model.chat_template.source if model.chat_template else None)
     else:
-        model.encoder = EncoderGraph(package, provider=config.provider, intra_op_threads=config.intra_op_threads,
-                                     provider_options=config.provider_options, allow_cpu_fallback=config.allow_cpu_fallback)
+        setting = config.engine_setting
+        model.encoder = EncoderGraph(package, provider=setting("provider"), intra_op_threads=setting("intra_op_threads"),
+                                     provider_options=setting("provider_options"), allow_cpu_fallback=setting("allow_cpu_fallback"))
         model.encoder.run([[0, 1]])  # warm-up
     return model
 
@@ -218,13 +215,14 @@ async def _load_all(state: ServerState) -> None:
     config = state.config
     try:
         packages = list(zip(config.packages, model_names(config)))
-        wants_lora = bool(config.lora_modules or config.engine_options.get("max_loras") or config.allow_runtime_lora_updates)
+        lora_modules = config.engine_setting("lora_modules")
+        wants_lora = bool(lora_modules or config.engine_options.get("max_loras") or config.allow_runtime_lora_updates)
         base = next((name for package, name in packages if Manifest.load(package).decoder is not None), None) if wants_lora else None
         if wants_lora and base is None:
             raise ConfigError("LoRA adapters need a text-generation package (exported with --enable-lora)")
         for package, name in packages:
             state.registry.add(await asyncio.to_thread(load_model, package, name, config, state, name == base))
-        for adapter in config.lora_modules:
+        for adapter in lora_modules:
             state.registry.add_lora(adapter, base)
         state.ready = True
         log.info("ready: serving %s on http://%s:%d", ", ".join(state.registry.models), config.host, config.port)

@@ -16,33 +16,39 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
-    """Every `ortinf serve` option; CLI flags, environment variables and the YAML file map onto it."""
+    """Every `ortinf serve` option: the server's own below, the engine's in `engine_options` (EngineConfig's
+    keyword arguments but package_dir, from the options generated off its fields: ortinf/config.py).
+    CLI flags, environment variables and the YAML file map onto it."""
 
     packages: tuple[Path, ...]
     host: str = "127.0.0.1"
     port: int = 8000
-    provider: str = "auto"
-    provider_options: dict[str, str] = field(default_factory=dict)
-    allow_cpu_fallback: bool = False
-    shape_buckets: bool | None = None
-    cpu_kernel: bool | None = None
     served_model_names: tuple[str, ...] = ()
     api_key: str | None = None
-    max_num_seqs: int = 64
     max_queued_requests: int = 256
-    max_num_batched_tokens: int = 2048
-    kv_cache_memory: int | None = None
     shutdown_timeout: float = 30.0
     max_body_size: int = 2 * 2**20  # TGI's default; every route but the audio uploads
     max_audio_body_size: int = 26 * 2**20  # the audio routes' bodies: an upload (OpenAI's 25 MiB) and its form fields
-    intra_op_threads: int = 0
     tool_call_parser: str = "auto"
-    speculative_config: str | None = None  # JSON, vLLM's speculative_config
     metrics_prefix: str = "ortinf"  # or "vllm": the names dashboards and cluster routers look for
-    lora_modules: dict[str, str] = field(default_factory=dict)  # adapter name -> PEFT folder, on the first decoder
     allow_runtime_lora_updates: bool = False  # /v1/load_lora_adapter and /v1/unload_lora_adapter
     transcription_fallback: bool = True  # OpenAI's temperature 0: hotter retries, silent windows skipped (ortinf/tasks/speech/longform.py)
-    engine_options: dict = field(default_factory=dict)  # EngineConfig fields given on the CLI (ortinf/config.py "cli")
+    engine_options: dict = field(default_factory=dict)  # EngineConfig's keyword arguments (but package_dir)
+
+    def engine_setting(self, name: str):  # noqa: ANN201
+        """An engine setting as the engines get it: given, or EngineConfig's default."""
+        import dataclasses
+
+        from ortinf.config import EngineConfig
+
+        if name in self.engine_options:
+            return self.engine_options[name]
+        spec = next(f for f in dataclasses.fields(EngineConfig) if f.name == name)
+        return spec.default_factory() if spec.default is dataclasses.MISSING else spec.default
+
+    @property
+    def max_num_seqs(self) -> int:
+        return self.engine_setting("max_num_seqs")
 
 
 @dataclass(slots=True)

@@ -66,27 +66,26 @@ def test_kv_cache_memory_takes_sizes_in_python_too(decoder_package):
         ortinf.LLM(package, kv_cache_memory=0)
 
 
-# EngineConfig fields whose serve option is written by hand (a different spelling or parsing)
-HAND_WRITTEN = {"provider": "--provider", "kv_cache_memory": "--kv-cache-memory", "max_num_seqs": "--max-num-seqs",
-                "max_num_batched_tokens": "--max-num-batched-tokens", "intra_op_threads": "--intra-op-threads",
-                "provider_options": "--provider-option", "allow_cpu_fallback": "--allow-cpu-fallback",
-                "shape_buckets": "--shape-buckets", "cpu_kernel": "--cpu-kernel", "speculative_config": "--speculative-config",
-                "lora_modules": "--lora-modules"}
-
-
-def test_every_engine_setting_is_a_serve_option():
+def test_every_engine_setting_is_a_generated_option_of_every_engine_command():
+    """issue 30: one engine-args definition (EngineConfig) from which serve, generate, chat and transcribe
+    get their options, generated (help text, section and environment variable from the field), with no
+    hand-written copy; a command leaves out only what it cannot use, by a named rule."""
     import dataclasses
 
-    from ortinf.cli.main import serve
+    from ortinf.cli.main import SINGLE_STREAM_EXCLUDED, SPEECH_EXCLUDED, chat, generate, serve, transcribe
     from ortinf.config import EngineConfig
 
-    options = {o for p in serve.params for o in getattr(p, "opts", [])}
-    for spec in dataclasses.fields(EngineConfig):
-        if spec.name == "package_dir":
-            continue
-        flag = HAND_WRITTEN.get(spec.name) or "--" + spec.name.replace("_", "-")
-        assert flag in options, f"EngineConfig.{spec.name} has no `ortinf serve` option ({flag})"
-        assert spec.name in HAND_WRITTEN or "cli" in spec.metadata
+    for command, excluded in ((serve, frozenset()), (generate, SINGLE_STREAM_EXCLUDED), (chat, SINGLE_STREAM_EXCLUDED),
+                              (transcribe, SPEECH_EXCLUDED)):
+        params = {p.name: p for p in command.params}
+        for spec in dataclasses.fields(EngineConfig):
+            if spec.name == "package_dir" or spec.name in excluded:
+                continue
+            option = params.get(spec.name)
+            assert option is not None, f"EngineConfig.{spec.name} is not an option of `ortinf {command.name}`"
+            assert spec.metadata["cli"] in option.help and f"[{spec.metadata['section']}]" in option.help
+            assert option.envvar == "ORTINF_" + spec.name.upper()
+    assert SINGLE_STREAM_EXCLUDED < {f.name for f in dataclasses.fields(EngineConfig)} > SPEECH_EXCLUDED
 
 
 def test_engine_options_reach_the_engine(decoder_package, tmp_path):

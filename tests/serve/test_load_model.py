@@ -18,8 +18,9 @@ def test_a_whisper_model_obeys_the_engine_options(tmp_path: Path):
     build_whisper(tmp_path / "hf", vocab_size=384, max_target_positions=32)  # 384: room for the byte tokenizer
     add_byte_tokenizer(tmp_path / "hf", 384)
     ortinf.export(tmp_path / "hf", tmp_path / "pkg", progress=False)
-    config = ServerConfig(packages=(tmp_path / "pkg",), max_num_seqs=2, kv_cache_memory=8 * 2**20, max_num_batched_tokens=512,
-                          engine_options={"max_num_encoder_input_tokens": 3000, "block_size": 16})
+    config = ServerConfig(packages=(tmp_path / "pkg",), engine_options={"max_num_seqs": 2, "kv_cache_memory": 8 * 2**20,
+                                                                        "max_num_batched_tokens": 512,
+                                                                        "max_num_encoder_input_tokens": 3000, "block_size": 16})
     state = ServerState(config)
     model = load_model(tmp_path / "pkg", "whisper", config, state)
     try:
