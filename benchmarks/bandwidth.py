@@ -30,8 +30,9 @@ def measure(threads: int = 2, mib: int = 256, repeats: int = 5) -> float:
 def main() -> None:
     import argparse
 
-    from ortinf.matrix import machine
     from record import finish
+
+    from ortinf.matrix import machine
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tiny", action="store_true", help="16 MiB buffers, one round (smoke test)")

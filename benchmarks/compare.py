@@ -23,7 +23,8 @@ once, one prompt at a time, unpadded). "batch" rows submit all 32 prompts at onc
 4 prompts one after another. Ratios: ortinf over the best peer at each precision, and the int8/int4
 rows over the best fp32 peer. ortinf runs its CPU kernel library's graph (model.cpu.onnx: ortinf.PagedAttention, and ortinf.QMatMul
 for int8/int4) where the library is built; the "portable kernel" and "MatMulNBits graph" rows are the
-same packages on the portable graph (model.onnx), for the before/after in the same run. --tiny: a 2-layer model, 4 prompts, 8 tokens, ortinf and transformers
+same packages on the portable graph (model.onnx), for the before/after in the same run. --tiny: a 2-layer model, 4 prompts,
+8 tokens, ortinf and transformers
 rows only (the smoke test).
 """
 
@@ -304,7 +305,8 @@ def main() -> None:
     from bandwidth import measure
 
     bandwidth = measure(THREADS)
-    head = (f"### Side by side: {'tiny 2-layer llama' if args.tiny else size.label}, {NUM_PROMPTS} prompts of 64+4i tokens, {NEW_TOKENS} greedy tokens each, {THREADS} threads, "
+    head = (f"### Side by side: {'tiny 2-layer llama' if args.tiny else size.label}, {NUM_PROMPTS} prompts of 64+4i tokens, "
+            f"{NEW_TOKENS} greedy tokens each, {THREADS} threads, "
             f"median of {args.passes} interleaved pass(es) ({time.strftime('%Y-%m-%d')})")
     text = "\n".join([head, "", f"Machine: {machine()}; memory bandwidth {bandwidth / 1e9:.1f} GB/s (benchmarks/bandwidth.py, {THREADS} threads)",
                       "", *table(rows, reference, config, bandwidth), "", *ratios(rows), ""])

@@ -62,7 +62,8 @@ def session(layout: str, folder: Path, layers: int, hidden: int) -> ort.Inferenc
     example = (torch.randn(4, hidden), torch.tensor([0, 1, -1, 2]), torch.rand(4, ADAPTERS * RANK), *per_layer)
     path = folder / f"{layout}.onnx"
     with torch.no_grad():
-        torch.onnx.export(model, example, str(path), dynamo=False, input_names=["x", "slots", "mask", *(f"{n}{i}" for i in range(layers) for n in ("a", "b", "a_flat", "b_flat"))], output_names=["y"],
+        names = ["x", "slots", "mask", *(f"{n}{i}" for i in range(layers) for n in ("a", "b", "a_flat", "b_flat"))]
+        torch.onnx.export(model, example, str(path), dynamo=False, input_names=names, output_names=["y"],
                           dynamic_axes={"x": {0: "t"}, "slots": {0: "t"}, "mask": {0: "t"}}, opset_version=17)
     options = ort.SessionOptions()
     options.intra_op_num_threads = 2

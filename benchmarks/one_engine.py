@@ -44,9 +44,10 @@ def build(work: Path, tiny: bool) -> dict[str, Path]:
     """The three packages, exported once by this tree's exporter (the package format is the base's too)."""
     import torch
     import transformers
+    from export_llama import TINY  # benchmarks/ is on sys.path (main)
+    from export_llama import build as build_llama
 
     import ortinf
-    from export_llama import TINY, build as build_llama  # benchmarks/ is on sys.path (main)
 
     torch.manual_seed(0)
     whisper = transformers.WhisperForConditionalGeneration(transformers.WhisperConfig(**(TINY_WHISPER if tiny else WHISPER))).eval()

@@ -19,11 +19,11 @@ import time
 import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
+from record import finish
 
 from ortinf.exporter.quantize import matmul_nbits_tensors, qmatmul_tensors, quantize_weight
 from ortinf.kernels import library
 from ortinf.matrix import machine
-from record import finish
 
 SHAPES = {"0.5b": [(896, 4864), (4864, 896), (896, 1152)], "1.5b": [(1536, 8960), (8960, 1536), (1536, 2048)]}
 ROWS = (1, 8, 32, 512)

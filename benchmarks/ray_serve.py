@@ -30,11 +30,11 @@ from datetime import date
 from pathlib import Path
 
 import httpx
-
 from record import finish
+
 from ortinf.bundled import ensure_exported
-from ortinf.matrix import machine
 from ortinf.cli.bench import BenchConfig, run_bench
+from ortinf.matrix import machine
 
 ROWS = [("single process, 2 threads", ["--intra-op-threads", "2"]),
         ("single process, 1 thread", ["--intra-op-threads", "1"]),

@@ -19,9 +19,9 @@ from datetime import date
 from pathlib import Path
 
 import onnxruntime
-
 from demo_tokenizer_models import random_llama
 from record import finish
+
 from ortinf.bundled import DEMO_LLAMA, ensure_exported
 from ortinf.config import EngineConfig
 from ortinf.engine.llm_engine import LLMEngine
@@ -89,15 +89,18 @@ def main() -> None:
     if args.tiny:
         args.tokens, args.passes = 8, 1
     draft = {"model": str(int4_package(args.work_dir)), "num_speculative_tokens": args.k} if not args.tiny else None
-    cases = {"demo (trained, Python), n-gram": (demo, ngram)} if args.tiny else {"demo (trained, Python), n-gram": (demo, ngram), "random weights, same shape, n-gram": (random_llama(args.work_dir, "random-demo-shape"), ngram),
-             "demo, draft model: the demo at int4": (demo, draft)}
+    cases = {"demo (trained, Python), n-gram": (demo, ngram)} if args.tiny else {
+        "demo (trained, Python), n-gram": (demo, ngram),
+        "random weights, same shape, n-gram": (random_llama(args.work_dir, "random-demo-shape"), ngram),
+        "demo, draft model: the demo at int4": (demo, draft)}
     lines = [
         f"### Speculative decoding, n-gram lookup and a draft model ({date.today()}, {machine()}, onnxruntime {onnxruntime.__version__})",
         "",
         f"Greedy, 8 Python prompts x {args.tokens} new tokens, {args.threads} threads, k={args.k}, prompt_lookup_max={args.lookup_max}; "
         f"medians of {args.passes} interleaved passes. Output tokens identical with and without speculation (checked).",
         "",
-        "| model, method | requests at once | tok/s off | tok/s on | speed-up | TPOT ms off | TPOT ms on | acceptance | accepted per draft | accepted by position |",
+        "| model, method | requests at once | tok/s off | tok/s on | speed-up | TPOT ms off | TPOT ms on | acceptance "
+        "| accepted per draft | accepted by position |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for name, (package, spec) in cases.items():

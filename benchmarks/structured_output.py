@@ -23,9 +23,9 @@ from datetime import date
 from pathlib import Path
 
 import onnxruntime
-
 from demo_tokenizer_models import LLAMA_33M, random_llama
 from record import finish
+
 from ortinf.bundled import ensure_exported
 from ortinf.config import EngineConfig
 from ortinf.engine.llm_engine import LLMEngine

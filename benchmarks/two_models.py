@@ -36,8 +36,8 @@ from ray_serve import free_port, wait_healthy  # noqa: E402
 from record import finish  # noqa: E402
 
 from ortinf.bundled import ensure_exported  # noqa: E402
-from ortinf.matrix import machine  # noqa: E402
 from ortinf.cli.bench import BenchConfig, run_bench  # noqa: E402
+from ortinf.matrix import machine  # noqa: E402
 
 STEP = r"""
 import json, statistics, sys, time

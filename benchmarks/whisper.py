@@ -113,7 +113,8 @@ def main() -> None:
             elif genai:
                 print(f"{name}: onnxruntime-genai's first window has ortinf's {tokens} tokens")
     lines = [f"### Whisper (whisper-tiny shape, random weights): real-time factor, {args.dtype} ({time.strftime('%Y-%m-%d')})", "",
-             f"CPU: {platform.machine()}, {cpu_flags()}; ortinf and onnxruntime-genai {args.dtype}, transformers fp32, 2 threads; {tokens} tokens per 30-second window; "
+             f"CPU: {platform.machine()}, {cpu_flags()}; ortinf and onnxruntime-genai {args.dtype}, transformers fp32, 2 threads; "
+             f"{tokens} tokens per 30-second window; "
              "wall seconds / audio seconds, lower is better.", "",
              "| audio | ortinf | transformers generate | onnxruntime-genai | ortinf vs transformers | ortinf vs genai |",
              "|---|---:|---:|---:|---:|---:|"]

@@ -57,9 +57,9 @@ def worker(package: str, provider: str, mode: str) -> dict:
     import numpy as np
 
     from ortinf.config import EngineConfig
-    from ortinf.worker.decoder_graph import DecoderGraph
     from ortinf.engine.llm_engine import LLMEngine
     from ortinf.sample.sampling_params import SamplingParams
+    from ortinf.worker.decoder_graph import DecoderGraph
 
     fed, name = mode == "fed", provider
     if mode in ("graph", "host", "fed"):
@@ -147,10 +147,9 @@ def main() -> None:
         return
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
+    import onnxruntime
     from export_llama import build
     from machine import describe, report
-
-    import onnxruntime
 
     here = Path(sys.executable)
     ov_python = ROOT / ".venv-openvino" / "bin" / "python"

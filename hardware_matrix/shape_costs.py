@@ -77,10 +77,9 @@ def main() -> None:
         print(json.dumps(worker(package, provider, buckets == "1")))
         return
     sys.path.insert(0, str(ROOT / "benchmarks"))
+    import onnxruntime
     from export_llama import build
     from machine import describe, report
-
-    import onnxruntime
 
     import ortinf
 

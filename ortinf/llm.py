@@ -11,10 +11,10 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from ortinf.errors import ConfigError, RequestError
-from ortinf.manifest import TEXT2TEXT, TEXT_GENERATION, Manifest
 from ortinf.config import EngineConfig
 from ortinf.engine.outputs import RequestOutput
+from ortinf.errors import ConfigError, RequestError
+from ortinf.manifest import TEXT2TEXT, TEXT_GENERATION, Manifest
 from ortinf.sample.sampling_params import SamplingParams
 
 Prompt = str | Sequence[int]

@@ -80,14 +80,14 @@ def prompts(vocab: int) -> list[list[int]]:
 
 def measure_row(package: Path, provider: str, threads: int, reference: Path | None, out: Path) -> None:
     """Measures one (package, provider) pair; writes its logits and greedy tokens next to `out`."""
+    from ortinf.config import parse_size
     from ortinf.llm import LLM
     from ortinf.manifest import Manifest
     from ortinf.providers.base import DEVICE
     from ortinf.providers.registry import PROVIDERS
-    from ortinf.config import parse_size
+    from ortinf.sample.sampling_params import SamplingParams
     from ortinf.worker.decoder_graph import DecoderGraph
     from ortinf.worker.model_input import SequenceChunk, build_model_input
-    from ortinf.sample.sampling_params import SamplingParams
 
     manifest = Manifest.load(package)
     vocab = manifest.decoder.vocab_size

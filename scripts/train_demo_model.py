@@ -139,7 +139,8 @@ def main() -> None:
     vocab_size = tokenizer.get_vocab_size()
     eos = tokenizer.token_to_id("<|endoftext|>")
     train, held = encode_files(tokenizer, train_files), encode_files(tokenizer, held_files or train_files[-1:])
-    print(f"corpus: {len(train_files)} train files ({len(train):,} tokens), {len(held_files)} held-out ({len(held):,} tokens), vocab {vocab_size}", flush=True)
+    print(f"corpus: {len(train_files)} train files ({len(train):,} tokens), {len(held_files)} held-out ({len(held):,} tokens), "
+          f"vocab {vocab_size}", flush=True)
 
     model = build_model(vocab_size, args, eos)
     num_params = sum(p.numel() for p in model.parameters())

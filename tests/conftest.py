@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import transformers
+from tiny_models import add_byte_tokenizer, add_tokenizer, build_decoder
 
 import ortinf
-from tiny_models import add_byte_tokenizer, add_tokenizer, build_decoder
 
 # WebGPU lists a device on Mesa's software Vulkan driver (lavapipe) only with this; it must be set
 # before the plugin is first registered. 'auto' never picks a software adapter, so CPU tests are unaffected.

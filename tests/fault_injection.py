@@ -38,12 +38,15 @@ class FaultInjection:
                 calls += 1
                 if self.after_steps is not None and calls >= self.after_steps:
                     raise RuntimeError(f"injected engine fault (graph call {calls})")
-                if self.token_id is not None and any(self.token_id in s.token_ids or (s.encoder_input is not None and self.token_id in s.encoder_input.data)
-                                                     for s in scheduler_output.scheduled):
+                if self.token_id is not None and any(self._poisoned(s) for s in scheduler_output.scheduled):
                     raise RuntimeError(f"injected fault: token id {self.token_id} in the step")
             return execute(*args)
 
         return faulty
+
+    def _poisoned(self, scheduled) -> bool:  # noqa: ANN001 - a ScheduledRequest
+        encoder = scheduled.encoder_input
+        return self.token_id in scheduled.token_ids or (encoder is not None and self.token_id in encoder.data)
 
     def install(self, runner: ModelRunner) -> None:
         """On one runner (an engine built in the test's own process)."""

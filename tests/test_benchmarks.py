@@ -36,8 +36,8 @@ SCRIPTS = {
     "qmatmul.py": ["--repeats", "1"],
     "bandwidth.py": [],
     "kv_dtype.py": [],
-    "onednn_matmul.py": ["--repeats", "1"],
-    "one_engine.py": [],  # issue 30's before/after: a worktree of the base revision beside this tree  # without benchmarks/peers/install_onednn.sh: ortinf's columns only
+    "onednn_matmul.py": ["--repeats", "1"],  # without benchmarks/peers/install_onednn.sh: ortinf's columns only
+    "one_engine.py": [],  # issue 30's before/after: a worktree of the base revision beside this tree
 }
 SLOW = {"ray_serve.py"}  # starts Ray clusters: minutes
 

@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from tiny_models import build_decoder
 
 import ortinf
 from ortinf.matrix import BEGIN, END, Row, write
-from tiny_models import build_decoder
 
 
 def test_write_merges_rows_and_replaces_its_section(tmp_path):

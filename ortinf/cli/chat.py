@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from ortinf.errors import ConfigError, OrtinfError
 from ortinf.config import EngineConfig
 from ortinf.engine.llm_engine import LLMEngine
+from ortinf.errors import ConfigError, OrtinfError
 from ortinf.sample.sampling_params import SamplingParams
 from ortinf.serve.chat_template import ChatTemplate
 

@@ -11,8 +11,8 @@ import click
 
 import ortinf
 from ortinf.cli.exit_codes import run
-from ortinf.manifest import TASKS, TEXT_GENERATION, Manifest
 from ortinf.cli.serve_options import check_port, engine_options, engine_values, load_yaml_config
+from ortinf.manifest import TASKS, TEXT_GENERATION, Manifest
 
 # Engine options a command does not take, because it cannot use them: one stream (generate, chat: --seed
 # is the request's there), or a speech model (no speculative decoding, no LoRA).
@@ -84,7 +84,8 @@ def cli(verbose: bool) -> None:
     help="Print the supported architectures per task and exit.",
 )
 def export(model: str | None, out: Path | None, task: str, dtype: str, quant_block_size: int | None, accuracy_level: int,
-           quality_gate: str, kv_dtype: str, overwrite: bool, tolerance: float | None, kernel: str, cpu_kernel: bool, enable_lora: bool, quiet: bool) -> None:
+           quality_gate: str, kv_dtype: str, overwrite: bool, tolerance: float | None, kernel: str, cpu_kernel: bool, enable_lora: bool,
+           quiet: bool) -> None:
     """Export MODEL (a local Hugging Face folder, or a hub id already in the local HF cache) to an ONNX package.
 
     The export is verified against PyTorch before it is written; a failed export leaves nothing behind.
@@ -363,10 +364,9 @@ def providers() -> None:
 def matrix(packages: tuple[str, ...], output: Path, pythons: tuple[str, ...], threads: int, only: str | None) -> None:
     """Measure every installed provider x every decoder PACKAGE: quality against the fp32 package on
     the CPU, greedy agreement, tokens/s and TTFT at concurrency 1 and 32, peak RSS."""
-    from ortinf.providers.registry import PROVIDERS
-    from ortinf.matrix import markdown, run_matrix
-
     from ortinf.bundled import resolve_package
+    from ortinf.matrix import markdown, run_matrix
+    from ortinf.providers.registry import PROVIDERS
 
     unknown = [name for name in (only or "").split(",") if name and name not in PROVIDERS]
     if unknown:

@@ -10,6 +10,7 @@ import click
 
 from ortinf.errors import ConfigError
 
+
 def engine_fields(exclude: frozenset[str] = frozenset()) -> list:
     """EngineConfig's fields, each a CLI option (ortinf/config.py `option`), less `exclude`."""
     from ortinf.config import EngineConfig

@@ -19,10 +19,10 @@ def transcribe_files(package: Path, files: tuple[Path, ...], output_format: str,
     from tqdm.auto import tqdm
 
     from ortinf.errors import RequestError
-    from ortinf.tasks.speech.longform import openai_decoding
-    from ortinf.tasks.speech.transcriber import Transcriber
     from ortinf.serve.audio import SAMPLE_RATE, render
     from ortinf.serve.errors import APIError
+    from ortinf.tasks.speech.longform import openai_decoding
+    from ortinf.tasks.speech.transcriber import Transcriber
 
     transcriber = Transcriber(package, **(engine_options or {}))  # the one engine's options (EngineConfig's)
     samples = []

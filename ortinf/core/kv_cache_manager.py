@@ -91,7 +91,8 @@ class KVCacheManager:
             self.stats.num_queries += num_tokens
             self.stats.num_hits += num_hit_tokens
 
-    def allocate_slots(self, request: Request, num_new_tokens: int, new_computed_blocks: list[KVCacheBlock] | None = None) -> list[KVCacheBlock] | None:
+    def allocate_slots(self, request: Request, num_new_tokens: int,
+                       new_computed_blocks: list[KVCacheBlock] | None = None) -> list[KVCacheBlock] | None:
         """Blocks for `num_new_tokens` more tokens (after prefix hits); None when the pool is short.
 
         Nothing changes when it returns None, so the caller can preempt and try again.

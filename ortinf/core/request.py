@@ -5,8 +5,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from ortinf.worker.encoder_input import EncoderInput
 from ortinf.sample.sampling_params import SamplingParams
+from ortinf.worker.encoder_input import EncoderInput
 
 
 class RequestStatus(enum.Enum):

@@ -13,12 +13,12 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from ortinf.errors import RequestError
 from ortinf.core.kv_cache_manager import KVCacheManager
 from ortinf.core.request import FinishReason, Request, RequestStatus
-from ortinf.worker.scheduler_output import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
-from ortinf.sample.speculative import SpeculativeConfig, SpecStats, can_speculate, propose_ngram
 from ortinf.core.stopping import Verdict
+from ortinf.errors import RequestError
+from ortinf.sample.speculative import SpecStats, SpeculativeConfig, can_speculate, propose_ngram
+from ortinf.worker.scheduler_output import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 
 
 @dataclass(frozen=True, slots=True)

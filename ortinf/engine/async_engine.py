@@ -24,9 +24,9 @@ import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TypeVar
 
-from ortinf.errors import RequestError
 from ortinf.engine.llm_engine import LLMEngine, PreparedRequest
 from ortinf.engine.outputs import EngineStats, RequestOutput
+from ortinf.errors import RequestError
 from ortinf.sample.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)

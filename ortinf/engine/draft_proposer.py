@@ -16,14 +16,14 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
+from ortinf.core.block_pool import BlockPool, KVCacheBlock
 from ortinf.errors import ConfigError
 from ortinf.manifest import Manifest
 from ortinf.providers.registry import Found
-from ortinf.core.block_pool import BlockPool, KVCacheBlock
+from ortinf.tokenizer import load_tokenizer
 from ortinf.worker.call_planner import plan_calls
 from ortinf.worker.decoder_graph import DecoderGraph
 from ortinf.worker.model_input import SequenceChunk, build_model_input
-from ortinf.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
 

@@ -11,28 +11,28 @@ from pathlib import Path
 
 import numpy as np
 
+from ortinf.config import EngineConfig
+from ortinf.core.kv_cache_manager import KVCacheManager
+from ortinf.core.request import FinishReason, Request
+from ortinf.core.scheduler import Scheduler, SchedulerConfig, check_fits
+from ortinf.core.stopping import Verdict, judge
+from ortinf.engine.draft_proposer import DraftProposer
+from ortinf.engine.output_processor import OutputProcessor
+from ortinf.engine.outputs import CompletionOutput, EngineStats, RequestOutput
 from ortinf.errors import ConfigError, RequestError, StepFailedError
 from ortinf.manifest import SPEECH_RECOGNITION, TEXT2TEXT, TEXT_GENERATION, Manifest
 from ortinf.providers.registry import resolve
-from ortinf.config import EngineConfig
+from ortinf.sample.decoder_rules import DecoderRules
+from ortinf.sample.sampling_params import SamplingParams
+from ortinf.sample.structured_output import GrammarCompiler
+from ortinf.tokenizer import check_unicode, load_checked_tokenizer
 from ortinf.worker.cross_encoder import CrossEncoder
 from ortinf.worker.decoder_graph import DecoderGraph, cpu_kernels, pool_spec
-from ortinf.sample.decoder_rules import DecoderRules
-from ortinf.engine.draft_proposer import DraftProposer
 from ortinf.worker.encoder_input import EncoderInput
-from ortinf.core.kv_cache_manager import KVCacheManager
 from ortinf.worker.kv_pool import resolve_num_blocks
 from ortinf.worker.lora import LoraAdapter, LoraSlots
 from ortinf.worker.model_runner import ModelRunner
-from ortinf.engine.output_processor import OutputProcessor
-from ortinf.engine.outputs import CompletionOutput, EngineStats, RequestOutput
-from ortinf.core.request import FinishReason, Request
-from ortinf.sample.sampling_params import SamplingParams
-from ortinf.core.scheduler import Scheduler, SchedulerConfig, check_fits
 from ortinf.worker.scheduler_output import ModelRunnerOutput, SchedulerOutput
-from ortinf.core.stopping import Verdict, judge
-from ortinf.sample.structured_output import GrammarCompiler
-from ortinf.tokenizer import check_unicode, load_checked_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -309,7 +309,8 @@ class LLMEngine:
         self.num_failed_steps_in_a_row = 0
         return results
 
-    def _execute_one_by_one(self, scheduler_output: SchedulerOutput, exc: Exception) -> tuple[SchedulerOutput, ModelRunnerOutput, list[RequestOutput]]:
+    def _execute_one_by_one(self, scheduler_output: SchedulerOutput,
+                            exc: Exception) -> tuple[SchedulerOutput, ModelRunnerOutput, list[RequestOutput]]:
         """After a failed step: runs each request of the step alone, so that only the ones that fail
         alone are failed. Re-running is safe: nothing was committed (the K/V of the same slots is
         written again, the scheduler has not advanced, and the model runner put back the random

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from tokenizers import Tokenizer
 
 from ortinf.core.detokenizer import IncrementalDetokenizer
-from ortinf.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from ortinf.core.request import Request
+from ortinf.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from ortinf.worker.scheduler_output import ModelRunnerOutput, TokenLogprobs
 
 

@@ -16,18 +16,29 @@ from tqdm.auto import tqdm
 
 import ortinf
 from ortinf.errors import ExportError
+from ortinf.exporter import attention_cpu as cpu_paged
 from ortinf.exporter.architectures import resolve_task
 from ortinf.exporter.decoder import CPU_PAGED, decoder_spec, trace_decoder
 from ortinf.exporter.encoder import TracedEncoder, encoder_inputs, encoder_spec, read_pooling, trace_encoder
 from ortinf.exporter.kv_write import place_decoder
-from ortinf.exporter.quantize import BITS, CPU_OP, DEFAULT_ACCURACY_LEVEL, DEFAULT_BLOCK_SIZES, MOE_OP, quantize
 from ortinf.exporter.package import staging, token_ids, write_generation_config, write_tokenizer
+from ortinf.exporter.quantize import BITS, CPU_OP, DEFAULT_ACCURACY_LEVEL, DEFAULT_BLOCK_SIZES, MOE_OP, quantize
 from ortinf.exporter.source import ModelSource, resolve_model
 from ortinf.exporter.verify import verify_decoder, verify_encoder, verify_quality
-from ortinf.exporter import attention_cpu as cpu_paged
 from ortinf.manifest import (
-    CONTRIB_PAGED, CPU_MODEL_NAME, KERNELS, MODEL_NAME, PORTABLE, SPEECH_RECOGNITION, TASKS, TEXT2TEXT, TEXT_GENERATION, CpuKernel, Manifest,
-    Quality, Quantization,
+    CONTRIB_PAGED,
+    CPU_MODEL_NAME,
+    KERNELS,
+    MODEL_NAME,
+    PORTABLE,
+    SPEECH_RECOGNITION,
+    TASKS,
+    TEXT2TEXT,
+    TEXT_GENERATION,
+    CpuKernel,
+    Manifest,
+    Quality,
+    Quantization,
 )
 
 log = logging.getLogger(__name__)

@@ -15,12 +15,14 @@ from pathlib import Path
 import torch
 from transformers import AttentionInterface, PretrainedConfig, PreTrainedModel
 
+from ortinf.exporter import attention_contrib as contrib_paged
+from ortinf.exporter import attention_cpu as cpu_paged
+from ortinf.exporter import attention_portable as portable
 from ortinf.exporter.architectures import DECODERS
 from ortinf.exporter.legacy_attention import has_legacy_attention, legacy_attention
 from ortinf.exporter.lora import example_lora_inputs, find_targets, lora_dynamic_axes, lora_linears
 from ortinf.exporter.moe import traceable_moe
 from ortinf.exporter.tracing import OPSET, no_graph_shape_inference, quiet_tracing
-from ortinf.exporter import attention_contrib as contrib_paged, attention_cpu as cpu_paged, attention_portable as portable
 from ortinf.manifest import CONTRIB_PAGED, KV_LAYOUTS, LOGITS, PORTABLE, DecoderSpec, cache_names, lora_input_names, new_kv_names, pool_row
 
 # The attention a graph is traced with: the package's kernel (the manifest's), or the CPU kernel

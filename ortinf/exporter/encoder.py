@@ -11,8 +11,8 @@ import torch
 from transformers import PreTrainedModel
 
 from ortinf.errors import UnsupportedArchitectureError
-from ortinf.exporter.tracing import OPSET, quiet_tracing
 from ortinf.exporter.source import ModelSource
+from ortinf.exporter.tracing import OPSET, quiet_tracing
 from ortinf.manifest import FEATURE_EXTRACTION, EncoderSpec
 
 POOLING_MODES = ("mean", "cls", "max", "lasttoken", "mean_sqrt_len")

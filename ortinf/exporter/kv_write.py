@@ -37,7 +37,15 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from ortinf.manifest import (
-    CONTRIB_PAGED, CPU_MODEL_NAME, HOST_WRITE_MODEL_NAME, MODEL_NAME, SLOT_MAPPING, WEIGHTS_NAME, DecoderSpec, cache_names, new_kv_names,
+    CONTRIB_PAGED,
+    CPU_MODEL_NAME,
+    HOST_WRITE_MODEL_NAME,
+    MODEL_NAME,
+    SLOT_MAPPING,
+    WEIGHTS_NAME,
+    DecoderSpec,
+    cache_names,
+    new_kv_names,
 )
 
 

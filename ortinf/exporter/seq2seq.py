@@ -147,7 +147,14 @@ def export_seq2seq(source, out_path: Path, overwrite: bool, tolerance: float, pr
     from ortinf.exporter.kv_write import place_decoder
     from ortinf.exporter.package import staging, token_ids, write_generation_config, write_tokenizer
     from ortinf.manifest import (
-        ENCODER_MODEL_NAME, HOST_WRITE_MODEL_NAME, PORTABLE, TEXT2TEXT, DecoderSpec, Manifest, Parity, Seq2SeqSpec,
+        ENCODER_MODEL_NAME,
+        HOST_WRITE_MODEL_NAME,
+        PORTABLE,
+        TEXT2TEXT,
+        DecoderSpec,
+        Manifest,
+        Parity,
+        Seq2SeqSpec,
     )
 
     bar = tqdm(total=3, desc="tracing", disable=not progress)

@@ -17,9 +17,9 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
+from ortinf.errors import ExportError
 from ortinf.exporter.encoder import TracedEncoder, example_batch
 from ortinf.exporter.moe import lower_index_ties
-from ortinf.errors import ExportError
 from ortinf.manifest import MODEL_NAME, Manifest, Parity, Quality, min_block_size
 from ortinf.providers.registry import AUTO_ORDER, PROVIDERS, find
 from ortinf.worker.decoder_graph import DecoderGraph

@@ -309,8 +309,20 @@ def export_whisper(source, out_path: Path, overwrite: bool, tolerance: float, pr
     from ortinf.exporter.package import staging, token_ids, write_generation_config, write_tokenizer
     from ortinf.exporter.quantize import BITS, DEFAULT_BLOCK_SIZES
     from ortinf.manifest import (
-        ALIGNMENT_MODEL_NAME, CPU_MODEL_NAME, ENCODER_MODEL_NAME, ENCODER_WRITE_MODEL_NAME, CpuKernel, Quantization, HOST_WRITE_MODEL_NAME, MEL_FILTERS_NAME, PORTABLE, SPEECH_RECOGNITION, DecoderSpec, Manifest,
-        Parity, SpeechSpec,
+        ALIGNMENT_MODEL_NAME,
+        CPU_MODEL_NAME,
+        ENCODER_MODEL_NAME,
+        ENCODER_WRITE_MODEL_NAME,
+        HOST_WRITE_MODEL_NAME,
+        MEL_FILTERS_NAME,
+        PORTABLE,
+        SPEECH_RECOGNITION,
+        CpuKernel,
+        DecoderSpec,
+        Manifest,
+        Parity,
+        Quantization,
+        SpeechSpec,
     )
 
     bar = tqdm(total=3, desc="tracing", disable=not progress)

@@ -97,7 +97,8 @@ class SamplingParams:
             if value is not None and (not isinstance(value, int) or not 0 <= value <= MAX_LOGPROBS):
                 raise RequestError(f"{name} must be an integer in [0, {MAX_LOGPROBS}], got {value}", param=name)
         if self.truncate_prompt_tokens is not None and (not isinstance(self.truncate_prompt_tokens, int) or self.truncate_prompt_tokens < 1):
-            raise RequestError(f"truncate_prompt_tokens must be a positive integer, got {self.truncate_prompt_tokens}", param="truncate_prompt_tokens")
+            raise RequestError(f"truncate_prompt_tokens must be a positive integer, got {self.truncate_prompt_tokens}",
+                               param="truncate_prompt_tokens")
         if self.output_kind not in OUTPUT_KINDS:
             raise RequestError(f"output_kind must be one of {', '.join(OUTPUT_KINDS)}, got {self.output_kind!r}", param="output_kind")
         if not isinstance(self.n, int) or self.n < 1:

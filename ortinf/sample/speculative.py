@@ -20,9 +20,8 @@ min_tokens not yet reached.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np

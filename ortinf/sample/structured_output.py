@@ -25,8 +25,8 @@ import numpy as np
 from llguidance.numpy import allocate_token_bitmask, consume_token_par, fill_next_token_bitmask_par
 from tokenizers import Tokenizer
 
-from ortinf.errors import RequestError
 from ortinf import json_text
+from ortinf.errors import RequestError
 
 Kind = Literal["json", "regex", "choice", "grammar"]
 CACHE_SIZE = 256  # compiled grammars kept (least recently used dropped first)

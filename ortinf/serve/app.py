@@ -15,19 +15,19 @@ from fastapi.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import ortinf
+from ortinf.config import EngineConfig
+from ortinf.engine.async_engine import AsyncEngine
+from ortinf.engine.llm_engine import LLMEngine
 from ortinf.errors import ConfigError
 from ortinf.manifest import TEXT2TEXT, TEXT_GENERATION, Manifest
-from ortinf.engine.async_engine import AsyncEngine
-from ortinf.config import EngineConfig
-from ortinf.worker.encoder_graph import EncoderGraph
-from ortinf.engine.llm_engine import LLMEngine
 from ortinf.sample.sampling_params import SamplingParams
 from ortinf.serve import chat, completions, embeddings, lora_routes, responses, tokens
 from ortinf.serve.chat_template import ChatTemplate
-from ortinf.serve.tools import resolve_parser
 from ortinf.serve.errors import error_body, error_response, from_exception, install_error_handlers
 from ortinf.serve.models import ServedModel
 from ortinf.serve.state import ServerConfig, ServerState
+from ortinf.serve.tools import resolve_parser
+from ortinf.worker.encoder_graph import EncoderGraph
 
 log = logging.getLogger(__name__)
 

@@ -28,10 +28,10 @@ import numpy as np
 from fastapi import APIRouter, File, Form, Request, UploadFile
 from fastapi.responses import PlainTextResponse, StreamingResponse
 
-from ortinf.tasks.speech.audio_features import SAMPLE_RATE
 from ortinf.serve.errors import APIError
 from ortinf.serve.state import ServerState
 from ortinf.serve.streaming import SSE_DONE, sse, sse_error, until_disconnected
+from ortinf.tasks.speech.audio_features import SAMPLE_RATE
 
 router = APIRouter()
 MAX_AUDIO_SECONDS = 3600

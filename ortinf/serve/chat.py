@@ -12,9 +12,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from ortinf.engine.llm_engine import PreparedRequest
-from ortinf.tokenizer import check_unicode
-from ortinf.serve.completions import cached_tokens, prepare_samples, usage
 from ortinf.serve import responses
+from ortinf.serve.completions import cached_tokens, prepare_samples, usage
 from ortinf.serve.errors import APIError
 from ortinf.serve.logprobs import chat_logprobs, prompt_logprobs
 from ortinf.serve.models import ServedModel
@@ -22,6 +21,7 @@ from ortinf.serve.protocol import ChatCompletionRequest
 from ortinf.serve.state import ServerState
 from ortinf.serve.streaming import admit_and_run, merged, sse_stream
 from ortinf.serve.tools import ToolPlan, held_back, plan, template_messages
+from ortinf.tokenizer import check_unicode
 
 router = APIRouter()
 

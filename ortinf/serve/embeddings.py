@@ -14,11 +14,11 @@ import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from ortinf.worker.encoder_graph import EncoderGraph
 from ortinf.serve import responses
 from ortinf.serve.errors import APIError
 from ortinf.serve.protocol import EmbeddingRequest
 from ortinf.serve.state import ServerState
+from ortinf.worker.encoder_graph import EncoderGraph
 
 router = APIRouter()
 

@@ -11,8 +11,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ortinf.errors import ConfigError, OrtinfError, RequestError, ShuttingDownError, StepFailedError
 from ortinf.engine.async_engine import EngineDeadError
+from ortinf.errors import ConfigError, OrtinfError, RequestError, ShuttingDownError, StepFailedError
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,8 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
     return {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"), "param": param, "code": code}}
 
 
-def error_response(status: int, message: str, param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
+def error_response(status: int, message: str, param: str | None = None, code: str | None = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse(error_body(status, message, param, code), status_code=status, headers=headers)
 
 

@@ -42,8 +42,10 @@ class EngineMetrics:
         self.success = Counter(f"{prefix}:request_success", "Finished requests.", [*labels, "finished_reason"], registry=r)
         self.ttft = Histogram(f"{prefix}:time_to_first_token_seconds", "Time to first token.", labels, buckets=LATENCY_BUCKETS, registry=r)
         self.itl = Histogram(f"{prefix}:inter_token_latency_seconds", "Time between output tokens.", labels, buckets=LATENCY_BUCKETS, registry=r)
-        self.e2e = Histogram(f"{prefix}:e2e_request_latency_seconds", "Request latency, arrival to finish.", labels, buckets=LATENCY_BUCKETS, registry=r)
-        self.queue = Histogram(f"{prefix}:request_queue_time_seconds", "Time waiting before first scheduled.", labels, buckets=LATENCY_BUCKETS, registry=r)
+        self.e2e = Histogram(f"{prefix}:e2e_request_latency_seconds", "Request latency, arrival to finish.", labels,
+                             buckets=LATENCY_BUCKETS, registry=r)
+        self.queue = Histogram(f"{prefix}:request_queue_time_seconds", "Time waiting before first scheduled.", labels,
+                               buckets=LATENCY_BUCKETS, registry=r)
         self.admitted = Gauge(f"{prefix}:num_requests_admitted", "Sequences admitted by the server (running, queued, or "
                               "being tokenised); past --max-num-seqs + --max-queued-requests requests get 429.", registry=r)
         self.spec_drafts = Counter(f"{prefix}:spec_decode_num_drafts", "Steps in which a request verified proposals.", labels, registry=r)

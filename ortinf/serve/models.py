@@ -7,12 +7,12 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from ortinf.manifest import FEATURE_EXTRACTION, TEXT_GENERATION, Manifest
 from ortinf.engine.async_engine import AsyncEngine
-from ortinf.worker.encoder_graph import EncoderGraph
-from ortinf.tokenizer import TokenBytes
+from ortinf.manifest import FEATURE_EXTRACTION, TEXT_GENERATION, Manifest
 from ortinf.serve.chat_template import ChatTemplate
 from ortinf.serve.errors import APIError
+from ortinf.tokenizer import TokenBytes
+from ortinf.worker.encoder_graph import EncoderGraph
 
 
 @dataclass(slots=True)

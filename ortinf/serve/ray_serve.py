@@ -127,9 +127,8 @@ def application(config: ServerConfig, options: RayOptions | None = None):
     if options.prefix_routing:
         from ray.serve.config import RequestRouterConfig
 
-        from ortinf.serve.ray_routing import PrefixAffinityRouter
-
         from ortinf.serve.ray_front import front_deployment
+        from ortinf.serve.ray_routing import PrefixAffinityRouter
 
         settings["request_router_config"] = RequestRouterConfig(
             request_router_class=PrefixAffinityRouter, request_router_kwargs={"imbalanced_threshold": options.imbalanced_threshold})

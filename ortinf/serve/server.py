@@ -20,7 +20,6 @@ import uvicorn
 from ortinf.serve.app import build_app
 from ortinf.serve.state import ServerConfig
 
-
 DRAIN_MARGIN = 1.0  # seconds before uvicorn's drain deadline at which the server ends what still runs
 
 

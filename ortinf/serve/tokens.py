@@ -8,14 +8,14 @@ from typing import Annotated
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 
-from ortinf.tokenizer import check_unicode
-from ortinf.serve.chat import render_prompt
 from ortinf.serve import responses
+from ortinf.serve.chat import render_prompt
 from ortinf.serve.errors import APIError
 from ortinf.serve.models import ServedModel
-from ortinf.serve.protocol import STRICT, ChatMessage, Tool, TokenId
+from ortinf.serve.protocol import STRICT, ChatMessage, TokenId, Tool
 from ortinf.serve.state import ServerState
 from ortinf.serve.tools import ToolPlan
+from ortinf.tokenizer import check_unicode
 
 router = APIRouter()
 

@@ -14,8 +14,8 @@ import re
 import uuid
 from dataclasses import dataclass
 
-from ortinf.errors import RequestError
 from ortinf import json_text
+from ortinf.errors import RequestError
 from ortinf.sample.structured_output import StructuredOutput
 
 HERMES_OPEN = "<tool_call>"

@@ -19,7 +19,15 @@ import numpy as np
 from ortinf.errors import ConfigError
 from ortinf.kernels import library
 from ortinf.manifest import (
-    CONTRIB_PAGED, HOST_WRITE_MODEL_NAME, KV_LAYOUTS, LOGITS, LORA_MASK, MODEL_NAME, SLOT_MAPPING, DecoderSpec, Manifest,
+    CONTRIB_PAGED,
+    HOST_WRITE_MODEL_NAME,
+    KV_LAYOUTS,
+    LOGITS,
+    LORA_MASK,
+    MODEL_NAME,
+    SLOT_MAPPING,
+    DecoderSpec,
+    Manifest,
     check_block_size,
 )
 from ortinf.providers.base import GRAPH_WRITE, POWER_OF_TWO_BUCKETS

@@ -32,10 +32,10 @@ import logging
 import numpy as np
 import onnxruntime as ort
 
+from ortinf.config import EngineConfig, available_memory
 from ortinf.errors import ConfigError
 from ortinf.manifest import BLOCKS_FIRST_LAYOUT, KV_DTYPE_BYTES, DecoderSpec, cache_names, new_kv_names, pool_row
 from ortinf.providers.base import GRAPH_WRITE, HOST, Provider
-from ortinf.config import EngineConfig, available_memory
 
 log = logging.getLogger(__name__)
 

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ortinf import json_text
 from ortinf.errors import ConfigError
 from ortinf.manifest import DecoderSpec, lora_a_name, lora_b_name
-from ortinf import json_text
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"

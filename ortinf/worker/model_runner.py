@@ -16,15 +16,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
+from ortinf.sample.decoder_rules import DecoderRules
+from ortinf.sample.sampler import Sampler, log_softmax
+from ortinf.sample.speculative import verify
+from ortinf.sample.structured_output import GrammarCompiler
 from ortinf.worker.call_planner import plan_calls
 from ortinf.worker.cross_encoder import CrossEncoder
 from ortinf.worker.decoder_graph import DecoderGraph
-from ortinf.sample.decoder_rules import DecoderRules
 from ortinf.worker.model_input import SequenceChunk, build_model_input
-from ortinf.sample.sampler import Sampler, log_softmax
 from ortinf.worker.scheduler_output import ModelRunnerOutput, ScheduledRequest, SchedulerOutput, TokenLogprobs, top_logprobs
-from ortinf.sample.speculative import verify
-from ortinf.sample.structured_output import GrammarCompiler
 
 
 class ModelRunner:

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ortinf.worker.encoder_input import EncoderInput
 from ortinf.sample.sampling_params import SamplingParams
+from ortinf.worker.encoder_input import EncoderInput
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from server_helpers import running_server
 
 import ortinf
-from server_helpers import running_server
 
 
 @pytest.fixture(scope="session")

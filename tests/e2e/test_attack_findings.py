@@ -13,10 +13,10 @@ import time
 
 import httpx
 import pytest
+from server_helpers import running_server
 from tokenizers import Tokenizer
 
 from ortinf.bundled import DEMO_LLAMA
-from server_helpers import running_server
 
 pytestmark = pytest.mark.skipif(not (DEMO_LLAMA / "config.json").is_file(), reason="no committed demo checkpoint")
 DEEP = 1200  # deeper than Python's recursion limit allows json.loads to go

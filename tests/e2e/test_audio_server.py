@@ -13,11 +13,11 @@ import numpy as np
 import openai
 import pytest
 import soundfile
+from server_helpers import running_server
+from tiny_models import add_byte_tokenizer, build_whisper
 
 import ortinf
 from ortinf import LLM
-from server_helpers import running_server
-from tiny_models import add_byte_tokenizer, build_whisper
 
 RATE = 16_000
 

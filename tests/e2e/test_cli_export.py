@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from tiny_models import build_decoder
 
 ORTINF = [str(Path(sys.executable).with_name("ortinf"))]

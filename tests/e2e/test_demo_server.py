@@ -7,9 +7,9 @@ import numpy as np
 import openai
 import pytest
 import torch
+from server_helpers import running_server
 
 from ortinf.bundled import DEMO_LLAMA
-from server_helpers import running_server
 
 pytestmark = pytest.mark.skipif(not (DEMO_LLAMA / "config.json").is_file(), reason="no committed demo checkpoint")
 PROMPTS = ["def fibonacci(n):\n", "import os\n\n\nclass Config:\n", "    return sorted("]

@@ -17,9 +17,9 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from server_helpers import running_server
 
 from ortinf import LLM, SamplingParams
-from server_helpers import running_server
 
 MODEL = "tiny-llama"
 DEFAULT_EXAMPLES = int(os.environ.get("ORTINF_FUZZ_EXAMPLES", "300"))  # per endpoint

@@ -12,11 +12,11 @@ import openai
 import peft
 import pytest
 import torch
+from server_helpers import running_server
+from tiny_models import add_tokenizer, build_decoder
 
 import ortinf
 from ortinf import LLM, SamplingParams
-from server_helpers import running_server
-from tiny_models import add_tokenizer, build_decoder
 
 PROMPT = [5, 9, 13, 21, 34, 55, 89, 144]
 GREEDY = {"prompt": PROMPT, "max_tokens": 10, "temperature": 0, "ignore_eos": True}

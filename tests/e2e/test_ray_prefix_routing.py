@@ -8,9 +8,9 @@ import time
 
 import httpx
 import pytest
+from server_helpers import running_server
 
 from ortinf.serve.ray_routing import KEY_CHARS, routing_key
-from server_helpers import running_server
 
 FILL = "the quick brown fox jumps over the lazy dog; " * 8
 
@@ -21,7 +21,8 @@ def shared_prefix_workload(url: str, systems: int = 8, users: int = 4, tag: str 
     misses, cached, prompt = 0, 0, 0
     for user in range(users):
         for system in range(systems):
-            body = {"prompt": f"{tag} {system} {time.monotonic_ns() if tag != 'system prompt' else ''}: {FILL}\nuser {user}: question {user * 31 + system}?\nassistant:",
+            stamp = time.monotonic_ns() if tag != 'system prompt' else ''
+            body = {"prompt": f"{tag} {system} {stamp}: {FILL}\nuser {user}: question {user * 31 + system}?\nassistant:",
                     "max_tokens": 4, "temperature": 0}
             usage = httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()["usage"]
             misses += usage["prompt_tokens_details"]["cached_tokens"] == 0

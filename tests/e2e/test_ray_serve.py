@@ -12,10 +12,10 @@ import time
 import httpx
 import openai
 import pytest
+from server_helpers import metric, running_server
 
 import ortinf
 from ortinf.sample.sampling_params import SamplingParams
-from server_helpers import metric, running_server
 
 pytestmark = pytest.mark.slow
 PROMPTS = ["the quick brown fox", "paged attention keeps keys", "12, 345 and 6789", "a small cat watches"]

@@ -67,7 +67,8 @@ def test_n_with_seed_and_stop_strings(client):
     again = client.completions.create(model="tiny-llama", prompt=PROMPTS[0], max_tokens=10, n=2, seed=5, temperature=1.0)
     assert [c.text for c in first.choices] == [c.text for c in again.choices]
     assert first.choices[0].text != first.choices[1].text
-    full = client.completions.create(model="tiny-llama", prompt=PROMPTS[2], max_tokens=16, temperature=0, extra_body={"ignore_eos": True}).choices[0].text
+    full = client.completions.create(model="tiny-llama", prompt=PROMPTS[2], max_tokens=16, temperature=0,
+                                     extra_body={"ignore_eos": True}).choices[0].text
     stop = full[5:8]
     cut = client.completions.create(model="tiny-llama", prompt=PROMPTS[2], max_tokens=16, temperature=0, stop=[stop], extra_body={"ignore_eos": True})
     assert cut.choices[0].text == full[: full.index(stop)] and cut.choices[0].finish_reason == "stop"

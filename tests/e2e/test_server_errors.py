@@ -6,12 +6,12 @@ import subprocess
 
 import httpx
 import pytest
+from server_helpers import running_server
 from starlette.testclient import TestClient
 
 from ortinf.manifest import FORMAT_VERSION
 from ortinf.serve.app import build_app
 from ortinf.serve.state import ServerConfig
-from server_helpers import running_server
 
 
 def assert_error(response: httpx.Response, status: int, *fragments: str, param: str | None = None) -> dict:
@@ -79,7 +79,8 @@ def test_chat_and_embedding_errors(llama_server):
     url = llama_server.url
     assert_error(httpx.post(f"{url}/v1/chat/completions", json={"messages": []}), 400, param="messages")
     assert_error(httpx.post(f"{url}/v1/chat/completions", json={"messages": [{"role": "wizard", "content": "x"}]}), 400)
-    assert_error(httpx.post(f"{url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}), 400, param="top_logprobs")
+    assert_error(httpx.post(f"{url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}), 400,
+                 param="top_logprobs")
     assert_error(httpx.post(f"{url}/v1/embeddings", json={"input": "x"}), 400, "does not embed", param="model")
 
 

@@ -12,10 +12,10 @@ import time
 
 import httpx
 import pytest
-
-from ortinf import LLM, SamplingParams
 from server_helpers import running_server
 from test_server_errors import assert_error
+
+from ortinf import LLM, SamplingParams
 
 GREEDY = {"prompt": "the quick brown fox", "max_tokens": 12, "temperature": 0}
 
@@ -23,7 +23,8 @@ GREEDY = {"prompt": "the quick brown fox", "max_tokens": 12, "temperature": 0}
 @pytest.fixture(scope="module")
 def reference(chat_package) -> str:
     """The greedy text of GREEDY from the offline engine."""
-    return LLM(chat_package, provider="cpu", num_blocks=64).generate(GREEDY["prompt"], SamplingParams(temperature=0, max_tokens=12))[0].outputs[0].text
+    llm = LLM(chat_package, provider="cpu", num_blocks=64)
+    return llm.generate(GREEDY["prompt"], SamplingParams(temperature=0, max_tokens=12))[0].outputs[0].text
 
 
 def assert_still_serving(url: str, reference: str) -> None:

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from server_helpers import metric, running_server
 
 from ortinf import LLM, SamplingParams
-from server_helpers import metric, running_server
 
 DURATION = float(os.environ.get("ORTINF_SOAK_SECONDS", "1200"))
 SAMPLE_EVERY = min(60.0, DURATION / 10)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import httpx
 import openai
+from server_helpers import metric, running_server
 
 import ortinf
 from ortinf.sample.sampling_params import SamplingParams
-from server_helpers import metric, running_server
 
 PROMPTS = ["the quick brown fox the quick brown fox the", "paged attention keeps keys and values; paged attention keeps", "12, 345 and 6789"]
 

@@ -10,9 +10,9 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from server_helpers import running_server
 
 from ortinf.bundled import DEMO_LLAMA
-from server_helpers import running_server
 
 pytestmark = pytest.mark.skipif(not (DEMO_LLAMA / "config.json").is_file(), reason="no committed demo checkpoint")
 PROMPTS = ["for i in range(10):\n    print(i)\n" * 6, "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n", "import os\nimport sys\n"]

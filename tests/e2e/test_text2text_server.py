@@ -12,11 +12,11 @@ import openai
 import pytest
 import torch
 import transformers
+from server_helpers import running_server
+from tiny_models import add_byte_tokenizer
 
 import ortinf
 from ortinf import LLM
-from server_helpers import running_server
-from tiny_models import add_byte_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -7,11 +7,11 @@ import os
 import numpy as np
 import pytest
 import torch
+from tiny_models import build_classifier
 
 import ortinf
 from ortinf.manifest import Manifest
 from ortinf.worker.encoder_graph import EncoderGraph
-from tiny_models import build_classifier
 
 SENTENCES = [
     "The cat sits on the mat.",

@@ -7,13 +7,13 @@ import json
 import numpy as np
 import pytest
 import torch
+from tiny_models import build_decoder
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 import ortinf
 from ortinf.manifest import Manifest
 from ortinf.worker.decoder_graph import DecoderGraph
 from ortinf.worker.model_input import SequenceChunk, build_model_input
-from tiny_models import build_decoder
 
 CHAT_TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}<|assistant|>"
 

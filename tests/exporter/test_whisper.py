@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 import torch
+from tiny_models import build_whisper
 
 from ortinf.exporter.whisper import export_whisper_graphs, step_through_pool
-from tiny_models import build_whisper
 
 HEADS, HEAD_DIM, LAYERS = 4, 16, 2
 

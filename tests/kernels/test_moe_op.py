@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 import pytest
+from builds import rerun_under
 from onnx import TensorProto, helper, numpy_helper
 
-from builds import rerun_under
 from ortinf.exporter.quantize import qmatmul_tensors, quantize_weight
 from ortinf.kernels import library
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 import pytest
+from builds import rerun_under
 from onnx import TensorProto, helper
 
-from builds import rerun_under
 from ortinf.kernels import library
 
 pytestmark = pytest.mark.skipif(library.load() is None, reason="the kernel library is not built (python -m ortinf.kernels.build)")

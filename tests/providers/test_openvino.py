@@ -85,9 +85,10 @@ def test_whisper_under_openvino(ov_python, tmp_path):
     """A Whisper package's encoder and paged decoder under OpenVINO (host pool: the decoder returns its
     K/V, the cross K/V are written with numpy): the same greedy tokens as on the CPU provider, which
     tests/runtime/test_transcriber.py holds equal to transformers."""
+    from tiny_models import build_whisper
+
     import ortinf
     from ortinf.tasks.speech.transcriber import Transcriber
-    from tiny_models import build_whisper
 
     build_whisper(tmp_path / "hf", max_target_positions=32)
     ortinf.export(tmp_path / "hf", tmp_path / "pkg", progress=False)

@@ -11,20 +11,20 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from engine_helpers import GREEDY, hf_greedy, run_to_completion
 from onnx import TensorProto, helper
 from openai import OpenAI
+from server_helpers import running_server
 
 import ortinf
-from engine_helpers import GREEDY, hf_greedy, run_to_completion
 from ortinf import LLM, SamplingParams
+from ortinf.config import EngineConfig
+from ortinf.engine.llm_engine import LLMEngine
 from ortinf.errors import ConfigError
 from ortinf.manifest import LOGITS
 from ortinf.providers.session import create_session
-from ortinf.config import EngineConfig
 from ortinf.worker.decoder_graph import DecoderGraph
-from ortinf.engine.llm_engine import LLMEngine
 from ortinf.worker.model_input import SequenceChunk, build_model_input
-from server_helpers import running_server
 
 LENGTHS = [1, 5, 17, 31, 64, 70]
 
@@ -214,9 +214,10 @@ def test_whisper_on_webgpu(webgpu, tmp_path):
     windows decoded side by side and window after window with word timing (the host encoder's cross K/V)."""
     import json
 
+    from tiny_models import build_whisper
+
     from ortinf.tasks.speech.longform import Decoding
     from ortinf.tasks.speech.transcriber import Transcriber
-    from tiny_models import build_whisper
 
     model = build_whisper(tmp_path / "hf", max_target_positions=32)
     model.generation_config.no_timestamps_token_id = 200

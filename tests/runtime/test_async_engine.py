@@ -7,10 +7,10 @@ import time
 
 import numpy as np
 import pytest
-
 from engine_helpers import hf_greedy, make_engine
-from ortinf.errors import RequestError
+
 from ortinf.engine.async_engine import AsyncEngine
+from ortinf.errors import RequestError
 from ortinf.sample.sampling_params import SamplingParams
 
 

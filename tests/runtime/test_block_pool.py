@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-
 import pytest
 
-from ortinf.errors import ConfigError
-from ortinf.core.block_pool import BlockPool
 from ortinf.config import EngineConfig, parse_size
+from ortinf.core.block_pool import BlockPool
 from ortinf.core.kv_cache_manager import KVCacheManager
 from ortinf.core.request import Request
+from ortinf.errors import ConfigError
 from ortinf.sample.sampling_params import SamplingParams
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from tiny_models import add_byte_tokenizer, add_tokenizer
 from tokenizers import Tokenizer, decoders
 
 from ortinf.core.detokenizer import IncrementalDetokenizer
 from ortinf.sample.sampling_params import SamplingParams
-from tiny_models import add_byte_tokenizer, add_tokenizer
 
 TEXTS = ['def f(x):\n    return "héllo wörld 你好" + x', "the quick brown fox, 12 and 345!", "ünïcödé ✓ 🙂 done"]
 

@@ -8,8 +8,8 @@ import shutil
 import numpy as np
 import pytest
 import torch
-
 from engine_helpers import GREEDY, drain, hf_greedy, make_engine, run_to_completion
+
 from ortinf.errors import RequestError
 from ortinf.sample.sampling_params import SamplingParams
 
@@ -73,7 +73,8 @@ def test_stop_string_across_token_boundary(llama):
     assert seen == sorted(seen, key=len)
 
     engine = make_engine(package)
-    kept = run_to_completion(engine, [prompt], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, stop=[stop], include_stop_str_in_output=True))
+    kept = run_to_completion(engine, [prompt], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, stop=[stop],
+                                                              include_stop_str_in_output=True))
     assert kept["0"].outputs[0].text == text[: cut + 2]
 
 
@@ -85,7 +86,8 @@ def test_stop_token_ids_and_min_tokens(llama):
     out = run_to_completion(make_engine(package), [prompt], SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[stop_id]))["0"].outputs[0]
     assert out.token_ids == greedy[: greedy.index(stop_id) + 1]
     assert out.finish_reason == "stop" and out.stop_reason == stop_id
-    held = run_to_completion(make_engine(package), [prompt], SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[stop_id], min_tokens=8))["0"].outputs[0]
+    params = SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[stop_id], min_tokens=8)
+    held = run_to_completion(make_engine(package), [prompt], params)["0"].outputs[0]
     assert len(held.token_ids) >= 8 and stop_id not in held.token_ids[:8]
 
 

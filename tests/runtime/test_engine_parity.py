@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from engine_helpers import GREEDY, drain, hf_greedy, make_engine, run_to_completion
+
 from ortinf.exporter.architectures import DECODERS
 from ortinf.sample.sampling_params import SamplingParams
 
@@ -139,5 +139,6 @@ def test_every_architecture_in_one_hard_run(model_type, decoder_package):
     engine = make_engine(package, block_size=16, num_blocks=14, max_num_batched_tokens=48, enable_prefix_caching=True, max_model_len=128)
     first = run_to_completion(engine, prompts[:1], SamplingParams(temperature=0, max_tokens=16))  # caches the prefix
     finished = run_to_completion(engine, prompts[1:], SamplingParams(temperature=0, max_tokens=16))
-    assert [first["0"].outputs[0].token_ids, *(o.outputs[0].token_ids for o in sorted(finished.values(), key=lambda o: int(o.request_id)))] == expected
+    later = sorted(finished.values(), key=lambda o: int(o.request_id))
+    assert [first["0"].outputs[0].token_ids, *(o.outputs[0].token_ids for o in later)] == expected
     assert engine.scheduler.stats.num_preemptions > 0 and engine.kv_cache.stats.num_hits > 0

@@ -8,12 +8,12 @@ import threading
 import time
 
 import numpy as np
-
 from engine_helpers import drain, make_engine, run_to_completion
-from ortinf import LLM
-from ortinf.errors import StepFailedError
-from ortinf.engine.async_engine import MAX_FAILED_STEPS, AsyncEngine, EngineDeadError
 from fault_injection import FaultInjection
+
+from ortinf import LLM
+from ortinf.engine.async_engine import MAX_FAILED_STEPS, AsyncEngine, EngineDeadError
+from ortinf.errors import StepFailedError
 from ortinf.sample.sampling_params import SamplingParams
 from ortinf.sample.structured_output import StructuredOutput
 

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from engine_helpers import assert_scheduling_exact, make_engine
+from tiny_models import build_decoder
 
 import ortinf
-from engine_helpers import assert_scheduling_exact, make_engine
 from ortinf.errors import ExportError
 from ortinf.kernels import library
 from ortinf.worker.decoder_graph import pool_spec
 from ortinf.worker.kv_pool import block_bytes
-from tiny_models import build_decoder
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "int8"])

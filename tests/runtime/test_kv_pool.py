@@ -8,12 +8,12 @@ import logging
 import numpy as np
 import pytest
 
+from ortinf.config import EngineConfig
 from ortinf.errors import ConfigError
 from ortinf.manifest import DecoderSpec
 from ortinf.providers import cpu, webgpu
 from ortinf.providers.base import HOST_WRITE
 from ortinf.providers.registry import Found, resolve
-from ortinf.config import EngineConfig
 from ortinf.worker.decoder_graph import DecoderGraph
 from ortinf.worker.kv_pool import resolve_num_blocks
 from ortinf.worker.model_input import SequenceChunk, build_model_input

@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from tiny_models import build_whisper
 
 import ortinf
 import ortinf.tasks.speech.windows as loop_module
 from ortinf.tasks.speech.audio_features import SAMPLE_RATE
 from ortinf.tasks.speech.longform import Decoding
 from ortinf.tasks.speech.transcriber import Transcriber
-from tiny_models import build_whisper
 
 GENERATION = dict(no_timestamps_token_id=258, prev_sot_token_id=257, eos_token_id=2, decoder_start_token_id=1, pad_token_id=0,
                   suppress_tokens=[3, 4], begin_suppress_tokens=[220, 2], max_initial_timestamp_index=50, is_multilingual=False)

@@ -10,12 +10,12 @@ import numpy as np
 import peft
 import pytest
 import torch
+from engine_helpers import hf_greedy
+from tiny_models import add_tokenizer, build_decoder
 
 import ortinf
-from engine_helpers import hf_greedy
 from ortinf import LLM, SamplingParams
 from ortinf.errors import ConfigError, RequestError
-from tiny_models import add_tokenizer, build_decoder
 
 ADAPTERS = {  # name -> LoraConfig: different ranks, scales and targets (rsLoRA on one)
     "qv": dict(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]),

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
+from ortinf.sample.sampling_params import SamplingParams
 from ortinf.worker.decoder_graph import DecoderGraph
 from ortinf.worker.model_runner import ModelRunner
-from ortinf.sample.sampling_params import SamplingParams
 from ortinf.worker.scheduler_output import ScheduledRequest, SchedulerOutput
 
 BLOCK = 16

@@ -5,14 +5,14 @@ back for a possible stop string is released when the request finishes."""
 from __future__ import annotations
 
 import pytest
+from tiny_models import add_byte_tokenizer
 from tokenizers import Tokenizer
 
-from ortinf.engine.output_processor import OutputProcessor
 from ortinf.core.request import FinishReason, Request, RequestStatus
+from ortinf.core.stopping import judge
+from ortinf.engine.output_processor import OutputProcessor
 from ortinf.sample.sampling_params import SamplingParams
 from ortinf.worker.scheduler_output import ModelRunnerOutput, TokenLogprobs
-from ortinf.core.stopping import judge
-from tiny_models import add_byte_tokenizer
 
 TEXT = "hello world, this is a test"
 

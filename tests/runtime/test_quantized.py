@@ -9,15 +9,15 @@ import json
 import numpy as np
 import onnx
 import pytest
+from engine_helpers import assert_scheduling_exact, make_engine, run_to_completion
+from tiny_models import DECODERS, build_decoder
 
 import ortinf
-from engine_helpers import assert_scheduling_exact, make_engine, run_to_completion
 from ortinf.errors import ConfigError, ExportError
 from ortinf.exporter.quantize import routers
 from ortinf.manifest import CPU_MODEL_NAME, MODEL_NAME
 from ortinf.providers.registry import Found, resolve
 from ortinf.worker.decoder_graph import DecoderGraph
-from tiny_models import DECODERS, build_decoder
 
 
 @pytest.mark.parametrize("dtype", ["int8", "int4"])
@@ -92,9 +92,9 @@ def test_default_level_engine_keeps_greedy_agreement_under_scheduling(dtype, tmp
     gate demands (the share of tokens before the first difference, averaged: int8 >= 0.25; int4 is
     not gated), and with an unconstrained engine on most of its tokens (only near-ties may flip)."""
     import transformers
+    from engine_helpers import hf_greedy
 
     from ortinf.exporter.verify import THRESHOLDS
-    from engine_helpers import hf_greedy
 
     build_decoder("llama", tmp_path / "hf")
     ortinf.export(tmp_path / "hf", tmp_path / "pkg", dtype=dtype, progress=False)
@@ -133,8 +133,8 @@ def test_quality_gate_record_keeps_a_package_that_misses_its_gate(tmp_path, monk
     """A gate the figures miss refuses the export by default (the message names --quality-gate record);
     with record, the package is written, its figures and the miss are in the manifest and `inspect`,
     and it serves. The gate is moved out of reach here rather than the model made worse."""
-    from ortinf.exporter import verify
     from ortinf.cli.inspect_table import cpu_kernel_row, manifest_rows
+    from ortinf.exporter import verify
     from ortinf.kernels import library
 
     build_decoder("llama", tmp_path / "hf")

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from ortinf.core.kv_cache_manager import KVCacheManager
 from ortinf.core.request import FinishReason, Request, RequestStatus
-from ortinf.sample.sampling_params import SamplingParams
 from ortinf.core.scheduler import Scheduler, SchedulerConfig
-from ortinf.worker.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from ortinf.core.stopping import Verdict
+from ortinf.sample.sampling_params import SamplingParams
+from ortinf.worker.scheduler_output import ModelRunnerOutput, SchedulerOutput
 
 BLOCK = 4
 

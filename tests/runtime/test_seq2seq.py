@@ -1,4 +1,5 @@
-"""Text encoder-decoders as ordinary requests of the one engine (ortinf/exporter/seq2seq.py, ortinf/engine/llm_engine.py with ortinf/worker/encoder_input.py): tiny random
+"""Text encoder-decoders as ordinary requests of the one engine (ortinf/exporter/seq2seq.py,
+ortinf/engine/llm_engine.py with ortinf/worker/encoder_input.py): tiny random
 Marian and BART models exported by `ortinf export` (parity recorded at export), then ragged sources
 decoded together, with fewer slots than sources, through preemption and a source seen twice, greedy
 token for token against transformers' own generate (num_beams=1)."""
@@ -9,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from fault_injection import FaultInjection
 
 import ortinf
-from fault_injection import FaultInjection
 from ortinf import LLM
 from ortinf.sample.sampling_params import SamplingParams
 

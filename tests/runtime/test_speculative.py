@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from engine_helpers import GREEDY, drain, hf_greedy, make_engine, run_to_completion
+
 from ortinf.errors import ConfigError
 from ortinf.sample.sampling_params import SamplingParams
 from ortinf.sample.speculative import SpeculativeConfig, draw, propose_ngram, verify
@@ -154,8 +154,9 @@ def test_disable_by_batch_size(setup):
 @pytest.fixture(scope="module")
 def draft_package(tmp_path_factory):
     """A one-layer random llama with the test tokenizer: a draft that agrees with nothing."""
-    import ortinf
     from tiny_models import add_tokenizer, build_decoder
+
+    import ortinf
 
     root = tmp_path_factory.mktemp("draft")
     build_decoder("llama", root / "hf", seed=1, num_hidden_layers=1)

@@ -4,13 +4,13 @@ that a multi-token step (speculative decoding) keeps exactly the tokens up to th
 from __future__ import annotations
 
 import pytest
+from tiny_models import add_byte_tokenizer
 from tokenizers import Tokenizer
 
 from ortinf.core.detokenizer import IncrementalDetokenizer
 from ortinf.core.request import FinishReason, Request
-from ortinf.sample.sampling_params import SamplingParams
 from ortinf.core.stopping import Verdict, judge
-from tiny_models import add_byte_tokenizer
+from ortinf.sample.sampling_params import SamplingParams
 
 EOS = 2
 

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from tiny_models import build_whisper
 
 import ortinf
 from ortinf.tasks.speech.audio_features import SAMPLE_RATE
 from ortinf.tasks.speech.longform import Decoding
 from ortinf.tasks.speech.transcriber import Transcriber
-from tiny_models import build_whisper
 
 
 @pytest.fixture(scope="module")

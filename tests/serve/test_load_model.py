@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tiny_models import add_byte_tokenizer, build_whisper
+
 import ortinf
 from ortinf.serve.app import load_model
 from ortinf.serve.state import ServerConfig, ServerState
 from ortinf.worker.kv_pool import block_bytes
-from tiny_models import add_byte_tokenizer, build_whisper
 
 
 def test_a_whisper_model_obeys_the_engine_options(tmp_path: Path):

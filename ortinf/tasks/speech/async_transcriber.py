@@ -18,10 +18,10 @@ from collections.abc import AsyncIterator, Callable
 import numpy as np
 
 from ortinf.engine.async_engine import AsyncEngine
-from ortinf.tasks.speech.audio_features import SAMPLE_RATE
 from ortinf.engine.llm_engine import PreparedRequest
-from ortinf.tasks.speech.longform import Decoding, openai_decoding
 from ortinf.engine.outputs import RequestOutput
+from ortinf.tasks.speech.audio_features import SAMPLE_RATE
+from ortinf.tasks.speech.longform import Decoding, openai_decoding
 from ortinf.tasks.speech.transcriber import Job, Transcriber
 from ortinf.tasks.speech.windows import Window
 

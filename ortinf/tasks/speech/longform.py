@@ -141,4 +141,5 @@ def window_features(features: np.ndarray, seek: int, window_frames: int) -> tupl
     return np.ascontiguousarray(piece), frames
 
 
-__all__ = ["FALLBACK_TEMPERATURES", "Decoding", "openai_decoding", "Segment", "compression_ratio", "history", "judge", "split_segments", "window_features"]
+__all__ = ["FALLBACK_TEMPERATURES", "Decoding", "openai_decoding", "Segment", "compression_ratio", "history", "judge", "split_segments",
+           "window_features"]

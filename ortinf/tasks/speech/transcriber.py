@@ -21,16 +21,16 @@ from typing import Any
 
 import numpy as np
 
+from ortinf.config import EngineConfig
+from ortinf.engine.llm_engine import LLMEngine
 from ortinf.errors import ConfigError, RequestError
 from ortinf.manifest import SPEECH_RECOGNITION, Manifest
 from ortinf.providers.session import create_session
-from ortinf.tasks.speech.audio_features import HOP_LENGTH, SAMPLE_RATE, log_mel
-from ortinf.config import EngineConfig
 from ortinf.sample.decoder_rules import DecoderRules
-from ortinf.engine.llm_engine import LLMEngine
+from ortinf.tasks.speech.audio_features import HOP_LENGTH, SAMPLE_RATE, log_mel
 from ortinf.tasks.speech.longform import Decoding, Segment
-from ortinf.tasks.speech.windows import CANCELLED, DETECT, Job, Window, WindowDecoder
 from ortinf.tasks.speech.whisper_timestamps import TimestampRules
+from ortinf.tasks.speech.windows import CANCELLED, DETECT, Job, Window, WindowDecoder
 from ortinf.tasks.speech.word_timing import token_times, words
 
 

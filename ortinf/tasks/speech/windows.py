@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ortinf.errors import RequestError
-from ortinf.worker.encoder_input import EncoderInput
 from ortinf.engine.llm_engine import PreparedRequest
-from ortinf.tasks.speech.longform import Decoding, Segment, history, judge, split_segments, window_features
 from ortinf.engine.outputs import RequestOutput
+from ortinf.errors import RequestError
 from ortinf.sample.sampling_params import GREEDY_BELOW, SEED_RANGE, SamplingParams
+from ortinf.tasks.speech.longform import Decoding, Segment, history, judge, split_segments, window_features
+from ortinf.worker.encoder_input import EncoderInput
 
 DETECT = -1  # a prompt's language token, to be detected by the window's probe
 CANCELLED = RequestError("the request was cancelled")
