@@ -19,8 +19,8 @@ def transcribe_files(package: Path, files: tuple[Path, ...], output_format: str,
     from tqdm.auto import tqdm
 
     from ortinf.errors import RequestError
-    from ortinf.serve.audio import SAMPLE_RATE, render
-    from ortinf.serve.errors import APIError
+    from ortinf.tasks.speech.audio_features import SAMPLE_RATE
+    from ortinf.tasks.speech.audio_file import transcript
     from ortinf.tasks.speech.longform import openai_decoding
     from ortinf.tasks.speech.transcriber import Transcriber
 
@@ -29,8 +29,8 @@ def transcribe_files(package: Path, files: tuple[Path, ...], output_format: str,
     for path in tqdm(files, desc="decoding", disable=len(files) < 2, file=click.get_text_stream("stderr")):
         try:
             samples.append(_decode(path))
-        except APIError as exc:
-            raise click.UsageError(f"{path}: {exc.message}") from exc
+        except RequestError as exc:
+            raise click.UsageError(f"{path}: {exc}") from exc
     click.echo(f"transcribing {len(files)} file(s), {sum(len(s) for s in samples) / SAMPLE_RATE:.0f} s of audio", err=True)
     decoding = openai_decoding(temperature, transcriber.rules is not None, transcriber.no_speech is not None, fallback)
     try:
@@ -40,14 +40,14 @@ def transcribe_files(package: Path, files: tuple[Path, ...], output_format: str,
     for path, audio, job in zip(files, samples, jobs):
         duration = len(audio) / SAMPLE_RATE
         segments = transcriber.segments(job, duration)
-        result = render(segments, "json" if output_format == "text" else output_format, task, duration)
+        result = transcript(segments, "json" if output_format == "text" else output_format, task, duration)
         if output_format in ("text", "json"):
             click.echo(result["text"] if output_format == "text" else json.dumps({"file": str(path), **result}))
         else:
-            click.echo(result.body.decode())
+            click.echo(result)
 
 
 def _decode(path: Path):  # noqa: ANN202
-    from ortinf.serve.audio import decode_audio
+    from ortinf.tasks.speech.audio_file import decode_audio
 
     return decode_audio(path.read_bytes())

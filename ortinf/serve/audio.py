@@ -19,12 +19,9 @@ The windows of all requests in flight to one model decode together
 from __future__ import annotations
 
 import asyncio
-import io
 import math
-import re
 import time
 
-import numpy as np
 from fastapi import APIRouter, File, Form, Request, UploadFile
 from fastapi.responses import PlainTextResponse, StreamingResponse
 
@@ -32,74 +29,10 @@ from ortinf.serve.errors import APIError
 from ortinf.serve.state import ServerState
 from ortinf.serve.streaming import SSE_DONE, sse, sse_error, until_disconnected
 from ortinf.tasks.speech.audio_features import SAMPLE_RATE
+from ortinf.tasks.speech.audio_file import FORMATS, decode_audio, transcript
 
 router = APIRouter()
-MAX_AUDIO_SECONDS = 3600
 MAX_AUDIO_BYTES = 25 * 2**20  # OpenAI's upload limit
-FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
-
-
-BLOCK_FRAMES = 2**16  # frames decoded at a time: the memory of a decode is this block, not the file
-
-
-def decode_audio(data: bytes) -> np.ndarray:
-    """16 kHz mono float32 samples of an audio file's bytes; APIError 400 for anything else.
-
-    The file is decoded a block of frames at a time, each block mixed to mono and fed to a streaming
-    resampler (its output equals the one-shot resampler's), so that memory follows the 16 kHz mono
-    result (at most MAX_AUDIO_SECONDS of it), never the channels x rate of the file: an 8-channel 48 kHz
-    hour of compressed silence (1.4 MB of FLAC) was 5.4 GB of float32 decoded whole (issue 30, finding 1)."""
-    import soundfile
-    import soxr
-
-    if not data:
-        raise APIError(400, "the audio file is empty", param="file")
-    try:
-        with soundfile.SoundFile(io.BytesIO(data)) as audio:
-            # the length is checked before decoding: 25 MB of compressed silence is hours of samples
-            if audio.frames / audio.samplerate > MAX_AUDIO_SECONDS:
-                raise APIError(400, f"the audio is {audio.frames / audio.samplerate:.0f} s long; at most {MAX_AUDIO_SECONDS} s "
-                                    "per request", param="file")
-            rate = audio.samplerate
-            stream = None if rate == SAMPLE_RATE else soxr.ResampleStream(rate, SAMPLE_RATE, 1, dtype="float32")
-            pieces = []
-            for block in audio.blocks(BLOCK_FRAMES, dtype="float32", always_2d=True):
-                mono = block.mean(axis=1, dtype=np.float32)
-                pieces.append(mono if stream is None else stream.resample_chunk(mono, last=False))
-            if stream is not None:
-                pieces.append(stream.resample_chunk(np.zeros(0, np.float32), last=True))
-    except APIError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - libsndfile's many refusals are all "not audio we read"
-        reason = re.sub(r"<_io\.BytesIO object at 0x[0-9a-fA-F]+>", "the upload", str(exc))[:120] or type(exc).__name__
-        raise APIError(400, f"the file is not audio this server reads (wav, flac, ogg, mp3): {reason}", param="file") from exc
-    samples = np.concatenate(pieces).astype(np.float32, copy=False) if pieces else np.zeros(0, np.float32)
-    if samples.size == 0:
-        raise APIError(400, "the audio file holds no samples", param="file")
-    return samples
-
-
-def _clock(seconds: float, separator: str) -> str:
-    millis = int(round(seconds * 1000))
-    return f"{millis // 3_600_000:02d}:{millis // 60_000 % 60:02d}:{millis // 1000 % 60:02d}{separator}{millis % 1000:03d}"
-
-
-def render(segments: list[tuple[float, float, str]], response_format: str, task: str, duration: float,
-           words: list[tuple[str, float, float]] | None = None):
-    text = " ".join(s[2] for s in segments if s[2]).strip()
-    if response_format == "json":
-        return {"text": text}
-    if response_format == "text":
-        return PlainTextResponse(text)
-    if response_format == "verbose_json":
-        body = {"task": task, "duration": duration, "text": text,
-                "segments": [{"id": i, "start": round(a, 2), "end": round(b, 2), "text": t} for i, (a, b, t) in enumerate(segments)]}
-        if words is not None:
-            body["words"] = [{"word": w, "start": round(a, 2), "end": round(b, 2)} for w, a, b in words]
-        return body
-    if response_format == "srt":
-        return PlainTextResponse("\n".join(f"{i + 1}\n{_clock(a, ',')} --> {_clock(b, ',')}\n{t}\n" for i, (a, b, t) in enumerate(segments)))
-    return PlainTextResponse("WEBVTT\n\n" + "\n".join(f"{_clock(a, '.')} --> {_clock(b, '.')}\n{t}\n" for a, b, t in segments))
 
 
 async def _run(request: Request, task: str, file: UploadFile, model: str | None, language: str | None, prompt: str | None,
@@ -143,6 +76,13 @@ async def _run(request: Request, task: str, file: UploadFile, model: str | None,
         state.metrics.observe_transcription(served.name, time.monotonic() - started, duration, failed, runner.transcriber.stats())
     return render(segments, response_format, "transcribe" if task == "transcribe" else "translate", duration,
                   timed_words if words else None)
+
+
+def render(segments: list[tuple[float, float, str]], response_format: str, task: str, duration: float,
+           words: list[tuple[str, float, float]] | None = None):  # noqa: ANN201
+    """The transcript as the route answers it: JSON formats as they are, text formats as text/plain."""
+    body = transcript(segments, response_format, task, duration, words)
+    return PlainTextResponse(body) if isinstance(body, str) else body
 
 
 def windows_at_once(state: ServerState, runner, duration: float) -> int:  # noqa: ANN001

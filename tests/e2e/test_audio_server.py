@@ -162,8 +162,8 @@ def test_a_whisper_package_without_a_tokenizer_is_refused_at_start(whisper_packa
 
 def test_long_compressed_audio_is_refused_before_it_is_decoded():
     """Hours of compressed silence fit in a small upload: the length is read from the header first."""
-    from ortinf.serve.audio import MAX_AUDIO_SECONDS, decode_audio
-    from ortinf.serve.errors import APIError
+    from ortinf.errors import RequestError
+    from ortinf.tasks.speech.audio_file import MAX_AUDIO_SECONDS, decode_audio
 
     seconds = MAX_AUDIO_SECONDS + 60
     buffer = io.BytesIO()
@@ -172,7 +172,7 @@ def test_long_compressed_audio_is_refused_before_it_is_decoded():
         for _ in range(seconds // 60):
             f.write(silence)
     assert len(buffer.getvalue()) < 25 * 2**20
-    with pytest.raises(APIError, match="at most"):
+    with pytest.raises(RequestError, match="at most"):
         decode_audio(buffer.getvalue())
 
 

@@ -1,4 +1,4 @@
-"""ortinf/serve/audio.py decode_audio in process: memory follows the 16 kHz mono result, not the file's
+"""ortinf/tasks/speech/audio_file.py decode_audio: memory follows the 16 kHz mono result, not the file's
 channels x rate (issue 30, finding 1: an 8-channel 48 kHz FLAC of silence took 7.2 GB), the result
 equals the one-shot mix-down and resampling, and a file that is not audio is a 400 naming no object."""
 
@@ -12,8 +12,8 @@ import pytest
 import soundfile
 import soxr
 
-from ortinf.serve.audio import decode_audio
-from ortinf.serve.errors import APIError
+from ortinf.errors import RequestError
+from ortinf.tasks.speech.audio_file import decode_audio
 
 
 def flac(samples: np.ndarray, rate: int) -> bytes:
@@ -47,6 +47,6 @@ def test_blocks_equal_the_one_shot_decode():
 
 
 def test_not_audio_is_a_400_without_object_reprs():
-    with pytest.raises(APIError) as raised:
+    with pytest.raises(RequestError) as raised:
         decode_audio(b"this is not audio at all" * 10)
-    assert raised.value.status == 400 and "object at 0x" not in str(raised.value) and "not audio" in str(raised.value)
+    assert raised.value.param == "file" and "object at 0x" not in str(raised.value) and "not audio" in str(raised.value)
