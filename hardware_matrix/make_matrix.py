@@ -2,7 +2,7 @@
 
 usage: .venv/bin/python hardware_matrix/make_matrix.py [--record]
 
-Each tiny random-weight model (tests/tiny_models.py) is exported, then the replay of
+Each tiny random-weight model (tests/support/tiny_models.py) is exported, then the replay of
 hardware_matrix/replay.py runs in each environment that has a provider: .venv (cpu) and
 .venv-openvino (openvino), and whatever GPU providers the local onnxruntime offers. The figure is
 the max abs logit difference over all replayed calls. --record writes hardware_matrix/RESULTS.md.
@@ -32,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "tests"))
 from machine import describe  # noqa: E402
-from tiny_models import DECODERS, build_decoder  # noqa: E402
+from support.tiny_models import DECODERS, build_decoder  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("replay", HERE / "replay.py")
 replay = importlib.util.module_from_spec(_spec)
@@ -71,7 +71,7 @@ def main() -> None:
     lines = [
         "# Hardware matrix: exported graph vs transformers (fp32 reference), max abs logit difference",
         "",
-        f"Tiny random-weight models from tests/tiny_models.py; replay: prefill, a chunk beside a fresh prefill, "
+        f"Tiny random-weight models from tests/support/tiny_models.py; replay: prefill, a chunk beside a fresh prefill, "
         f"4 decodes, shuffled blocks. Machine: {describe()}, onnxruntime {onnxruntime.__version__} "
         "(WebGPU: onnxruntime-ep-webgpu on Mesa lavapipe).",
         "",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import transformers
-from tiny_models import add_byte_tokenizer, add_tokenizer, build_decoder
+from support.tiny_models import add_byte_tokenizer, add_tokenizer, build_decoder
 
 import ortinf
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from tiny_models import build_decoder
+from support.tiny_models import build_decoder
 
 import ortinf
 from ortinf.matrix import BEGIN, END, Row, write

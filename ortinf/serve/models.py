@@ -8,7 +8,7 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from ortinf.engine.async_engine import AsyncEngine
-from ortinf.manifest import FEATURE_EXTRACTION, TEXT_GENERATION, Manifest
+from ortinf.manifest import FEATURE_EXTRACTION, Manifest
 from ortinf.serve.chat_template import ChatTemplate
 from ortinf.serve.errors import APIError
 from ortinf.tokenizer import TokenBytes
@@ -107,6 +107,3 @@ class ModelRegistry:
             raise APIError(404, f"the model '{name[:100]}' does not exist; available: {', '.join(self.names)}",
                            param="model", code="model_not_found")
         return model
-
-    def first_generator(self) -> ServedModel | None:
-        return next((m for m in self.models.values() if m.manifest.task == TEXT_GENERATION), None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from server_helpers import running_server
+from support.server_helpers import running_server
 
 import ortinf
 

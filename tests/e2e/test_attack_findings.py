@@ -13,7 +13,7 @@ import time
 
 import httpx
 import pytest
-from server_helpers import running_server
+from support.server_helpers import running_server
 from tokenizers import Tokenizer
 
 from ortinf.bundled import DEMO_LLAMA

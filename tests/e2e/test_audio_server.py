@@ -13,8 +13,8 @@ import numpy as np
 import openai
 import pytest
 import soundfile
-from server_helpers import running_server
-from tiny_models import add_byte_tokenizer, build_whisper
+from support.server_helpers import running_server
+from support.tiny_models import add_byte_tokenizer, build_whisper
 
 import ortinf
 from ortinf import LLM
@@ -150,7 +150,7 @@ def test_a_whisper_package_without_a_tokenizer_is_refused_at_start(whisper_packa
     import sys
     from pathlib import Path
 
-    from server_helpers import free_port
+    from support.server_helpers import free_port
 
     folder = tmp_path / "no-tokenizer"
     shutil.copytree(whisper_package, folder)

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from tiny_models import build_decoder
+from support.tiny_models import build_decoder
 
 ORTINF = [str(Path(sys.executable).with_name("ortinf"))]
 
@@ -115,7 +115,7 @@ def test_tokenizer_beyond_the_vocabulary_is_refused(tmp_path):
     """A tokenizer of 218 tokens for a model of 100: export refuses in one line naming both sizes,
     before loading the weights; a package whose manifest vocabulary is below its tokenizer's ids is
     refused at load (`ortinf generate`, `LLM`) instead of failing inside ORT's Gather."""
-    from tiny_models import add_tokenizer
+    from support.tiny_models import add_tokenizer
 
     from ortinf import LLM
     from ortinf.errors import ConfigError

@@ -89,7 +89,7 @@ def test_every_engine_setting_is_a_generated_option_of_every_engine_command():
 
 
 def test_engine_options_reach_the_engine(decoder_package, tmp_path):
-    from server_helpers import running_server
+    from support.server_helpers import running_server
 
     _, package = decoder_package("llama")
     with running_server([str(package), "--max-model-len", "100", "--block-size", "32", "--seed", "0",

@@ -7,7 +7,7 @@ import numpy as np
 import openai
 import pytest
 import torch
-from server_helpers import running_server
+from support.server_helpers import running_server
 
 from ortinf.bundled import DEMO_LLAMA
 

@@ -17,7 +17,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from server_helpers import running_server
+from support.server_helpers import running_server
 
 from ortinf import LLM, SamplingParams
 

@@ -12,8 +12,8 @@ import openai
 import peft
 import pytest
 import torch
-from server_helpers import running_server
-from tiny_models import add_tokenizer, build_decoder
+from support.server_helpers import running_server
+from support.tiny_models import add_tokenizer, build_decoder
 
 import ortinf
 from ortinf import LLM, SamplingParams

@@ -7,7 +7,7 @@ import os
 import time
 
 import pytest
-from server_helpers import running_server
+from support.server_helpers import running_server
 from test_ray_serve import replica_pids, stream_all
 
 pytestmark = pytest.mark.slow

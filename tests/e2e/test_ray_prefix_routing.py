@@ -8,7 +8,7 @@ import time
 
 import httpx
 import pytest
-from server_helpers import running_server
+from support.server_helpers import running_server
 
 from ortinf.serve.ray_routing import KEY_CHARS, routing_key
 

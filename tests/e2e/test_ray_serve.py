@@ -12,7 +12,7 @@ import time
 import httpx
 import openai
 import pytest
-from server_helpers import metric, running_server
+from support.server_helpers import metric, running_server
 
 import ortinf
 from ortinf.sample.sampling_params import SamplingParams

@@ -6,8 +6,8 @@ import subprocess
 
 import httpx
 import pytest
-from server_helpers import running_server
 from starlette.testclient import TestClient
+from support.server_helpers import running_server
 
 from ortinf.manifest import FORMAT_VERSION
 from ortinf.serve.app import build_app

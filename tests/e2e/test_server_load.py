@@ -10,7 +10,7 @@ import time
 import httpx
 import openai
 import pytest
-from server_helpers import metric, running_server
+from support.server_helpers import metric, running_server
 
 
 def test_64_concurrent_streams_get_exact_token_counts(llama_server):

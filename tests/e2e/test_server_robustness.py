@@ -12,7 +12,7 @@ import time
 
 import httpx
 import pytest
-from server_helpers import running_server
+from support.server_helpers import running_server
 from test_server_errors import assert_error
 
 from ortinf import LLM, SamplingParams

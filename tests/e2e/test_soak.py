@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from server_helpers import metric, running_server
+from support.server_helpers import metric, running_server
 
 from ortinf import LLM, SamplingParams
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 import openai
-from server_helpers import metric, running_server
+from support.server_helpers import metric, running_server
 
 import ortinf
 from ortinf.sample.sampling_params import SamplingParams

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from server_helpers import running_server
+from support.server_helpers import running_server
 
 from ortinf.bundled import DEMO_LLAMA
 

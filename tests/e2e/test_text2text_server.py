@@ -12,8 +12,8 @@ import openai
 import pytest
 import torch
 import transformers
-from server_helpers import running_server
-from tiny_models import add_byte_tokenizer
+from support.server_helpers import running_server
+from support.tiny_models import add_byte_tokenizer
 
 import ortinf
 from ortinf import LLM

@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from tiny_models import build_classifier
+from support.tiny_models import build_classifier
 
 import ortinf
 from ortinf.manifest import Manifest

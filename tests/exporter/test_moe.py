@@ -7,7 +7,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from tiny_models import add_tokenizer, build_decoder
+from support.tiny_models import add_tokenizer, build_decoder
 
 import ortinf
 from ortinf.exporter.moe import lower_index_ties

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from tiny_models import build_decoder
+from support.tiny_models import build_decoder
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 import ortinf

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 import torch
-from tiny_models import build_whisper
+from support.tiny_models import build_whisper
 
 from ortinf.exporter.whisper import export_whisper_graphs, step_through_pool
 

@@ -1,20 +1,13 @@
-"""Provider tests reuse the engine and server helpers of tests/runtime and tests/e2e."""
+"""Provider fixtures; the tests reuse the engine and server helpers of tests/support."""
 
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 import pytest
 
 from ortinf.errors import ProviderUnavailableError
 from ortinf.providers.registry import Found, resolve
-
-HERE = Path(__file__).resolve().parent
-for folder in (HERE.parent / "runtime", HERE.parent / "e2e"):
-    if str(folder) not in sys.path:
-        sys.path.insert(0, str(folder))
 
 
 @pytest.fixture(scope="session")

@@ -65,7 +65,7 @@ def test_llama_package_under_openvino(ov_python, decoder_package, tmp_path):
 def test_engine_greedy_parity_under_openvino(ov_python, decoder_package, tmp_path):
     """The engine with its bound pool under OpenVINO: ragged prompts, chunked prefill, a prefix hit and
     preemption give transformers' greedy tokens."""
-    from engine_helpers import GREEDY, hf_greedy
+    from support.engine_helpers import GREEDY, hf_greedy
     from test_webgpu import parity_prompts
 
     model, package = decoder_package("llama")
@@ -85,7 +85,7 @@ def test_whisper_under_openvino(ov_python, tmp_path):
     """A Whisper package's encoder and paged decoder under OpenVINO (host pool: the decoder returns its
     K/V, the cross K/V are written with numpy): the same greedy tokens as on the CPU provider, which
     tests/runtime/test_transcriber.py holds equal to transformers."""
-    from tiny_models import build_whisper
+    from support.tiny_models import build_whisper
 
     import ortinf
     from ortinf.tasks.speech.transcriber import Transcriber

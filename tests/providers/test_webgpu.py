@@ -11,10 +11,10 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from engine_helpers import GREEDY, hf_greedy, run_to_completion
 from onnx import TensorProto, helper
 from openai import OpenAI
-from server_helpers import running_server
+from support.engine_helpers import GREEDY, hf_greedy, run_to_completion
+from support.server_helpers import running_server
 
 import ortinf
 from ortinf import LLM, SamplingParams
@@ -214,7 +214,7 @@ def test_whisper_on_webgpu(webgpu, tmp_path):
     windows decoded side by side and window after window with word timing (the host encoder's cross K/V)."""
     import json
 
-    from tiny_models import build_whisper
+    from support.tiny_models import build_whisper
 
     from ortinf.tasks.speech.longform import Decoding
     from ortinf.tasks.speech.transcriber import Transcriber

@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 import pytest
-from engine_helpers import hf_greedy, make_engine
+from support.engine_helpers import hf_greedy, make_engine
 
 from ortinf.engine.async_engine import AsyncEngine
 from ortinf.errors import RequestError

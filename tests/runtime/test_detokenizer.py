@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from tiny_models import add_byte_tokenizer, add_tokenizer
+from support.tiny_models import add_byte_tokenizer, add_tokenizer
 from tokenizers import Tokenizer, decoders
 
 from ortinf.core.detokenizer import IncrementalDetokenizer

@@ -8,7 +8,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from engine_helpers import GREEDY, drain, hf_greedy, make_engine, run_to_completion
+from support.engine_helpers import GREEDY, drain, hf_greedy, make_engine, run_to_completion
 
 from ortinf.errors import RequestError
 from ortinf.sample.sampling_params import SamplingParams

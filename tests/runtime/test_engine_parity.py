@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from engine_helpers import GREEDY, drain, hf_greedy, make_engine, run_to_completion
+from support.engine_helpers import GREEDY, drain, hf_greedy, make_engine, run_to_completion
 
 from ortinf.exporter.architectures import DECODERS
 from ortinf.sample.sampling_params import SamplingParams

@@ -8,8 +8,8 @@ import threading
 import time
 
 import numpy as np
-from engine_helpers import drain, make_engine, run_to_completion
-from fault_injection import FaultInjection
+from support.engine_helpers import drain, make_engine, run_to_completion
+from support.fault_injection import FaultInjection
 
 from ortinf import LLM
 from ortinf.engine.async_engine import MAX_FAILED_STEPS, AsyncEngine, EngineDeadError

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from engine_helpers import assert_scheduling_exact, make_engine
-from tiny_models import build_decoder
+from support.engine_helpers import assert_scheduling_exact, make_engine
+from support.tiny_models import build_decoder
 
 import ortinf
 from ortinf.errors import ExportError

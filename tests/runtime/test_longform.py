@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from tiny_models import build_whisper
+from support.tiny_models import build_whisper
 
 import ortinf
 import ortinf.tasks.speech.windows as loop_module

@@ -10,8 +10,8 @@ import numpy as np
 import peft
 import pytest
 import torch
-from engine_helpers import hf_greedy
-from tiny_models import add_tokenizer, build_decoder
+from support.engine_helpers import hf_greedy
+from support.tiny_models import add_tokenizer, build_decoder
 
 import ortinf
 from ortinf import LLM, SamplingParams

@@ -5,7 +5,7 @@ back for a possible stop string is released when the request finishes."""
 from __future__ import annotations
 
 import pytest
-from tiny_models import add_byte_tokenizer
+from support.tiny_models import add_byte_tokenizer
 from tokenizers import Tokenizer
 
 from ortinf.core.request import FinishReason, Request, RequestStatus

@@ -9,8 +9,8 @@ import json
 import numpy as np
 import onnx
 import pytest
-from engine_helpers import assert_scheduling_exact, make_engine, run_to_completion
-from tiny_models import DECODERS, build_decoder
+from support.engine_helpers import assert_scheduling_exact, make_engine, run_to_completion
+from support.tiny_models import DECODERS, build_decoder
 
 import ortinf
 from ortinf.errors import ConfigError, ExportError
@@ -92,7 +92,7 @@ def test_default_level_engine_keeps_greedy_agreement_under_scheduling(dtype, tmp
     gate demands (the share of tokens before the first difference, averaged: int8 >= 0.25; int4 is
     not gated), and with an unconstrained engine on most of its tokens (only near-ties may flip)."""
     import transformers
-    from engine_helpers import hf_greedy
+    from support.engine_helpers import hf_greedy
 
     from ortinf.exporter.verify import THRESHOLDS
 

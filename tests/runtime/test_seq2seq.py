@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from fault_injection import FaultInjection
+from support.fault_injection import FaultInjection
 
 import ortinf
 from ortinf import LLM

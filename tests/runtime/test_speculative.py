@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from engine_helpers import GREEDY, drain, hf_greedy, make_engine, run_to_completion
+from support.engine_helpers import GREEDY, drain, hf_greedy, make_engine, run_to_completion
 
 from ortinf.errors import ConfigError
 from ortinf.sample.sampling_params import SamplingParams
@@ -154,7 +154,7 @@ def test_disable_by_batch_size(setup):
 @pytest.fixture(scope="module")
 def draft_package(tmp_path_factory):
     """A one-layer random llama with the test tokenizer: a draft that agrees with nothing."""
-    from tiny_models import add_tokenizer, build_decoder
+    from support.tiny_models import add_tokenizer, build_decoder
 
     import ortinf
 

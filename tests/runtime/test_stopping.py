@@ -4,7 +4,7 @@ that a multi-token step (speculative decoding) keeps exactly the tokens up to th
 from __future__ import annotations
 
 import pytest
-from tiny_models import add_byte_tokenizer
+from support.tiny_models import add_byte_tokenizer
 from tokenizers import Tokenizer
 
 from ortinf.core.detokenizer import IncrementalDetokenizer

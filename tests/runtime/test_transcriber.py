@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from tiny_models import build_whisper
+from support.tiny_models import build_whisper
 
 import ortinf
 from ortinf.tasks.speech.audio_features import SAMPLE_RATE
@@ -178,7 +178,7 @@ def test_a_prompt_goes_behind_startofprev(whisper, tmp_path):
     import json
     import shutil
 
-    from tiny_models import add_byte_tokenizer
+    from support.tiny_models import add_byte_tokenizer
 
     model, package = whisper
     folder = tmp_path / "prompted"

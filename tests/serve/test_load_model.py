@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tiny_models import add_byte_tokenizer, build_whisper
+from support.tiny_models import add_byte_tokenizer, build_whisper
 
 import ortinf
 from ortinf.serve.app import load_model

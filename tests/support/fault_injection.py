@@ -5,7 +5,7 @@ check at the edge and still fails inside a step, and an engine whose every step 
 made by wrapping the model runner's `execute`, the place a real ORT failure surfaces.
 
 In-process: `FaultInjection(...).install(runner)`. For a real server process: run this file as
-`python tests/fault_injection.py serve ...` with ORTINF_TEST_FAIL_AFTER_STEPS or
+`python tests/support/fault_injection.py serve ...` with ORTINF_TEST_FAIL_AFTER_STEPS or
 ORTINF_TEST_FAIL_TOKEN_ID set; it patches every ModelRunner and then runs the `ortinf` CLI.
 """
 

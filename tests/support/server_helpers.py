@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 
 ORTINF = str(Path(sys.executable).with_name("ortinf"))
-FAULT_INJECTION = Path(__file__).resolve().parents[1] / "fault_injection.py"
+FAULT_INJECTION = Path(__file__).resolve().parent / "fault_injection.py"
 
 
 def free_port() -> int:
@@ -43,7 +43,7 @@ class Server:
 def running_server(args: list[str], log_dir: Path, env: dict[str, str] | None = None, wait_healthy: bool = True,
                    timeout: float = 120.0, faults: dict[str, int] | None = None) -> Iterator[Server]:
     """Runs `ortinf serve ARGS --port P`, waits for /health, and stops it (SIGTERM, then kill).
-    `faults` (e.g. {"after_steps": 3} or {"token_id": 7}) starts it through tests/fault_injection.py."""
+    `faults` (e.g. {"after_steps": 3} or {"token_id": 7}) starts it through tests/support/fault_injection.py."""
     port = free_port()
     log_path = log_dir / f"server-{port}.log"
     command = [ORTINF]
