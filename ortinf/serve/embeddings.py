@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import threading
 
 import numpy as np
 from fastapi import APIRouter, Request
@@ -18,6 +19,7 @@ from ortinf.serve import responses
 from ortinf.serve.errors import APIError
 from ortinf.serve.protocol import EmbeddingRequest
 from ortinf.serve.state import ServerState
+from ortinf.serve.streaming import until_disconnected
 from ortinf.worker.encoder_graph import EncoderGraph
 
 router = APIRouter()
@@ -45,11 +47,14 @@ def token_lists(body: EmbeddingRequest, encoder: EncoderGraph) -> list[list[int]
     return token_ids
 
 
-def embed_in_chunks(encoder: EncoderGraph, token_ids: list[list[int]]) -> np.ndarray:
-    """The encoder's outputs in input order, computed in length-sorted chunks of CHUNK inputs."""
+def embed_in_chunks(encoder: EncoderGraph, token_ids: list[list[int]], gone: threading.Event | None = None) -> np.ndarray:
+    """The encoder's outputs in input order, computed in length-sorted chunks of CHUNK inputs; stops
+    between chunks once `gone` is set (the client went away: issue 30, finding 9)."""
     order = sorted(range(len(token_ids)), key=lambda i: len(token_ids[i]))
     outputs: list[np.ndarray | None] = [None] * len(token_ids)
     for start in range(0, len(order), CHUNK):
+        if gone is not None and gone.is_set():
+            raise APIError(499, "client disconnected")
         rows = order[start : start + CHUNK]
         for row, vector in zip(rows, encoder.run([token_ids[i] for i in rows])):
             outputs[row] = vector
@@ -64,10 +69,12 @@ async def create_embeddings(body: EmbeddingRequest, request: Request):
     if body.dimensions is not None and body.dimensions != encoder.spec.embedding_dim:
         raise APIError(400, f"this model's embeddings have {encoder.spec.embedding_dim} dimensions", param="dimensions")
     ticket = state.admission.acquire(1)
+    gone = threading.Event()
     try:
         token_ids = await asyncio.to_thread(token_lists, body, encoder)
-        vectors = await asyncio.to_thread(embed_in_chunks, encoder, token_ids)
+        vectors = await until_disconnected(request, asyncio.to_thread(embed_in_chunks, encoder, token_ids, gone))
     finally:
+        gone.set()  # a thread still embedding for a client that went away stops at its next chunk
         ticket.release()
     data = []
     for index, vector in enumerate(vectors):

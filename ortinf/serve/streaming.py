@@ -85,20 +85,28 @@ async def final_outputs(engine: AsyncEngine, prepared: Sequence[PreparedRequest]
     return finals  # type: ignore[return-value]
 
 
-async def until_disconnected(request: Request, work: Awaitable[T], poll: float = 0.1) -> T:
-    """Runs `work`, cancelling it (and so aborting its requests) if the client goes away."""
+async def until_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Runs `work`, cancelling it (and so aborting its requests) when the client goes away. No polling: a
+    watcher awaits the connection's next ASGI message, which for a request whose body has been read is
+    its http.disconnect (the server sends it when the client closes; the route's answer ends the wait)."""
     task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnect(request))
     try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=poll)
-            if done:
-                return task.result()
-            if await request.is_disconnected():
-                task.cancel()
-                raise APIError(499, "client disconnected")
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)  # its requests aborted before the route ends
+        raise APIError(499, "client disconnected")
     finally:
-        if not task.done():
-            task.cancel()
+        for pending in (task, watcher):
+            if not pending.done():
+                pending.cancel()
+
+
+async def _disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def admit_and_run(request: Request, admission: Admission, engine: AsyncEngine, prepared: Sequence[PreparedRequest],

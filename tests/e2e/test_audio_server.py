@@ -7,6 +7,7 @@ model's windows would all fail openai-whisper's log-probability test and be re-s
 from __future__ import annotations
 
 import io
+import time
 
 import httpx
 import numpy as np
@@ -118,6 +119,19 @@ def test_transcriptions(whisper_package, chat_package, tmp_path):
         # speech is the engine's: its gauges come from the engine's stats, and nothing is left held
         assert 'ortinf:num_requests_running{model_name="whisper"} 0.0' in metrics
         assert 'ortinf:kv_cache_usage_perc{model_name="whisper"} 0.0' in metrics
+        # finding 9: a client that goes away before its (non-streamed) transcription ends stops its windows
+        def kept_windows() -> float:
+            text = httpx.get(f"{server.url}/metrics").text
+            return sum(float(line.split()[-1]) for line in text.splitlines()
+                       if line.startswith('ortinf:transcription_windows_total{model_name="whisper",outcome="kept"}'))
+
+        before = kept_windows()
+        silence = encoded(np.zeros(RATE * 1200, np.float32), "FLAC")  # 20 minutes: 40 windows side by side, a few kB
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(url, files={"file": ("a.flac", silence)}, data={"model": "whisper"}, timeout=0.5)
+        time.sleep(4)  # far longer than what the windows already running need to end
+        after = httpx.get(f"{server.url}/metrics").text
+        assert 'ortinf:num_requests_running{model_name="whisper"} 0.0' in after and kept_windows() - before < 40
         # the text model beside it still serves
         assert httpx.post(f"{server.url}/v1/completions", json={"model": "text", "prompt": "hi", "max_tokens": 2}).status_code == 200
 
