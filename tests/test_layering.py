@@ -75,3 +75,64 @@ def test_imports_point_down_the_floors():
             elif module.startswith("ortinf.exporter") and FLOORS.get(target, 0) > FLOORS["worker"]:
                 upward.append(f"{module} -> {name}")
     assert not upward, "imports that run back up: " + ", ".join(upward)
+
+
+def imported_modules(path) -> list[str]:  # noqa: ANN001
+    """Every ortinf name an import statement may bring in: `from ortinf.x import y` gives ortinf.x.y (a
+    module, when it is one) and ortinf.x."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found += [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+        elif isinstance(node, ast.Import):
+            found += [a.name for a in node.names]
+    return [name for name in found if name.startswith("ortinf.")]
+
+
+def test_no_import_circles():
+    """No module reaches itself through imports (lazy ones included): the exporter's circle (api <-> whisper
+    <-> whisper_cpu <-> seq2seq) was opened in issue 30 by a neutral cross-attention decoder module."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    graph: dict[str, set[str]] = {}
+    for path in (root / "ortinf").rglob("*.py"):
+        parts = path.relative_to(root).with_suffix("").parts
+        graph[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = set()
+    for path in (root / "ortinf").rglob("*.py"):
+        parts = path.relative_to(root).with_suffix("").parts
+        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        for name in imported_modules(path):
+            while name and name not in graph:  # `from ortinf.x import name`: the module is ortinf.x
+                name = name.rpartition(".")[0]
+            if name and name != module and not module.startswith(name + "."):  # a package's own __init__ is not a circle
+                graph[module].add(name)
+    index, low, stack, on_stack, circles = {}, {}, [], set(), []
+
+    def visit(node: str) -> None:  # Tarjan's strongly connected components
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in graph[node]:
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    assert not circles, f"import circles: {circles}"

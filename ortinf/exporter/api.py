@@ -14,17 +14,16 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-import ortinf
 from ortinf.errors import ExportError
 from ortinf.exporter import attention_cpu as cpu_paged
 from ortinf.exporter.architectures import resolve_task
 from ortinf.exporter.decoder import CPU_PAGED, decoder_spec, trace_decoder
 from ortinf.exporter.encoder import TracedEncoder, encoder_inputs, encoder_spec, read_pooling, trace_encoder
 from ortinf.exporter.kv_write import place_decoder
-from ortinf.exporter.package import staging, token_ids, write_generation_config, write_tokenizer
+from ortinf.exporter.package import staging, token_ids, versions, write_generation_config, write_tokenizer
 from ortinf.exporter.quantize import BITS, CPU_OP, DEFAULT_ACCURACY_LEVEL, DEFAULT_BLOCK_SIZES, MOE_OP, quantize
 from ortinf.exporter.source import ModelSource, resolve_model
-from ortinf.exporter.verify import verify_decoder, verify_encoder, verify_quality
+from ortinf.exporter.verify import gate, verify_decoder, verify_encoder, verify_quality
 from ortinf.manifest import (
     CONTRIB_PAGED,
     CPU_MODEL_NAME,
@@ -37,7 +36,6 @@ from ortinf.manifest import (
     TEXT_GENERATION,
     CpuKernel,
     Manifest,
-    Quality,
     Quantization,
 )
 
@@ -151,7 +149,7 @@ def export(
                 raise ExportError(f"--enable-lora: {source.model_type} has no nn.Linear projections under self_attn/mlp "
                                   "to adapt (GPT-2's are Conv1D): export it without --enable-lora")
             trace_decoder(hf_model.to(DTYPES[dtype]), spec, trace_dir / MODEL_NAME, DTYPES[dtype])
-            if cpu_kernel and wants_cpu_graph(kernel, dtype, cpu_kv_dtype):
+            if cpu_kernel and cpu_paged.wants_cpu_graph(kernel, dtype, cpu_kv_dtype):
                 cpu_traced = trace_dir / "cpu" / MODEL_NAME
                 cpu_traced.parent.mkdir()
                 trace_decoder(hf_model, replace(spec, kv_dtype=cpu_kv_dtype or spec.kv_dtype), cpu_traced, DTYPES[dtype],
@@ -191,7 +189,7 @@ def export(
             has_tokenizer=has_tokenizer,
             has_chat_template=has_template,
             source=str(source.name),
-            versions=_versions(),
+            versions=versions(),
             cpu_kernel=CpuKernel(CPU_MODEL_NAME, cpu_paged.DOMAIN, library_ops(stage / CPU_MODEL_NAME), float("nan"), "", cpu_kv_dtype)
             if cpu_traced is not None else None,
             **kind,
@@ -230,44 +228,12 @@ def export(
     return manifest
 
 
-def gate(quality: Quality, mode: str, hint: str, extra_failures: list[str] | None = None) -> Quality:
-    """Enforces the quality thresholds (ExportError naming `hint`), or records a miss with a warning."""
-    failures = quality.failures() + list(extra_failures or [])
-    if not failures:
-        return quality
-    if mode == "enforce":
-        raise ExportError(f"verification failed: {'; '.join(failures)} against the fp32 model ({quality.description}); "
-                          f"nothing was written. {hint}, or --quality-gate record to keep the package with its figures")
-    log.warning("quality gate not met, recorded and not enforced (--quality-gate record): %s", "; ".join(failures))
-    return replace(quality, enforced=False)
-
-
 def library_ops(graph: Path) -> tuple[str, ...]:
     """The kernel library's ops a graph uses, in the library's order (PagedAttention, QMatMul, MoE)."""
     import onnx  # here, not at the top: a serving-only install's missing extra is named by torch's import
 
     used = {n.op_type for n in onnx.load(str(graph), load_external_data=False).graph.node if n.domain == cpu_paged.DOMAIN}
     return tuple(op for op in (cpu_paged.OP, CPU_OP, MOE_OP) if op in used)
-
-
-def wants_cpu_graph(kernel: str, dtype: str, cpu_kv_dtype: str = "") -> bool:
-    """Whether this export writes model.cpu.onnx: portable decoders that compute in fp32, when ortinf's
-    kernel library loads here (it verifies the graph); otherwise one warning says why not (an error
-    with --kv-dtype int8, which only that graph reads)."""
-    if kernel != PORTABLE or DTYPES[dtype] != torch.float32:
-        if cpu_kv_dtype:
-            raise ExportError(f"--kv-dtype int8 is read by ortinf's CPU kernel graph, which computes in fp32: not at --dtype {dtype}")
-        return False
-    from ortinf.kernels import library
-
-    if library.load() is None:
-        if cpu_kv_dtype:
-            raise ExportError("--kv-dtype int8 is read by ortinf's kernel library, which is not loaded here: build it with "
-                              "`python -m ortinf.kernels.build`, or choose --kv-dtype fp16")
-        log.warning("this package gets no graph for ortinf's CPU kernel library (the library is not loaded here): "
-                    "on the CPU it runs the portable kernel. Build the library and re-export for the faster graph")
-        return False
-    return True
 
 
 def kv_cache_dtype(dtype: str, kv_dtype: str, kernel: str) -> str:
@@ -351,17 +317,3 @@ def _place_graph(trace_dir: Path, stage: Path, threshold: int) -> None:
             size_threshold=1024,
         )
     shutil.rmtree(trace_dir)
-
-
-def _versions() -> dict[str, str]:
-    import onnx
-    import onnxruntime
-    import transformers
-
-    return {
-        "ortinf": ortinf.__version__,
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "onnx": onnx.__version__,
-        "onnxruntime": onnxruntime.__version__,
-    }

@@ -22,6 +22,7 @@ Traced torch code like ortinf/exporter/attention_portable.py: the exporter impor
 from __future__ import annotations
 
 import contextlib
+import logging
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -191,3 +192,25 @@ def paged_attention(
     batch.new_keys.append(k.to(key_cache.dtype))
     batch.new_values.append(v.to(value_cache.dtype))
     return out.reshape(1, -1, batch.num_heads, batch.head_dim), None
+
+
+def wants_cpu_graph(kernel: str, dtype: str, cpu_kv_dtype: str = "") -> bool:
+    """Whether this export writes model.cpu.onnx: portable decoders that compute in fp32, when ortinf's
+    kernel library loads here (it verifies the graph); otherwise one warning says why not (an error
+    with --kv-dtype int8, which only that graph reads)."""
+    from ortinf.errors import ExportError
+    from ortinf.kernels import library
+    from ortinf.manifest import PORTABLE
+
+    if kernel != PORTABLE or dtype not in ("fp32", "int8", "int4"):  # the graph computes in fp32
+        if cpu_kv_dtype:
+            raise ExportError(f"--kv-dtype int8 is read by ortinf's CPU kernel graph, which computes in fp32: not at --dtype {dtype}")
+        return False
+    if library.load() is None:
+        if cpu_kv_dtype:
+            raise ExportError("--kv-dtype int8 is read by ortinf's kernel library, which is not loaded here: build it with "
+                              "`python -m ortinf.kernels.build`, or choose --kv-dtype fp16")
+        logging.getLogger(__name__).warning("this package gets no graph for ortinf's CPU kernel library (the library is not loaded here): "
+                    "on the CPU it runs the portable kernel. Build the library and re-export for the faster graph")
+        return False
+    return True

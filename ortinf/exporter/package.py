@@ -172,3 +172,21 @@ def token_ids(value: Any) -> tuple[int, ...]:
     if isinstance(value, int):
         return (value,)
     return tuple(int(v) for v in value)
+
+
+def versions() -> dict[str, str]:
+    """The versions an export records in its manifest."""
+    import onnx
+    import onnxruntime
+    import torch
+    import transformers
+
+    import ortinf
+
+    return {
+        "ortinf": ortinf.__version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "onnx": onnx.__version__,
+        "onnxruntime": onnxruntime.__version__,
+    }

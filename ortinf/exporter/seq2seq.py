@@ -23,8 +23,8 @@ import numpy as np
 import torch
 from transformers import AttentionInterface
 
+from ortinf.exporter.cross_decoder import ATTENTION_NAME, PagedCrossDecoder, self_attention, trace_decoder
 from ortinf.exporter.tracing import OPSET, quiet_tracing
-from ortinf.exporter.whisper import ATTENTION_NAME, PagedWhisperDecoder, _self_attention, trace_decoder
 
 SEQ2SEQ_CLASSES = {"marian": "MarianMTModel", "bart": "BartForConditionalGeneration"}
 
@@ -48,7 +48,7 @@ class TextEncoderGraph(torch.nn.Module):
         return tuple(outputs)
 
 
-class PagedTextDecoder(PagedWhisperDecoder):
+class PagedTextDecoder(PagedCrossDecoder):
     """Whisper's paged decoder step for BART and Marian decoders."""
 
     def run_decoder(self, input_ids: torch.Tensor, positions: torch.Tensor, dummy: torch.Tensor) -> torch.Tensor:
@@ -64,7 +64,7 @@ class PagedTextDecoder(PagedWhisperDecoder):
 def export_seq2seq_graphs(model: torch.nn.Module, folder: Path) -> None:
     """Traces encoder.onnx and model.onnx (host write: the decoder returns its new K/V) into `folder`."""
     config = model.config
-    AttentionInterface.register(ATTENTION_NAME, _self_attention)
+    AttentionInterface.register(ATTENTION_NAME, self_attention)
     previous = config._attn_implementation
     config._attn_implementation = ATTENTION_NAME
     layers = config.decoder_layers
@@ -143,9 +143,8 @@ def export_seq2seq(source, out_path: Path, overwrite: bool, tolerance: float, pr
     from tqdm.auto import tqdm
 
     from ortinf.errors import ExportError
-    from ortinf.exporter.api import _versions
     from ortinf.exporter.kv_write import place_decoder
-    from ortinf.exporter.package import staging, token_ids, write_generation_config, write_tokenizer
+    from ortinf.exporter.package import staging, token_ids, versions, write_generation_config, write_tokenizer
     from ortinf.manifest import (
         ENCODER_MODEL_NAME,
         HOST_WRITE_MODEL_NAME,
@@ -187,7 +186,7 @@ def export_seq2seq(source, out_path: Path, overwrite: bool, tolerance: float, pr
                             eos_token_ids=token_ids(generation.get("eos_token_id", config.eos_token_id)),
                             bos_token_id=generation.get("bos_token_id", config.bos_token_id),
                             pad_token_id=generation.get("pad_token_id", config.pad_token_id), decoder=spec, seq2seq=seq2seq,
-                            has_tokenizer=has_tokenizer, source=str(source.name), versions=_versions())
+                            has_tokenizer=has_tokenizer, source=str(source.name), versions=versions())
         bar.update()
         bar.set_description_str("verifying")
         sessions = [onnxruntime.InferenceSession(str(stage / name), providers=["CPUExecutionProvider"])

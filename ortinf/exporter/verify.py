@@ -7,8 +7,10 @@ with the PyTorch model's logits at the same position.
 
 from __future__ import annotations
 
+import logging
 import sys
 import weakref
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +26,8 @@ from ortinf.manifest import MODEL_NAME, Manifest, Parity, Quality, min_block_siz
 from ortinf.providers.registry import AUTO_ORDER, PROVIDERS, find
 from ortinf.worker.decoder_graph import DecoderGraph
 from ortinf.worker.model_input import SequenceChunk, build_model_input
+
+log = logging.getLogger(__name__)
 
 PROMPT_LEN = 37
 DECODE_STEPS = 8
@@ -174,3 +178,15 @@ def verify_encoder(graph: TracedEncoder, package: Path, tolerance: float, vocab_
     output = session.run(None, feeds)[0].astype(np.float32)
     worst = float(np.abs(output - reference).max())
     return Parity(max_abs_diff=worst, tolerance=tolerance, description="3 padded sequences of up to 19 tokens")
+
+
+def gate(quality: Quality, mode: str, hint: str, extra_failures: list[str] | None = None) -> Quality:
+    """Enforces the quality thresholds (ExportError naming `hint`), or records a miss with a warning."""
+    failures = quality.failures() + list(extra_failures or [])
+    if not failures:
+        return quality
+    if mode == "enforce":
+        raise ExportError(f"verification failed: {'; '.join(failures)} against the fp32 model ({quality.description}); "
+                          f"nothing was written. {hint}, or --quality-gate record to keep the package with its figures")
+    log.warning("quality gate not met, recorded and not enforced (--quality-gate record): %s", "; ".join(failures))
+    return replace(quality, enforced=False)

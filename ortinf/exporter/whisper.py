@@ -16,54 +16,22 @@ through a block table). The other option, a per-request cache beside the pool, w
 accounting in the scheduler and its own binding per step; the pool costs the encoder's positions
 rounded up to whole blocks (1500 positions: 94 blocks of 16).
 
-Status (issue 23, in progress): the two graphs and their parity with transformers, step by step,
-with the cross K/V written into pool blocks by numpy (tests/exporter/test_whisper.py). The runtime
-(scheduling cross blocks, the encoder batched across requests), the mel front end, the audio routes
-and `ortinf transcribe` are not built yet.
+The paged decoder itself is ortinf/exporter/cross_decoder.py, which BART and Marian share; this module
+is Whisper's encoder graph, its export and its verification. The runtime runs windows as requests of
+the one engine (ortinf/tasks/speech/windows.py).
 """
 
 from __future__ import annotations
 
-import types
 from pathlib import Path
 
 import numpy as np
 import torch
 from transformers import AttentionInterface
 
-from ortinf.exporter import attention_portable as portable
-from ortinf.exporter.legacy_attention import CURRENT_BATCH
+from ortinf.exporter.cross_decoder import ATTENTION_NAME, PagedCrossDecoder, self_attention, trace_decoder
 from ortinf.exporter.tracing import OPSET, quiet_tracing
 from ortinf.exporter.whisper_alignment import alignment_heads, check_alignment, export_alignment_graph
-
-ATTENTION_NAME = "ortinf_whisper_paged"
-CROSS_INPUTS = ("cross_block_tables", "cross_lens")
-
-
-def _self_attention(module, query, key, value, attention_mask, **kwargs):  # noqa: ANN001, ANN201
-    """Whisper's decoder self-attention calls this with no way to pass the batch: it comes from
-    CURRENT_BATCH. The encoder (the same config, no batch) keeps transformers' eager attention."""
-    batch = CURRENT_BATCH.get(None)
-    if batch is None:  # the model's own eager attention (Whisper's, BART's, Marian's)
-        import sys
-
-        return sys.modules[type(module).__module__].eager_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    return portable.paged_attention(module, query, key, value, attention_mask, scaling=kwargs.get("scaling"), ortinf_paged=batch)
-
-
-def cross_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, batch: portable.PagedBatch,
-                    cross_tables: torch.Tensor, cross_lens: torch.Tensor) -> torch.Tensor:
-    """query [T, H, D] (scaled) against each sequence's cross K/V in its pool blocks: [T, H, D]."""
-    heads, head_dim = key_cache.shape[0], key_cache.shape[3]
-    num_seqs = batch.num_seqs
-    keys = key_cache[:, cross_tables].reshape(heads, num_seqs, -1, head_dim)  # [H, S, C, D]
-    values = value_cache[:, cross_tables].reshape(heads, num_seqs, -1, head_dim)
-    q = query[batch.pad_index].permute(2, 0, 1, 3)  # [H, S, Q, D]
-    scores = torch.matmul(q, keys.transpose(2, 3))  # [H, S, Q, C]
-    visible = torch.arange(keys.shape[2], dtype=torch.int64)[None, None, :] < cross_lens[:, None, None]  # [S, 1, C]
-    scores = torch.where(visible[None], scores, torch.tensor(torch.finfo(scores.dtype).min, dtype=scores.dtype))
-    out = torch.matmul(torch.softmax(scores, dim=-1), values)  # [H, S, Q, D]
-    return out.permute(1, 2, 0, 3).reshape(-1, heads, head_dim)[batch.unpad_index]
 
 
 class WhisperEncoderGraph(torch.nn.Module):
@@ -85,85 +53,11 @@ class WhisperEncoderGraph(torch.nn.Module):
         return tuple(outputs)
 
 
-class PagedWhisperDecoder(torch.nn.Module):
-    """The paged decoder step: self-attention over the pool, cross-attention over each sequence's cross blocks."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.model = model
-        self.decoder = model.get_decoder()
-        self.num_layers = model.config.decoder_layers
-        self.heads = model.config.decoder_attention_heads
-        self.head_dim = model.config.d_model // self.heads
-
-    def forward(self, input_ids, positions, block_tables, context_lens, query_lens, logits_indices,  # noqa: ANN001, ANN201
-                cross_block_tables, cross_lens, *caches):
-        batch = self.make_batch(block_tables, context_lens, query_lens, list(caches[0::2]), list(caches[1::2]))
-
-        def cross_forward(attention, hidden_states, key_value_states=None, **kwargs):  # noqa: ANN001, ANN202
-            out = self.cross(attention, hidden_states, batch, cross_block_tables, cross_lens, query_lens)
-            return attention.out_proj(out.reshape(1, -1, self.heads * self.head_dim)), None
-
-        patched = [layer.encoder_attn for layer in self.decoder.layers]
-        for attention in patched:
-            attention.forward = types.MethodType(cross_forward, attention)
-        token = CURRENT_BATCH.set(batch)
-        try:
-            dummy = torch.zeros(1, 1, self.model.config.d_model, dtype=self.decoder.embed_tokens.weight.dtype)  # turns cross-attention on
-            hidden = self.run_decoder(input_ids, positions, dummy)
-        finally:
-            CURRENT_BATCH.reset(token)
-            for attention in patched:
-                del attention.forward
-        logits = self.logits(hidden[logits_indices])
-        return (logits, *[t for pair in zip(batch.new_keys, batch.new_values) for t in pair])
-
-    def make_batch(self, block_tables, context_lens, query_lens, key_caches, value_caches):  # noqa: ANN001, ANN201
-        """The per-step batch the self-attention function reads (the portable kernel's)."""
-        return portable.PagedBatch(block_tables=block_tables, context_lens=context_lens, query_lens=query_lens,
-                                   key_caches=key_caches, value_caches=value_caches, num_kv_heads=self.heads, group=1,
-                                   head_dim=self.head_dim, default_scaling=lambda module, dim: dim**-0.5)
-
-    def cross(self, attention, hidden_states, batch, tables, lens, query_lens):  # noqa: ANN001, ANN201
-        """One layer's cross-attention output [T, H, D] over each sequence's cross blocks."""
-        query = (attention.q_proj(hidden_states) * attention.scaling).reshape(-1, self.heads, self.head_dim)
-        layer = attention.layer_idx
-        return cross_attention(query, batch.key_caches[layer], batch.value_caches[layer], batch, tables, lens)
-
-    def run_decoder(self, input_ids: torch.Tensor, positions: torch.Tensor, dummy: torch.Tensor) -> torch.Tensor:
-        """The decoder's hidden states [T, d_model] for the flat tokens at their positions."""
-        return self.decoder(input_ids=input_ids[None], position_ids=positions[None], encoder_hidden_states=dummy,
-                            use_cache=False).last_hidden_state[0]
-
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.model.proj_out(hidden)
-
-
-def trace_decoder(module: torch.nn.Module, config, path: Path, custom_opsets: dict | None = None) -> None:  # noqa: ANN001
-    """Traces a paged cross-attention decoder step (PagedWhisperDecoder or a subclass) to `path`:
-    the paged contract's inputs plus CROSS_INPUTS, logits and each layer's new K/V out."""
-    layers, heads = config.decoder_layers, config.decoder_attention_heads
-    block_size, blocks = 4, 8
-    caches = [torch.randn(heads, blocks, block_size, config.d_model // heads) for _ in range(2 * layers)]
-    example = (torch.tensor([1, 2, 3, 4]), torch.tensor([2, 3, 4, 5]), torch.tensor([[3, 1], [0, 5]]), torch.tensor([2, 5]),
-               torch.tensor([3, 1]), torch.tensor([2, 3]), torch.tensor([[6, 7], [2, 4]]), torch.tensor([6, 8]), *caches)
-    cache_names = [f"{kind}_cache.{i}" for i in range(layers) for kind in ("key", "value")]
-    new_names = [f"new_{kind}.{i}" for i in range(layers) for kind in ("key", "value")]
-    axes = {"input_ids": {0: "num_tokens"}, "positions": {0: "num_tokens"}, "block_tables": {0: "num_seqs", 1: "max_blocks"},
-            "context_lens": {0: "num_seqs"}, "query_lens": {0: "num_seqs"}, "logits_indices": {0: "num_seqs"},
-            "cross_block_tables": {0: "num_seqs", 1: "cross_blocks"}, "cross_lens": {0: "num_seqs"}, "logits": {0: "num_seqs"},
-            **{n: {1: "num_blocks", 2: "block_size"} for n in cache_names}, **{n: {0: "num_tokens"} for n in new_names}}
-    torch.onnx.export(module.eval(), example, str(path), dynamo=False,
-                      input_names=["input_ids", "positions", "block_tables", "context_lens", "query_lens", "logits_indices",
-                                   *CROSS_INPUTS, *cache_names],
-                      output_names=["logits", *new_names], dynamic_axes=axes, opset_version=OPSET, custom_opsets=custom_opsets)
-
-
 def export_whisper_graphs(model: torch.nn.Module, folder: Path, cpu_graph: bool = False) -> None:
     """Traces encoder.onnx and model.onnx (the decoder returns its new K/V: host write) into `folder`,
     and with `cpu_graph` model.cpu.onnx, the decoder for ortinf's CPU kernel library."""
     config = model.config
-    AttentionInterface.register(ATTENTION_NAME, _self_attention)
+    AttentionInterface.register(ATTENTION_NAME, self_attention)
     previous = config._attn_implementation
     config._attn_implementation = ATTENTION_NAME
     layers = config.decoder_layers
@@ -174,7 +68,7 @@ def export_whisper_graphs(model: torch.nn.Module, folder: Path, cpu_graph: bool 
             torch.onnx.export(WhisperEncoderGraph(model).eval(), (features,), str(folder / "encoder.onnx"), dynamo=False,
                               input_names=["input_features"], output_names=names,
                               dynamic_axes={"input_features": {0: "batch"}, **{n: {0: "batch"} for n in names}}, opset_version=OPSET)
-            trace_decoder(PagedWhisperDecoder(model), config, folder / "model.onnx")
+            trace_decoder(PagedCrossDecoder(model), config, folder / "model.onnx")
     finally:
         config._attn_implementation = previous
     if cpu_graph:  # the same step for ortinf's CPU kernel library (ortinf/exporter/whisper_cpu.py)
@@ -336,7 +230,7 @@ def export_whisper(source, out_path: Path, overwrite: bool, tolerance: float, pr
         config = model.config
         trace = stage / ".trace"
         trace.mkdir()
-        from ortinf.exporter.api import wants_cpu_graph
+        from ortinf.exporter.attention_cpu import wants_cpu_graph
 
         cpu_graph = wants_cpu_graph(PORTABLE, "fp32")
         export_whisper_graphs(model, trace, cpu_graph)
@@ -388,7 +282,7 @@ def export_whisper(source, out_path: Path, overwrite: bool, tolerance: float, pr
                             window_samples=int(extractor.n_samples), decoder_start_token_id=int(config.decoder_start_token_id),
                             alignment_graph=ALIGNMENT_MODEL_NAME, encoder_write_graph=ENCODER_WRITE_MODEL_NAME, alignment_heads=tuple(heads_used),
                             median_filter_width=int(getattr(config, "median_filter_width", 7)))
-        from ortinf.exporter.api import _versions
+        from ortinf.exporter.package import versions
 
         quantized = dtype != "fp32"
         manifest = Manifest(task=SPEECH_RECOGNITION, architecture="WhisperForConditionalGeneration", model_type="whisper", dtype=dtype,
@@ -396,7 +290,7 @@ def export_whisper(source, out_path: Path, overwrite: bool, tolerance: float, pr
                             eos_token_ids=token_ids(generation.get("eos_token_id", config.eos_token_id)),
                             bos_token_id=generation.get("bos_token_id", config.bos_token_id),
                             pad_token_id=generation.get("pad_token_id", config.pad_token_id), decoder=spec, speech=speech,
-                            has_tokenizer=has_tokenizer, source=str(source.name), versions=_versions(),
+                            has_tokenizer=has_tokenizer, source=str(source.name), versions=versions(),
                             quantization=Quantization(BITS[dtype], quant_block_size or DEFAULT_BLOCK_SIZES[dtype], accuracy_level)
                             if quantized else None)
         bar.update()
@@ -431,7 +325,7 @@ def export_whisper(source, out_path: Path, overwrite: bool, tolerance: float, pr
                               f"({description}); nothing was written")
         manifest = dataclasses.replace(manifest, parity=Parity(worst, tolerance, description), cpu_kernel=cpu_kernel)
         if quantized:  # against the fp32 model: the portable graph's figures, and the CPU graph's gates too
-            from ortinf.exporter.api import gate
+            from ortinf.exporter.verify import gate
 
             quality = speech_quality(pairs, dtype)
             fused = speech_quality(fused_pairs, dtype).failures() if fused_pairs else []

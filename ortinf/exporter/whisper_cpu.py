@@ -20,9 +20,9 @@ import torch
 from transformers import AttentionInterface
 
 from ortinf.exporter import attention_cpu as cpu_paged
+from ortinf.exporter.cross_decoder import PagedCrossDecoder, trace_decoder
 from ortinf.exporter.legacy_attention import CURRENT_BATCH
 from ortinf.exporter.tracing import quiet_tracing
-from ortinf.exporter.whisper import PagedWhisperDecoder, trace_decoder
 
 ATTENTION_NAME = "ortinf_whisper_cpu_paged"
 
@@ -51,8 +51,8 @@ class CrossAttentionOp(torch.autograd.Function):
         return out
 
 
-class CpuWhisperDecoder(PagedWhisperDecoder):
-    """PagedWhisperDecoder's inputs and outputs, with the CPU kernel's attention."""
+class CpuWhisperDecoder(PagedCrossDecoder):
+    """PagedCrossDecoder's inputs and outputs, with the CPU kernel's attention."""
 
     def make_batch(self, block_tables, context_lens, query_lens, key_caches, value_caches):  # noqa: ANN001, ANN201
         return cpu_paged.CpuBatch(block_tables=block_tables, context_lens=context_lens, query_lens=query_lens, key_caches=key_caches,
