@@ -41,7 +41,7 @@ def test_serving_modules_do_not_import_torch_or_transformers():
 # but the worker's graphs it verifies with.
 FLOORS = {"errors": 0, "manifest": 0, "json_text": 0, "tokenizer": 0, "kernels": 1, "providers": 1, "sample": 2, "config": 3,
           "worker": 4, "core": 5, "engine": 6, "tasks": 7, "llm": 8, "bundled": 8, "serve": 8, "matrix": 9, "cli": 10}
-EXPORTER_USERS = {"ortinf", "ortinf.bundled", "ortinf.cli.main"}
+EXPORTER_USERS = {"ortinf", "ortinf.bundled", "ortinf.cli.export"}
 
 
 def imports(path) -> list[str]:  # noqa: ANN001

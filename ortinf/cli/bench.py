@@ -9,7 +9,9 @@ import random
 import statistics
 import time
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 
+import click
 import httpx
 
 
@@ -148,3 +150,36 @@ def format_summary(summary: dict) -> str:
     for error in summary["errors"]:
         lines.append(f"error: {error}")
     return "\n".join(lines)
+
+
+@click.group()
+def bench() -> None:
+    """Benchmarks (see also the scripts in benchmarks/)."""
+
+
+@bench.command("serve")
+@click.option("--url", default="http://127.0.0.1:8000", show_default=True, help="Server base URL (without /v1).")
+@click.option("--model", default=None, help="The `model` field to send [default: the server's language model].")
+@click.option("--num-prompts", type=click.IntRange(min=1), default=64, show_default=True, help="Requests to send.")
+@click.option("--input-len", type=click.IntRange(min=1), default=128, show_default=True, help="Prompt length in tokens (random ids).")
+@click.option("--output-len", type=click.IntRange(min=1), default=128, show_default=True, help="Tokens to generate per request (ignore_eos).")
+@click.option("--max-concurrency", type=click.IntRange(min=1), default=8, show_default=True, help="Most requests in flight at once.")
+@click.option("--request-rate", type=float, default=float("inf"), show_default=True, help="Poisson arrivals per second (inf: all at once).")
+@click.option("--vocab-size", type=click.IntRange(min=4), default=1000, show_default=True, help="Prompt token ids are drawn below this.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random prompts and arrivals.")
+@click.option("--api-key", envvar="ORTINF_API_KEY", default=None, help="Bearer key, if the server wants one.")
+@click.option("--save-result", type=click.Path(path_type=Path, dir_okay=False), default=None, help="Write the summary as JSON here.")
+def bench_serve(url: str, model: str | None, num_prompts: int, input_len: int, output_len: int, max_concurrency: int,
+                request_rate: float, vocab_size: int, seed: int, api_key: str | None, save_result: Path | None) -> None:
+    """Stream requests at a running server; report throughput and TTFT/TPOT/ITL/E2E latency (mean, median, p99)."""
+    import asyncio
+    import json
+
+
+    config = BenchConfig(url.rstrip("/"), model, num_prompts, input_len, output_len, max_concurrency, request_rate, vocab_size, seed, api_key)
+    summary = asyncio.run(run_bench(config))
+    click.echo(format_summary(summary))
+    if save_result is not None:
+        save_result.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    if summary["completed"] == 0:
+        raise click.ClickException(f"no request succeeded against {url}: {'; '.join(summary['errors']) or 'no response'}")

@@ -9,19 +9,26 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
-from ortinf.config import EngineConfig
-from ortinf.engine.llm_engine import LLMEngine
+import click
+
+from ortinf.cli.serve_options import SINGLE_STREAM_EXCLUDED, engine_options, engine_values
 from ortinf.errors import ConfigError, OrtinfError
-from ortinf.sample.sampling_params import SamplingParams
-from ortinf.serve.chat_template import ChatTemplate
+
+if TYPE_CHECKING:  # imported where used: `ortinf --help` does not load the engine
+    from ortinf.engine.llm_engine import LLMEngine
+    from ortinf.serve.chat_template import ChatTemplate
 
 HELP = "type a message; /reset starts over, /exit (or Ctrl-D) leaves"
 
 
-def chat(package: Path, system: str | None, engine_options: dict, params: dict,
+def run_chat(package: Path, system: str | None, engine_options: dict, params: dict,
          stdin: TextIO = sys.stdin, stdout: TextIO = sys.stdout) -> None:
+    from ortinf.config import EngineConfig
+    from ortinf.engine.llm_engine import LLMEngine
+    from ortinf.serve.chat_template import ChatTemplate
+
     template = ChatTemplate.load(package)
     if template is None:
         raise ConfigError(f"{package} has no chat template: use `ortinf generate` for plain continuation")
@@ -60,6 +67,8 @@ def chat(package: Path, system: str | None, engine_options: dict, params: dict,
 
 
 def _reply(engine: LLMEngine, template: ChatTemplate, messages: list[dict], params: dict, stdout: TextIO) -> str:
+    from ortinf.sample.sampling_params import SamplingParams
+
     prompt = engine.tokenizer.encode(template.render(messages), add_special_tokens=False).ids
     engine.add_request(prompt, SamplingParams(**params, output_kind="delta"))
     text = ""
@@ -72,3 +81,23 @@ def _reply(engine: LLMEngine, template: ChatTemplate, messages: list[dict], para
             stdout.flush()
     stdout.write("\n")
     return text
+
+
+@click.command()
+@click.argument("package", required=False)
+@click.option("--system", default=None, help="A system message opening the conversation.")
+@click.option("-n", "--max-tokens", type=click.IntRange(min=1), default=256, show_default=True, help="Most tokens per reply.")
+@click.option("-t", "--temperature", type=float, default=0.7, show_default=True, help="0 is greedy.")
+@click.option("--top-p", type=float, default=0.95, show_default=True, help="Nucleus sampling mass.")
+@click.option("--seed", type=int, default=None, help="Makes sampling reproducible.")
+@engine_options(exclude=SINGLE_STREAM_EXCLUDED)
+def chat(package: str | None, system: str | None, max_tokens: int, temperature: float, top_p: float, seed: int | None,
+         **engine_given: object) -> None:
+    """Chat with PACKAGE in the terminal, replies streamed; /reset, /exit.
+
+    PACKAGE is a folder made by `ortinf export`, a Hugging Face model folder (exported into the package
+    cache on first use), or a bundled model's name; default: the bundled demo llama (ortinf-demo-llama)."""
+    from ortinf.bundled import resolve_package
+
+    run_chat(resolve_package(package), system, engine_values(engine_given),
+             dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed))

@@ -10,6 +10,11 @@ import click
 
 from ortinf.errors import ConfigError
 
+# Engine options a command does not take, because it cannot use them: one stream (generate, chat: --seed
+# is the request's there), or a speech model (no speculative decoding, no LoRA).
+SINGLE_STREAM_EXCLUDED = frozenset({"seed", "max_num_seqs", "lora_modules", "max_loras", "max_lora_rank"})
+SPEECH_EXCLUDED = frozenset({"speculative_config", "lora_modules", "max_loras", "max_lora_rank"})
+
 
 def engine_fields(exclude: frozenset[str] = frozenset()) -> list:
     """EngineConfig's fields, each a CLI option (ortinf/config.py `option`), less `exclude`."""

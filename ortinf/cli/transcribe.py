@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from ortinf.cli.serve_options import SPEECH_EXCLUDED, engine_options, engine_values
+
 
 def transcribe_files(package: Path, files: tuple[Path, ...], output_format: str, language: str | None = None,
                      task: str = "transcribe", temperature: float = 0.0, fallback: bool = True,
@@ -51,3 +53,26 @@ def _decode(path: Path):  # noqa: ANN202
     from ortinf.tasks.speech.audio_file import decode_audio
 
     return decode_audio(path.read_bytes())
+
+
+@click.command()
+@click.argument("package")
+@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--format", "output_format", type=click.Choice(["text", "json", "srt", "vtt"]), default="text", show_default=True,
+              help="What to print per file (srt/vtt: one cue per timestamped segment, or per 30-second window).")
+@click.option("--language", default=None, help="The spoken language (e.g. en, de) of a multilingual model [default: detected].")
+@click.option("--translate", is_flag=True, help="Translate into English instead of transcribing (multilingual models).")
+@click.option("--temperature", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+              help="Sampling temperature; 0 is greedy, retried hotter for windows that repeat or are unlikely.")
+@click.option("--no-fallback", is_flag=True, help="Decode at --temperature only: no hotter retries, no silence skipping.")
+@engine_options(exclude=SPEECH_EXCLUDED)
+def transcribe(package: str, files: tuple[Path, ...], output_format: str, language: str | None, translate: bool,
+               temperature: float, no_fallback: bool, **engine_given: object) -> None:
+    """Transcribe audio FILES (wav, flac, ogg, mp3) with PACKAGE, a Whisper package made by `ortinf export`.
+
+    All files are transcribed together; a model with timestamp tokens goes window after window, each
+    prompted with the text so far (openai-whisper's long-form decoding)."""
+    from ortinf.bundled import resolve_package
+
+    transcribe_files(resolve_package(package), files, output_format, language, "translate" if translate else "transcribe",
+                     temperature, not no_fallback, engine_values(engine_given))

@@ -72,7 +72,11 @@ def test_every_engine_setting_is_a_generated_option_of_every_engine_command():
     hand-written copy; a command leaves out only what it cannot use, by a named rule."""
     import dataclasses
 
-    from ortinf.cli.main import SINGLE_STREAM_EXCLUDED, SPEECH_EXCLUDED, chat, generate, serve, transcribe
+    from ortinf.cli.chat import chat
+    from ortinf.cli.generate import generate
+    from ortinf.cli.serve import serve
+    from ortinf.cli.serve_options import SINGLE_STREAM_EXCLUDED, SPEECH_EXCLUDED
+    from ortinf.cli.transcribe import transcribe
     from ortinf.config import EngineConfig
 
     for command, excluded in ((serve, frozenset()), (generate, SINGLE_STREAM_EXCLUDED), (chat, SINGLE_STREAM_EXCLUDED),
