@@ -3,7 +3,6 @@ EngineConfig (ortinf/cli/serve_options.py), the server's own are written here.""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
@@ -100,15 +99,16 @@ def serve(packages: tuple[Path, ...], host: str, port: int, served_model_names: 
 
     found = resolve(engine["provider"])  # a missing provider fails now, in one line
     checked = EngineConfig(package_dir=Path("."), **engine)  # so do a bad size, --speculative-config or --lora-modules
-    spec = checked.speculative_config
+    spec = checked.speculative_config  # parsed once, here; the engines take the parsed config
     if spec is not None and spec.model is not None:  # and a draft model that is not there (a Hugging Face folder is exported)
-        from dataclasses import asdict, replace
+        from dataclasses import replace
 
         from ortinf.bundled import resolve_package
 
         draft = resolve_package(Path(spec.model))
         Manifest.load(draft)
-        engine["speculative_config"] = json.dumps(asdict(replace(spec, model=str(draft))))
+        spec = replace(spec, model=str(draft))
+    engine["speculative_config"] = spec
     if found.provider.memory == DEVICE and checked.kv_cache_memory is None and checked.num_blocks is None \
             and any(Manifest.load(p).decoder for p in packages):
         raise click.UsageError(f"the {found.provider.name} provider keeps the KV cache in device memory, whose free size ORT "
