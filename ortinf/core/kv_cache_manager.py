@@ -167,13 +167,28 @@ class KVCacheManager:
             self.req_to_blocks[request.request_id] = blocks[:keep]
             self.pool.free_blocks(reversed(blocks[keep:]))
 
+    def reserve(self, request_id: str, num_tokens: int) -> bool:
+        """Blocks for a sequence's first `num_tokens` positions, by id and without prefix lookups (a draft
+        model's own pool: ortinf/engine/draft_proposer.py); False, and nothing taken, when the pool is short."""
+        blocks = self.req_to_blocks.setdefault(request_id, [])
+        needed = -(-num_tokens // self.block_size) - len(blocks)
+        if needed > self.pool.num_free_blocks:
+            return False
+        if needed > 0:
+            blocks += self.pool.get_new_blocks(needed)
+        return True
+
     def free(self, request: Request) -> None:
         """Releases all blocks of the request, tail first (tail blocks are evicted first)."""
-        blocks = self.req_to_blocks.pop(request.request_id, [])
-        self.num_cached_blocks.pop(request.request_id, None)
+        self.free_id(request.request_id)
+
+    def free_id(self, request_id: str) -> None:
+        """`free` by request id: its self blocks, then its cross blocks."""
+        blocks = self.req_to_blocks.pop(request_id, [])
+        self.num_cached_blocks.pop(request_id, None)
         self.pool.free_blocks(reversed(blocks))
-        self.pool.free_blocks(reversed(self.req_to_cross.pop(request.request_id, [])))
-        self.to_encode.discard(request.request_id)
+        self.pool.free_blocks(reversed(self.req_to_cross.pop(request_id, [])))
+        self.to_encode.discard(request_id)
 
     def block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_to_blocks.get(request_id, [])]

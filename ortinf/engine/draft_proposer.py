@@ -1,7 +1,8 @@
 """Proposals from a draft model: a second, smaller exported package with the same tokenizer.
 
-The draft keeps its own paged KV pool (its own DecoderGraph, its own blocks per request) and, per
-request, the tokens whose K/V it holds. Each step, for the decoding requests that may speculate, it
+The draft keeps its own paged KV pool (its own DecoderGraph: another model's K/V), its blocks
+accounted by a KVCacheManager of its own (the engine's one home for block reservation, without prefix
+caching), and, per request, the tokens whose K/V it holds. Each step, for the decoding requests that may speculate, it
 catches up on the tokens the target accepted since (one batched call: the whole prompt the first
 time, then the kept proposals and the target's token) and proposes k tokens greedily, one batched
 graph call per token. Its K/V past the tokens the target keeps is simply not trusted next time: the
@@ -16,7 +17,7 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from ortinf.core.block_pool import BlockPool, KVCacheBlock
+from ortinf.core.kv_cache_manager import KVCacheManager
 from ortinf.errors import ConfigError
 from ortinf.manifest import Manifest
 from ortinf.providers.registry import Found
@@ -50,8 +51,7 @@ class DraftProposer:
         # spin=False: the target's decoder steps right after the draft's calls, on the same cores
         self.graph = DecoderGraph(draft_dir, num_blocks, block_size, provider, intra_op_threads, provider_options, spin=False)
         self.max_model_len = self.graph.spec.max_model_len
-        self.pool = BlockPool(num_blocks, enable_caching=False)
-        self.blocks: dict[str, list[KVCacheBlock]] = {}
+        self.kv_cache = KVCacheManager(num_blocks, block_size, enable_caching=False)
         self.history: dict[str, list[int]] = {}  # per request: the tokens whose K/V the draft pool holds
 
     def propose(self, requests: Sequence[tuple[str, Sequence[int], int]]) -> dict[str, list[int]]:
@@ -62,9 +62,9 @@ class DraftProposer:
                 continue
             kept = _common_prefix(self.history.get(request_id, []), tokens)
             kept = min(kept, len(tokens) - 1)  # the last token is always computed: its logits propose the first draft
-            if not self._reserve(request_id, len(tokens) + self.k):
-                continue
-            chunks[request_id] = SequenceChunk(list(tokens[kept:]), kept, [b.block_id for b in self.blocks[request_id]])
+            if not self.kv_cache.reserve(request_id, len(tokens) + self.k):
+                continue  # the draft pool is full: this request goes without proposals this step
+            chunks[request_id] = SequenceChunk(list(tokens[kept:]), kept, self.kv_cache.block_ids(request_id))
             self.history[request_id] = list(tokens)
         if not chunks:
             return {}
@@ -92,22 +92,11 @@ class DraftProposer:
                 tokens[index] = int(logits[row].argmax())
         return tokens
 
-    def _reserve(self, request_id: str, num_tokens: int) -> bool:
-        blocks = self.blocks.setdefault(request_id, [])
-        needed = -(-num_tokens // self.block_size) - len(blocks)
-        if needed > self.pool.num_free_blocks:
-            return False  # the draft pool is full: this request goes without proposals this step
-        if needed > 0:
-            blocks += self.pool.get_new_blocks(needed)
-        return True
-
     def release(self, request_ids: Sequence[str]) -> None:
         """Frees the draft blocks of finished requests."""
         for request_id in request_ids:
             self.history.pop(request_id, None)
-            blocks = self.blocks.pop(request_id, [])
-            if blocks:
-                self.pool.free_blocks(reversed(blocks))
+            self.kv_cache.free_id(request_id)
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
