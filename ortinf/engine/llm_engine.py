@@ -221,6 +221,11 @@ class LLMEngine:
         if params.prompt_logprobs is not None or params.truncate_prompt_tokens is not None:
             raise RequestError("echo, prompt_logprobs and truncate_prompt_tokens are for text-generation models: a "
                                "text2text-generation model's prompt is its encoder's source", param="prompt_logprobs")
+        rules = self.runner.rules
+        if params.structured_output is not None and rules is not None and (rules.forced_bos is not None or rules.forced_eos is not None):
+            raise RequestError("this model's generation config forces its first and last tokens (forced_bos_token_id, "
+                               "forced_eos_token_id), which a grammar would reject: remove response_format / the structured "
+                               "output for this model", param=params.structured_output.param)
         text, source = self.tokenize(prompt)
         limit = self.seq2seq.max_source_positions
         if not 0 < len(source) <= limit:

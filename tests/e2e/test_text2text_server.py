@@ -57,7 +57,7 @@ def test_text2text_completions(bart_package, chat_package, tmp_path):
         # finding 14: max_tokens cut the output (BART forces EOS as the last token the length allows): "length"
         cut = client.completions.create(model="bart", prompt=texts[0], max_tokens=3, temperature=0)
         assert cut.choices[0].finish_reason == "length" and cut.usage.completion_tokens == 3
-        for field, value in (("echo", True), ("prompt_logprobs", 1)):
+        for field, value in (("echo", True), ("prompt_logprobs", 1), ("response_format", {"type": "json_object"})):
             response = httpx.post(f"{server.url}/v1/completions", json={"model": "bart", "prompt": "hi", field: value}, timeout=60)
             assert response.status_code == 400 and field in response.json()["error"]["message"], response.text
         response = httpx.post(f"{server.url}/v1/completions", json={"model": "bart", "prompt": [5000]}, timeout=60)
