@@ -61,6 +61,10 @@ class EngineConfig:
                                                "window; Marian, BART: a source's tokens).", "scheduler")
     max_model_len: int | None = option(None, "Context length cap (prompt + output) [default: the model's].", "scheduler")
     seed: int | None = option(None, "Seed of the engine's shared sampler (requests without a seed).", "scheduler", minimum=0)
+    scheduling_policy: str = option("fcfs", "Which waiting request runs first: fcfs (arrival order) or priority (a request's "
+                                    "`priority`, lower first, then arrival; under memory pressure the least urgent running "
+                                    "request is preempted), as vLLM's.", "scheduler",
+                                    choices={"fcfs": "fcfs", "priority": "priority"})
     # speculative
     speculative_config: SpeculativeConfig | dict | str | None = option(
         None, 'Speculative decoding, vLLM\'s speculative_config: \'{"method": "ngram", "num_speculative_tokens": 4, '

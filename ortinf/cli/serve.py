@@ -9,6 +9,7 @@ import click
 
 from ortinf.cli.serve_options import check_port, engine_options, engine_values, load_yaml_config
 from ortinf.manifest import Manifest
+from ortinf.serve.tool_parsers import PARSERS
 
 
 @click.command()
@@ -29,10 +30,11 @@ from ortinf.manifest import Manifest
 @click.option("--max-audio-body-size", default="26MiB", show_default=True, envvar="ORTINF_MAX_AUDIO_BODY_SIZE",
               help="Largest body of /v1/audio/transcriptions and /v1/audio/translations (413 beyond): the audio file "
                    "(OpenAI's limit is 25 MiB) and its form fields.")
-@click.option("--tool-call-parser", type=click.Choice(["auto", "hermes", "none"]), default="auto", show_default=True,
+@click.option("--tool-call-parser", type=click.Choice(["auto", *PARSERS, "none"]), default="auto", show_default=True,
               envvar="ORTINF_TOOL_CALL_PARSER",
-              help="How tool calls are read from a model's text for tool_choice 'auto': hermes (<tool_call>{json}</tool_call>, "
-                   "Qwen and Hermes models), none, or auto (hermes when the chat template writes <tool_call>).")
+              help="How tool calls are read from a model's text for tool_choice 'auto': hermes (<tool_call>{json}</tool_call>: "
+                   "Qwen, Hermes), llama3_json (Llama 3.x), mistral ([TOOL_CALLS]), granite (<|tool_call|>), none, or auto (the "
+                   "one whose markers the chat template writes; a model with none answers tool_choice auto as plain text).")
 @click.option("--metrics-prefix", type=click.Choice(["ortinf", "vllm"]), default="ortinf", show_default=True, envvar="ORTINF_METRICS_PREFIX",
               help="Prefix of the /metrics names; vllm gives vllm:num_requests_waiting, vllm:kv_cache_usage_perc, ... "
                    "for dashboards and cluster routers (llm-d, the Gateway API Inference Extension) that look for them.")

@@ -51,17 +51,20 @@ class Request:
     lora_slot: int = -1  # its LoRA adapter's slot (ortinf/worker/lora.py), -1 for the base model
     lora_key: str | None = None  # the adapter's identity in prefix-cache keys (a new one per load)
     encoder_input: EncoderInput | None = None  # an encoder-decoder's (ortinf/worker/encoder_input.py)
+    priority: int = 0  # lower runs first under the priority scheduling policy
+    salt: str | None = None  # the client's cache_salt (vLLM's)
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids)
 
     @property
     def cache_salt(self) -> str | None:
-        """What the request's K/V depend on besides its tokens (its LoRA adapter, its encoder input): the
-        root of its prefix-cache keys, so that blocks computed under another salt never match."""
-        if self.encoder_input is None:
-            return self.lora_key
-        return self.encoder_input.digest if self.lora_key is None else f"{self.lora_key}|{self.encoder_input.digest}"
+        """What the request's K/V depend on besides its tokens (its LoRA adapter, its encoder input) and
+        whom it may share them with (the client's salt): the root of its prefix-cache keys, so that
+        blocks computed under another salt never match."""
+        parts = [part for part in (self.lora_key, self.encoder_input.digest if self.encoder_input is not None else None,
+                                   None if self.salt is None else f"salt:{self.salt}") if part is not None]
+        return "|".join(parts) if parts else None
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -5,6 +5,9 @@ There is no prefill or decode phase. Each request has `num_computed_tokens` and 
 waiting ones in arrival order. When blocks run out, the most recently admitted running request is
 preempted: its blocks are freed and it goes back to the front of the queue to be recomputed later,
 keeping the tokens it has generated (and often hitting its own blocks in the prefix cache).
+
+Under the priority policy (vLLM's) the queue is kept in (priority, arrival) order, lower first, and
+the running request preempted is the least urgent one (the highest (priority, arrival)).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ class SchedulerConfig:
     long_prefill_token_threshold: int = 0  # most new tokens of one request per step (0: no cap), vLLM's name
     max_num_encoder_input_tokens: int = 6144  # encoder positions run per step (encoder-decoders), vLLM's name
     speculative: SpeculativeConfig | None = None
+    policy: str = "fcfs"  # or "priority"
 
 
 @dataclass(slots=True)
@@ -75,7 +79,19 @@ class Scheduler:
             raise RequestError(f"request id '{request.request_id}' is already in use")
         check_fits(request.num_prompt_tokens, request.sampling_params.max_tokens or 0, self.config.max_model_len)
         self.requests[request.request_id] = request
-        self.waiting.append(request)
+        self._enqueue(request, front=False)
+
+    def _enqueue(self, request: Request, front: bool) -> None:
+        """Into the waiting queue: at the back (a new request) or the front (a preempted one) in arrival
+        order; under the priority policy at its (priority, arrival) place."""
+        if self.config.policy == "priority":
+            key = _urgency(request)
+            index = next((i for i, other in enumerate(self.waiting) if _urgency(other) > key), len(self.waiting))
+            self.waiting.insert(index, request)
+        elif front:
+            self.waiting.appendleft(request)
+        else:
+            self.waiting.append(request)
 
     def _cap(self, num_new: int) -> int:
         threshold = self.config.long_prefill_token_threshold
@@ -104,7 +120,7 @@ class Scheduler:
                 budget -= num_new
                 index += 1
                 continue
-            victim = self.running.pop()  # the most recently admitted request gives way
+            victim = self._victim(index)
             self._preempt(victim)
             preempted.append(victim.request_id)
 
@@ -192,13 +208,22 @@ class Scheduler:
             encoder_input=request.encoder_input if request.request_id in self.kv_cache.to_encode else None,
         )
 
+    def _victim(self, first: int) -> Request:
+        """The running request that gives way, among those not yet scheduled this step (from `first`):
+        the most recently admitted one (fcfs) or the least urgent one (priority)."""
+        if self.config.policy == "priority":
+            victim = max(reversed(self.running[first:]), key=_urgency)
+            self.running.remove(victim)
+            return victim
+        return self.running.pop()
+
     def _preempt(self, request: Request) -> None:
         self.kv_cache.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_preemptions += 1
         self.stats.num_preemptions += 1
-        self.waiting.appendleft(request)
+        self._enqueue(request, front=True)
 
     def update_from_output(self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput,
                            verdicts: dict[str, Verdict]) -> list[Request]:
@@ -254,3 +279,7 @@ class Scheduler:
         request = self.requests.get(request_id)
         if request is not None and request.is_finished:
             del self.requests[request_id]
+
+
+def _urgency(request: Request) -> tuple[int, float]:
+    return request.priority, request.arrival_time

@@ -46,6 +46,8 @@ class PreparedRequest:
     params: SamplingParams
     lora_name: str | None = None  # a loaded LoRA adapter, None for the base model
     encoder_input: EncoderInput | None = None  # an encoder-decoder's (the source; `token_ids` are the decoder's)
+    priority: int = 0  # lower runs first under the priority scheduling policy (vLLM's)
+    cache_salt: str | None = None  # a client's prefix-cache salt: blocks are shared only under the same salt
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -85,7 +87,7 @@ class LLMEngine:
         self.kv_cache = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
         scheduler_config = SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len,
                                            self.graph.max_query_len or 0, config.max_num_encoder_input_tokens,
-                                           speculative=config.speculative_config)
+                                           speculative=config.speculative_config, policy=config.scheduling_policy)
         self.scheduler = Scheduler(scheduler_config, self.kv_cache)
         self.grammars = GrammarCompiler(self.tokenizer, spec.vocab_size, manifest.eos_token_ids) if self.tokenizer else None
         encoder = rules = None
@@ -160,14 +162,14 @@ class LLMEngine:
             log.warning("the draft model failed (%s: %s): this step runs without proposals", type(exc).__name__, exc)
             return {}
 
-    def tokenize(self, prompt: str | Sequence[int]) -> tuple[str | None, list[int]]:
+    def tokenize(self, prompt: str | Sequence[int], add_special_tokens: bool = True) -> tuple[str | None, list[int]]:
         """(prompt text or None, token ids); every id is checked against the graph's vocabulary."""
         vocab = self.manifest.decoder.vocab_size
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise RequestError("this package has no tokenizer: pass token ids instead of text")
             # the tokenizer's ids were checked against the vocabulary at load (load_checked_tokenizer)
-            return prompt, self.tokenizer.encode(check_unicode(prompt, "prompt")).ids
+            return prompt, self.tokenizer.encode(check_unicode(prompt, "prompt"), add_special_tokens=add_special_tokens).ids
         if any(isinstance(t, bool) or not isinstance(t, (int, np.integer)) for t in prompt):
             raise RequestError("a token-id prompt must hold integers", param="prompt")
         ids = [int(t) for t in prompt]
@@ -176,10 +178,19 @@ class LLMEngine:
             raise RequestError(f"token id {bad} is out of range: token ids must be in [0, {vocab})", param="prompt")
         return None, ids
 
-    def prepare(self, prompt: str | Sequence[int], params: SamplingParams | None = None, lora_name: str | None = None) -> PreparedRequest:
+    def prepare(self, prompt: str | Sequence[int], params: SamplingParams | None = None, lora_name: str | None = None, *,
+                add_special_tokens: bool = True, priority: int = 0, cache_salt: str | None = None) -> PreparedRequest:
         """Tokenises and validates a request without touching engine state (safe from any thread).
-        `lora_name`: a loaded LoRA adapter to run the request with (None: the base model)."""
-        params = params or SamplingParams()
+        `lora_name`: a loaded LoRA adapter to run the request with (None: the base model);
+        `priority`: lower runs first (only under the priority scheduling policy; 0 otherwise);
+        `cache_salt`: prefix-cache blocks are shared only between requests with the same salt."""
+        if priority and self.config.scheduling_policy != "priority":
+            raise RequestError("priority needs the priority scheduling policy: serve with --scheduling-policy priority "
+                               "(or send priority 0)", param="priority")
+        prepared = self._prepare(prompt, params or SamplingParams(), lora_name, add_special_tokens)
+        return replace(prepared, priority=priority, cache_salt=cache_salt) if priority or cache_salt else prepared
+
+    def _prepare(self, prompt: str | Sequence[int], params: SamplingParams, lora_name: str | None, add_special_tokens: bool) -> PreparedRequest:
         if lora_name is not None and lora_name not in self.lora_names():
             loaded = ", ".join(self.lora_names()) or "none"
             raise RequestError(f"no LoRA adapter named '{lora_name}' is loaded (loaded: {loaded})", param="model")
@@ -205,7 +216,7 @@ class LLMEngine:
                                "/v1/audio/transcriptions)", param="prompt")
         if self.seq2seq is not None:
             return self._prepare_source(prompt, params)
-        text, token_ids = self.tokenize(prompt)
+        text, token_ids = self.tokenize(prompt, add_special_tokens)
         if params.truncate_prompt_tokens is not None and len(token_ids) > params.truncate_prompt_tokens:
             text, token_ids = None, token_ids[-params.truncate_prompt_tokens:]  # the prompt's end is what the model continues
         if params.max_tokens is None:  # as many as the context length leaves
@@ -266,6 +277,8 @@ class LLMEngine:
             lora_slot=self.loras.slot(prepared.lora_name) if self.loras is not None else -1,
             lora_key=self._lora_keys.get(prepared.lora_name) if prepared.lora_name is not None else None,
             encoder_input=prepared.encoder_input,
+            priority=prepared.priority,
+            salt=prepared.cache_salt,
         )
         self.scheduler.add_request(request)
         self.outputs.add_request(request, prepared.text)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
@@ -12,8 +11,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from ortinf.engine.llm_engine import PreparedRequest
-from ortinf.serve import responses
-from ortinf.serve.completions import cached_tokens, prepare_samples, usage
+from ortinf.serve import field_policy, responses, tool_parsers
+from ortinf.serve.completions import cached_tokens, prepare_samples, request_ids, usage
 from ortinf.serve.errors import APIError
 from ortinf.serve.logprobs import chat_logprobs, prompt_logprobs
 from ortinf.serve.models import ServedModel
@@ -26,18 +25,18 @@ from ortinf.tokenizer import check_unicode
 router = APIRouter()
 
 
-def render_prompt(model: ServedModel, body: ChatCompletionRequest, tools: ToolPlan | None = None) -> list[int]:
-    """The conversation through the package's chat template, as token ids."""
+def render_prompt(model: ServedModel, body: ChatCompletionRequest, tools: ToolPlan | None = None, add_special_tokens: bool = False) -> list[int]:
+    """The conversation through the package's chat template, as token ids (the template writes the special
+    tokens, BOS and role markers, itself: `add_special_tokens` adds the tokenizer's too, vLLM's field)."""
     if model.chat_template is None or model.tokenizer is None:
         raise APIError(400, f"model '{model.name}' has no chat template: use /v1/completions", param="messages")
     if body.continue_final_message and body.add_generation_prompt:
         raise APIError(400, "continue_final_message and add_generation_prompt cannot both be true: set add_generation_prompt to false",
                        param="continue_final_message")
     text = model.chat_template.render(template_messages(body.messages), add_generation_prompt=body.add_generation_prompt,
-                                      tools=tools.tools if tools else None, extra=body.chat_template_kwargs,
+                                      tools=tools.tools if tools else None, extra=body.template_kwargs(),
                                       continue_final_message=body.continue_final_message)
-    # the template writes the special tokens (BOS, role markers) itself
-    return model.tokenizer.encode(check_unicode(text, "messages"), add_special_tokens=False).ids
+    return model.tokenizer.encode(check_unicode(text, "messages"), add_special_tokens=add_special_tokens).ids
 
 
 def tool_plan(model: ServedModel, body: ChatCompletionRequest) -> ToolPlan:
@@ -50,6 +49,8 @@ def tool_plan(model: ServedModel, body: ChatCompletionRequest) -> ToolPlan:
              responses={200: {"description": "a chat completion, or with stream=true server-sent events of chat completion chunks"}})
 async def create_chat_completion(body: ChatCompletionRequest, request: Request):
     state: ServerState = request.app.state.ortinf
+    ignored = field_policy.apply("/v1/chat/completions", body)
+    body.check_unimplemented()
     model = state.registry.get(body.model)
     engine = model.require_engine()
     logprobs = body.logprobs_count()
@@ -60,13 +61,17 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
             raise APIError(400, "tool_choice 'required' or a named function already fixes the output's format: drop response_format",
                            param="tool_choice")
         params = replace(params, structured_output=tools.structured_output)
+    if tools.mode == "auto" and tool_parsers.PARSERS[model.tool_parser].keeps_special_tokens:
+        params = replace(params, skip_special_tokens=False)  # the parser's markers are special tokens
     # rendering and tokenising are CPU work: off the event loop, which serves every other client
-    prepared = await asyncio.to_thread(lambda: prepare_samples(model, [render_prompt(model, body, tools)], params, body.n, body.stream))
-    request_id = f"chatcmpl-{uuid.uuid4().hex}"
+    prepared = await asyncio.to_thread(lambda: prepare_samples(model, [render_prompt(model, body, tools, bool(body.add_special_tokens))], params, body.n, body.stream,
+                                                               body, add_special_tokens=False))
+    request_id, engine_id = request_ids("chatcmpl", body)
     created = int(time.time())
-    stream = _stream(state, model, body, tools, prepared, request_id, created) if body.stream else None
-    outputs = await admit_and_run(request, state.admission, engine, prepared, request_id, stream)
+    stream = _stream(state, model, body, tools, prepared, request_id, engine_id, created) if body.stream else None
+    outputs = await admit_and_run(request, state.admission, engine, prepared, engine_id, stream)
     if body.stream:
+        outputs.headers.update(_headers(ignored, tools))
         return outputs
     choices = []
     for index, output in enumerate(outputs):
@@ -90,7 +95,16 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
     }
     if body.prompt_logprobs is not None:
         response["prompt_logprobs"] = prompt_logprobs(model, outputs[0].prompt_logprobs)
-    return JSONResponse(responses.body(responses.ChatCompletion.model_validate(response)))
+    return JSONResponse(responses.body(responses.ChatCompletion.model_validate(response)), headers=_headers(ignored, tools))
+
+
+def _headers(ignored: list[str], tools: ToolPlan) -> dict[str, str]:
+    """The ignored fields, and why tool_choice auto answered as text (when it did)."""
+    headers = field_policy.ignored_headers(ignored)
+    if tools.warning:
+        headers[field_policy.WARNING_HEADER] = tools.warning
+        field_policy.warn_once(tools.warning)
+    return headers
 
 
 def _finish_reason(reason: str | None, called: bool) -> str | None:
@@ -99,7 +113,7 @@ def _finish_reason(reason: str | None, called: bool) -> str | None:
 
 
 def _stream(state: ServerState, model: ServedModel, body: ChatCompletionRequest, tools: ToolPlan, prepared: list[PreparedRequest],
-            request_id: str, created: int) -> AsyncIterator[str]:
+            request_id: str, engine_id: str, created: int) -> AsyncIterator[str]:
     head = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model.name,
             "system_fingerprint": model.fingerprint}
     completion_tokens = [0] * len(prepared)
@@ -115,7 +129,7 @@ def _stream(state: ServerState, model: ServedModel, body: ChatCompletionRequest,
         texts = [""] * len(prepared)  # each sample's text so far (the engine sends deltas)
         for index in range(len(prepared)):  # the role comes first, before any content
             yield choice(index, {"role": "assistant", "content": ""})
-        async for index, output in merged(model.require_engine(), prepared, request_id):
+        async for index, output in merged(model.require_engine(), prepared, engine_id):
             delta = output.outputs[0]
             texts[index] += delta.text
             completion = replace(delta, text=texts[index])

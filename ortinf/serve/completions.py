@@ -13,28 +13,33 @@ from fastapi.responses import JSONResponse
 
 from ortinf.engine.llm_engine import PreparedRequest
 from ortinf.engine.outputs import RequestOutput
-from ortinf.serve import responses
+from ortinf.serve import field_policy, responses
 from ortinf.serve.errors import APIError
 from ortinf.serve.logprobs import completion_logprobs, echo_logprobs, prompt_logprobs
 from ortinf.serve.models import ServedModel
-from ortinf.serve.protocol import CompletionRequest
+from ortinf.serve.protocol import CompletionRequest, SamplingFields
 from ortinf.serve.state import ServerState
 from ortinf.serve.streaming import admit_and_run, merged, sse_stream
 
 router = APIRouter()
 
 
-def prepare_samples(model: ServedModel, prompts: list, body_params, n: int, stream: bool) -> list[PreparedRequest]:
+def prepare_samples(model: ServedModel, prompts: list, body_params, n: int, stream: bool, body: SamplingFields | None = None,
+                    add_special_tokens: bool = True) -> list[PreparedRequest]:
     """One PreparedRequest per prompt x sample (prompt-major); validation happens here, before any runs.
     A stream's engine outputs are deltas (each only what is new), which the route frames; a
-    non-streamed request's is one final output per sample (no per-step wake-up, no text rebuilt)."""
+    non-streamed request's is one final output per sample (no per-step wake-up, no text rebuilt).
+    `body`: the request, for its priority and cache_salt."""
     engine = model.require_engine().engine
     body_params = replace(body_params, output_kind="delta" if stream else "final_only")
+    priority, salt = (body.priority, body.cache_salt) if body is not None else (0, None)
     prepared = []
     for prompt in prompts:
         if not prompt:
             raise APIError(400, "the prompt is empty", param="prompt")
-        first = engine.prepare(prompt, body_params, model.lora_name)  # tokenised and checked once per prompt
+        # tokenised and checked once per prompt
+        first = engine.prepare(prompt, body_params, model.lora_name, add_special_tokens=add_special_tokens, priority=priority,
+                               cache_salt=salt)
         prepared += [replace(first, params=first.params.for_sample(j)) for j in range(n)]
     return prepared
 
@@ -52,25 +57,40 @@ def cached_tokens(outputs: list[RequestOutput], n: int) -> int:
     return sum(o.num_cached_tokens or 0 for o in outputs[::n])
 
 
+def request_ids(prefix: str, body: SamplingFields) -> tuple[str, str]:
+    """(the response's id, the engine's id for its samples): the client's request_id names the response;
+    the engine's id adds a random part, so two clients sending the same request_id never collide."""
+    suffix = uuid.uuid4().hex
+    if body.request_id is None:
+        return f"{prefix}-{suffix}", f"{prefix}-{suffix}"
+    return f"{prefix}-{body.request_id}", f"{prefix}-{body.request_id}-{suffix[:12]}"
+
+
 @router.post("/v1/completions", response_model=responses.Completion,
              responses={200: {"description": "a completion, or with stream=true server-sent events of completion chunks"}})
 async def create_completion(body: CompletionRequest, request: Request):
     state: ServerState = request.app.state.ortinf
+    ignored = field_policy.apply("/v1/completions", body)
+    body.check_unimplemented()
     model = state.registry.get(body.model)
     engine = model.require_engine()
     if body.suffix:
-        raise APIError(400, "suffix is not supported", param="suffix")
+        raise APIError(400, "suffix is not supported by this server: it does not fill in the middle, put the text in the prompt",
+                       param="suffix")
     prompt_logprobs = max(body.logprobs or 0, body.prompt_logprobs or 0) if body.echo else None  # echo shows the prompt's logprobs too
     params = body.sampling_params(body.max_tokens, body.logprobs, prompt_logprobs)
     prompts = body.prompts()
     if not prompts:
         raise APIError(400, "the prompt is empty", param="prompt")
-    prepared = await asyncio.to_thread(prepare_samples, model, prompts, params, body.n, body.stream)  # tokenising is CPU work
-    request_id = f"cmpl-{uuid.uuid4().hex}"
+    add_special = True if body.add_special_tokens is None else body.add_special_tokens
+    # tokenising is CPU work
+    prepared = await asyncio.to_thread(prepare_samples, model, prompts, params, body.n, body.stream, body, add_special)
+    request_id, engine_id = request_ids("cmpl", body)
     created = int(time.time())
-    stream = _stream(state, model, body, prepared, request_id, created) if body.stream else None
-    outputs = await admit_and_run(request, state.admission, engine, prepared, request_id, stream)
+    stream = _stream(state, model, body, prepared, request_id, engine_id, created) if body.stream else None
+    outputs = await admit_and_run(request, state.admission, engine, prepared, engine_id, stream)
     if body.stream:
+        outputs.headers.update(field_policy.ignored_headers(ignored))
         return outputs
     choices = [_choice(model, body, p, o, i) for i, (p, o) in enumerate(zip(prepared, outputs))]
     completion_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
@@ -78,7 +98,7 @@ async def create_completion(body: CompletionRequest, request: Request):
         "id": request_id, "object": "text_completion", "created": created, "model": model.name,
         "system_fingerprint": model.fingerprint, "choices": choices,
         "usage": usage(prepared, body.n, completion_tokens, cached_tokens(outputs, body.n)),
-    })))
+    })), headers=field_policy.ignored_headers(ignored))
 
 
 def _prompt_text(model: ServedModel, prepared: PreparedRequest) -> str:
@@ -106,14 +126,14 @@ def _choice(model: ServedModel, body: CompletionRequest, prepared: PreparedReque
 
 
 def _stream(state: ServerState, model: ServedModel, body: CompletionRequest, prepared: list[PreparedRequest],
-            request_id: str, created: int) -> AsyncIterator[str]:
+            request_id: str, engine_id: str, created: int) -> AsyncIterator[str]:
     head = {"id": request_id, "object": "text_completion", "created": created, "model": model.name, "system_fingerprint": model.fingerprint}
     completion_tokens = [0] * len(prepared)
     cached = [0] * len(prepared)
 
     async def chunks() -> AsyncIterator[dict]:
         started = [False] * len(prepared)
-        async for index, output in merged(model.require_engine(), prepared, request_id):
+        async for index, output in merged(model.require_engine(), prepared, engine_id):
             completion = output.outputs[0]  # a delta: only what is new since the previous chunk
             text = completion.text
             logprobs = None

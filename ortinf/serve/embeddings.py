@@ -15,7 +15,7 @@ import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from ortinf.serve import responses
+from ortinf.serve import field_policy, responses
 from ortinf.serve.errors import APIError
 from ortinf.serve.protocol import EmbeddingRequest
 from ortinf.serve.state import ServerState
@@ -64,10 +64,12 @@ def embed_in_chunks(encoder: EncoderGraph, token_ids: list[list[int]], gone: thr
 @router.post("/v1/embeddings", response_model=responses.EmbeddingList)
 async def create_embeddings(body: EmbeddingRequest, request: Request):
     state: ServerState = request.app.state.ortinf
+    ignored = field_policy.apply("/v1/embeddings", body)
     model = state.registry.get(body.model)
     encoder = model.require_embeddings()
-    if body.dimensions is not None and body.dimensions != encoder.spec.embedding_dim:
-        raise APIError(400, f"this model's embeddings have {encoder.spec.embedding_dim} dimensions", param="dimensions")
+    if body.dimensions is not None and body.dimensions > encoder.spec.embedding_dim:
+        raise APIError(400, f"dimensions ({body.dimensions}) is more than this model's {encoder.spec.embedding_dim}: ask for "
+                            f"at most {encoder.spec.embedding_dim}", param="dimensions")
     ticket = state.admission.acquire(1)
     gone = threading.Event()
     try:
@@ -76,10 +78,23 @@ async def create_embeddings(body: EmbeddingRequest, request: Request):
     finally:
         gone.set()  # a thread still embedding for a client that went away stops at its next chunk
         ticket.release()
+    if body.dimensions is not None and body.dimensions < vectors.shape[1]:
+        vectors = shortened(vectors, body.dimensions, encoder.spec.normalize)
     data = []
     for index, vector in enumerate(vectors):
         embedding = base64.b64encode(vector.tobytes()).decode() if body.encoding_format == "base64" else vector.tolist()
         data.append({"object": "embedding", "index": index, "embedding": embedding})
     num_tokens = sum(len(ids) for ids in token_ids)
     return JSONResponse(responses.body(responses.EmbeddingList.model_validate(
-        {"object": "list", "data": data, "model": model.name, "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens}})))
+        {"object": "list", "data": data, "model": model.name, "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens}})),
+        headers=field_policy.ignored_headers(ignored))
+
+
+def shortened(vectors: np.ndarray, dimensions: int, normalize: bool) -> np.ndarray:
+    """OpenAI's `dimensions`: the first k dimensions (Matryoshka), unit length again when the model's
+    vectors are (cosine similarity of the short vectors is then their dot product, as of the long)."""
+    short = np.ascontiguousarray(vectors[:, :dimensions])
+    if normalize:
+        norms = np.linalg.norm(short, axis=1, keepdims=True)
+        short = short / np.maximum(norms, 1e-12)
+    return short.astype(np.float32)

@@ -75,6 +75,9 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     first = next((e for e in errors if not str(e.get("type", "")).endswith(("_type", "_parsing"))), errors[0])
     if first.get("type") == "json_invalid":
         return "the request body is not valid JSON", None
+    if first.get("type") == "value_error":  # a model's own check (protocol.py validators): its message says what to change
+        loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+        return str(first.get("msg", "invalid value")).removeprefix("Value error, "), ".".join(loc) or None
     if tuple(first.get("loc", ())) == ("body",):
         return "the request body must be a JSON object (send it with Content-Type: application/json)", None
     loc = [str(part) for part in first.get("loc", ()) if part != "body"]

@@ -2,17 +2,19 @@
 SamplingParams checks them again for the Python API, and the engine checks what depends on the
 model (token ids below its vocabulary size, prompt + max_tokens within its context length).
 
-A field this server does not implement is refused with 400 naming it (extra="forbid"), never
-silently ignored: a client that sends a field must learn when it did nothing."""
+The top-level request models take fields they do not declare (extra="allow"): what happens to each is
+the compatibility policy (ortinf/serve/field_policy.py: ignored and named in a response header, or
+refused with a 400 that says what to send instead). Nested objects stay strict (extra="forbid")."""
 
 from __future__ import annotations
 
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ortinf.errors import RequestError
+from ortinf.serve.field_policy import GUIDED
 from ortinf.sample.sampling_params import MAX_LOGPROBS, SamplingParams
 from ortinf.sample.structured_output import StructuredOutput
 
@@ -26,6 +28,7 @@ Finite = Annotated[float, Field(allow_inf_nan=False)]
 TokenId = Annotated[int, Field(strict=True, ge=0, description="a token id, below the model's vocabulary size (400 otherwise)")]
 TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 STRICT = ConfigDict(extra="forbid")
+OPEN = ConfigDict(extra="allow")  # a request's top level: unknown fields go to the field policy
 # Integer fields are strict (Field(strict=True)): pydantic's lax mode would read "2" and false as 2
 # and 0 (`"n": "2"`, `prompt: [[false]]` were accepted); floats stay lax, so 1 is a valid temperature.
 
@@ -98,7 +101,25 @@ def structured_output(response_format: ResponseFormat | None, structured: Struct
 class SamplingFields(BaseModel):
     """Fields shared by completions and chat completions (OpenAI's, plus vLLM's extensions)."""
 
-    model_config = STRICT
+    model_config = OPEN
+
+    @model_validator(mode="before")
+    @classmethod
+    def _guided(cls, data):
+        """vLLM's older guided_json / guided_regex / guided_choice / guided_grammar, read as structured_outputs."""
+        if not isinstance(data, dict):
+            return data
+        guided = {key: target for key, target in GUIDED.items() if data.get(key) is not None}
+        if not guided:
+            return data
+        if data.get("structured_outputs") is not None:
+            raise ValueError(f"send structured_outputs or {', '.join(guided)}, not both")
+        if len(guided) > 1:
+            raise ValueError(f"send one of {', '.join(guided)}")
+        data = dict(data)
+        (key, target), = guided.items()
+        data["structured_outputs"] = {target: data.pop(key)}
+        return data
 
     model: str | None = None
     temperature: Annotated[Finite, Field(ge=0.0, le=2.0, description="0 (or below 1e-5) is greedy")] | None = None
@@ -127,6 +148,24 @@ class SamplingFields(BaseModel):
     skip_special_tokens: bool = True
     prompt_logprobs: Annotated[int, Field(strict=True, ge=0, le=MAX_LOGPROBS)] | None = None
     truncate_prompt_tokens: Annotated[int, Field(strict=True, ge=1, description="keep only the last k prompt tokens (vLLM's field)")] | None = None
+    priority: Annotated[int, Field(strict=True, description="lower runs first (vLLM's; needs --scheduling-policy priority)")] = 0
+    cache_salt: Annotated[str, Field(min_length=1, max_length=256)] | None = Field(
+        None, description="prefix-cache blocks are shared only between requests with the same salt (vLLM's)")
+    request_id: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")] | None = Field(
+        None, description="the response id's suffix (vLLM's)")
+    add_special_tokens: bool | None = Field(None, description="add the tokenizer's special tokens to the prompt (vLLM's; "
+                                                              "completions: true, chat: false, the template writes them)")
+    best_of: Annotated[int, Field(strict=True, ge=1)] | None = Field(None, description="accepted when it equals n (or 1)")
+    use_beam_search: bool = Field(False, description="accepted when false")
+
+    def check_unimplemented(self) -> None:
+        """400 for the values of accepted fields that ask for what this server does not do."""
+        if self.use_beam_search:
+            raise RequestError("use_beam_search is not supported by this server (beam search is not implemented): "
+                               "sample with n and temperature, or decode greedily", param="use_beam_search")
+        if self.best_of is not None and self.best_of not in (1, self.n):
+            raise RequestError(f"best_of ({self.best_of}) other than n is not supported by this server: ask for n samples and "
+                               "pick by their logprobs", param="best_of")
 
     def sampling_params(self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None = None) -> SamplingParams:
         """SamplingParams for one sample; raises RequestError naming a bad parameter."""
@@ -187,11 +226,25 @@ class CompletionRequest(SamplingFields):
         return list(prompt)  # type: ignore[arg-type]
 
 
-class TextPart(BaseModel):
-    model_config = STRICT
+class ContentPart(BaseModel):
+    """A part of a message's content: text is read; a refusal part (an earlier reply's) is skipped;
+    images, audio and files are a 400 on a text model."""
 
-    type: Literal["text"]
-    text: str
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    text: str | None = None
+    refusal: str | None = None
+
+    def read(self) -> str:
+        if self.type in ("text", "input_text", "output_text") and self.text is not None:
+            return self.text
+        if self.type == "refusal":
+            return ""
+        if self.type in ("text", "input_text", "output_text"):
+            raise RequestError("a text content part needs its text", param="messages")
+        raise RequestError(f"content parts of type '{self.type[:40]}' are not supported: this model reads text, send text parts",
+                           param="messages")
 
 
 class FunctionCall(BaseModel):
@@ -242,17 +295,24 @@ class ChatMessage(BaseModel):
     model_config = STRICT
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCallIn] | None = None
     tool_call_id: str | None = None
+    # what the openai SDK and LangChain send back with an earlier reply: accepted, not read
+    refusal: str | None = None
+    annotations: list | None = None
+    audio: dict | None = None
+    function_call: dict | None = None
+    reasoning_content: str | None = Field(None, description="an earlier reply's reasoning (vLLM's); not shown to the template")
+    reasoning: str | None = None
 
     def text(self) -> str:
         if self.content is None:
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content)
+        return "".join(part.read() for part in self.content)
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -269,6 +329,21 @@ class ChatCompletionRequest(SamplingFields):
     chat_template_kwargs: dict | None = Field(None, description="extra variables for the chat template (e.g. enable_thinking)")
     add_generation_prompt: bool = True
     continue_final_message: bool = Field(False, description="end the prompt inside the last (assistant) message, to continue it")
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = Field(
+        None, description="passed to the chat template as reasoning_effort")
+    modalities: list[Literal["text", "audio"]] | None = Field(None, description='["text"]: audio output is a 400')
+
+    def check_unimplemented(self) -> None:
+        super().check_unimplemented()
+        if self.modalities and "audio" in self.modalities:
+            raise RequestError("audio output is not supported by this server: this model writes text, set modalities to [\"text\"]",
+                               param="modalities")
+
+    def template_kwargs(self) -> dict | None:
+        """chat_template_kwargs, with reasoning_effort when given (templates such as gpt-oss's read it)."""
+        if self.reasoning_effort is None:
+            return self.chat_template_kwargs
+        return {"reasoning_effort": self.reasoning_effort, **(self.chat_template_kwargs or {})}
 
     def max_new_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -282,7 +357,7 @@ class ChatCompletionRequest(SamplingFields):
 class EmbeddingRequest(BaseModel):
     """POST /v1/embeddings."""
 
-    model_config = STRICT
+    model_config = OPEN
 
     model: str | None = None
     input: (str | Annotated[list[str], Field(min_length=1, max_length=MAX_EMBEDDING_INPUTS)] | TokenIds

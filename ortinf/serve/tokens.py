@@ -35,6 +35,9 @@ class TokenizeRequest(BaseModel):
     tools: list[Tool] | None = None
     return_token_strs: bool = False
 
+    def template_kwargs(self) -> dict | None:
+        return self.chat_template_kwargs
+
 
 CHAT_ONLY = ("add_generation_prompt", "continue_final_message", "chat_template_kwargs", "tools")
 

@@ -1,8 +1,9 @@
 """Tool calling on chat completions: what the model is asked for, and reading its calls back.
 
 tool_choice "none" shows the tools to the template but reads no calls; "auto" offers them through the chat template and parses the
-model's text with the package's tool-call parser (the Hermes/Qwen `<tool_call>{json}</tool_call>`
-format, picked from the chat template or with `--tool-call-parser`); "required" and a named function
+model's text with the package's tool-call parser (ortinf/serve/tool_parsers.py: detected from the
+chat template, or `--tool-call-parser`; a model with none answers "auto" as plain text and says so in
+an X-Ortinf-Warning header); "required" and a named function
 are enforced with structured output (a JSON grammar), as vLLM does, so even a weak model emits a
 valid call: "required" generates `[{"name": ..., "parameters": {...}}, ...]` (one call unless
 parallel_tool_calls), a named function generates its arguments object.
@@ -10,17 +11,17 @@ parallel_tool_calls), a named function generates its arguments object.
 
 from __future__ import annotations
 
-import re
 import uuid
 from dataclasses import dataclass
 
 from ortinf import json_text
 from ortinf.errors import RequestError
 from ortinf.sample.structured_output import StructuredOutput
+from ortinf.serve import tool_parsers
 
-HERMES_OPEN = "<tool_call>"
-_HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
-
+NO_PARSER = ("tool_choice auto: ortinf found no tool-call format it can read in this model's chat template, so the reply is "
+             "plain text; serve it with --tool-call-parser NAME (" + ", ".join(tool_parsers.PARSERS) + ") or send "
+             "tool_choice required or a named function")
 
 @dataclass(frozen=True, slots=True)
 class ToolCall:
@@ -38,12 +39,13 @@ def new_call_id() -> str:
 
 
 def resolve_parser(configured: str, template_source: str | None) -> str | None:
-    """The parser for a package: the configured one, or for 'auto' the one its chat template speaks."""
+    """The parser for a package: the configured one, or for 'auto' the one its chat template speaks
+    (ortinf/serve/tool_parsers.py detect: Hermes/Qwen, Llama 3 JSON, Mistral, Granite); None: none."""
     if configured == "none":
         return None
-    if configured == "hermes":
-        return "hermes"
-    return "hermes" if template_source and HERMES_OPEN in template_source else None
+    if configured != "auto":
+        return configured
+    return tool_parsers.detect(template_source)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +56,7 @@ class ToolPlan:
     mode: str  # "none", "auto", "required" or "named"
     named: str | None = None
     structured_output: StructuredOutput | None = None
+    warning: str | None = None  # why "auto" answers as plain text (no parser for this model): a response header
 
     def parse(self, text: str, parser: str | None) -> tuple[str | None, list[ToolCall]]:
         """(content, tool calls) of a finished output."""
@@ -66,8 +69,9 @@ class ToolPlan:
             except (ValueError, TypeError, KeyError, AttributeError):
                 return text, []
             return None, calls
-        if self.mode == "auto" and parser == "hermes":
-            return parse_hermes(text)
+        if self.mode == "auto" and parser is not None:
+            content, calls = tool_parsers.PARSERS[parser].parse(text)
+            return content, [ToolCall(name, arguments, new_call_id()) for name, arguments in calls]
         return text, []
 
 
@@ -82,10 +86,8 @@ def plan(tools: list[dict] | None, tool_choice, parallel: bool, parser: str | No
     if choice == "none":  # the template still sees the tools (vLLM's default); the output is text
         return ToolPlan(tools, "none")
     if choice == "auto":
-        if parser is None:
-            raise RequestError("this model has no tool-call parser for tool_choice 'auto': serve it with --tool-call-parser hermes "
-                               "if its chat template uses <tool_call> blocks, or use tool_choice 'required' or a named function",
-                               param="tool_choice")
+        if parser is None:  # the model sees the tools; its reply is read as text (never a 400: clients send auto by default)
+            return ToolPlan(tools, "none", warning=NO_PARSER)
         return ToolPlan(tools, "auto")
     if choice == "required":
         defs: dict = {}
@@ -146,43 +148,14 @@ def _hoisted(function: dict, key: str, defs: dict) -> dict:
     return {"$ref": f"#/$defs/{key}"}
 
 
-def parse_hermes(text: str) -> tuple[str | None, list[ToolCall]]:
-    """Hermes/Qwen calls: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks; the text
-    before the first block is the content. A block that is not a JSON call stays in the content."""
-    start = text.find(HERMES_OPEN)
-    if start < 0:
-        return text, []
-    calls = []
-    for body in _HERMES_CALL.findall(text[start:]):
-        try:
-            call = json_text.loads(body)
-            name, arguments = call["name"], call.get("arguments", call.get("parameters", {}))
-            if not isinstance(name, str):
-                return text, []
-            if isinstance(arguments, str):
-                json_text.loads(arguments)  # arguments given as a string must hold JSON too
-            else:
-                arguments = json_text.dumps(arguments, ensure_ascii=False)
-        except (ValueError, KeyError, TypeError, AttributeError):
-            return text, []
-        calls.append(ToolCall(name, arguments, new_call_id()))
-    return (text[:start] or None), calls
-
-
 def held_back(text: str, mode: str, parser: str | None) -> int:
-    """How much of a streamed output's text may be sent as content now: with "auto" and Hermes, the
-    text before a `<tool_call>` (or before what may be the start of one); nothing for enforced calls."""
+    """How much of a streamed output's text may be sent as content now: with "auto", the text before
+    a tool call (or before what may be the start of one); nothing for enforced calls."""
     if mode in ("required", "named"):
         return 0
-    if mode != "auto" or parser != "hermes":
+    if mode != "auto" or parser is None:
         return len(text)
-    found = text.find(HERMES_OPEN)
-    if found >= 0:
-        return found
-    for keep in range(min(len(HERMES_OPEN) - 1, len(text)), 0, -1):
-        if HERMES_OPEN.startswith(text[-keep:]):
-            return len(text) - keep
-    return len(text)
+    return tool_parsers.PARSERS[parser].content_end(text)
 
 
 def template_messages(messages: list) -> list[dict]:

@@ -64,17 +64,32 @@ def test_tiny_temperature_is_greedy(llama_server, reference):
         assert response.status_code == 200 and response.json()["choices"][0]["text"] == reference
 
 
-def test_unimplemented_fields_are_400_naming_them(llama_server):
+def test_field_policy_refuses_ignores_and_maps(llama_server):
+    """docs/compatibility.md: a refused field is a 400 saying what to send instead; an ignored one is named
+    in X-Ignored-Fields; vLLM's guided_* fields are structured_outputs."""
     url = llama_server.url
-    for field, value in (("best_of", 2), ("guided_json", {"type": "object"}), ("structural_tag", "x")):
-        assert_error(complete(url, {"prompt": "x", field: value}), 400, field, "not supported", param=field)
+    assert_error(complete(url, {"prompt": "x", "best_of": 2}), 400, "best_of", "n samples", param="best_of")
+    assert_error(complete(url, {"prompt": "x", "structural_tag": "x"}), 400, "structured_outputs.grammar", param="structural_tag")
     assert_error(complete(url, {"prompt": "x", "suffix": "y"}), 400, "suffix is not supported", param="suffix")
-    # this package's template writes no <tool_call>: "auto" has no parser to read calls with
+    assert_error(complete(url, {"prompt": "x", "use_beam_search": True}), 400, "beam search", param="use_beam_search")
+    sent = complete(url, {"prompt": "x", "max_tokens": 2, "best_of": 1, "use_beam_search": False, "store": False,
+                          "service_tier": "auto", "metadata": {"a": "b"}, "length_penalty": None, "some_new_field": 3})
+    assert sent.status_code == 200, sent.text
+    assert sent.headers["x-ignored-fields"] == "length_penalty, metadata, service_tier, some_new_field, store"
+    assert "x-ignored-fields" not in complete(url, {"prompt": "x", "max_tokens": 2}).headers
+    choice = complete(url, {"prompt": "x", "max_tokens": 8, "temperature": 0, "guided_choice": ["yes", "no"]}).json()["choices"][0]
+    assert choice["text"] in ("yes", "no")
+    assert_error(complete(url, {"prompt": "x", "guided_regex": "a", "structured_outputs": {"regex": "b"}}), 400, "not both")
+    # this package's template writes no tool-call format: "auto" answers as text and says why
     tools = [{"type": "function", "function": {"name": "f"}}]
-    chat = {"messages": [{"role": "user", "content": "x"}], "tools": tools, "tool_choice": "auto"}
-    assert_error(httpx.post(f"{url}/v1/chat/completions", json=chat), 400, "--tool-call-parser", param="tool_choice")
+    chat = {"messages": [{"role": "user", "content": "x"}], "tools": tools, "tool_choice": "auto", "max_tokens": 3}
+    reply = httpx.post(f"{url}/v1/chat/completions", json=chat)
+    assert reply.status_code == 200 and "--tool-call-parser" in reply.headers["x-ortinf-warning"]
+    assert reply.json()["choices"][0]["message"]["tool_calls"] is None
     message = {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [{"id": "1"}]}]}
     assert_error(httpx.post(f"{url}/v1/chat/completions", json=message), 400, "tool_calls")
+    image = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]}
+    assert_error(httpx.post(f"{url}/v1/chat/completions", json=image), 400, "image_url", "reads text", param="messages")
 
 
 def test_too_many_prompts_is_400(llama_server):

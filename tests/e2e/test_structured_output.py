@@ -98,8 +98,11 @@ def test_bad_formats_are_400_with_the_compilers_message(client):
         client.completions.create(model=model, prompt="x", extra_body={"structured_outputs": {"regex": "[a-z"}})
     with pytest.raises(openai.BadRequestError, match="exactly one of"):
         client.completions.create(model=model, prompt="x", extra_body={"structured_outputs": {"regex": "a", "choice": ["a"]}})
-    with pytest.raises(openai.BadRequestError, match="guided_json"):
-        client.completions.create(model=model, prompt="x", extra_body={"guided_json": {"type": "object"}})
+    with pytest.raises(openai.BadRequestError, match="guided_json, guided_regex"):
+        client.completions.create(model=model, prompt="x", extra_body={"guided_json": {"type": "object"}, "guided_regex": "a"})
+    # vLLM's older guided_json is structured_outputs.json, with its compiler's errors
+    with pytest.raises(openai.BadRequestError, match="invalid JSON schema"):
+        client.completions.create(model=model, prompt="x", extra_body={"guided_json": {"type": "nonsense"}})
     # the server is unharmed and the cache serves the valid spec again
     text = client.completions.create(model=model, prompt="x", max_tokens=30, extra_body={"structured_outputs": {"choice": ["ok"]}}).choices[0].text
     assert text == "ok"

@@ -9,7 +9,8 @@ import jsonschema
 import openai
 import pytest
 
-from ortinf.serve.tools import held_back, parse_hermes
+from ortinf.serve.tool_parsers import PARSERS, detect
+from ortinf.serve.tools import held_back, resolve_parser
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city.",
@@ -126,12 +127,39 @@ def test_an_enforced_call_cut_short_stays_text():
     assert content is None and [c.name for c in calls] == ["get_weather"]
 
 
-def test_hermes_parser_by_value():
-    assert parse_hermes("plain text") == ("plain text", [])
-    content, calls = parse_hermes('hi <tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call><tool_call>{"name": "g"}</tool_call>')
-    assert content == "hi " and [(c.name, json.loads(c.arguments)) for c in calls] == [("f", {"a": 1}), ("g", {})]
-    assert parse_hermes("<tool_call>{not json}</tool_call>") == ("<tool_call>{not json}</tool_call>", [])
+def _parsed(parser: str, text: str):
+    content, calls = PARSERS[parser].parse(text)
+    return content, [(name, json.loads(arguments)) for name, arguments in calls]
+
+
+def test_tool_parsers_by_value():
+    assert _parsed("hermes", "plain text") == ("plain text", [])
+    text = 'hi <tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call><tool_call>{"name": "g"}</tool_call>'
+    assert _parsed("hermes", text) == ("hi ", [("f", {"a": 1}), ("g", {})])
+    assert _parsed("hermes", "<tool_call>{not json}</tool_call>") == ("<tool_call>{not json}</tool_call>", [])
+    assert _parsed("llama3_json", '{"name": "f", "parameters": {"a": 1}}; {"name": "g", "parameters": {}}') == (None, [("f", {"a": 1}), ("g", {})])
+    assert _parsed("llama3_json", '<|python_tag|>{"name": "f", "parameters": {"a": [1]}}') == (None, [("f", {"a": [1]})])
+    assert _parsed("llama3_json", "The answer is {not a call}") == ("The answer is {not a call}", [])
+    assert _parsed("mistral", 'Sure.[TOOL_CALLS][{"name": "f", "arguments": {"a": 1}}]') == ("Sure.", [("f", {"a": 1})])
+    assert _parsed("mistral", '[TOOL_CALLS]f[ARGS]{"a": 1}[TOOL_CALLS]g[ARGS]{}') == (None, [("f", {"a": 1}), ("g", {})])
+    assert _parsed("granite", '<|tool_call|>[{"name": "f", "arguments": {"a": 1}}]') == (None, [("f", {"a": 1})])
+    assert _parsed("granite", '<|tool_call|>[{"name": 3}]') == ('<|tool_call|>[{"name": 3}]', [])
+
+
+def test_tool_parser_detected_from_the_chat_template():
+    assert detect("{% for m in messages %}<tool_call>{{ m }}</tool_call>{% endfor %}") == "hermes"
+    assert detect("{{- '<|python_tag|>' + tool_call.name }}") == "llama3_json"
+    assert detect("{{ '[TOOL_CALLS]' + tool_calls | tojson }}") == "mistral"
+    assert detect("<|start_of_role|>assistant<|end_of_role|><|tool_call|>") == "granite"
+    assert detect("{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}") is None
+    assert resolve_parser("auto", None) is None and resolve_parser("mistral", "<tool_call>") == "mistral"
+    assert resolve_parser("none", "<tool_call>") is None
+
+
+def test_held_back_text_by_value():
     assert held_back("abc <tool", "auto", "hermes") == 4  # "<tool" may start a call: held back
     assert held_back("abc <tool_call>{", "auto", "hermes") == 4
     assert held_back("abc <b", "auto", "hermes") == 6
+    assert held_back(' {"na', "auto", "llama3_json") == 0  # Llama 3 may start a call with no marker
+    assert held_back("ok [TOOL_", "auto", "mistral") == 3
     assert held_back("[{", "required", None) == 0

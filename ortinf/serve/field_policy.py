@@ -1,0 +1,196 @@
+"""What the server does with every request field a client may send: the compatibility policy.
+
+Each route's fields fall in one of four kinds (docs/compatibility.md is this table, made by `table()`):
+- implemented: a field of the route's request model (ortinf/serve/protocol.py), which does what
+  OpenAI or vLLM documents for it;
+- mapped: an older spelling read as the implemented one (vLLM's `guided_json` is `structured_outputs.json`);
+- ignored: accepted, does nothing here, and is named so: in the `X-Ignored-Fields` response header and
+  the server log (as vLLM logs them);
+- refused: a field whose meaning this server cannot honour (it would change the output): 400 naming
+  the field and what to send instead.
+
+A field in no row is treated as ignored, as vLLM treats unknown fields: a client sending a harmless
+default must not break, and the header tells it the field did nothing. tests/serve/test_field_policy.py
+checks that every field of every request model has its row.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from pydantic import BaseModel
+
+from ortinf.serve.errors import APIError
+
+log = logging.getLogger(__name__)
+
+IMPLEMENTED, MAPPED, IGNORED, REFUSED = "implemented", "mapped", "ignored", "refused"
+IGNORED_HEADER = "X-Ignored-Fields"
+WARNING_HEADER = "X-Ortinf-Warning"  # what the server did instead of what was asked (tool_choice auto without a parser)
+_warned: set[str] = set()
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    kind: str
+    note: str  # implemented: what it does; mapped: what it becomes; ignored: why; refused: what to send instead
+
+
+def _implemented(note: str) -> Rule:
+    return Rule(IMPLEMENTED, note)
+
+
+def _ignored(note: str) -> Rule:
+    return Rule(IGNORED, note)
+
+
+def _refused(note: str) -> Rule:
+    return Rule(REFUSED, note)
+
+
+GUIDED = {  # vLLM's guided decoding fields (before structured_outputs), read as structured_outputs
+    "guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar",
+}
+
+_SAMPLING = {
+    "model": _implemented("the served model or LoRA adapter; optional when one model is served"),
+    "temperature": _implemented("0 (or below 1e-5) is greedy"),
+    "top_p": _implemented("nucleus sampling"),
+    "top_k": _implemented("vLLM's; -1 or 0 is off"),
+    "min_p": _implemented("vLLM's"),
+    "repetition_penalty": _implemented("vLLM's"),
+    "presence_penalty": _implemented("OpenAI's"),
+    "frequency_penalty": _implemented("OpenAI's"),
+    "seed": _implemented("per-request generator; any integer"),
+    "n": _implemented("samples per prompt, 1 to 16"),
+    "stop": _implemented("stop strings"),
+    "stop_token_ids": _implemented("vLLM's"),
+    "ignore_eos": _implemented("vLLM's"),
+    "min_tokens": _implemented("vLLM's"),
+    "stream": _implemented("server-sent events"),
+    "stream_options": _implemented("include_usage, continuous_usage_stats (vLLM's)"),
+    "user": _implemented("accepted as OpenAI defines it (an end-user id); logged, no effect on the output"),
+    "response_format": _implemented("text, json_object (any JSON object), json_schema: enforced by a grammar"),
+    "structured_outputs": _implemented("vLLM's: json, regex, choice, grammar, json_object"),
+    "logit_bias": _implemented("token id -> bias"),
+    "allowed_token_ids": _implemented("vLLM's"),
+    "bad_words": _implemented("vLLM's"),
+    "include_stop_str_in_output": _implemented("vLLM's"),
+    "skip_special_tokens": _implemented("vLLM's"),
+    "prompt_logprobs": _implemented("vLLM's"),
+    "truncate_prompt_tokens": _implemented("vLLM's: keep the last k prompt tokens"),
+    "priority": _implemented("vLLM's: lower runs first; needs --scheduling-policy priority unless 0"),
+    "cache_salt": _implemented("vLLM's: prefix-cache blocks are shared only between requests with the same salt"),
+    "request_id": _implemented("vLLM's: the response id's suffix (and the engine's log)"),
+    "add_special_tokens": _implemented("vLLM's: add the tokenizer's special tokens (BOS) to the prompt"),
+    "best_of": _implemented("accepted when it equals n (or is 1 / null): larger values are a 400, use n"),
+    "use_beam_search": _implemented("accepted when false; true is a 400 (beam search is not implemented yet)"),
+    "store": _ignored("nothing is stored for completions (the Responses API stores: /v1/responses)"),
+    "metadata": _ignored("only stored with a stored response"),
+    "service_tier": _ignored("one tier"),
+    "safety_identifier": _ignored("like user: an end-user id"),
+    "prompt_cache_key": _ignored("the prefix cache is automatic; cache_salt isolates"),
+    "prompt_cache_retention": _ignored("the prefix cache keeps blocks until their memory is needed"),
+    "guided_decoding_backend": _ignored("one structured-output backend (llguidance)"),
+    "guided_whitespace_pattern": _ignored("the JSON grammar's whitespace is llguidance's"),
+    "spaces_between_special_tokens": _ignored("the tokenizer's decoder decides"),
+    "kv_transfer_params": _ignored("no disaggregated prefill"),
+    "vllm_xargs": _ignored("no vLLM extensions"),
+    "mm_processor_kwargs": _ignored("text models take no multimodal input"),
+    "return_tokens_as_token_ids": _refused("read token ids with /tokenize"),
+    "length_penalty": _refused("beam search is not implemented: drop it"),
+    "early_stopping": _refused("beam search is not implemented: drop it"),
+    "structural_tag": _refused("use structured_outputs.grammar (a Lark or GBNF grammar)"),
+    **{name: Rule(MAPPED, f"structured_outputs.{target}") for name, target in GUIDED.items()},
+}
+
+POLICY: dict[str, dict[str, Rule]] = {
+    "/v1/completions": {
+        **_SAMPLING,
+        "prompt": _implemented("text, token ids, or a list of either"),
+        "max_tokens": _implemented("default 16, as OpenAI's"),
+        "logprobs": _implemented("top-k logprobs per token"),
+        "echo": _implemented("the prompt (and its logprobs) before the completion"),
+        "suffix": _refused("this server does not fill in the middle: put the text in the prompt"),
+    },
+    "/v1/chat/completions": {
+        **_SAMPLING,
+        "messages": _implemented("system, developer, user, assistant, tool; text content parts"),
+        "max_tokens": _implemented("the older name of max_completion_tokens"),
+        "max_completion_tokens": _implemented("default: what the context length leaves"),
+        "logprobs": _implemented("logprobs of the chosen tokens"),
+        "top_logprobs": _implemented("with logprobs"),
+        "tools": _implemented("function tools"),
+        "tool_choice": _implemented("none, auto (the model's own format, read by the tool-call parser), required, a named function"),
+        "parallel_tool_calls": _implemented("false allows one call"),
+        "chat_template_kwargs": _implemented("extra chat-template variables"),
+        "add_generation_prompt": _implemented("vLLM's"),
+        "continue_final_message": _implemented("vLLM's"),
+        "reasoning_effort": _implemented("passed to the chat template as reasoning_effort (templates that read it use it)"),
+        "modalities": _implemented("[\"text\"] only; audio output is a 400"),
+        "prediction": _ignored("predicted outputs: speculative decoding is a server setting (--speculative-*)"),
+        "verbosity": _ignored("no verbosity control"),
+        "web_search_options": _refused("this server has no web search: drop it"),
+        "audio": _refused("this server writes text only: drop it (and modalities audio)"),
+        "functions": _refused("the legacy functions field: send tools"),
+        "function_call": _refused("the legacy function_call field: send tool_choice"),
+        "documents": _refused("pass documents in the messages (or as chat_template_kwargs)"),
+        "echo": _refused("vLLM's chat echo is not implemented: use continue_final_message"),
+    },
+    "/v1/embeddings": {
+        "model": _implemented("the served embedding model"),
+        "input": _implemented("text, token ids, or a list of either"),
+        "encoding_format": _implemented("float or base64"),
+        "dimensions": _implemented("the first k dimensions, re-normalised when the model normalises (Matryoshka, as OpenAI's)"),
+        "truncate_prompt_tokens": _implemented("vLLM's"),
+        "user": _implemented("accepted as OpenAI defines it; no effect"),
+        "add_special_tokens": _ignored("embedding inputs always get the model's special tokens, as it was trained"),
+        "priority": _ignored("embeddings do not queue in the generation scheduler"),
+        "request_id": _ignored("embedding responses have no id"),
+    },
+}
+
+
+def policy_for(route: str) -> dict[str, Rule]:
+    return POLICY[route]
+
+
+def apply(route: str, body: BaseModel) -> list[str]:
+    """The fields of `body` this server ignores (refused ones raise APIError 400). `body` is a request
+    model with extra="allow": fields outside the model are in `model_extra`."""
+    rules = POLICY[route]
+    ignored = []
+    for name, value in (body.model_extra or {}).items():
+        rule = rules.get(name)
+        if rule is not None and rule.kind == REFUSED:
+            if value is None or value is False:
+                ignored.append(name)  # a client's explicit "off" of a feature this server lacks asks for nothing
+                continue
+            raise APIError(400, f"{name} is not supported by this server: {rule.note}", param=name)
+        ignored.append(name)
+    if ignored:
+        log.warning("%s: ignored request fields %s", route, ", ".join(sorted(ignored)))
+    return ignored
+
+
+def ignored_headers(ignored: list[str]) -> dict[str, str]:
+    """The response header naming the ignored fields (none when there are none)."""
+    return {IGNORED_HEADER: ", ".join(sorted(ignored))[:1000]} if ignored else {}
+
+
+def warn_once(message: str) -> None:
+    """Logs a warning the first time it happens (a response header carries it every time)."""
+    if message not in _warned:
+        _warned.add(message)
+        log.warning("%s", message)
+
+
+def table() -> str:
+    """The policy as Markdown (docs/compatibility.md holds it; a docs test keeps them equal)."""
+    lines = []
+    for route, rules in POLICY.items():
+        lines += [f"### `{route}`", "", "| field | policy | note |", "|---|---|---|"]
+        lines += [f"| `{name}` | {rule.kind} | {rule.note} |" for name, rule in rules.items()]
+        lines.append("")
+    return "\n".join(lines)
