@@ -120,7 +120,14 @@ class Scheduler:
                 budget -= num_new
                 index += 1
                 continue
-            victim = self._victim(index)
+            victim = self._victim()
+            position = self.running.index(victim)
+            self.running.pop(position)
+            if position < index:  # scheduled earlier in this step (priority policy): its tokens go back to the budget
+                index -= 1
+                num_taken = next(n for r, n in chosen if r is victim)
+                chosen = [(r, n) for r, n in chosen if r is not victim]
+                budget += num_taken + len(self.drafts.pop(victim.request_id, []))
             self._preempt(victim)
             preempted.append(victim.request_id)
 
@@ -208,14 +215,12 @@ class Scheduler:
             encoder_input=request.encoder_input if request.request_id in self.kv_cache.to_encode else None,
         )
 
-    def _victim(self, first: int) -> Request:
-        """The running request that gives way, among those not yet scheduled this step (from `first`):
-        the most recently admitted one (fcfs) or the least urgent one (priority)."""
+    def _victim(self) -> Request:
+        """The running request that gives way: the most recently admitted one (fcfs) or the least urgent
+        (priority; the latest admitted among equals), which may have been scheduled earlier in the step."""
         if self.config.policy == "priority":
-            victim = max(reversed(self.running[first:]), key=_urgency)
-            self.running.remove(victim)
-            return victim
-        return self.running.pop()
+            return max(reversed(self.running), key=_urgency)
+        return self.running[-1]
 
     def _preempt(self, request: Request) -> None:
         self.kv_cache.free(request)

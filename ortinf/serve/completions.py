@@ -74,9 +74,6 @@ async def create_completion(body: CompletionRequest, request: Request):
     body.check_unimplemented()
     model = state.registry.get(body.model)
     engine = model.require_engine()
-    if body.suffix:
-        raise APIError(400, "suffix is not supported by this server: it does not fill in the middle, put the text in the prompt",
-                       param="suffix")
     prompt_logprobs = max(body.logprobs or 0, body.prompt_logprobs or 0) if body.echo else None  # echo shows the prompt's logprobs too
     params = body.sampling_params(body.max_tokens, body.logprobs, prompt_logprobs)
     prompts = body.prompts()

@@ -112,7 +112,7 @@ POLICY: dict[str, dict[str, Rule]] = {
         "max_tokens": _implemented("default 16, as OpenAI's"),
         "logprobs": _implemented("top-k logprobs per token"),
         "echo": _implemented("the prompt (and its logprobs) before the completion"),
-        "suffix": _refused("this server does not fill in the middle: put the text in the prompt"),
+        "suffix": _refused("it does not fill in the middle: put the text in the prompt"),
     },
     "/v1/chat/completions": {
         **_SAMPLING,
@@ -164,7 +164,7 @@ def apply(route: str, body: BaseModel) -> list[str]:
     for name, value in (body.model_extra or {}).items():
         rule = rules.get(name)
         if rule is not None and rule.kind == REFUSED:
-            if value is None or value is False:
+            if value is None or value is False or value == "":
                 ignored.append(name)  # a client's explicit "off" of a feature this server lacks asks for nothing
                 continue
             raise APIError(400, f"{name} is not supported by this server: {rule.note}", param=name)

@@ -215,7 +215,6 @@ class CompletionRequest(SamplingFields):
     max_tokens: Annotated[int, Field(strict=True, ge=0)] | None = 16
     logprobs: Annotated[int, Field(strict=True, ge=0, le=MAX_LOGPROBS)] | None = None
     echo: bool = False
-    suffix: str | None = None
 
     def prompts(self) -> list[str | list[int]]:
         prompt = self.prompt

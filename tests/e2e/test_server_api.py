@@ -122,5 +122,11 @@ def test_embeddings_float_and_base64(embed_server, minilm_package):
     by_ids = client.embeddings.create(model="minilm", input=[ids], encoding_format="float")
     np.testing.assert_allclose(by_ids.data[0].embedding, expected[0], atol=1e-5)
     assert [m.id for m in client.models.list().data] == ["minilm"]
+    short = client.embeddings.create(model="minilm", input=texts, encoding_format="float", dimensions=64)
+    got = np.array([d.embedding for d in short.data], dtype=np.float32)
+    shortened = expected[:, :64] / np.linalg.norm(expected[:, :64], axis=1, keepdims=True)  # Matryoshka, unit length again
+    np.testing.assert_allclose(got, shortened, atol=1e-5)
+    with pytest.raises(openai.BadRequestError, match="at most 384"):
+        client.embeddings.create(model="minilm", input=texts, dimensions=385)
     with pytest.raises(openai.BadRequestError, match="does not embed|embeddings"):
         openai.OpenAI(base_url=f"{embed_server.url}/v1", api_key="x", max_retries=0).completions.create(model="minilm", prompt="x")

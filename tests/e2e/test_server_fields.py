@@ -116,6 +116,29 @@ def test_prompt_logprobs_truncation_cached_tokens_and_fingerprint(byte_server, c
     assert short.usage.prompt_tokens == 5
 
 
+def test_cache_salt_request_id_add_special_tokens_and_priority(byte_server, client, model):
+    """vLLM's request fields, by value."""
+    prompt = "salted prefixes are private: " * 4
+    first = client.completions.create(model=model, prompt=prompt, max_tokens=1, extra_body={"cache_salt": "tenant-a"})
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    same = client.completions.create(model=model, prompt=prompt, max_tokens=1, extra_body={"cache_salt": "tenant-a"})
+    assert same.usage.prompt_tokens_details.cached_tokens >= 16
+    other = client.completions.create(model=model, prompt=prompt, max_tokens=1, extra_body={"cache_salt": "tenant-b"})
+    unsalted = client.completions.create(model=model, prompt=prompt, max_tokens=1)
+    assert other.usage.prompt_tokens_details.cached_tokens == 0 == unsalted.usage.prompt_tokens_details.cached_tokens
+    named = client.completions.create(model=model, prompt="x", max_tokens=1, extra_body={"request_id": "job-17"})
+    chat = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "x"}], max_tokens=1,
+                                          extra_body={"request_id": "job-17"})
+    assert named.id == "cmpl-job-17" and chat.id == "chatcmpl-job-17"  # the same id twice: the engine's ids stay distinct
+    with_bos = client.completions.create(model=model, prompt="x", max_tokens=1).usage.prompt_tokens
+    bare = client.completions.create(model=model, prompt="x", max_tokens=1, extra_body={"add_special_tokens": False}).usage.prompt_tokens
+    assert with_bos == bare + 1 and with_bos == len(_tokenize(byte_server, prompt="x")["tokens"]) and bare == len(_tokenize(byte_server, prompt="x",
+                                                                                                     add_special_tokens=False)["tokens"])
+    assert client.completions.create(model=model, prompt="x", max_tokens=1, extra_body={"priority": 0}).choices
+    with pytest.raises(openai.BadRequestError, match="--scheduling-policy priority"):
+        client.completions.create(model=model, prompt="x", max_tokens=1, extra_body={"priority": 3})
+
+
 def test_continuous_usage_stats(client, model):
     chunks = list(client.completions.create(model=model, prompt="a", max_tokens=5, temperature=0, stream=True,
                                             stream_options={"include_usage": True, "continuous_usage_stats": True}))

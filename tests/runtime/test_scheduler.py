@@ -80,6 +80,36 @@ def test_preemption_takes_the_latest_admitted_and_requeues_it_first():
     assert a.status == RequestStatus.RUNNING
 
 
+def _urgent(scheduler: Scheduler, request_id: str, length: int, priority: int, arrival: float) -> Request:
+    request = Request(request_id, list(range(3, 3 + length)), SamplingParams(max_tokens=40), eos_token_ids=(2,),
+                      arrival_time=arrival, priority=priority)
+    scheduler.add_request(request)
+    return request
+
+
+def test_priority_policy_admits_the_most_urgent_first_and_preempts_the_least():
+    scheduler = make(num_blocks=5, max_num_seqs=2, policy="priority")
+    low = _urgent(scheduler, "low", 8, priority=5, arrival=0.0)
+    _urgent(scheduler, "urgent", 8, priority=-1, arrival=1.0)
+    _urgent(scheduler, "tie", 4, priority=-1, arrival=2.0)
+    assert [r.request_id for r in scheduler.waiting] == ["urgent", "tie", "low"]  # priority, then arrival
+    assert set(scheduled(scheduler.schedule())) == {"urgent", "tie"} and low.status == RequestStatus.WAITING
+    # under memory pressure the least urgent running request gives way, though it was admitted first
+    pressure = make(num_blocks=5, policy="priority")
+    first = _urgent(pressure, "first", 8, priority=9, arrival=0.0)
+    finish_step(pressure, pressure.schedule())
+    second = _urgent(pressure, "second", 8, priority=0, arrival=1.0)
+    finish_step(pressure, pressure.schedule())
+    assert pressure.running == [first, second]  # fcfs would preempt second, the latest admitted
+    for _ in range(8):
+        out = pressure.schedule()
+        if out.preempted_request_ids:
+            break
+        finish_step(pressure, out)
+    assert out.preempted_request_ids == ("first",) and second.status == RequestStatus.RUNNING
+    assert pressure.waiting[0] is first and first.num_preemptions == 1
+
+
 def test_a_shared_prefix_is_a_cache_hit_in_whole_blocks():
     scheduler = make(caching=True)
     prefix = list(range(3, 13))  # 10 tokens: 2 full blocks

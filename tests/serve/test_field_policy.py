@@ -1,0 +1,41 @@
+"""The compatibility policy (ortinf/serve/field_policy.py) covers every field of every request model,
+and docs/compatibility.md is that table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ortinf.serve import field_policy
+from ortinf.serve.field_policy import IGNORED, IMPLEMENTED, MAPPED, POLICY, REFUSED
+from ortinf.serve.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
+
+MODELS = {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatCompletionRequest, "/v1/embeddings": EmbeddingRequest}
+
+
+@pytest.mark.parametrize("route", sorted(MODELS))
+def test_every_field_of_a_request_model_has_a_row(route):
+    rules = POLICY[route]
+    fields = {info.alias or name for name, info in MODELS[route].model_fields.items()}
+    missing = sorted(fields - set(rules))
+    assert not missing, f"{route}: fields without a policy row: {missing}"
+    # a row marked implemented is a field the model reads; the others are fields it does not declare
+    wrongly = sorted(name for name, rule in rules.items() if (rule.kind == IMPLEMENTED) != (name in fields))
+    assert not wrongly, f"{route}: rows whose kind disagrees with the request model: {wrongly}"
+    assert {rule.kind for rule in rules.values()} <= {IMPLEMENTED, MAPPED, IGNORED, REFUSED}
+
+
+def test_the_docs_hold_the_policy_table():
+    doc = (Path(__file__).parents[2] / "docs" / "compatibility.md").read_text()
+    assert field_policy.table() in doc, "docs/compatibility.md is stale: paste ortinf.serve.field_policy.table() into it"
+
+
+def test_the_fields_real_clients_send_are_never_unnamed():
+    """What the issue's clients send (openai, the Agents SDK, LangChain, LiteLLM, instructor, vLLM clients)."""
+    chat = POLICY["/v1/chat/completions"]
+    for name in ("store", "metadata", "service_tier", "modalities", "prediction", "reasoning_effort", "best_of", "use_beam_search",
+                 "priority", "add_special_tokens", "request_id", "cache_salt", "guided_json", "guided_choice", "guided_regex",
+                 "guided_grammar", "parallel_tool_calls", "stream_options"):
+        assert name in chat, name
+    assert POLICY["/v1/embeddings"]["dimensions"].kind == IMPLEMENTED
