@@ -196,3 +196,26 @@ def test_output_kinds_deltas_join_to_the_cumulative_output(decoder_package):
         assert result.token_ids == whole.token_ids and result.text == whole.text and result.finish_reason == whole.finish_reason
         assert [e.token_id for e in result.logprobs] == [e.token_id for e in whole.logprobs]
     assert [d.num_output_tokens for d in deltas] == [len(c.outputs[0].token_ids) for c in cumulative]
+
+
+def test_add_special_tokens_priority_and_cache_salt_reach_the_request(llama, tmp_path):
+    _, package = llama
+    custom = tmp_path / "pkg"
+    shutil.copytree(package, custom)
+    tokenizer = json.loads((custom / "tokenizer.json").read_text())
+    tokenizer["post_processor"] = {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                                                                             {"Sequence": {"id": "A", "type_id": 0}}],
+                                   "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                                   "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}}
+    (custom / "tokenizer.json").write_text(json.dumps(tokenizer))
+    engine = make_engine(custom)
+    with_bos = engine.prepare("paged attention", SamplingParams(max_tokens=2)).token_ids
+    bare = engine.prepare("paged attention", SamplingParams(max_tokens=2), add_special_tokens=False).token_ids
+    assert with_bos == [1, *bare]
+    with pytest.raises(RequestError, match="--scheduling-policy priority"):
+        engine.prepare("x", SamplingParams(max_tokens=2), priority=1)
+    urgent = make_engine(custom, scheduling_policy="priority")
+    prepared = urgent.prepare("x", SamplingParams(max_tokens=2), priority=-3, cache_salt="t1")
+    urgent.add_request(prepared, request_id="r")
+    request = urgent.scheduler.requests["r"]
+    assert request.priority == -3 and request.cache_salt == "salt:t1"
