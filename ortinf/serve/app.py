@@ -21,7 +21,7 @@ from ortinf.engine.llm_engine import LLMEngine
 from ortinf.errors import ConfigError
 from ortinf.manifest import TEXT2TEXT, TEXT_GENERATION, Manifest
 from ortinf.sample.sampling_params import SamplingParams
-from ortinf.serve import chat, completions, embeddings, lora_routes, responses, tokens
+from ortinf.serve import chat, completions, embeddings, lora_routes, responses, responses_api, tokens
 from ortinf.serve.chat_template import ChatTemplate
 from ortinf.serve.errors import error_body, error_response, from_exception, install_error_handlers
 from ortinf.serve.models import ServedModel
@@ -257,6 +257,7 @@ def build_app(config: ServerConfig, load_in_background: bool = True) -> FastAPI:
     install_error_handlers(app)
     app.include_router(completions.router)
     app.include_router(chat.router)
+    app.include_router(responses_api.router)
     app.include_router(embeddings.router)
     app.include_router(tokens.router)
     if config.allow_runtime_lora_updates:

@@ -11,6 +11,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from ortinf.engine.llm_engine import PreparedRequest
+from ortinf.sample.sampling_params import SamplingParams
 from ortinf.serve import field_policy, responses, tool_parsers
 from ortinf.serve.completions import cached_tokens, prepare_samples, request_ids, usage
 from ortinf.serve.errors import APIError
@@ -45,6 +46,19 @@ def tool_plan(model: ServedModel, body: ChatCompletionRequest) -> ToolPlan:
     return plan(tools, choice, body.parallel_tool_calls, model.tool_parser)
 
 
+def chat_params(model: ServedModel, body: ChatCompletionRequest, tools: ToolPlan, logprobs: int | None) -> SamplingParams:
+    """The sampling parameters of a chat request, with its tool plan's format and what its parser needs."""
+    params = body.sampling_params(body.max_new_tokens(), logprobs)
+    if tools.structured_output is not None:
+        if params.structured_output is not None:
+            raise APIError(400, "tool_choice 'required' or a named function already fixes the output's format: drop "
+                                "response_format (text.format)", param="tool_choice")
+        params = replace(params, structured_output=tools.structured_output)
+    if tools.mode == "auto" and tool_parsers.PARSERS[model.tool_parser].keeps_special_tokens:
+        params = replace(params, skip_special_tokens=False)  # the parser's markers are special tokens
+    return params
+
+
 @router.post("/v1/chat/completions", response_model=responses.ChatCompletion,
              responses={200: {"description": "a chat completion, or with stream=true server-sent events of chat completion chunks"}})
 async def create_chat_completion(body: ChatCompletionRequest, request: Request):
@@ -55,17 +69,12 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
     engine = model.require_engine()
     logprobs = body.logprobs_count()
     tools = tool_plan(model, body)
-    params = body.sampling_params(body.max_new_tokens(), logprobs)
-    if tools.structured_output is not None:
-        if params.structured_output is not None:
-            raise APIError(400, "tool_choice 'required' or a named function already fixes the output's format: drop response_format",
-                           param="tool_choice")
-        params = replace(params, structured_output=tools.structured_output)
-    if tools.mode == "auto" and tool_parsers.PARSERS[model.tool_parser].keeps_special_tokens:
-        params = replace(params, skip_special_tokens=False)  # the parser's markers are special tokens
-    # rendering and tokenising are CPU work: off the event loop, which serves every other client
-    prepared = await asyncio.to_thread(lambda: prepare_samples(model, [render_prompt(model, body, tools, bool(body.add_special_tokens))], params, body.n, body.stream,
-                                                               body, add_special_tokens=False))
+    params = chat_params(model, body, tools, logprobs)
+
+    def prepare() -> list[PreparedRequest]:  # rendering and tokenising are CPU work: off the event loop, which serves every other client
+        return prepare_samples(model, [render_prompt(model, body, tools, bool(body.add_special_tokens))], params, body.n, body.stream, body)
+
+    prepared = await asyncio.to_thread(prepare)
     request_id, engine_id = request_ids("chatcmpl", body)
     created = int(time.time())
     stream = _stream(state, model, body, tools, prepared, request_id, engine_id, created) if body.stream else None

@@ -149,11 +149,37 @@ POLICY: dict[str, dict[str, Rule]] = {
         "priority": _ignored("embeddings do not queue in the generation scheduler"),
         "request_id": _ignored("embedding responses have no id"),
     },
+    "/v1/responses": {
+        "model": _implemented("the served model"),
+        "input": _implemented("a string, or items: messages (input_text / output_text parts), function_call, "
+                              "function_call_output; reasoning items are skipped"),
+        "instructions": _implemented("a system message before the input (not carried to the next response)"),
+        "tools": _implemented("function tools; hosted tools (web_search, file_search, ...) are a 400"),
+        "tool_choice": _implemented("none, auto, required, a named function"),
+        "parallel_tool_calls": _implemented("false allows one call"),
+        "text": _implemented("format: text, json_object, json_schema (enforced by a grammar)"),
+        "temperature": _implemented("0 is greedy"),
+        "top_p": _implemented("nucleus sampling"),
+        "max_output_tokens": _implemented("status incomplete when reached"),
+        "stream": _implemented("the Responses events"),
+        "previous_response_id": _implemented("continues a stored response (in memory, the newest 1024)"),
+        "store": _implemented("default true: kept for GET and previous_response_id"),
+        "metadata": _implemented("returned with the response"),
+        "user": _implemented("accepted as OpenAI defines it; no effect"),
+        "include": _ignored("no extra output data (logprobs, encrypted reasoning)"),
+        "reasoning": _ignored("no reasoning controls"),
+        "truncation": _ignored("a conversation longer than the context is a 400"),
+        "top_logprobs": _ignored("no logprobs on this route: use /v1/chat/completions"),
+        "service_tier": _ignored("one tier"),
+        "prompt_cache_key": _ignored("the prefix cache is automatic"),
+        "safety_identifier": _ignored("like user"),
+        "max_tool_calls": _ignored("one model call per response"),
+        "stream_options": _ignored("the events always end with response.completed and its usage"),
+        "background": _refused("responses run in the foreground: drop it"),
+        "conversation": _refused("no Conversations API: use previous_response_id"),
+        "prompt": _refused("no stored prompts: send input and instructions"),
+    },
 }
-
-
-def policy_for(route: str) -> dict[str, Rule]:
-    return POLICY[route]
 
 
 def apply(route: str, body: BaseModel) -> list[str]:

@@ -14,9 +14,9 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ortinf.errors import RequestError
-from ortinf.serve.field_policy import GUIDED
 from ortinf.sample.sampling_params import MAX_LOGPROBS, SamplingParams
 from ortinf.sample.structured_output import StructuredOutput
+from ortinf.serve.field_policy import GUIDED
 
 MAX_N = 16
 MAX_PROMPTS = 256  # prompts in one completions request (each x n samples, within the server's capacity)

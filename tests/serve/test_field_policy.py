@@ -10,8 +10,10 @@ import pytest
 from ortinf.serve import field_policy
 from ortinf.serve.field_policy import IGNORED, IMPLEMENTED, MAPPED, POLICY, REFUSED
 from ortinf.serve.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
+from ortinf.serve.responses_api import ResponsesRequest
 
-MODELS = {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatCompletionRequest, "/v1/embeddings": EmbeddingRequest}
+MODELS = {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatCompletionRequest, "/v1/embeddings": EmbeddingRequest,
+          "/v1/responses": ResponsesRequest}
 
 
 @pytest.mark.parametrize("route", sorted(MODELS))

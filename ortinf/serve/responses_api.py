@@ -1,0 +1,407 @@
+"""POST /v1/responses, GET and DELETE /v1/responses/{id}: OpenAI's Responses API, what the openai Agents
+SDK and newer openai code call first.
+
+A front over chat completions, not a second path: the input items (messages, function calls and
+their outputs) and `instructions` become a chat conversation, `tools` and `tool_choice` a tool plan
+(ortinf/serve/tools.py), `text.format` the structured output, and the request then runs exactly as
+a chat completion (the template, the tool-call parser, the engine). The reply's text and calls
+become output items; streamed, they are the Responses events (`response.output_text.delta`, ...).
+
+Stored responses (`store`, default true as OpenAI's) live in a bounded in-memory store: the newest
+MAX_STORED, oldest evicted first, gone when the server stops. `previous_response_id` continues a
+stored one's conversation (its input and output items; its instructions are not carried, as OpenAI's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ortinf.serve import field_policy
+from ortinf.serve.chat import chat_params, render_prompt, tool_plan
+from ortinf.serve.completions import prepare_samples
+from ortinf.serve.errors import APIError, from_exception
+from ortinf.serve.models import ServedModel
+from ortinf.serve.protocol import OPEN, ChatCompletionRequest, Finite
+from ortinf.serve.state import ServerState
+from ortinf.serve.streaming import AdmittedStream, final_outputs, merged, sse, until_disconnected
+from ortinf.serve.tools import ToolCall, ToolPlan, held_back
+
+router = APIRouter()
+
+MAX_STORED = 1024  # responses kept for previous_response_id and GET (oldest evicted first)
+MAX_ITEMS = 2048  # input items in one request
+
+
+class TextFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    type: Literal["text", "json_object", "json_schema"]
+    name: str = "response"
+    description: str | None = None
+    json_schema: dict | bool | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class TextConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    format: TextFormat | None = None
+    verbosity: str | None = Field(None, description="accepted; no verbosity control")
+
+
+class NamedTool(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["function"]
+    name: str
+
+
+class ResponsesRequest(BaseModel):
+    """POST /v1/responses."""
+
+    model_config = OPEN
+
+    model: str | None = None
+    input: str | Annotated[list[dict], Field(max_length=MAX_ITEMS)]
+    instructions: str | None = None
+    tools: Annotated[list[dict], Field(max_length=128)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedTool | None = None
+    parallel_tool_calls: bool = True
+    text: TextConfig | None = None
+    temperature: Annotated[Finite, Field(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[Finite, Field(gt=0.0, le=1.0)] | None = None
+    max_output_tokens: Annotated[int, Field(strict=True, ge=1)] | None = None
+    stream: bool = False
+    previous_response_id: str | None = None
+    store: bool = True
+    metadata: Annotated[dict[str, str], Field(max_length=16)] | None = None
+    user: str | None = None
+
+
+@dataclass(slots=True)
+class Stored:
+    body: dict  # the response as returned
+    messages: list[dict]  # the conversation so far, as chat messages (input and output, no instructions)
+
+
+class ResponseStore:
+    """The newest MAX_STORED responses, in memory."""
+
+    def __init__(self, capacity: int = MAX_STORED) -> None:
+        self.capacity = capacity
+        self.items: OrderedDict[str, Stored] = OrderedDict()
+
+    def put(self, response_id: str, stored: Stored) -> None:
+        self.items[response_id] = stored
+        while len(self.items) > self.capacity:
+            self.items.popitem(last=False)
+
+    def get(self, response_id: str, param: str | None = None) -> Stored:
+        stored = self.items.get(response_id)
+        if stored is None:
+            raise APIError(404, f"no stored response with id '{response_id[:80]}' (responses live in memory: the newest "
+                                f"{self.capacity}, while the server runs)", param=param)
+        return stored
+
+
+def _store(request: Request) -> ResponseStore:
+    app_state = request.app.state
+    if getattr(app_state, "responses", None) is None:
+        app_state.responses = ResponseStore()
+    return app_state.responses
+
+
+def _text(content, where: str) -> str:
+    """The text of an item's content: a string or input_text / output_text parts."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise APIError(400, f"{where}: content must be a string or a list of parts", param="input")
+    parts = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in ("input_text", "output_text", "text") and isinstance(part.get("text"), str):
+            parts.append(part["text"])
+        elif kind == "refusal":
+            continue
+        else:
+            raise APIError(400, f"{where}: content parts of type '{str(kind)[:40]}' are not supported: this model reads text, "
+                                "send input_text parts", param="input")
+    return "".join(parts)
+
+
+def conversation(body: ResponsesRequest, previous: list[dict]) -> list[dict]:
+    """The chat messages of a request: the previous response's conversation, then the input items."""
+    messages = list(previous)
+    items = [{"role": "user", "content": body.input}] if isinstance(body.input, str) else body.input
+    for index, item in enumerate(items):
+        where = f"input.{index}"
+        if not isinstance(item, dict):
+            raise APIError(400, f"{where}: an item must be an object", param="input")
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = item.get("role")
+            if role not in ("user", "system", "developer", "assistant"):
+                raise APIError(400, f"{where}: role must be user, system, developer or assistant", param="input")
+            messages.append({"role": role, "content": _text(item.get("content"), where)})
+        elif kind == "function_call":
+            if not isinstance(item.get("name"), str) or not isinstance(item.get("call_id"), str):
+                raise APIError(400, f"{where}: a function_call item needs name and call_id", param="input")
+            call = {"id": item["call_id"], "type": "function",
+                    "function": {"name": item["name"], "arguments": str(item.get("arguments") or "{}")}}
+            last = messages[-1] if messages else None
+            if last is not None and last["role"] == "assistant":  # a reply's message and calls are one assistant turn
+                last.setdefault("tool_calls", []).append(call)
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            if not isinstance(item.get("call_id"), str):
+                raise APIError(400, f"{where}: a function_call_output item needs call_id", param="input")
+            output = item.get("output")
+            messages.append({"role": "tool", "tool_call_id": item["call_id"],
+                             "content": output if isinstance(output, str) else _text(output, where)})
+        elif kind == "reasoning":
+            continue  # a reasoning model's summary: nothing this model reads
+        else:
+            raise APIError(400, f"{where}: items of type '{str(kind)[:40]}' are not supported (message, function_call, "
+                                "function_call_output)", param="input")
+    return messages
+
+
+def _chat_tools(tools: list[dict] | None) -> list[dict] | None:
+    """Responses' flat function tools as chat completions' nested ones."""
+    if not tools:
+        return None
+    converted = []
+    for index, tool in enumerate(tools):
+        if not isinstance(tool, dict) or tool.get("type") != "function":
+            kind = tool.get("type") if isinstance(tool, dict) else None
+            raise APIError(400, f"tools.{index}: tools of type '{str(kind)[:40]}' are not supported: this server runs no hosted "
+                                "tools, declare a function tool", param="tools")
+        function = {key: tool[key] for key in ("name", "description", "parameters", "strict") if tool.get(key) is not None}
+        converted.append({"type": "function", "function": function})
+    return converted
+
+
+def chat_request(body: ResponsesRequest, messages: list[dict]) -> ChatCompletionRequest:
+    """The chat completion this response runs as."""
+    fields: dict = {"model": body.model, "messages": messages, "tools": _chat_tools(body.tools),
+                    "parallel_tool_calls": body.parallel_tool_calls, "temperature": body.temperature, "top_p": body.top_p,
+                    "max_completion_tokens": body.max_output_tokens}
+    if body.tool_choice is not None:
+        choice = body.tool_choice
+        fields["tool_choice"] = choice if isinstance(choice, str) else {"type": "function", "function": {"name": choice.name}}
+    fmt = body.text.format if body.text is not None else None
+    if fmt is not None and fmt.type == "json_schema":
+        if fmt.json_schema is None:
+            raise APIError(400, "text.format of type json_schema needs a schema", param="text.format.schema")
+        fields["response_format"] = {"type": "json_schema", "json_schema": {"name": fmt.name, "schema": fmt.json_schema}}
+    elif fmt is not None:
+        fields["response_format"] = {"type": fmt.type}
+    try:
+        return ChatCompletionRequest.model_validate({key: value for key, value in fields.items() if value is not None})
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(part) for part in error.get("loc", ()))
+        raise APIError(400, f"{where}: {error.get('msg', 'invalid value')}", param="input") from None
+
+
+def _message_item(text: str) -> dict:
+    return {"type": "message", "id": f"msg_{uuid.uuid4().hex}", "status": "completed", "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
+
+
+def _call_item(call: ToolCall) -> dict:
+    return {"type": "function_call", "id": f"fc_{uuid.uuid4().hex}", "call_id": call.id, "name": call.name,
+            "arguments": call.arguments, "status": "completed"}
+
+
+def _outputs(content: str | None, calls: list[ToolCall]) -> list[dict]:
+    items = [_message_item(content)] if content else []
+    return items + [_call_item(call) for call in calls]
+
+
+@dataclass(slots=True)
+class Run:
+    """One response in the making: its request, chat request, tool plan, samples and bookkeeping."""
+
+    body: ResponsesRequest
+    chat: ChatCompletionRequest
+    tools: ToolPlan
+    model: ServedModel
+    prepared: list
+    response_id: str
+    created: int
+    messages: list[dict]
+    ignored: list[str]
+
+    def response(self, status: str, output: list[dict], usage: dict | None, incomplete: str | None = None) -> dict:
+        body = self.body
+        fmt = body.text.format.model_dump(by_alias=True, exclude_none=True) if body.text and body.text.format else {"type": "text"}
+        choice = body.tool_choice if isinstance(body.tool_choice, str) or body.tool_choice is None else body.tool_choice.model_dump()
+        return {
+            "id": self.response_id, "object": "response", "created_at": self.created, "status": status,
+            "model": self.model.name, "output": output, "usage": usage, "error": None,
+            "incomplete_details": {"reason": incomplete} if incomplete else None,
+            "instructions": body.instructions, "metadata": body.metadata or {}, "parallel_tool_calls": body.parallel_tool_calls,
+            "temperature": body.temperature, "top_p": body.top_p, "max_output_tokens": body.max_output_tokens,
+            "previous_response_id": body.previous_response_id, "tool_choice": choice or "auto", "tools": body.tools or [],
+            "text": {"format": fmt}, "store": body.store, "truncation": "disabled", "reasoning": None, "user": body.user,
+            "service_tier": "default",
+        }
+
+    def finish(self, store: ResponseStore, text: str, finish_reason: str | None, usage: dict) -> dict:
+        content, calls = self.tools.parse(text, self.model.tool_parser)
+        incomplete = "max_output_tokens" if finish_reason == "length" else None
+        body = self.response("incomplete" if incomplete else "completed", _outputs(content, calls), usage, incomplete)
+        if self.body.store:
+            reply = {"role": "assistant", "content": content}
+            if calls:
+                reply["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                                       for c in calls]
+            # the stored conversation leaves the instructions out (they are not carried to the next response)
+            kept = self.messages[1:] if self.body.instructions is not None else self.messages
+            store.put(self.response_id, Stored(body, [*kept, reply]))
+        return body
+
+
+def _usage(run: Run, output_tokens: int, cached: int) -> dict:
+    prompt = sum(p.num_prompt_tokens for p in run.prepared)
+    return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": cached}, "output_tokens": output_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": prompt + output_tokens}
+
+
+@router.post("/v1/responses", responses={200: {"description": "a response, or with stream=true its server-sent events"}})
+async def create_response(body: ResponsesRequest, request: Request):
+    state: ServerState = request.app.state.ortinf
+    ignored = field_policy.apply("/v1/responses", body)
+    model = state.registry.get(body.model)
+    engine = model.require_engine()
+    store = _store(request)
+    previous = store.get(body.previous_response_id, "previous_response_id").messages if body.previous_response_id else []
+    messages = conversation(body, previous)
+    if body.instructions is not None:
+        messages.insert(0, {"role": "system", "content": body.instructions})
+    if not messages:
+        raise APIError(400, "input is empty: send a string or at least one item", param="input")
+    chat = chat_request(body, messages)
+    tools = tool_plan(model, chat)
+    params = chat_params(model, chat, tools, None)
+    prepared = await asyncio.to_thread(lambda: prepare_samples(model, [render_prompt(model, chat, tools)], params, 1, body.stream))
+    run = Run(body, chat, tools, model, prepared, f"resp_{uuid.uuid4().hex}", int(time.time()), messages, ignored)
+    headers = field_policy.ignored_headers(ignored)
+    if tools.warning:
+        headers[field_policy.WARNING_HEADER] = tools.warning
+    ticket = state.admission.acquire(1)
+    if body.stream:
+        stream = AdmittedStream(_events(run, store, engine), ticket)
+        stream.headers.update(headers)
+        return stream
+    try:
+        (output,) = await until_disconnected(request, final_outputs(engine, prepared, run.response_id))
+    finally:
+        ticket.release()
+    completion = output.outputs[0]
+    response = run.finish(store, completion.text, completion.finish_reason,
+                          _usage(run, len(completion.token_ids), output.num_cached_tokens or 0))
+    return JSONResponse(response, headers=headers)
+
+
+async def _events(run: Run, store: ResponseStore, engine) -> AsyncIterator[str]:  # noqa: ANN001 - the AsyncEngine
+    """The Responses stream: created, in_progress, the text deltas of one message item, the function
+    calls once the reply is read, then completed (or an error event)."""
+    sequence = 0
+
+    def event(kind: str, **data) -> str:
+        nonlocal sequence
+        sequence += 1
+        return f"event: {kind}\ndata: {_json({'type': kind, 'sequence_number': sequence - 1, **data})}\n\n"
+
+    yield event("response.created", response=run.response("in_progress", [], None))
+    yield event("response.in_progress", response=run.response("in_progress", [], None))
+    message_id = f"msg_{uuid.uuid4().hex}"
+    text, sent, opened = "", 0, False
+    samples = merged(engine, run.prepared, run.response_id)
+    try:
+        async for _, output in samples:
+            delta = output.outputs[0]
+            text += delta.text
+            visible = held_back(text, run.tools.mode, run.model.tool_parser) if not delta.finish_reason else sent
+            if visible > sent:
+                if not opened:
+                    opened = True
+                    yield event("response.output_item.added", output_index=0, item={
+                        "type": "message", "id": message_id, "status": "in_progress", "role": "assistant", "content": []})
+                    yield event("response.content_part.added", item_id=message_id, output_index=0, content_index=0,
+                                part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})
+                yield event("response.output_text.delta", item_id=message_id, output_index=0, content_index=0,
+                            delta=text[sent:visible], logprobs=[])
+                sent = visible
+            if delta.finish_reason:
+                response = run.finish(store, text, delta.finish_reason, _usage(run, output.num_output_tokens, output.num_cached_tokens or 0))
+                items = response["output"]
+                message = next((item for item in items if item["type"] == "message"), None)
+                if message is not None:
+                    message["id"] = message_id
+                    content = message["content"][0]["text"]
+                    if not opened:
+                        yield event("response.output_item.added", output_index=0, item={
+                            "type": "message", "id": message_id, "status": "in_progress", "role": "assistant", "content": []})
+                        yield event("response.content_part.added", item_id=message_id, output_index=0, content_index=0,
+                                    part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})
+                    if len(content) > sent:
+                        yield event("response.output_text.delta", item_id=message_id, output_index=0, content_index=0,
+                                    delta=content[sent:], logprobs=[])
+                    yield event("response.output_text.done", item_id=message_id, output_index=0, content_index=0, text=content,
+                                logprobs=[])
+                    yield event("response.content_part.done", item_id=message_id, output_index=0, content_index=0,
+                                part=message["content"][0])
+                    yield event("response.output_item.done", output_index=0, item=message)
+                for index, item in enumerate(items):
+                    if item["type"] != "function_call":
+                        continue
+                    yield event("response.output_item.added", output_index=index, item={**item, "arguments": "", "status": "in_progress"})
+                    yield event("response.function_call_arguments.delta", item_id=item["id"], output_index=index,
+                                delta=item["arguments"])
+                    yield event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                                arguments=item["arguments"], name=item["name"])
+                    yield event("response.output_item.done", output_index=index, item=item)
+                kind = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
+                yield event(kind, response=response)
+    except Exception as exc:  # noqa: BLE001 - reported in the stream, whose headers are already sent
+        err = from_exception(exc)
+        yield event("error", code=err.code, message=err.message, param=err.param)
+        yield event("response.failed", response={**run.response("failed", [], None),
+                                                 "error": {"code": err.code or "server_error", "message": err.message}})
+    finally:
+        await samples.aclose()  # type: ignore[attr-defined] - aborts the request if the client went away
+
+
+def _json(data: dict) -> str:
+    return sse(data)[len("data: "):-2]
+
+
+@router.get("/v1/responses/{response_id}")
+async def get_response(response_id: str, request: Request):
+    return JSONResponse(_store(request).get(response_id).body)
+
+
+@router.delete("/v1/responses/{response_id}")
+async def delete_response(response_id: str, request: Request):
+    store = _store(request)
+    store.get(response_id)
+    del store.items[response_id]
+    return JSONResponse({"id": response_id, "object": "response", "deleted": True})
+
