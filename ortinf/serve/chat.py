@@ -50,9 +50,8 @@ def chat_params(model: ServedModel, body: ChatCompletionRequest, tools: ToolPlan
     """The sampling parameters of a chat request, with its tool plan's format and what its parser needs."""
     params = body.sampling_params(body.max_new_tokens(), logprobs)
     if tools.structured_output is not None:
-        if params.structured_output is not None:
-            raise APIError(400, "tool_choice 'required' or a named function already fixes the output's format: drop "
-                                "response_format (text.format)", param="tool_choice")
+        # the reply must be a call: response_format (text.format) shapes text replies, so it has nothing to shape here
+        # (OpenAI accepts both; the Agents SDK sends both when an agent has an output type and a required tool)
         params = replace(params, structured_output=tools.structured_output)
     if tools.mode == "auto" and tool_parsers.PARSERS[model.tool_parser].keeps_special_tokens:
         params = replace(params, skip_special_tokens=False)  # the parser's markers are special tokens
