@@ -1,6 +1,7 @@
 """The clients people point at vLLM, each against a real server this test starts (no network): LangChain
 (bind_tools with no tool_choice, with_structured_output, streaming), LiteLLM's hosted_vllm provider,
-instructor in its JSON, JSON-schema and tool modes (MD_JSON sends no format to enforce: the schema is only in the prompt), and the openai Agents SDK's tool loop over the Responses API."""
+instructor in its JSON, JSON-schema and tool modes (MD_JSON sends no
+format to enforce: the schema is only in the prompt), and the openai Agents SDK's tool loop over the Responses API."""
 
 from __future__ import annotations
 
