@@ -269,6 +269,10 @@ class Manifest:
     def load(cls, folder: str | Path) -> Manifest:
         """Reads `folder/ortinf.json`; every failure is a ConfigError that says what to do."""
         path = Path(folder) / MANIFEST_NAME
+        if is_gguf(folder):
+            raise ConfigError(GGUF_MESSAGE.format(path=folder))
+        if not Path(folder).exists():
+            raise ConfigError(f"no such folder: {folder}: pass the folder written by `ortinf export`")
         if not Path(folder).is_dir():
             raise ConfigError(f"{folder} is not a folder: pass the folder written by `ortinf export`")
         if not path.is_file():
@@ -280,6 +284,22 @@ class Manifest:
         if not isinstance(data, dict):
             raise ConfigError(f"{path} does not hold a JSON object: re-export the package")
         return cls.from_dict(data)
+
+
+GGUF_MESSAGE = ("{path} is a GGUF file (llama.cpp's format), which ortinf does not read: export the Hugging Face model folder "
+                "it came from (config.json and safetensors) with `ortinf export MODEL_DIR -o PKG`")
+
+
+def is_gguf(path: str | Path) -> bool:
+    """Whether `path` is a GGUF file (by its magic bytes, or its name when unreadable)."""
+    path = Path(path)
+    if not path.is_file():
+        return False
+    try:
+        with path.open("rb") as file:
+            return file.read(4) == b"GGUF" or path.suffix.lower() == ".gguf"
+    except OSError:
+        return path.suffix.lower() == ".gguf"
 
 
 def _build(kind: type, data: dict[str, Any]) -> Any:

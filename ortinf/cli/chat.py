@@ -29,6 +29,9 @@ def run_chat(package: Path, system: str | None, engine_options: dict, params: di
     from ortinf.engine.llm_engine import LLMEngine
     from ortinf.serve.chat_template import ChatTemplate
 
+    from ortinf.manifest import Manifest
+
+    Manifest.load(package)  # a missing folder, a GGUF file, not a package: say that, not "no chat template"
     template = ChatTemplate.load(package)
     if template is None:
         raise ConfigError(f"{package} has no chat template: use `ortinf generate` for plain continuation")
@@ -87,8 +90,8 @@ def _reply(engine: LLMEngine, template: ChatTemplate, messages: list[dict], para
 @click.argument("package", required=False)
 @click.option("--system", default=None, help="A system message opening the conversation.")
 @click.option("-n", "--max-tokens", type=click.IntRange(min=1), default=256, show_default=True, help="Most tokens per reply.")
-@click.option("-t", "--temperature", type=float, default=0.7, show_default=True, help="0 is greedy.")
-@click.option("--top-p", type=float, default=0.95, show_default=True, help="Nucleus sampling mass.")
+@click.option("-t", "--temperature", type=click.FloatRange(0.0, 2.0), default=0.7, show_default=True, help="0 is greedy.")
+@click.option("--top-p", type=click.FloatRange(0.0, 1.0, min_open=True), default=0.95, show_default=True, help="Nucleus sampling mass.")
 @click.option("--seed", type=int, default=None, help="Makes sampling reproducible.")
 @engine_options(exclude=SINGLE_STREAM_EXCLUDED)
 def chat(package: str | None, system: str | None, max_tokens: int, temperature: float, top_p: float, seed: int | None,

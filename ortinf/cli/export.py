@@ -32,7 +32,7 @@ def _list_architectures(ctx: click.Context, _param: click.Parameter, value: bool
               help="Precision: fp32/fp16 for weights, activations and KV cache; int8/int4 quantize the decoder's "
                    "MatMul weights (MatMulNBits, and ortinf.QMatMul in the CPU kernel graph; fp16 KV cache by default), "
                    "gated by quality figures.")
-@click.option("--quant-block-size", type=int, default=None, help="int8/int4: weights per quantization block [int8: 128, int4: 32].")
+@click.option("--quant-block-size", type=click.IntRange(min=1), default=None, help="int8/int4: weights per quantization block [int8: 128, int4: 32].")
 @click.option("--accuracy-level", type=click.IntRange(0, 4), default=4, show_default=True,
               help="int8/int4: MatMulNBits activation precision on the CPU's portable graph (0: fp32; 4: int8, faster, may "
                    "flip argmaxes). The CPU kernel graph always quantizes activations per token and block.")
@@ -44,7 +44,7 @@ def _list_architectures(ctx: click.Context, _param: click.Parameter, value: bool
                    "fp16 under fp32 weights halves its memory; int8: a quarter, per-token scales, read by ortinf's CPU "
                    "kernel graph only, the other providers keep auto's).")
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists (only once the new export has verified).")
-@click.option("--tolerance", type=float, default=None, help="Max abs logit difference vs PyTorch allowed at verification [fp32: 1e-3, fp16: 5e-2].")
+@click.option("--tolerance", type=click.FloatRange(min=0.0, min_open=True), default=None, help="Max abs logit difference vs PyTorch allowed at verification [fp32: 1e-3, fp16: 5e-2].")
 @click.option("--kernel", type=click.Choice(["portable", "paged-attention"]), default="portable", show_default=True,
               help="Decoder attention kernel: portable (standard ONNX ops, every provider) or paged-attention "
                    "(ORT's com.microsoft.PagedAttention, fp16, for WebGPU and CUDA).")

@@ -17,13 +17,14 @@ from ortinf.serve.tool_parsers import PARSERS
 @click.option("--config", type=click.Path(path_type=Path, dir_okay=False), is_eager=True, expose_value=False,
               callback=load_yaml_config, help="YAML file of options (keys as the option names, e.g. port: 8000).")
 @click.option("--host", default="127.0.0.1", show_default=True, envvar="ORTINF_HOST", help="Address to listen on.")
-@click.option("--port", type=int, default=8000, show_default=True, envvar="ORTINF_PORT", help="Port to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, envvar="ORTINF_PORT",
+              help="Port to listen on (0: any free port, which the log names).")
 @click.option("--served-model-name", "served_model_names", multiple=True, envvar="ORTINF_SERVED_MODEL_NAME",
               help="Name clients use in `model` (one per package) [default: the package folder's name].")
 @click.option("--api-key", envvar="ORTINF_API_KEY", help="Require `Authorization: Bearer KEY` on /v1 routes.")
-@click.option("--max-queued-requests", type=int, default=256, show_default=True, envvar="ORTINF_MAX_QUEUED_REQUESTS",
+@click.option("--max-queued-requests", type=click.IntRange(min=0), default=256, show_default=True, envvar="ORTINF_MAX_QUEUED_REQUESTS",
               help="Requests that may wait beyond the running batch; past that the server answers 429.")
-@click.option("--shutdown-timeout", type=float, default=30.0, show_default=True, envvar="ORTINF_SHUTDOWN_TIMEOUT",
+@click.option("--shutdown-timeout", type=click.FloatRange(min=0.0), default=30.0, show_default=True, envvar="ORTINF_SHUTDOWN_TIMEOUT",
               help="On SIGTERM, seconds to let in-flight requests finish.")
 @click.option("--max-body-size", default="2MiB", show_default=True, envvar="ORTINF_MAX_BODY_SIZE",
               help="Largest request body accepted (413 beyond), on every route but the audio uploads (--max-audio-body-size).")

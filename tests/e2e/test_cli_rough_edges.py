@@ -107,3 +107,33 @@ def test_engine_options_reach_the_engine(decoder_package, tmp_path):
         same = [httpx.post(f"{server.url}/v1/completions", json={"prompt": list(range(3, 40)), "max_tokens": 2}).json()
                 for _ in range(2)]
         assert same[1]["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}  # no prefix caching (on: 32 of 37 cached)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["serve", "--port", "99999"], "Invalid value for '--port': 99999 is not in the range 0<=x<=65535."),
+    (["serve", "--max-num-seqs", "0"], "Invalid value for '--max-num-seqs': 0 is not in the range x>=1."),
+    (["serve", "--max-queued-requests", "-1"], "Invalid value for '--max-queued-requests': -1 is not in the range x>=0."),
+    (["export", "x", "-o", "y", "--tolerance", "-1"], "Invalid value for '--tolerance': -1.0 is not in the range x>0.0."),
+    (["generate", "--max-tokens", "0"], "Invalid value for '-n' / '--max-tokens': 0 is not in the range x>=1."),
+    (["chat", "--top-p", "0"], "Invalid value for '--top-p': 0.0 is not in the range 0.0<x<=1.0."),
+])
+def test_bad_cli_values_fail_at_once_in_one_line(tmp_path, args, message):
+    """issue 31, item 8: every value is checked before anything starts (exit 2, click's one line)."""
+    start = time.monotonic()
+    done = subprocess.run([ORTINF, *args], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "ORTINF_CACHE": str(tmp_path / "cache")})
+    assert done.returncode == 2 and done.stderr.strip().splitlines()[-1] == f"Error: {message}", done.stderr
+    assert not (tmp_path / "cache").exists() and time.monotonic() - start < 30
+
+
+def test_a_missing_folder_and_a_gguf_file_say_so(tmp_path):
+    gguf = tmp_path / "model.Q4_K_M.gguf"
+    gguf.write_bytes(b"GGUF\x03\x00\x00\x00")
+    for command in (["chat", str(tmp_path / "nowhere")], ["serve", str(tmp_path / "nowhere")]):
+        done = subprocess.run([ORTINF, *command], capture_output=True, text=True, timeout=120)
+        assert done.returncode != 0 and done.stderr.strip() == f"error: no such folder: {tmp_path / 'nowhere'}: pass the folder written by " \
+                                                               "`ortinf export`", done.stderr
+    for command in (["chat", str(gguf)], ["serve", str(gguf)], ["export", str(gguf), "-o", str(tmp_path / "pkg")]):
+        done = subprocess.run([ORTINF, *command], capture_output=True, text=True, timeout=120)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode != 0 and len(lines) == 1 and "is a GGUF file (llama.cpp's format), which ortinf does not read" in lines[0]
