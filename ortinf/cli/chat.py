@@ -27,9 +27,8 @@ def run_chat(package: Path, system: str | None, engine_options: dict, params: di
          stdin: TextIO = sys.stdin, stdout: TextIO = sys.stdout) -> None:
     from ortinf.config import EngineConfig
     from ortinf.engine.llm_engine import LLMEngine
-    from ortinf.serve.chat_template import ChatTemplate
-
     from ortinf.manifest import Manifest
+    from ortinf.serve.chat_template import ChatTemplate
 
     Manifest.load(package)  # a missing folder, a GGUF file, not a package: say that, not "no chat template"
     template = ChatTemplate.load(package)

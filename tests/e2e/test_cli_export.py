@@ -194,7 +194,7 @@ def test_failed_verification_reports_figure_and_leaves_nothing(llama_folder, tmp
 
 
 def test_inspect_errors(tmp_path):
-    assert_user_error(ortinf("inspect", tmp_path / "nope"), "is not a folder")
+    assert_user_error(ortinf("inspect", tmp_path / "nope"), "no such folder")
     assert_user_error(ortinf("inspect", tmp_path), "has no ortinf.json")
     (tmp_path / "ortinf.json").write_text("{oops")
     assert_user_error(ortinf("inspect", tmp_path), "ortinf.json is unreadable")

@@ -114,7 +114,7 @@ def test_api_key_body_limit_and_config_sources(chat_package, tmp_path):
 def test_serve_cli_errors(tmp_path):
     from test_cli_export import assert_user_error, ortinf
 
-    assert_user_error(ortinf("serve", tmp_path / "missing"), "is not a folder")
+    assert_user_error(ortinf("serve", tmp_path / "missing"), "no such folder")
     (tmp_path / "bad.yaml").write_text("prot: 1\n")
     bad = ortinf("serve", tmp_path, "--config", tmp_path / "bad.yaml")
     assert bad.returncode == 2 and "unknown keys" in bad.stderr and "prot" in bad.stderr
