@@ -164,7 +164,8 @@ def bench() -> None:
 @click.option("--input-len", type=click.IntRange(min=1), default=128, show_default=True, help="Prompt length in tokens (random ids).")
 @click.option("--output-len", type=click.IntRange(min=1), default=128, show_default=True, help="Tokens to generate per request (ignore_eos).")
 @click.option("--max-concurrency", type=click.IntRange(min=1), default=8, show_default=True, help="Most requests in flight at once.")
-@click.option("--request-rate", type=click.FloatRange(min=0.0, min_open=True), default=float("inf"), show_default=True, help="Poisson arrivals per second (inf: all at once).")
+@click.option("--request-rate", type=click.FloatRange(min=0.0, min_open=True), default=float("inf"), show_default=True,
+              help="Poisson arrivals per second (inf: all at once).")
 @click.option("--vocab-size", type=click.IntRange(min=4), default=1000, show_default=True, help="Prompt token ids are drawn below this.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random prompts and arrivals.")
 @click.option("--api-key", envvar="ORTINF_API_KEY", default=None, help="Bearer key, if the server wants one.")

@@ -44,7 +44,8 @@ def _list_architectures(ctx: click.Context, _param: click.Parameter, value: bool
                    "fp16 under fp32 weights halves its memory; int8: a quarter, per-token scales, read by ortinf's CPU "
                    "kernel graph only, the other providers keep auto's).")
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists (only once the new export has verified).")
-@click.option("--tolerance", type=click.FloatRange(min=0.0, min_open=True), default=None, help="Max abs logit difference vs PyTorch allowed at verification [fp32: 1e-3, fp16: 5e-2].")
+@click.option("--tolerance", type=click.FloatRange(min=0.0, min_open=True), default=None,
+              help="Max abs logit difference vs PyTorch allowed at verification [fp32: 1e-3, fp16: 5e-2].")
 @click.option("--kernel", type=click.Choice(["portable", "paged-attention"]), default="portable", show_default=True,
               help="Decoder attention kernel: portable (standard ONNX ops, every provider) or paged-attention "
                    "(ORT's com.microsoft.PagedAttention, fp16, for WebGPU and CUDA).")

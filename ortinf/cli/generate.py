@@ -57,7 +57,8 @@ def stream_generation(package: Path, prompt: str | list[int], engine_options: di
 @click.option("--top-p", type=click.FloatRange(0.0, 1.0, min_open=True), default=1.0, show_default=True, help="Nucleus sampling mass.")
 @click.option("--top-k", type=click.IntRange(min=-1), default=0, show_default=True, help="Sample among the k most likely tokens (0: all).")
 @click.option("--min-p", type=click.FloatRange(0.0, 1.0), default=0.0, show_default=True, help="Drop tokens below min_p x the top probability.")
-@click.option("--repetition-penalty", type=click.FloatRange(min=0.0, min_open=True), default=1.0, show_default=True, help="vLLM's repetition penalty.")
+@click.option("--repetition-penalty", type=click.FloatRange(min=0.0, min_open=True), default=1.0, show_default=True,
+              help="vLLM's repetition penalty.")
 @click.option("--seed", type=int, default=None, help="Makes sampling reproducible.")
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-sequence tokens.")
