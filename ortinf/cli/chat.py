@@ -1,8 +1,10 @@
 """`ortinf chat PKG`: an interactive conversation in the terminal, each reply streamed as it is generated.
 
 The conversation goes through the package's chat template on every turn (the prefix cache makes the
-repeated history cheap). Lines starting with / are commands: /reset forgets the conversation, /exit
-(or end of input) leaves. Works with a pipe too: every input line is one user turn.
+repeated history cheap). Lines starting with / are commands (COMMANDS; `//text` sends "/text"); the
+rest are user turns. Ctrl-C during a reply stops the reply (what was written stays in the
+conversation, as llama.cpp's does); at the prompt it leaves. Works with a pipe too: every input line
+is one turn.
 """
 
 from __future__ import annotations
@@ -20,7 +22,20 @@ if TYPE_CHECKING:  # imported where used: `ortinf --help` does not load the engi
     from ortinf.engine.llm_engine import LLMEngine
     from ortinf.serve.chat_template import ChatTemplate
 
-HELP = "type a message; /reset starts over, /exit (or Ctrl-D) leaves"
+COMMANDS = {
+    "/help": "this list",
+    "/reset": "forget the conversation (the system message stays)",
+    "/system TEXT": "set the system message (and start over); /system alone removes it",
+    "/exit": "leave (also /quit, Ctrl-D, or Ctrl-C at the prompt)",
+    "//text": "send a message that starts with /",
+}
+HELP = "type a message; Ctrl-C stops a reply; /help lists the commands"
+
+
+def _help() -> str:
+    width = max(len(name) for name in COMMANDS)
+    lines = [f"  {name.ljust(width)}  {text}" for name, text in COMMANDS.items()]
+    return "\n".join(["commands:", *lines]) + "\n"
 
 
 def run_chat(package: Path, system: str | None, engine_options: dict, params: dict,
@@ -37,28 +52,41 @@ def run_chat(package: Path, system: str | None, engine_options: dict, params: di
     engine = LLMEngine(EngineConfig(package_dir=package, **{**engine_options, "max_num_seqs": 1}))
     if engine.tokenizer is None:
         raise ConfigError(f"{package} has no tokenizer: chat needs text")
-    start = [{"role": "system", "content": system}] if system else []
-    messages = list(start)
     interactive = stdin.isatty()
     if interactive:
         stdout.write(f"{HELP}\n")
+    messages = _start(system)
     while True:
         if interactive:
             stdout.write("> ")
             stdout.flush()
-        line = stdin.readline()
+        try:
+            line = stdin.readline()
+        except KeyboardInterrupt:  # Ctrl-C at the prompt leaves
+            stdout.write("\n")
+            break
         if not line:
             break
         text = line.rstrip("\n")
-        if text.strip() in ("/exit", "/quit"):
-            break
-        if text.strip() == "/reset":
-            messages = list(start)
-            stdout.write("(conversation cleared)\n")
+        if text.startswith("/") and not text.startswith("//"):
+            name, _, argument = text.strip().partition(" ")
+            if name in ("/exit", "/quit"):
+                break
+            if name == "/help":
+                stdout.write(_help())
+            elif name == "/reset":
+                messages = _start(system)
+                stdout.write("(conversation cleared)\n")
+            elif name == "/system":
+                system = argument.strip() or None
+                messages = _start(system)
+                stdout.write("(system message set; conversation cleared)\n" if system else "(system message removed; conversation cleared)\n")
+            else:
+                stdout.write(f"unknown command {name[:40]}: /help lists the commands (//text sends a message starting with /)\n")
             continue
         if not text.strip():
             continue
-        messages.append({"role": "user", "content": text})
+        messages.append({"role": "user", "content": text[1:] if text.startswith("//") else text})
         try:
             reply = _reply(engine, template, messages, params, stdout)
         except OrtinfError as exc:  # a turn the model cannot take (too long, refused by the template): say so, go on
@@ -68,19 +96,27 @@ def run_chat(package: Path, system: str | None, engine_options: dict, params: di
         messages.append({"role": "assistant", "content": reply})
 
 
+def _start(system: str | None) -> list[dict]:
+    return [{"role": "system", "content": system}] if system else []
+
+
 def _reply(engine: LLMEngine, template: ChatTemplate, messages: list[dict], params: dict, stdout: TextIO) -> str:
     from ortinf.sample.sampling_params import SamplingParams
 
     prompt = engine.tokenizer.encode(template.render(messages), add_special_tokens=False).ids
-    engine.add_request(prompt, SamplingParams(**params, output_kind="delta"))
+    request_id = engine.add_request(prompt, SamplingParams(**params, output_kind="delta"))
     text = ""
-    while engine.has_unfinished_requests():
-        for output in engine.step():  # deltas: each output holds only the new text
-            if output.error is not None:
-                raise output.error
-            text += output.outputs[0].text
-            stdout.write(output.outputs[0].text)
-            stdout.flush()
+    try:
+        while engine.has_unfinished_requests():
+            for output in engine.step():  # deltas: each output holds only the new text
+                if output.error is not None:
+                    raise output.error
+                text += output.outputs[0].text
+                stdout.write(output.outputs[0].text)
+                stdout.flush()
+    except KeyboardInterrupt:  # Ctrl-C stops this reply, not the chat
+        engine.abort(request_id)
+        stdout.write(" [stopped]")
     stdout.write("\n")
     return text
 
@@ -95,7 +131,7 @@ def _reply(engine: LLMEngine, template: ChatTemplate, messages: list[dict], para
 @engine_options(exclude=SINGLE_STREAM_EXCLUDED)
 def chat(package: str | None, system: str | None, max_tokens: int, temperature: float, top_p: float, seed: int | None,
          **engine_given: object) -> None:
-    """Chat with PACKAGE in the terminal, replies streamed; /reset, /exit.
+    """Chat with PACKAGE in the terminal, replies streamed; Ctrl-C stops a reply; /help, /reset, /system, /exit.
 
     PACKAGE is a folder made by `ortinf export`, a Hugging Face model folder (exported into the package
     cache on first use), or a bundled model's name; default: the bundled demo llama (ortinf-demo-llama)."""

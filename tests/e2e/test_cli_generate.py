@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+
 from test_cli_export import assert_user_error, ortinf
 
 from ortinf import LLM, SamplingParams
@@ -48,3 +50,41 @@ def test_chat_streams_replies_through_the_template(chat_package, decoder_package
     _, plain = decoder_package("llama")  # exported without a chat template
     no_template = subprocess.run([*ORTINF, "chat", str(plain)], input="hi\n", capture_output=True, text=True, timeout=300)
     assert no_template.returncode == 2 and "has no chat template" in no_template.stderr
+
+
+class _Terminal(io.StringIO):
+    """stdout of a terminal whose user presses Ctrl-C once the first reply has written `after` pieces."""
+
+    def __init__(self, after: int) -> None:
+        super().__init__()
+        self.after = after
+
+    def write(self, text: str) -> int:
+        if self.after is not None and text and not text.endswith("\n"):
+            self.after -= 1
+            if self.after < 0:
+                self.after = None
+                raise KeyboardInterrupt
+        return super().write(text)
+
+
+def test_chat_ctrl_c_stops_the_reply_and_commands_are_not_sent(chat_package):
+    """issue 31, item 9: Ctrl-C during a reply stops that reply and the chat goes on (the partial reply stays in the
+    conversation); /help, /system and unknown commands are the chat's, never the model's."""
+    from ortinf.cli.chat import run_chat
+    from ortinf.serve.chat_template import ChatTemplate
+
+    stdin = io.StringIO("hello\n/help\n/nope\n//slash\n/system be terse\nhello\n/exit\nnever read\n")
+    stdout = _Terminal(after=2)
+    run_chat(chat_package, None, {"provider": "cpu", "num_blocks": 64}, dict(max_tokens=40, temperature=0.0, top_p=1.0, seed=None),
+             stdin=stdin, stdout=stdout)
+    lines = stdout.getvalue().split("\n")
+    assert lines[0].endswith(" [stopped]") and lines[1] == "commands:" and "/system TEXT" in stdout.getvalue()
+    assert any(line.startswith("unknown command /nope: /help lists the commands") for line in lines)
+    assert "(system message set; conversation cleared)" in lines
+    # the turn after /system is the template's rendering of the system message and "hello": the same as a fresh run
+    llm = LLM(chat_package, provider="cpu", num_blocks=64)
+    prompt = ChatTemplate.load(chat_package).render([{"role": "system", "content": "be terse"}, {"role": "user", "content": "hello"}])
+    ids = llm.engine.tokenizer.encode(prompt, add_special_tokens=False).ids
+    reply = llm.generate([ids], SamplingParams(temperature=0, max_tokens=40))[0].outputs[0].text
+    assert lines[-2] == reply and stdin.readline() == "never read\n"
