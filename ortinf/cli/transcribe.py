@@ -42,7 +42,8 @@ def transcribe_files(package: Path, files: tuple[Path, ...], output_format: str,
     for path, audio, job in zip(files, samples, jobs):
         duration = len(audio) / SAMPLE_RATE
         segments = transcriber.segments(job, duration)
-        result = transcript(segments, "json" if output_format == "text" else output_format, task, duration)
+        result = transcript(segments, "json" if output_format == "text" else output_format, task, duration, None,
+                            transcriber.details(job, duration))
         if output_format in ("text", "json"):
             click.echo(result["text"] if output_format == "text" else json.dumps({"file": str(path), **result}))
         else:

@@ -36,8 +36,12 @@ MAX_AUDIO_BYTES = 25 * 2**20  # OpenAI's upload limit
 
 
 async def _run(request: Request, task: str, file: UploadFile, model: str | None, language: str | None, prompt: str | None,
-               response_format: str, temperature: float, stream: bool, granularities: list[str] | None = None):
+               response_format: str, temperature: float, stream: bool, granularities: list[str] | None = None,
+               include: list[str] | None = None):
     state: ServerState = request.app.state.ortinf
+    if include:
+        raise APIError(400, f"include[] ({', '.join(include)[:80]}) is not supported by this server: token logprobs of a "
+                            "transcription are not returned; verbose_json gives each segment's avg_logprob", param="include[]")
     served = state.registry.get(model)
     if served.transcriber is None:
         raise APIError(400, f"model '{served.name}' is a {served.manifest.task} model, not speech recognition", param="model")
@@ -68,20 +72,20 @@ async def _run(request: Request, task: str, file: UploadFile, model: str | None,
     ticket = state.admission.acquire(windows_at_once(state, runner, duration))
     started, failed = time.monotonic(), True
     try:  # windows of concurrent requests decode together; a client gone aborts its windows (finding 9)
-        segments, timed_words = await until_disconnected(
+        segments, timed_words, details = await until_disconnected(
             request, runner.transcribe(samples, language, task, temperature, prompt=prompt, words=words))
         failed = False
     finally:
         ticket.release()
         state.metrics.observe_transcription(served.name, time.monotonic() - started, duration, failed, runner.transcriber.stats())
     return render(segments, response_format, "transcribe" if task == "transcribe" else "translate", duration,
-                  timed_words if words else None)
+                  timed_words if words else None, details)
 
 
 def render(segments: list[tuple[float, float, str]], response_format: str, task: str, duration: float,
-           words: list[tuple[str, float, float]] | None = None):  # noqa: ANN201
+           words: list[tuple[str, float, float]] | None = None, details: dict | None = None):  # noqa: ANN201
     """The transcript as the route answers it: JSON formats as they are, text formats as text/plain."""
-    body = transcript(segments, response_format, task, duration, words)
+    body = transcript(segments, response_format, task, duration, words, details)
     return PlainTextResponse(body) if isinstance(body, str) else body
 
 
@@ -124,9 +128,9 @@ def _streamed(state: ServerState, name: str, pieces, duration: float, stats) -> 
 async def transcriptions(request: Request, file: UploadFile = File(...), model: str | None = Form(None), language: str | None = Form(None),
                          prompt: str | None = Form(None), response_format: str = Form("json"), temperature: float = Form(0.0),
                          timestamp_granularities: list[str] | None = Form(None, alias="timestamp_granularities[]"),
-                         stream: bool = Form(False)):
+                         stream: bool = Form(False), include: list[str] | None = Form(None, alias="include[]")):
     return await _run(request, "transcribe", file, model, language, prompt, response_format, temperature, stream,
-                      timestamp_granularities)
+                      timestamp_granularities, include)
 
 
 @router.post("/v1/audio/translations", responses={200: {"description": "the English translation, in response_format"}})

@@ -77,6 +77,15 @@ def test_transcriptions(whisper_package, chat_package, tmp_path):
         assert post(encoded(tone(3), "WAV", 44_100)).status_code == 200  # resampled to 16 kHz
         verbose = post(encoded(audio, "WAV"), response_format="verbose_json").json()
         assert [(s["start"], s["end"]) for s in verbose["segments"]] == [(0.0, 30.0), (30.0, 40.0)] and verbose["duration"] == 40.0
+        # OpenAI's fields (issue 31, item 6): the language, and each segment's decoding
+        assert verbose["language"] == "english"  # an English-only checkpoint
+        assert [s["seek"] for s in verbose["segments"]] == [0, 3000] and all(s["temperature"] == 0.0 for s in verbose["segments"])
+        for segment in verbose["segments"]:
+            assert set(segment) == {"id", "seek", "start", "end", "text", "tokens", "temperature", "avg_logprob", "compression_ratio",
+                                    "no_speech_prob"}
+            assert segment["tokens"] and segment["avg_logprob"] < 0 and segment["compression_ratio"] > 0
+        short = post(encoded(tone(3.9), "WAV"), response_format="verbose_json").json()
+        assert short["duration"] == 3.9 and all(s["end"] <= 3.9 for s in short["segments"])  # never past the audio
         srt = post(encoded(audio, "WAV"), response_format="srt").text
         assert srt.startswith("1\n00:00:00,000 --> 00:00:30,000\n") and "2\n00:00:30,000 --> 00:00:40,000" in srt
         assert post(encoded(audio, "WAV"), response_format="vtt").text.startswith("WEBVTT")
@@ -87,6 +96,7 @@ def test_transcriptions(whisper_package, chat_package, tmp_path):
 
         error(post(b"this is not audio", "a.txt"), "not audio")
         error(post(b""), "empty")
+        error(post(encoded(audio, "WAV"), **{"include[]": "logprobs"}), "include[]")
         poisoned = tone(2)
         poisoned[7] = np.nan
         buffer = io.BytesIO()

@@ -38,13 +38,15 @@ class AsyncTranscriber:
 
     async def transcribe(self, samples: np.ndarray, language: str | None = None, task: str = "transcribe", temperature: float = 0.0,
                          seed: int | None = None, prompt: str | None = None,
-                         words: bool = False) -> tuple[list[tuple[float, float, str]], list[tuple[str, float, float]]]:
-        """(segments, words) of `samples`: the model's timestamped segments, window after window, where it
-        has timestamp tokens, else its 30-second windows side by side; words only when asked."""
+                         words: bool = False) -> tuple[list[tuple[float, float, str]], list[tuple[str, float, float]], dict]:
+        """(segments, words, details) of `samples`: the model's timestamped segments, window after window, where
+        it has timestamp tokens, else its 30-second windows side by side; words only when asked; details the
+        language and each segment's decoding (Transcriber.details)."""
         timed = self.transcriber.rules is not None
         job = await self._run(samples, language, task, temperature, seed, prompt, timed, words=words)
-        segments = self.transcriber.segments(job, len(samples) / SAMPLE_RATE)
-        return segments, self.transcriber.words(job) if words else []
+        duration = len(samples) / SAMPLE_RATE
+        segments = self.transcriber.segments(job, duration)
+        return segments, self.transcriber.words(job) if words else [], self.transcriber.details(job, duration)
 
     async def transcribe_segments(self, samples: np.ndarray, language: str | None = None, task: str = "transcribe",
                                   temperature: float = 0.0, seed: int | None = None, prompt: str | None = None) -> list[str]:

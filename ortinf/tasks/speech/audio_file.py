@@ -55,25 +55,34 @@ def decode_audio(data: bytes) -> np.ndarray:
     return samples
 
 
+def _within(seconds: float, duration: float) -> float:
+    """A time of the transcript: inside the audio, rounded to 10 ms."""
+    return round(min(max(seconds, 0.0), duration), 2)
+
+
 def _clock(seconds: float, separator: str) -> str:
     millis = int(round(seconds * 1000))
     return f"{millis // 3_600_000:02d}:{millis // 60_000 % 60:02d}:{millis // 1000 % 60:02d}{separator}{millis % 1000:03d}"
 
 
 def transcript(segments: list[tuple[float, float, str]], response_format: str, task: str, duration: float,
-               words: list[tuple[str, float, float]] | None = None) -> dict | str:
+               words: list[tuple[str, float, float]] | None = None, details: dict | None = None) -> dict | str:
     """A finished transcription in one of OpenAI's response formats: json and verbose_json as a dict (times
-    rounded to 10 ms), text, srt and vtt as text."""
+    within the audio, rounded to 10 ms), text, srt and vtt as text. `details`: Transcriber.details (the
+    language, each segment's seek, tokens, temperature, avg_logprob, compression_ratio, no_speech_prob)."""
     text = " ".join(s[2] for s in segments if s[2]).strip()
     if response_format == "json":
         return {"text": text}
     if response_format == "text":
         return text
     if response_format == "verbose_json":
-        body = {"task": task, "duration": duration, "text": text,
-                "segments": [{"id": i, "start": round(a, 2), "end": round(b, 2), "text": t} for i, (a, b, t) in enumerate(segments)]}
+        fields = (details or {}).get("segments") or [{}] * len(segments)
+        body = {"task": task, "language": (details or {}).get("language"), "duration": round(duration, 2), "text": text,
+                "segments": [{"id": i, "seek": extra.get("seek", 0), "start": _within(a, duration), "end": _within(b, duration),
+                              "text": t, **{k: v for k, v in extra.items() if k != "seek"}}
+                             for i, ((a, b, t), extra) in enumerate(zip(segments, fields))]}
         if words is not None:
-            body["words"] = [{"word": w, "start": round(a, 2), "end": round(b, 2)} for w, a, b in words]
+            body["words"] = [{"word": w, "start": _within(a, duration), "end": _within(b, duration)} for w, a, b in words]
         return body
     if response_format == "srt":
         return "\n".join(f"{i + 1}\n{_clock(a, ',')} --> {_clock(b, ',')}\n{t}\n" for i, (a, b, t) in enumerate(segments))

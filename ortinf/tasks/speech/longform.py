@@ -33,6 +33,7 @@ class Segment:
     start: float  # seconds from the start of the audio
     end: float
     tokens: list[int]  # with their timestamp tokens, as the model wrote them
+    window: int = 0  # the job's window it came from (its WindowStats)
 
 
 @dataclass(slots=True)

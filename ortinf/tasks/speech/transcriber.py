@@ -27,6 +27,7 @@ from ortinf.errors import ConfigError, RequestError
 from ortinf.manifest import SPEECH_RECOGNITION, Manifest
 from ortinf.providers.session import create_session
 from ortinf.sample.decoder_rules import DecoderRules
+from ortinf.tasks.speech import languages
 from ortinf.tasks.speech.audio_features import HOP_LENGTH, SAMPLE_RATE, log_mel
 from ortinf.tasks.speech.longform import Decoding, Segment
 from ortinf.tasks.speech.whisper_timestamps import TimestampRules
@@ -279,6 +280,36 @@ class Transcriber(WindowDecoder):
             size = self.window_seconds
             found = [(i * size, (i + 1) * size, self._text(ids)) for i, ids in enumerate(job.results)]
         return [(min(start, duration), min(end, duration), text) for start, end, text in found]
+
+    def details(self, job: Job, duration: float) -> dict:
+        """OpenAI's verbose_json extras of a finished job: the language (its name, None for an English-only
+        model) and, for each of `segments(job, duration)`, the fields of its window's kept decoding."""
+        if job.timestamps:
+            pieces = self._timed_pieces(job)
+        else:
+            pieces = list(enumerate(job.results))
+        fields = []
+        for window, tokens in pieces:
+            stats = job.stats.get(window)
+            fields.append({
+                "seek": stats.seek if stats else 0, "tokens": [int(t) for t in tokens],
+                "temperature": stats.temperature if stats else 0.0, "avg_logprob": stats.avg_logprob if stats else 0.0,
+                "compression_ratio": stats.compression_ratio if stats else 0.0, "no_speech_prob": stats.no_speech_prob if stats else 0.0,
+            })
+        language = None
+        if job.language is not None and self.tokenizer is not None:
+            language = languages.name(self.tokenizer.id_to_token(job.language) or "")
+        elif not self.generation.get("is_multilingual"):
+            language = "english"
+        return {"language": language, "segments": fields}
+
+    def _timed_pieces(self, job: Job) -> list[tuple[int, list[int]]]:
+        """(window, tokens) of each timestamped segment, in timed_segments' order."""
+        if job.features is not None:
+            told = job.segments[1:] if job.prompt_ids else job.segments
+            return [(s.window, s.tokens) for s in told]
+        size = self.window_seconds
+        return [(index, ids) for index, tokens in enumerate(job.results) for _, _, ids in self.rules.segments(tokens, offset=index * size)]
 
     def committed(self, job: Job) -> list[str]:
         """The texts a job has kept so far, in order: its segments (long form), or its windows up to the

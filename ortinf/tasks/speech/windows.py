@@ -28,11 +28,22 @@ from ortinf.engine.llm_engine import PreparedRequest
 from ortinf.engine.outputs import RequestOutput
 from ortinf.errors import RequestError
 from ortinf.sample.sampling_params import GREEDY_BELOW, SEED_RANGE, SamplingParams
-from ortinf.tasks.speech.longform import Decoding, Segment, history, judge, split_segments, window_features
+from ortinf.tasks.speech.longform import Decoding, Segment, compression_ratio, history, judge, split_segments, window_features
 from ortinf.worker.encoder_input import EncoderInput
 
 DETECT = -1  # a prompt's language token, to be detected by the window's probe
 CANCELLED = RequestError("the request was cancelled")
+
+
+@dataclass(frozen=True, slots=True)
+class WindowStats:
+    """How a kept window was decoded: OpenAI's verbose_json segment fields."""
+
+    seek: int  # its first feature frame (10 ms each) in the audio
+    temperature: float  # of the kept attempt
+    avg_logprob: float  # mean log-probability of its sampled tokens (EOS included when it came)
+    compression_ratio: float
+    no_speech_prob: float  # 0 where the model was not asked (no probe)
 
 
 @dataclass(slots=True)
@@ -59,6 +70,8 @@ class Job:
     cancelled: bool = False  # its caller went away: its windows end at the next step
     timings: dict[int, tuple[list[int], list[float]]] = field(default_factory=dict)  # window -> kept tokens, their times (s)
     fresh: list[Window] = field(default_factory=list)  # windows submitted but not yet requested (the async driver's)
+    language: int | None = None  # the language token the kept windows were decoded under (given or detected)
+    stats: dict[int, WindowStats] = field(default_factory=dict)  # each kept window's
 
     @property
     def timestamps(self) -> bool:
@@ -120,7 +133,7 @@ class WindowDecoder:
         temperature = decoding.temperatures[window.attempt]
         seed = None if decoding.seed is None else (decoding.seed * 1_000_003 + window.index * 1009 + window.attempt) % SEED_RANGE
         params = SamplingParams(max_tokens=budget, temperature=temperature if temperature >= GREEDY_BELOW else 0.0, seed=seed,
-                                logprobs=0 if decoding.logprob_threshold is not None else None, output_kind="final_only",
+                                logprobs=0, output_kind="final_only",  # the fallback's judge and verbose_json's avg_logprob
                                 logits_processors=(self._scores(job),))
         return f"window-{next(self._ids)}", PreparedRequest(None, list(window.prompt), params, None, window.encoder), False
 
@@ -186,6 +199,12 @@ class WindowDecoder:
             job.timings[window.index] = (tokens, self._token_times(window, tokens, ended_by_eos))
         self.outcomes["skipped" if skip else "kept"] += 1
         job.results[window.index] = [] if skip else tokens
+        job.stats[window.index] = WindowStats(int(round(window.offset * 100)), job.decoding.temperatures[window.attempt],
+                                              logprob_sum / max(len(sampled), 1), compression_ratio(sampled, self.vocab_size),
+                                              window.no_speech_prob or 0.0)
+        if job.language is None:
+            languages = set(self.language_ids.tolist())
+            job.language = next((t for t in window.prompt if t in languages), None)
         job.closed.add(window.index)
         following = self._next(window, tokens, skip)
         if following is not None:
@@ -212,6 +231,8 @@ class WindowDecoder:
             job.seek += window.frames
         else:
             segments, advance = split_segments(tokens, self.rules.begin, window.frames, window.offset)
+            for segment in segments:
+                segment.window = window.index
             job.segments.extend(segments)
             if window.index in job.timings:  # only the tokens of its segments are kept
                 kept = sum(len(s.tokens) for s in segments)
@@ -247,4 +268,4 @@ def _softmax(row: np.ndarray) -> np.ndarray:
     return shifted / shifted.sum()
 
 
-__all__ = ["CANCELLED", "DETECT", "Job", "Window", "WindowDecoder"]
+__all__ = ["CANCELLED", "DETECT", "Job", "Window", "WindowDecoder", "WindowStats"]
