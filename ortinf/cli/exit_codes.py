@@ -9,15 +9,9 @@ from typing import NoReturn
 import click
 
 from ortinf.errors import OrtinfError
+from ortinf.extras import EXTRA_MODULES, install_command
 
 EXIT_USER_ERROR = 2
-
-
-# Modules of the optional extras (pyproject.toml) -> the extra that installs them. The serving install
-# (`pip install ortinf`) has none of them: a command that needs one says which extra in one line.
-EXTRA_MODULES = {"torch": "export", "transformers": "export", "optimum": "export", "onnx": "export", "onnx_ir": "export",
-                 "safetensors": "export", "huggingface_hub": "export", "ray": "ray", "soundfile": "audio", "soxr": "audio",
-                 "multipart": "audio"}
 
 
 def run(cli: click.Group) -> NoReturn:
@@ -40,8 +34,8 @@ def run(cli: click.Group) -> NoReturn:
         extra = EXTRA_MODULES.get((exc.name or "").split(".")[0])
         if extra is None:
             raise
-        click.echo(f"error: this command needs ortinf's '{extra}' extra ({exc.name} is not installed): "
-                   f"pip install 'ortinf[{extra}]' (in a clone: pip install -c constraints.txt '.[{extra}]')", err=True)
+        click.echo(f"error: this command needs ortinf's '{extra}' extra ({exc.name} is not installed): {install_command(extra)}",
+                   err=True)
         sys.exit(EXIT_USER_ERROR)
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)

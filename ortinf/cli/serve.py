@@ -7,7 +7,9 @@ from pathlib import Path
 
 import click
 
+from ortinf import extras
 from ortinf.cli.serve_options import check_port, engine_options, engine_values, load_yaml_config
+from ortinf.errors import ConfigError
 from ortinf.manifest import Manifest
 from ortinf.serve.tool_parsers import PARSERS
 
@@ -92,6 +94,9 @@ def serve(packages: tuple[Path, ...], host: str, port: int, served_model_names: 
         packages = tuple(resolve_package(p) for p in packages)  # a Hugging Face folder is exported into the cache once
     for package in packages:  # a wrong path or a broken package fails now, in one line, before the server starts
         manifest = Manifest.load(package)
+        lacking = extras.needs("audio", f"serving {package} (a speech-recognition model)") if manifest.speech else None
+        if lacking:  # this install serves every other kind; this one needs the extra named, from where ortinf came
+            raise ConfigError(lacking)
         spec = manifest.decoder or manifest.encoder
         if manifest.has_tokenizer and spec is not None:
             from ortinf.tokenizer import load_checked_tokenizer

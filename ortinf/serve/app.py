@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import ortinf
+from ortinf import extras
 from ortinf.config import EngineConfig
 from ortinf.engine.async_engine import AsyncEngine
 from ortinf.engine.llm_engine import LLMEngine
@@ -176,8 +177,9 @@ def load_model(package: Path, name: str, config: ServerConfig, state: ServerStat
     manifest = Manifest.load(package)
     model = ServedModel(name=name, package_dir=package, manifest=manifest, created=int(time.time()))
     if manifest.speech is not None:
-        if importlib.util.find_spec("soundfile") is None or importlib.util.find_spec("multipart") is None:
-            raise ConfigError(f"{name} is a speech-recognition model: its audio routes need pip install 'ortinf[audio]'")
+        lacking = extras.needs("audio", f"serving {name} (a speech-recognition model)")
+        if lacking:
+            raise ConfigError(lacking)
         from ortinf.tasks.speech.async_transcriber import AsyncTranscriber
         from ortinf.tasks.speech.transcriber import Transcriber
 

@@ -12,15 +12,21 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVING_ONLY = ROOT / ".venv-openvino" / "bin" / "ortinf"
-EXPECTED = ("error: this command needs ortinf's 'export' extra (torch is not installed): pip install 'ortinf[export]' "
-            "(in a clone: pip install -c constraints.txt '.[export]')")
+PIP = f"-m pip install -c {ROOT / 'constraints.txt'} "
+EXPORT = "torch==2.13.0 'transformers<4.58,>=4.55' 'optimum-onnx[onnxruntime]==0.1.0' 'onnx>=1.17' 'onnx-ir>=0.1' huggingface-hub safetensors"
+AUDIO = "'soundfile>=0.12' 'soxr>=0.3' 'python-multipart>=0.0.9'"
+
+
+def expected(python: Path | str, module: str, extra: str, requirements: str) -> str:
+    """The one line: the extra, and the command that installs it from where ortinf was installed (this clone)."""
+    return f"error: this command needs ortinf's '{extra}' extra ({module} is not installed): {python} {PIP}{requirements}"
 
 
 @pytest.mark.skipif(not SERVING_ONLY.exists(), reason=".venv-openvino (scripts/setup_openvino_env.sh) is not installed")
 def test_export_in_a_serving_only_environment(tmp_path):
     done = subprocess.run([str(SERVING_ONLY), "export", str(ROOT / "ortinf" / "assets" / "demo-llama"), "-o", str(tmp_path / "p")],
                           capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and done.stderr.strip() == EXPECTED, done.stderr
+    assert done.returncode == 2 and done.stderr.strip() == expected(SERVING_ONLY.parent / "python3", "torch", "export", EXPORT), done.stderr
     assert not (tmp_path / "p").exists()
 
 
@@ -29,4 +35,27 @@ def test_export_without_torch_is_one_line(tmp_path):
             "from ortinf.cli import main; main()")
     done = subprocess.run([sys.executable, "-c", code, str(ROOT / "ortinf" / "assets" / "demo-llama"), str(tmp_path / "p")],
                           capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and done.stderr.strip().splitlines() == [EXPECTED]
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [expected(sys.executable, "torch", "export", EXPORT)]
+
+
+@pytest.mark.skipif(not SERVING_ONLY.exists(), reason=".venv-openvino (scripts/setup_openvino_env.sh) is not installed")
+def test_a_speech_package_on_a_serving_only_install_is_one_line(tmp_path):
+    """issue 31, item 7: serve and transcribe say which extra a Whisper package needs and the command that installs it
+    here (the extra's own requirements by this environment's pip: `pip install 'ortinf[audio]'` is not on the index,
+    and reinstalling ortinf would bring the stock onnxruntime back into a provider's environment)."""
+    from support.tiny_models import add_byte_tokenizer, build_whisper
+
+    import ortinf
+
+    build_whisper(tmp_path / "hf", vocab_size=384, max_target_positions=24)
+    add_byte_tokenizer(tmp_path / "hf", 384)
+    ortinf.export(tmp_path / "hf", tmp_path / "whisper", progress=False)
+    python = SERVING_ONLY.parent / "python3"
+    served = subprocess.run([str(SERVING_ONLY), "serve", str(tmp_path / "whisper"), "--port", "0"], capture_output=True, text=True, timeout=120)
+    assert served.returncode == 2 and served.stderr.strip().splitlines() == [
+        f"error: serving {tmp_path / 'whisper'} (a speech-recognition model) needs ortinf's 'audio' extra (soundfile, soxr, "
+        f"python-multipart not installed): {python} {PIP}{AUDIO}"], served.stderr
+    (tmp_path / "a.wav").write_bytes(b"RIFF")
+    done = subprocess.run([str(SERVING_ONLY), "transcribe", str(tmp_path / "whisper"), str(tmp_path / "a.wav")], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.strip() == expected(python, "soundfile", "audio", AUDIO), done.stderr
