@@ -166,7 +166,7 @@ class Quantization:
     block_size: int
     accuracy_level: int
     method: str = ("symmetric, blockwise (MatMulNBits in model.onnx, ortinf.QMatMul in model.cpu.onnx); LM head included, "
-                   "MoE routers, embeddings and KV pool not")
+                   "MoE routers and embeddings not (the KV cache's dtype is its own line)")
 
 
 @dataclass(frozen=True, slots=True)

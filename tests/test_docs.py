@@ -105,3 +105,24 @@ def test_every_option_written_alone_exists_somewhere():
                 continue  # checked against its own command above
             wrong += [f"{doc.name}: {option} (in `{span}`)" for option in OPTION.findall(span) if option not in known]
     assert not wrong, "no such option:\n" + "\n".join(sorted(set(wrong)))
+
+
+def test_readme_quality_figures_are_what_the_demo_measures(tmp_path):
+    """The README's int8/int4 figures for the trained demo llama (issue 31, item 10: they had gone stale) are a range
+    over the CPU kinds measured; this CPU's figures fall inside it (a new CPU kind outside it means the README needs
+    its figures). Greedy agreement means something on trained weights: int8 keeps most greedy tokens."""
+    import ortinf
+    from ortinf.bundled import DEMO_LLAMA
+
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    quoted = re.search(r"int8 top-1 ([0-9.]+)-([0-9.]+) \(greedy agreement ([0-9.]+)-([0-9.]+)\), int4 top-1 ([0-9.]+)-([0-9.]+) "
+                       r"\(greedy ([0-9.]+)-([0-9.]+)\)", readme)
+    assert quoted, "README.md no longer quotes the demo llama's int8/int4 figures in the form this test reads"
+    bounds = [float(x) for x in quoted.groups()]
+    for dtype, (low, high, greedy_low, greedy_high) in (("int8", bounds[:4]), ("int4", bounds[4:])):
+        quality = ortinf.export(DEMO_LLAMA, tmp_path / dtype, dtype=dtype, progress=False).quality
+        print(f"demo llama {dtype}: top-1 {quality.top1_agreement:.3f}, KL {quality.mean_kl:.4f}, greedy {quality.greedy_agreement:.3f}")
+        assert low - 0.01 <= quality.top1_agreement <= high + 0.01, (dtype, quality.top1_agreement)
+        assert greedy_low - 0.05 <= quality.greedy_agreement <= greedy_high + 0.05, (dtype, quality.greedy_agreement)
+        if dtype == "int8":
+            assert quality.mean_kl <= 0.005 and quality.greedy_agreement >= 0.5

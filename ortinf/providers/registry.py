@@ -10,7 +10,9 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import logging
+import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import onnxruntime as ort
 
@@ -91,6 +93,24 @@ def installed(provider: Provider) -> bool:
     return provider.ort_name in ort.get_available_providers()
 
 
+def environment(provider: Provider) -> Path | None:
+    """The environment of its own that the provider's setup script made beside this clone (its package
+    replaces the onnxruntime wheel: `.venv-openvino` and the like), when it exists."""
+    named = re.search(r"\.venv-[a-z]+", provider.install_hint)
+    if named is None:
+        return None
+    folder = Path(__file__).resolve().parents[2] / named.group(0)
+    return folder if (folder / "bin" / "ortinf").exists() or (folder / "Scripts" / "ortinf.exe").exists() else None
+
+
+def not_here(provider: Provider) -> str:
+    """What to do about a provider this environment lacks: use its environment, or install it."""
+    folder = environment(provider)
+    if folder is not None:
+        return f"it runs in {folder.name}, made by its setup script: {folder.name}/bin/ortinf ... --provider {provider.name}"
+    return provider.install_hint
+
+
 def find(provider: Provider) -> Found | None:
     """The provider with its devices, or None when this install cannot run it."""
     if provider.plugin_module is not None:
@@ -128,7 +148,7 @@ def resolve(name: str) -> Found:
     if found is None:
         provider = PROVIDERS[name]
         if not installed(provider):
-            raise ProviderUnavailableError(f"provider '{name}' is not installed: {provider.install_hint}")
+            raise ProviderUnavailableError(f"provider '{name}' is not installed in this environment: {not_here(provider)}")
         raise ProviderUnavailableError(f"provider '{name}' is installed but finds no device{provider.no_device_hint}")
     return found
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import onnxruntime as ort
 
-from ortinf.providers.registry import AUTO_ORDER, PROVIDERS, find, installed, resolve
+from ortinf.providers.registry import AUTO_ORDER, PROVIDERS, environment, find, installed, not_here, resolve
 
 COLUMNS = ("provider", "status", "devices", "pool", "dtypes", "kernels", "install")
 
@@ -32,12 +32,16 @@ def rows() -> list[tuple[str, ...]]:
         provider = PROVIDERS[name]
         found = find(provider)
         if found is None:
-            status, devices = ("installed, no device" if installed(provider) else "not installed"), "-"
+            if installed(provider):
+                status = "installed, no device"
+            else:
+                status = f"in {environment(provider).name}" if environment(provider) is not None else "not installed"
+            devices = "-"
         else:
             status = "available" + (" (auto)" if name == chosen else "") + (" (software device)" if found.software else "")
             devices = "; ".join(device_text(d) for d in found.devices) or "(not reported)"
         table.append((name, status, devices, provider.memory, ",".join(provider.dtypes), ",".join(provider.kernels),
-                      "-" if installed(provider) else provider.install_hint))
+                      "-" if installed(provider) else not_here(provider)))
     return table
 
 

@@ -18,6 +18,7 @@ from ortinf.providers.registry import parse_options, resolve
 from ortinf.providers.session import create_session
 
 ORTINF = str(Path(sys.executable).with_name("ortinf"))
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def tiny_graph(path: Path, ops: list[str]) -> Path:
@@ -47,7 +48,7 @@ def test_auto_skips_a_software_adapter(webgpu, caplog):
 
 
 def test_missing_and_unknown_providers_name_what_to_install():
-    with pytest.raises(ProviderUnavailableError, match=r"not installed: bash scripts/setup_cuda_env.sh \(onnxruntime-gpu "
+    with pytest.raises(ProviderUnavailableError, match=r"not installed in this environment: bash scripts/setup_cuda_env.sh \(onnxruntime-gpu "
                                                         r"replaces onnxruntime: its own .venv-cuda; CUDA 13, cuDNN 9\)$"):
         resolve("cuda")
     with pytest.raises(ProviderUnavailableError, match="unknown provider 'tpu': choose one of auto, cuda"):
@@ -93,16 +94,22 @@ def test_providers_command_lists_devices_and_packages(webgpu):
     assert rows["cuda"].endswith("bash scripts/setup_cuda_env.sh (onnxruntime-gpu replaces onnxruntime: its own .venv-cuda; "
                                  "CUDA 13, cuDNN 9)") and "not installed" in rows["cuda"]
     assert "bash scripts/setup_migraphx_env.sh" in rows["migraphx"] and "ROCm 7" in rows["migraphx"]
-    assert rows["openvino"].endswith("bash scripts/setup_openvino_env.sh (onnxruntime-openvino replaces onnxruntime: "
-                                     "its own .venv-openvino)")
+    if (ROOT / ".venv-openvino" / "bin" / "ortinf").exists():  # install.sh made it: the row says where OpenVINO runs
+        assert rows["openvino"].split()[1:3] == ["in", ".venv-openvino"]
+        assert rows["openvino"].endswith("it runs in .venv-openvino, made by its setup script: .venv-openvino/bin/ortinf ... "
+                                         "--provider openvino")
+    else:
+        assert rows["openvino"].endswith("bash scripts/setup_openvino_env.sh (onnxruntime-openvino replaces onnxruntime: "
+                                         "its own .venv-openvino)")
 
 
 def test_cli_reports_a_missing_provider_in_one_line(decoder_package):
     _, package = decoder_package("llama")
     out = subprocess.run([ORTINF, "generate", str(package), "--prompt-ids", "1,2", "--provider", "cuda"],
                          capture_output=True, text=True, timeout=120)
-    assert out.returncode == 2 and out.stderr.strip() == ("error: provider 'cuda' is not installed: bash scripts/setup_cuda_env.sh "
-                                                           "(onnxruntime-gpu replaces onnxruntime: its own .venv-cuda; CUDA 13, cuDNN 9)")
+    assert out.returncode == 2 and out.stderr.strip() == (
+        "error: provider 'cuda' is not installed in this environment: bash scripts/setup_cuda_env.sh "
+        "(onnxruntime-gpu replaces onnxruntime: its own .venv-cuda; CUDA 13, cuDNN 9)")
 
 
 def test_serve_refuses_before_starting(webgpu, decoder_package):
@@ -110,7 +117,7 @@ def test_serve_refuses_before_starting(webgpu, decoder_package):
     _, package = decoder_package("llama")
     missing = subprocess.run([ORTINF, "serve", str(package), "--provider", "dml"], capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2 and missing.stderr.strip() == (
-        "error: provider 'dml' is not installed: bash scripts/setup_directml_env.sh (Windows; onnxruntime-directml replaces "
+        "error: provider 'dml' is not installed in this environment: bash scripts/setup_directml_env.sh (Windows; onnxruntime-directml replaces "
         "onnxruntime: its own .venv-dml)")
     unsized = subprocess.run([ORTINF, "serve", str(package), "--provider", "webgpu"], capture_output=True, text=True, timeout=120)
     assert unsized.returncode == 2 and "keeps the KV cache in device memory" in unsized.stderr and "--kv-cache-memory" in unsized.stderr
