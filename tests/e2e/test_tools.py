@@ -4,6 +4,7 @@ Hermes-style (Qwen) tools template."""
 from __future__ import annotations
 
 import json
+import re
 
 import jsonschema
 import openai
@@ -163,3 +164,27 @@ def test_held_back_text_by_value():
     assert held_back(' {"na', "auto", "llama3_json") == 0  # Llama 3 may start a call with no marker
     assert held_back("ok [TOOL_", "auto", "mistral") == 3
     assert held_back("[{", "required", None) == 0
+
+
+def test_tools_without_tool_choice_read_the_models_calls(client, model):
+    """OpenAI's default with tools is "auto" (LangChain's bind_tools sends no tool_choice): this package's template writes
+    <tool_call>, so the hermes parser reads the reply; a reply with no call is plain content, never a 400."""
+    reply = client.chat.completions.with_raw_response.create(model=model, messages=ASK, tools=[WEATHER], max_tokens=24, temperature=0)
+    assert "x-ortinf-warning" not in reply.headers  # a parser was found
+    choice = reply.parse().choices[0]
+    assert (choice.message.tool_calls is None) == (choice.finish_reason != "tool_calls")
+    assert choice.message.content is not None or choice.message.tool_calls
+    # a random model seldom writes a call of its own: vLLM's guided_regex makes it write one, which "auto" then reads
+    block = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}</tool_call>'
+    for stream in (False, True):
+        request = dict(model=model, messages=ASK, tools=[WEATHER], max_tokens=80, extra_body={"guided_regex": re.escape("ok " + block)})
+        if stream:
+            chunks = list(client.chat.completions.create(**request, stream=True))
+            content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            calls = [call for c in chunks if c.choices for call in (c.choices[0].delta.tool_calls or [])]
+            finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason][-1]
+        else:
+            message = client.chat.completions.create(**request).choices[0]
+            content, calls, finish = message.message.content, message.message.tool_calls, message.finish_reason
+        assert content == "ok " and finish == "tool_calls"
+        assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [("get_weather", {"city": "Paris", "unit": "celsius"})]
