@@ -35,3 +35,16 @@ def byte_server(byte_package, tmp_path_factory):
     """The byte-level tiny llama (it can spell JSON) with a Hermes-style tools template."""
     with running_server([str(byte_package), "--kv-cache-memory", "64MiB"], tmp_path_factory.mktemp("logs")) as server:
         yield server
+
+
+@pytest.fixture(scope="module")
+def byte_client(byte_server):
+    """The official openai client on byte_server."""
+    import openai
+
+    return openai.OpenAI(base_url=f"{byte_server.url}/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def byte_model(byte_client) -> str:
+    return byte_client.models.list().data[0].id

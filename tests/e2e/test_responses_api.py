@@ -16,13 +16,13 @@ WEATHER = {"type": "function", "name": "get_weather", "description": "The weathe
 
 
 @pytest.fixture(scope="module")
-def client(byte_server):
-    return openai.OpenAI(base_url=f"{byte_server.url}/v1", api_key="unused", max_retries=0)
+def client(byte_client):
+    return byte_client
 
 
 @pytest.fixture(scope="module")
-def model(client):
-    return client.models.list().data[0].id
+def model(byte_model):
+    return byte_model
 
 
 def test_text_response_equals_the_chat_completion(client, model):
