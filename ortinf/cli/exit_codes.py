@@ -15,11 +15,15 @@ EXIT_USER_ERROR = 2
 
 
 def run(cli: click.Group) -> NoReturn:
-    """Runs `cli` and exits: ortinf's errors, a missing extra and a write that failed for space become one
-    line and exit code 2, Ctrl-C 130; anything else is a bug and keeps its traceback."""
+    """Runs `cli` and exits: a bad option or value, ortinf's errors, a missing extra and a write that failed for
+    space become one line and exit code 2, Ctrl-C 130; anything else is a bug and keeps its traceback."""
     try:
         code = cli.main(standalone_mode=False)
     except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.UsageError as exc:  # a bad option or value: one line, what to change and where the options are listed
+        where = f" (`{exc.ctx.command_path} --help` lists the options)" if exc.ctx is not None else ""
+        click.echo(f"error: {exc.format_message()}{where}", err=True)
         sys.exit(exc.exit_code)
     except click.ClickException as exc:
         exc.show()

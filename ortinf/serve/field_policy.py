@@ -196,13 +196,20 @@ def apply(route: str, body: BaseModel) -> list[str]:
             raise APIError(400, f"{name} is not supported by this server: {rule.note}", param=name)
         ignored.append(name)
     if ignored:
-        log.warning("%s: ignored request fields %s", route, ", ".join(sorted(ignored)))
+        log.warning("%s: ignored request fields %s", route, printable(ignored))
     return ignored
 
 
 def ignored_headers(ignored: list[str]) -> dict[str, str]:
-    """The response header naming the ignored fields (none when there are none)."""
-    return {IGNORED_HEADER: ", ".join(sorted(ignored))[:1000]} if ignored else {}
+    """The response header naming the ignored fields (none when there are none). A header is printable
+    ASCII: other characters of a (client-chosen) field name are escaped, and the list is capped."""
+    return {IGNORED_HEADER: printable(ignored)} if ignored else {}
+
+
+def printable(names: list[str]) -> str:
+    """Field names as one line of printable ASCII (for a header or the log), at most 1,000 characters."""
+    escaped = (name.encode("ascii", "backslashreplace").decode("ascii") for name in sorted(names))
+    return ", ".join("".join(c if " " <= c <= "~" else f"\\x{ord(c):02x}" for c in name) for name in escaped)[:1000]
 
 
 def warn_once(message: str) -> None:

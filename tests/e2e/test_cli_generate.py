@@ -20,7 +20,8 @@ def test_generate_streams_the_same_text_as_the_api(decoder_package):
 
 def test_generate_errors(decoder_package, tmp_path):
     _, package = decoder_package("llama")
-    assert_user_error(ortinf("generate", package, "-p", "x", "--temperature", "-1"), "temperature must be >= 0")
+    assert_user_error(ortinf("generate", package, "-p", "x", "--temperature", "-1"), "Invalid value for '-t' / '--temperature'",
+                      "-1.0 is not in the range 0.0<=x<=2.0")
     assert_user_error(ortinf("generate", package, "--prompt-ids", "1,2", "-n", "100000"), "beyond the context length 512")
     assert_user_error(ortinf("generate", tmp_path, "-p", "x"), "has no ortinf.json")
     assert_user_error(ortinf("generate", package, "-p", "x", "--provider", "tpu"), "unknown provider 'tpu'")

@@ -41,3 +41,12 @@ def test_the_fields_real_clients_send_are_never_unnamed():
                  "guided_grammar", "parallel_tool_calls", "stream_options"):
         assert name in chat, name
     assert POLICY["/v1/embeddings"]["dimensions"].kind == IMPLEMENTED
+
+
+def test_the_ignored_fields_header_is_printable_ascii():
+    """Field names are the client's: schemathesis sent non-ASCII and surrogate names, which a header cannot carry."""
+    header = field_policy.ignored_headers(["store", "*\u00eb[", "a\x01b", "\udb7f\udcbcx"])[field_policy.IGNORED_HEADER]
+    assert header == "*\\xeb[, a\\x01b, store, \\udb7f\\udcbcx"
+    assert len(field_policy.ignored_headers(["z" * 5000])[field_policy.IGNORED_HEADER]) == 1000
+    assert header.isascii() and header.isprintable()
+    assert field_policy.ignored_headers([]) == {}
