@@ -93,7 +93,7 @@ def matrix(packages: tuple[str, ...], output: Path, pythons: tuple[str, ...], th
 
 @cli.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="Port to listen on.")
+@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True, help="Port to listen on.")
 @click.pass_context
 def demo(ctx: click.Context, host: str, port: int) -> None:
     """Serve the bundled demo models (the same as `ortinf serve` with no package)."""

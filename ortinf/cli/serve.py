@@ -19,8 +19,8 @@ from ortinf.serve.tool_parsers import PARSERS
 @click.option("--config", type=click.Path(path_type=Path, dir_okay=False), is_eager=True, expose_value=False,
               callback=load_yaml_config, help="YAML file of options (keys as the option names, e.g. port: 8000).")
 @click.option("--host", default="127.0.0.1", show_default=True, envvar="ORTINF_HOST", help="Address to listen on.")
-@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, envvar="ORTINF_PORT",
-              help="Port to listen on (0: any free port, which the log names).")
+@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True, envvar="ORTINF_PORT",
+              help="Port to listen on (1-65535).")
 @click.option("--served-model-name", "served_model_names", multiple=True, envvar="ORTINF_SERVED_MODEL_NAME",
               help="Name clients use in `model` (one per package) [default: the package folder's name].")
 @click.option("--api-key", envvar="ORTINF_API_KEY", help="Require `Authorization: Bearer KEY` on /v1 routes.")

@@ -95,6 +95,7 @@ def test_transcriptions(whisper_package, chat_package, tmp_path):
             assert response.status_code == 400 and fragment in response.json()["error"]["message"], response.text
 
         error(post(b"this is not audio", "a.txt"), "not audio")
+        assert "BytesIO" not in post(b"this is not audio", "a.txt").json()["error"]["message"]  # no object repr leaks out
         error(post(b""), "empty")
         error(post(encoded(audio, "WAV"), **{"include[]": "logprobs"}), "include[]")
         poisoned = tone(2)

@@ -110,7 +110,7 @@ def test_engine_options_reach_the_engine(decoder_package, tmp_path):
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["serve", "--port", "99999"], "Invalid value for '--port': 99999 is not in the range 0<=x<=65535."),
+    (["serve", "--port", "99999"], "Invalid value for '--port': 99999 is not in the range 1<=x<=65535."),
     (["serve", "--max-num-seqs", "0"], "Invalid value for '--max-num-seqs': 0 is not in the range x>=1."),
     (["serve", "--max-queued-requests", "-1"], "Invalid value for '--max-queued-requests': -1 is not in the range x>=0."),
     (["export", "x", "-o", "y", "--tolerance", "-1"], "Invalid value for '--tolerance': -1.0 is not in the range x>0.0."),

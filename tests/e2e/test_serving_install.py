@@ -43,6 +43,7 @@ def test_a_speech_package_on_a_serving_only_install_is_one_line(tmp_path):
     """issue 31, item 7: serve and transcribe say which extra a Whisper package needs and the command that installs it
     here (the extra's own requirements by this environment's pip: `pip install 'ortinf[audio]'` is not on the index,
     and reinstalling ortinf would bring the stock onnxruntime back into a provider's environment)."""
+    from support.server_helpers import free_port
     from support.tiny_models import add_byte_tokenizer, build_whisper
 
     import ortinf
@@ -51,7 +52,8 @@ def test_a_speech_package_on_a_serving_only_install_is_one_line(tmp_path):
     add_byte_tokenizer(tmp_path / "hf", 384)
     ortinf.export(tmp_path / "hf", tmp_path / "whisper", progress=False)
     python = SERVING_ONLY.parent / "python3"
-    served = subprocess.run([str(SERVING_ONLY), "serve", str(tmp_path / "whisper"), "--port", "0"], capture_output=True, text=True, timeout=120)
+    served = subprocess.run([str(SERVING_ONLY), "serve", str(tmp_path / "whisper"), "--port", str(free_port())], capture_output=True,
+                            text=True, timeout=120)
     assert served.returncode == 2 and served.stderr.strip().splitlines() == [
         f"error: serving {tmp_path / 'whisper'} (a speech-recognition model) needs ortinf's 'audio' extra (soundfile, soxr, "
         f"python-multipart not installed): {python} {PIP}{AUDIO}"], served.stderr
