@@ -195,12 +195,15 @@ def _chat_tools(tools: list[dict] | None) -> list[dict] | None:
     return converted
 
 
+_RESPONSES_NAME = {"messages": "input", "max_completion_tokens": "max_output_tokens", "response_format": "text.format"}
+
+
 def chat_request(body: ResponsesRequest, messages: list[dict]) -> ChatCompletionRequest:
     """The chat completion this response runs as."""
     fields: dict = {"model": body.model, "messages": messages, "tools": _chat_tools(body.tools),
                     "parallel_tool_calls": body.parallel_tool_calls, "temperature": body.temperature, "top_p": body.top_p,
                     "max_completion_tokens": body.max_output_tokens}
-    if body.tool_choice is not None:
+    if body.tool_choice is not None and (body.tools or body.tool_choice not in ("auto", "none")):  # auto/none without tools: no-ops
         choice = body.tool_choice
         fields["tool_choice"] = choice if isinstance(choice, str) else {"type": "function", "function": {"name": choice.name}}
     fmt = body.text.format if body.text is not None else None
@@ -212,10 +215,13 @@ def chat_request(body: ResponsesRequest, messages: list[dict]) -> ChatCompletion
         fields["response_format"] = {"type": fmt.type}
     try:
         return ChatCompletionRequest.model_validate({key: value for key, value in fields.items() if value is not None})
-    except ValidationError as exc:
+    except ValidationError as exc:  # named as the Responses request names it
         error = exc.errors()[0]
-        where = ".".join(str(part) for part in error.get("loc", ()))
-        raise APIError(400, f"{where}: {error.get('msg', 'invalid value')}", param="input") from None
+        loc = [str(part) for part in error.get("loc", ())]
+        if loc:
+            loc[0] = _RESPONSES_NAME.get(loc[0], loc[0])
+        where = ".".join(loc)
+        raise APIError(400, f"{where}: {error.get('msg', 'invalid value')}", param=loc[0] if loc else None) from None
 
 
 def _message_item(text: str) -> dict:

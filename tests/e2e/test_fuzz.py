@@ -1,4 +1,4 @@
-"""Property-based fuzzing of /v1/completions, /v1/chat/completions and /v1/embeddings on the real server.
+"""Property-based fuzzing of /v1/completions, /v1/chat/completions, /v1/responses and /v1/embeddings on the real server.
 
 Every field is drawn across (and beyond) its schema range: extreme ints, tiny and huge floats, odd
 unicode (lone surrogates, NULs, emoji), huge lists, token ids off the vocabulary, wrong types and
@@ -42,6 +42,11 @@ odd_text = st.one_of(
 token_id = st.one_of(st.integers(0, 255), st.integers(-5, 100_000), extreme_ints)
 token_ids = st.one_of(st.lists(token_id, min_size=0, max_size=40), st.lists(st.integers(0, 255), min_size=400, max_size=3000))
 junk = st.one_of(st.none(), st.booleans(), ints, floats, odd_text, st.lists(ints, max_size=5), st.dictionaries(st.text(max_size=5), ints, max_size=3))
+
+
+def odd_key() -> str:
+    """A field name no route knows (unknown fields are ignored and named in a header: it must stay a valid header)."""
+    return "\u00e9t\u00e9 \ud800 x"
 
 
 def maybe(strategy):
@@ -127,6 +132,37 @@ CHAT = st.one_of(
     ),
 )
 
+ITEM = st.one_of(
+    st.fixed_dictionaries({"role": maybe(st.sampled_from(["user", "system", "developer", "assistant"])),
+                           "content": st.one_of(odd_text, st.lists(st.fixed_dictionaries({"type": maybe(st.sampled_from(
+                               ["input_text", "output_text", "input_image", "refusal"])), "text": maybe(odd_text)}), max_size=3), junk)},
+                          optional={"type": maybe(st.just("message"))}),
+    st.fixed_dictionaries({"type": st.just("function_call"), "call_id": maybe(odd_text), "name": maybe(odd_text),
+                           "arguments": maybe(odd_text)}),
+    st.fixed_dictionaries({"type": st.just("function_call_output"), "call_id": maybe(odd_text), "output": maybe(odd_text)}),
+    st.fixed_dictionaries({"type": maybe(odd_text)}),
+    junk,
+)
+IN_RANGE_RESPONSES = st.fixed_dictionaries(
+    {"input": st.one_of(st.text(min_size=1, max_size=40), st.lists(st.fixed_dictionaries(
+        {"role": st.sampled_from(["user", "system", "assistant"]), "content": st.text(min_size=1, max_size=40)}), min_size=1, max_size=4))},
+    optional={"max_output_tokens": st.integers(1, 8), "temperature": st.floats(0, 2), "stream": st.booleans(), "store": st.booleans(),
+              "instructions": st.text(max_size=20), "tool_choice": st.sampled_from(["auto", "none"]),
+              "text": st.just({"format": {"type": "json_object"}})},
+)
+RESPONSES = st.one_of(IN_RANGE_RESPONSES, IN_RANGE_RESPONSES, st.fixed_dictionaries(
+    {"input": maybe(st.one_of(odd_text, st.lists(ITEM, max_size=5)))},
+    optional={"model": SAMPLING["model"], "instructions": maybe(odd_text), "max_output_tokens": maybe(st.one_of(st.integers(1, 8), ints)),
+              "temperature": maybe(floats), "top_p": maybe(floats), "stream": maybe(st.booleans()), "store": maybe(st.booleans()),
+              "previous_response_id": maybe(odd_text), "metadata": maybe(st.dictionaries(odd_text, odd_text, max_size=20)),
+              "tools": maybe(st.lists(st.fixed_dictionaries({"type": maybe(st.sampled_from(["function", "web_search"])),
+                                                             "name": maybe(odd_text)}), max_size=3)),
+              "tool_choice": maybe(st.sampled_from(["auto", "none", "required"])),
+              "text": maybe(st.fixed_dictionaries({"format": maybe(st.fixed_dictionaries({"type": maybe(st.sampled_from(
+                  ["text", "json_object", "json_schema"]))}))})),
+              "reasoning": junk, "include": junk, "background": junk, odd_key(): junk},
+))
+
 
 EMBEDDING = st.fixed_dictionaries(
     {"input": maybe(st.one_of(odd_text, st.lists(odd_text, min_size=1, max_size=40), token_ids,
@@ -164,9 +200,15 @@ def check(client: httpx.Client, path: str, body: dict) -> None:
         return
     if response.headers["content-type"].startswith("text/event-stream"):
         events = [line[6:] for line in response.text.split("\n") if line.startswith("data: ")]  # SSE splits on newlines only
+        if path == "/v1/responses":  # typed events, no [DONE]: the last is the response's end
+            kinds = [json.loads(event)["type"] for event in events]
+            assert kinds and kinds[-1] in ("response.completed", "response.incomplete"), f"{content[:500]}: {kinds}"
+            return
         assert events and events[-1] == "[DONE]", response.text[-500:]
         for event in events[:-1]:
             assert "error" not in json.loads(event), f"error event for {content[:500]}: {event[:500]}"
+    elif path == "/v1/responses":
+        assert response.json()["object"] == "response", response.text[:500]
     elif path == "/v1/embeddings":
         assert response.json()["data"], response.text[:500]
     else:
@@ -197,6 +239,15 @@ def test_fuzz_completions(fuzz_server, reference):
 
 def test_fuzz_chat_completions(fuzz_server, reference):
     fuzz(fuzz_server, reference, "/v1/chat/completions", CHAT, DEFAULT_EXAMPLES, derandomize=True)
+
+
+def test_fuzz_responses(fuzz_server, reference):
+    fuzz(fuzz_server, reference, "/v1/responses", RESPONSES, DEFAULT_EXAMPLES // 3, derandomize=True)
+
+
+@pytest.mark.slow
+def test_fuzz_responses_thousands(fuzz_server, reference):
+    fuzz(fuzz_server, reference, "/v1/responses", RESPONSES, SLOW_EXAMPLES // 2, derandomize=False)
 
 
 def test_fuzz_embeddings(fuzz_server, reference):

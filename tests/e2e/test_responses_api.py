@@ -85,8 +85,12 @@ def test_text_format_json_schema_and_policy(byte_server, client, model):
     assert hosted.status_code == 400 and "hosted" in hosted.json()["error"]["message"]
     image = httpx.post(url, json={"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:,"}]}]})
     assert image.status_code == 400 and "reads text" in image.json()["error"]["message"]
+    bad_name = httpx.post(url, json={"input": "x", "tools": [{"type": "function", "name": "has space"}]})
+    assert bad_name.status_code == 400 and bad_name.json()["error"]["param"] == "tools", bad_name.text
     background = httpx.post(url, json={"input": "x", "background": True})
     assert background.status_code == 400 and background.json()["error"]["param"] == "background"
+    plain = httpx.post(url, json={"input": "x", "max_output_tokens": 2, "tool_choice": "auto"})  # OpenAI's default, no tools
+    assert plain.status_code == 200, plain.text
     ignored = httpx.post(url, json={"input": "x", "max_output_tokens": 2, "reasoning": {"effort": "low"}, "include": [],
                                     "truncation": "auto"})
     assert ignored.status_code == 200 and ignored.headers["x-ignored-fields"] == "include, reasoning, truncation"
