@@ -11,6 +11,7 @@ from ortinf import extras
 from ortinf.cli.serve_options import check_port, engine_options, engine_values, load_yaml_config
 from ortinf.errors import ConfigError
 from ortinf.manifest import Manifest
+from ortinf.serve.reasoning import PARSERS as REASONING_PARSERS
 from ortinf.serve.tool_parsers import PARSERS
 
 
@@ -38,6 +39,11 @@ from ortinf.serve.tool_parsers import PARSERS
               help="How tool calls are read from a model's text for tool_choice 'auto': hermes (<tool_call>{json}</tool_call>: "
                    "Qwen, Hermes), llama3_json (Llama 3.x), mistral ([TOOL_CALLS]), granite (<|tool_call|>), none, or auto (the "
                    "one whose markers the chat template writes; a model with none answers tool_choice auto as plain text).")
+@click.option("--reasoning-parser", type=click.Choice(["none", "auto", *REASONING_PARSERS]), default="none", show_default=True,
+              envvar="ORTINF_REASONING_PARSER",
+              help="Split a reasoning model's thinking into message.reasoning_content (vLLM's field): qwen3 (<think>...</think>, "
+                   "Qwen3, QwQ), deepseek_r1 (the template opens <think>: DeepSeek-R1 and its distills), or auto (from the chat "
+                   "template's <think>).")
 @click.option("--metrics-prefix", type=click.Choice(["ortinf", "vllm"]), default="ortinf", show_default=True, envvar="ORTINF_METRICS_PREFIX",
               help="Prefix of the /metrics names; vllm gives vllm:num_requests_waiting, vllm:kv_cache_usage_perc, ... "
                    "for dashboards and cluster routers (llm-d, the Gateway API Inference Extension) that look for them.")
@@ -64,6 +70,7 @@ from ortinf.serve.tool_parsers import PARSERS
 @engine_options()
 def serve(packages: tuple[Path, ...], host: str, port: int, served_model_names: tuple[str, ...], api_key: str | None,
           max_queued_requests: int, shutdown_timeout: float, max_body_size: str, max_audio_body_size: str, tool_call_parser: str,
+          reasoning_parser: str,
           metrics_prefix: str, use_ray: bool, num_replicas: int, min_replicas: int | None, max_replicas: int | None,
           target_ongoing_requests: float | None, cpus_per_replica: float, gpus_per_replica: float, prefix_routing: bool,
           allow_runtime_lora_updates: bool, log_level: str, transcription_fallback: bool, **engine_given: object) -> None:
@@ -126,7 +133,8 @@ def serve(packages: tuple[Path, ...], host: str, port: int, served_model_names: 
     config = ServerConfig(
         packages=tuple(packages), host=host, port=port, served_model_names=served_model_names, api_key=api_key,
         max_queued_requests=max_queued_requests, shutdown_timeout=shutdown_timeout, max_body_size=parse_size(max_body_size),
-        max_audio_body_size=parse_size(max_audio_body_size), tool_call_parser=tool_call_parser, metrics_prefix=metrics_prefix,
+        max_audio_body_size=parse_size(max_audio_body_size), tool_call_parser=tool_call_parser, reasoning_parser=reasoning_parser,
+        metrics_prefix=metrics_prefix,
         allow_runtime_lora_updates=allow_runtime_lora_updates, transcription_fallback=transcription_fallback, engine_options=engine,
     )
     names = model_names(config)

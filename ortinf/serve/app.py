@@ -22,7 +22,7 @@ from ortinf.engine.llm_engine import LLMEngine
 from ortinf.errors import ConfigError
 from ortinf.manifest import TEXT2TEXT, TEXT_GENERATION, Manifest
 from ortinf.sample.sampling_params import SamplingParams
-from ortinf.serve import chat, completions, embeddings, lora_routes, responses, responses_api, tokens
+from ortinf.serve import chat, completions, embeddings, lora_routes, reasoning, responses, responses_api, tokens
 from ortinf.serve.chat_template import ChatTemplate
 from ortinf.serve.errors import error_body, error_response, from_exception, install_error_handlers
 from ortinf.serve.models import ServedModel
@@ -199,7 +199,9 @@ def load_model(package: Path, name: str, config: ServerConfig, state: ServerStat
         model.engine = AsyncEngine(engine, on_step=state.metrics.hook(name),
                                    on_dead=lambda exc: state.fatal(f"the engine of '{name}' died", exc))
         model.chat_template = ChatTemplate.load(package)
-        model.tool_parser = resolve_parser(config.tool_call_parser, model.chat_template.source if model.chat_template else None)
+        source = model.chat_template.source if model.chat_template else None
+        model.tool_parser = resolve_parser(config.tool_call_parser, source)
+        model.reasoning_parser = reasoning.resolve(config.reasoning_parser, source)
     else:
         setting = config.engine_setting
         model.encoder = EncoderGraph(package, provider=setting("provider"), intra_op_threads=setting("intra_op_threads"),

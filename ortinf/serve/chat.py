@@ -84,8 +84,9 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
     choices = []
     for index, output in enumerate(outputs):
         completion = output.outputs[0]
-        content, calls = tools.parse(completion.text, model.tool_parser)
-        message: dict = {"role": "assistant", "content": content}
+        reasoning, answer = split_reasoning(model, completion.text)
+        content, calls = tools.parse(answer, model.tool_parser) if answer is not None else (None, [])
+        message: dict = {"role": "assistant", "content": content, "reasoning_content": reasoning}
         if calls:
             message["tool_calls"] = [c.to_openai() for c in calls]
         choices.append({
@@ -115,6 +116,13 @@ def _headers(ignored: list[str], tools: ToolPlan) -> dict[str, str]:
     return headers
 
 
+def split_reasoning(model: ServedModel, text: str, finished: bool = True) -> tuple[str | None, str | None]:
+    """(thinking, answer) of an output: the answer alone where the model has no reasoning parser."""
+    if model.reasoning_parser is None:
+        return None, text
+    return model.reasoning_parser.split(text, finished)
+
+
 def _finish_reason(reason: str | None, called: bool) -> str | None:
     """OpenAI ends a reply that calls tools with "tool_calls"."""
     return "tool_calls" if called and reason == "stop" else reason
@@ -134,13 +142,18 @@ def _stream(state: ServerState, model: ServedModel, body: ChatCompletionRequest,
 
     async def chunks() -> AsyncIterator[dict]:
         sent_text = [0] * len(prepared)
+        sent_reasoning = [0] * len(prepared)
         texts = [""] * len(prepared)  # each sample's text so far (the engine sends deltas)
         for index in range(len(prepared)):  # the role comes first, before any content
             yield choice(index, {"role": "assistant", "content": ""})
         async for index, output in merged(model.require_engine(), prepared, engine_id):
             delta = output.outputs[0]
             texts[index] += delta.text
-            completion = replace(delta, text=texts[index])
+            reasoning, answer = split_reasoning(model, texts[index], bool(delta.finish_reason))
+            if reasoning is not None and len(reasoning) > sent_reasoning[index]:  # the thinking streams as reasoning_content
+                yield choice(index, {"reasoning_content": reasoning[sent_reasoning[index]:]})
+                sent_reasoning[index] = len(reasoning)
+            completion = replace(delta, text=answer or "")
             # text that may belong to a tool call is held back until the output is finished
             visible = len(completion.text) if completion.finish_reason else held_back(completion.text, tools.mode, model.tool_parser)
             calls = []

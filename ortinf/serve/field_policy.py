@@ -166,6 +166,8 @@ POLICY: dict[str, dict[str, Rule]] = {
         "store": _implemented("default true: kept for GET and previous_response_id"),
         "metadata": _implemented("returned with the response"),
         "user": _implemented("accepted as OpenAI defines it; no effect"),
+        "structured_outputs": _implemented("vLLM's, as on chat completions"),
+        **{name: Rule(MAPPED, f"structured_outputs.{target}") for name, target in GUIDED.items()},
         "include": _ignored("no extra output data (logprobs, encrypted reasoning)"),
         "reasoning": _ignored("no reasoning controls"),
         "truncation": _ignored("a conversation longer than the context is a 400"),

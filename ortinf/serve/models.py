@@ -11,6 +11,7 @@ from ortinf.engine.async_engine import AsyncEngine
 from ortinf.manifest import FEATURE_EXTRACTION, Manifest
 from ortinf.serve.chat_template import ChatTemplate
 from ortinf.serve.errors import APIError
+from ortinf.serve.reasoning import ReasoningParser
 from ortinf.tokenizer import TokenBytes
 from ortinf.worker.encoder_graph import EncoderGraph
 
@@ -26,6 +27,7 @@ class ServedModel:
     encoder: EncoderGraph | None = None
     chat_template: ChatTemplate | None = None
     tool_parser: str | None = None  # how tool calls are read from the output (ortinf/serve/tools.py)
+    reasoning_parser: ReasoningParser | None = None  # how thinking is split from the answer (ortinf/serve/reasoning.py)
     _token_bytes: TokenBytes | None = None
     created: int = 0
     transcriber: object | None = None  # a speech-recognition package's runtime/async_transcriber.AsyncTranscriber

@@ -98,6 +98,23 @@ def structured_output(response_format: ResponseFormat | None, structured: Struct
     return StructuredOutput.json_schema(response_format.json_schema.json_schema, param="response_format.json_schema")
 
 
+def read_guided(data):  # noqa: ANN001, ANN201 - a request body before validation
+    """vLLM's older guided_json / guided_regex / guided_choice / guided_grammar, read as structured_outputs."""
+    if not isinstance(data, dict):
+        return data
+    guided = {key: target for key, target in GUIDED.items() if data.get(key) is not None}
+    if not guided:
+        return data
+    if data.get("structured_outputs") is not None:
+        raise ValueError(f"send structured_outputs or {', '.join(guided)}, not both")
+    if len(guided) > 1:
+        raise ValueError(f"send one of {', '.join(guided)}")
+    data = dict(data)
+    (key, target), = guided.items()
+    data["structured_outputs"] = {target: data.pop(key)}
+    return data
+
+
 class SamplingFields(BaseModel):
     """Fields shared by completions and chat completions (OpenAI's, plus vLLM's extensions)."""
 
@@ -106,20 +123,7 @@ class SamplingFields(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _guided(cls, data):
-        """vLLM's older guided_json / guided_regex / guided_choice / guided_grammar, read as structured_outputs."""
-        if not isinstance(data, dict):
-            return data
-        guided = {key: target for key, target in GUIDED.items() if data.get(key) is not None}
-        if not guided:
-            return data
-        if data.get("structured_outputs") is not None:
-            raise ValueError(f"send structured_outputs or {', '.join(guided)}, not both")
-        if len(guided) > 1:
-            raise ValueError(f"send one of {', '.join(guided)}")
-        data = dict(data)
-        (key, target), = guided.items()
-        data["structured_outputs"] = {target: data.pop(key)}
-        return data
+        return read_guided(data)
 
     model: str | None = None
     temperature: Annotated[Finite, Field(ge=0.0, le=2.0, description="0 (or below 1e-5) is greedy")] | None = None

@@ -66,6 +66,7 @@ class ToolCallOut(BaseModel):
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None
+    reasoning_content: str | None = Field(None, description="the model's thinking, with --reasoning-parser (vLLM's field)")
     tool_calls: list[ToolCallOut] | None = None
 
 

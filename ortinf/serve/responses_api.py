@@ -24,14 +24,14 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ortinf.serve import field_policy
-from ortinf.serve.chat import chat_params, render_prompt, tool_plan
+from ortinf.serve.chat import chat_params, render_prompt, split_reasoning, tool_plan
 from ortinf.serve.completions import prepare_samples
 from ortinf.serve.errors import APIError, from_exception
 from ortinf.serve.models import ServedModel
-from ortinf.serve.protocol import OPEN, ChatCompletionRequest, Finite
+from ortinf.serve.protocol import OPEN, ChatCompletionRequest, Finite, read_guided
 from ortinf.serve.state import ServerState
 from ortinf.serve.streaming import AdmittedStream, final_outputs, merged, sse, until_disconnected
 from ortinf.serve.tools import ToolCall, ToolPlan, held_back
@@ -86,6 +86,13 @@ class ResponsesRequest(BaseModel):
     store: bool = True
     metadata: Annotated[dict[str, str], Field(max_length=16)] | None = None
     user: str | None = None
+    structured_outputs: dict | None = Field(None, description="vLLM's, as on chat completions (json, regex, choice, grammar)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _guided(cls, data):
+        """vLLM's guided_* fields, read as structured_outputs (as on chat completions)."""
+        return read_guided(data)
 
 
 @dataclass(slots=True)
@@ -195,7 +202,7 @@ def _chat_tools(tools: list[dict] | None) -> list[dict] | None:
     return converted
 
 
-_RESPONSES_NAME = {"messages": "input", "max_completion_tokens": "max_output_tokens", "response_format": "text.format"}
+_RESPONSES_NAME = {"messages": "input", "max_completion_tokens": "max_output_tokens", "response_format": "text.format"}  # chat's names
 
 
 def chat_request(body: ResponsesRequest, messages: list[dict]) -> ChatCompletionRequest:
@@ -206,6 +213,8 @@ def chat_request(body: ResponsesRequest, messages: list[dict]) -> ChatCompletion
     if body.tool_choice is not None and (body.tools or body.tool_choice not in ("auto", "none")):  # auto/none without tools: no-ops
         choice = body.tool_choice
         fields["tool_choice"] = choice if isinstance(choice, str) else {"type": "function", "function": {"name": choice.name}}
+    if body.structured_outputs is not None:
+        fields["structured_outputs"] = body.structured_outputs
     fmt = body.text.format if body.text is not None else None
     if fmt is not None and fmt.type == "json_schema":
         if fmt.json_schema is None:
@@ -234,8 +243,14 @@ def _call_item(call: ToolCall) -> dict:
             "arguments": call.arguments, "status": "completed"}
 
 
-def _outputs(content: str | None, calls: list[ToolCall]) -> list[dict]:
-    items = [_message_item(content)] if content else []
+def _reasoning_item(text: str) -> dict:
+    return {"type": "reasoning", "id": f"rs_{uuid.uuid4().hex}", "summary": [], "status": "completed",
+            "content": [{"type": "reasoning_text", "text": text}]}
+
+
+def _outputs(reasoning: str | None, content: str | None, calls: list[ToolCall]) -> list[dict]:
+    items = [_reasoning_item(reasoning)] if reasoning is not None else []
+    items += [_message_item(content)] if content else []
     return items + [_call_item(call) for call in calls]
 
 
@@ -269,9 +284,10 @@ class Run:
         }
 
     def finish(self, store: ResponseStore, text: str, finish_reason: str | None, usage: dict) -> dict:
-        content, calls = self.tools.parse(text, self.model.tool_parser)
+        reasoning, answer = split_reasoning(self.model, text)
+        content, calls = self.tools.parse(answer, self.model.tool_parser) if answer is not None else (None, [])
         incomplete = "max_output_tokens" if finish_reason == "length" else None
-        body = self.response("incomplete" if incomplete else "completed", _outputs(content, calls), usage, incomplete)
+        body = self.response("incomplete" if incomplete else "completed", _outputs(reasoning, content, calls), usage, incomplete)
         if self.body.store:
             reply = {"role": "assistant", "content": content}
             if calls:
@@ -326,8 +342,9 @@ async def create_response(body: ResponsesRequest, request: Request):
 
 
 async def _events(run: Run, store: ResponseStore, engine) -> AsyncIterator[str]:  # noqa: ANN001 - the AsyncEngine
-    """The Responses stream: created, in_progress, the text deltas of one message item, the function
-    calls once the reply is read, then completed (or an error event)."""
+    """The Responses stream: created, in_progress, the thinking of a reasoning item (with a reasoning
+    parser), the text deltas of one message item, the function calls once the reply is read, then
+    completed (or incomplete; an error event and failed if anything went wrong)."""
     sequence = 0
 
     def event(kind: str, **data) -> str:
@@ -337,55 +354,68 @@ async def _events(run: Run, store: ResponseStore, engine) -> AsyncIterator[str]:
 
     yield event("response.created", response=run.response("in_progress", [], None))
     yield event("response.in_progress", response=run.response("in_progress", [], None))
-    message_id = f"msg_{uuid.uuid4().hex}"
-    text, sent, opened = "", 0, False
+    thinking = _reasoning_item("")
+    message = _message_item("")
+    text, sent, said = "", 0, 0  # the output so far; answer and thinking characters sent
+    stage = "start"  # -> "thinking" (a reasoning item is open) -> "closed" -> "message" (the message item is open)
     samples = merged(engine, run.prepared, run.response_id)
     try:
         async for _, output in samples:
             delta = output.outputs[0]
             text += delta.text
-            visible = held_back(text, run.tools.mode, run.model.tool_parser) if not delta.finish_reason else sent
-            if visible > sent:
-                if not opened:
-                    opened = True
-                    yield event("response.output_item.added", output_index=0, item={
-                        "type": "message", "id": message_id, "status": "in_progress", "role": "assistant", "content": []})
-                    yield event("response.content_part.added", item_id=message_id, output_index=0, content_index=0,
-                                part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})
-                yield event("response.output_text.delta", item_id=message_id, output_index=0, content_index=0,
-                            delta=text[sent:visible], logprobs=[])
-                sent = visible
-            if delta.finish_reason:
+            finished = bool(delta.finish_reason)
+            reasoning, answer = split_reasoning(run.model, text, finished)
+            if reasoning is not None and stage == "start":
+                stage = "thinking"
+                yield event("response.output_item.added", output_index=0, item={**thinking, "status": "in_progress", "content": []})
+            if stage == "thinking" and reasoning is not None and len(reasoning) > said:
+                yield event("response.reasoning_text.delta", item_id=thinking["id"], output_index=0, content_index=0,
+                            delta=reasoning[said:])
+                said = len(reasoning)
+            if stage == "thinking" and (answer is not None or finished):
+                stage = "closed"
+                thinking["content"][0]["text"] = reasoning or ""
+                yield event("response.reasoning_text.done", item_id=thinking["id"], output_index=0, content_index=0, text=reasoning or "")
+                yield event("response.output_item.done", output_index=0, item=thinking)
+            answer = answer or ""
+            if finished:
                 response = run.finish(store, text, delta.finish_reason, _usage(run, output.num_output_tokens, output.num_cached_tokens or 0))
                 items = response["output"]
-                message = next((item for item in items if item["type"] == "message"), None)
-                if message is not None:
-                    message["id"] = message_id
-                    content = message["content"][0]["text"]
-                    if not opened:
-                        yield event("response.output_item.added", output_index=0, item={
-                            "type": "message", "id": message_id, "status": "in_progress", "role": "assistant", "content": []})
-                        yield event("response.content_part.added", item_id=message_id, output_index=0, content_index=0,
-                                    part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})
-                    if len(content) > sent:
-                        yield event("response.output_text.delta", item_id=message_id, output_index=0, content_index=0,
-                                    delta=content[sent:], logprobs=[])
-                    yield event("response.output_text.done", item_id=message_id, output_index=0, content_index=0, text=content,
-                                logprobs=[])
-                    yield event("response.content_part.done", item_id=message_id, output_index=0, content_index=0,
-                                part=message["content"][0])
-                    yield event("response.output_item.done", output_index=0, item=message)
-                for index, item in enumerate(items):
-                    if item["type"] != "function_call":
-                        continue
-                    yield event("response.output_item.added", output_index=index, item={**item, "arguments": "", "status": "in_progress"})
-                    yield event("response.function_call_arguments.delta", item_id=item["id"], output_index=index,
+                for item in items:  # the ids the stream announced
+                    item["id"] = {"reasoning": thinking["id"], "message": message["id"]}.get(item["type"], item["id"])
+                final = next((item for item in items if item["type"] == "message"), None)
+                visible = len(final["content"][0]["text"]) if final is not None else sent
+                answer = final["content"][0]["text"] if final is not None else answer
+            else:
+                visible = held_back(answer, run.tools.mode, run.model.tool_parser)
+            index = 1 if stage == "closed" else 0
+            if visible > sent:
+                if stage != "message":
+                    stage = "message"
+                    yield event("response.output_item.added", output_index=index, item={**message, "status": "in_progress", "content": []})
+                    yield event("response.content_part.added", item_id=message["id"], output_index=index, content_index=0,
+                                part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})
+                yield event("response.output_text.delta", item_id=message["id"], output_index=index, content_index=0,
+                            delta=answer[sent:visible], logprobs=[])
+                sent = visible
+            if not finished:
+                continue
+            for position, item in enumerate(items):
+                if item["type"] == "message":
+                    part = item["content"][0]
+                    yield event("response.output_text.done", item_id=item["id"], output_index=position, content_index=0,
+                                text=part["text"], logprobs=[])
+                    yield event("response.content_part.done", item_id=item["id"], output_index=position, content_index=0, part=part)
+                    yield event("response.output_item.done", output_index=position, item=item)
+                elif item["type"] == "function_call":
+                    yield event("response.output_item.added", output_index=position, item={**item, "arguments": "", "status": "in_progress"})
+                    yield event("response.function_call_arguments.delta", item_id=item["id"], output_index=position,
                                 delta=item["arguments"])
-                    yield event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                    yield event("response.function_call_arguments.done", item_id=item["id"], output_index=position,
                                 arguments=item["arguments"], name=item["name"])
-                    yield event("response.output_item.done", output_index=index, item=item)
-                kind = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
-                yield event(kind, response=response)
+                    yield event("response.output_item.done", output_index=position, item=item)
+            kind = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
+            yield event(kind, response=response)
     except Exception as exc:  # noqa: BLE001 - reported in the stream, whose headers are already sent
         err = from_exception(exc)
         yield event("error", code=err.code, message=err.message, param=err.param)
