@@ -22,7 +22,7 @@ from ortinf.engine.llm_engine import LLMEngine
 from ortinf.errors import ConfigError
 from ortinf.manifest import TEXT2TEXT, TEXT_GENERATION, Manifest
 from ortinf.sample.sampling_params import SamplingParams
-from ortinf.serve import chat, completions, embeddings, lora_routes, reasoning, responses, responses_api, tokens
+from ortinf.serve import chat, completions, embeddings, lora_routes, reasoning, responses, responses_api, scoring, tokens
 from ortinf.serve.chat_template import ChatTemplate
 from ortinf.serve.errors import error_body, error_response, from_exception, install_error_handlers
 from ortinf.serve.models import ServedModel
@@ -263,6 +263,7 @@ def build_app(config: ServerConfig, load_in_background: bool = True) -> FastAPI:
     app.include_router(chat.router)
     app.include_router(responses_api.router)
     app.include_router(embeddings.router)
+    app.include_router(scoring.router)
     app.include_router(tokens.router)
     if config.allow_runtime_lora_updates:
         app.include_router(lora_routes.router)

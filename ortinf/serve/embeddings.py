@@ -47,16 +47,18 @@ def token_lists(body: EmbeddingRequest, encoder: EncoderGraph) -> list[list[int]
     return token_ids
 
 
-def embed_in_chunks(encoder: EncoderGraph, token_ids: list[list[int]], gone: threading.Event | None = None) -> np.ndarray:
+def embed_in_chunks(encoder: EncoderGraph, token_ids: list[list[int]], gone: threading.Event | None = None,
+                    type_ids: list[list[int]] | None = None) -> np.ndarray:
     """The encoder's outputs in input order, computed in length-sorted chunks of CHUNK inputs; stops
-    between chunks once `gone` is set (the client went away: issue 30, finding 9)."""
+    between chunks once `gone` is set (the client went away: issue 30, finding 9). `type_ids`: text pairs'."""
     order = sorted(range(len(token_ids)), key=lambda i: len(token_ids[i]))
     outputs: list[np.ndarray | None] = [None] * len(token_ids)
     for start in range(0, len(order), CHUNK):
         if gone is not None and gone.is_set():
             raise APIError(499, "client disconnected")
         rows = order[start : start + CHUNK]
-        for row, vector in zip(rows, encoder.run([token_ids[i] for i in rows])):
+        types = [type_ids[i] for i in rows] if type_ids is not None else None
+        for row, vector in zip(rows, encoder.run([token_ids[i] for i in rows], types)):
             outputs[row] = vector
     return np.stack(outputs).astype(np.float32)  # type: ignore[arg-type]
 

@@ -55,6 +55,26 @@ class EncoderGraph:
             ids.append(row)
         return ids
 
+    def encode_pairs(self, pairs: Sequence[tuple[str, str]]) -> tuple[list[list[int]], list[list[int]]]:
+        """(token ids, token type ids) of each (first, second) text pair, as the tokenizer's pair template
+        joins them (BERT: [CLS] a [SEP] b [SEP], b's type 1); a pair beyond the context keeps its first text
+        whole and cuts the second (a reranker's query and document)."""
+        specials = self.tokenizer.num_special_tokens_to_add(True)
+        ids, types = [], []
+        for first, second in pairs:
+            a = self.tokenizer.encode(check_unicode(first, "query"), add_special_tokens=False)
+            b = self.tokenizer.encode(check_unicode(second, "documents"), add_special_tokens=False)
+            room = self.spec.max_model_len - specials - len(a.ids)
+            if room < 1:
+                raise RequestError(f"the query has {len(a.ids)} tokens: with a document it must fit {self.spec.max_model_len}",
+                                   param="query")
+            if len(b.ids) > room:
+                b.truncate(room)
+            joined = self.tokenizer.post_process(a, b, add_special_tokens=True)
+            ids.append(list(joined.ids))
+            types.append(list(joined.type_ids))
+        return ids, types
+
     def check(self, token_ids: Sequence[Sequence[int]]) -> None:
         """Raises RequestError for an input the graph cannot take: empty, too long, ids off the vocabulary."""
         if not token_ids or any(len(ids) == 0 for ids in token_ids):
@@ -68,16 +88,20 @@ class EncoderGraph:
         if bad is not None:
             raise RequestError(f"token id {bad} is out of range: token ids must be in [0, {vocab})", param="input")
 
-    def run(self, token_ids: Sequence[Sequence[int]]) -> np.ndarray:
-        """The graph's output for a batch of token-id lists: [batch, dim] embeddings or logits."""
+    def run(self, token_ids: Sequence[Sequence[int]], type_ids: Sequence[Sequence[int]] | None = None) -> np.ndarray:
+        """The graph's output for a batch of token-id lists (and their token type ids, for text pairs):
+        [batch, dim] embeddings or logits."""
         self.check(token_ids)
         longest = max(len(ids) for ids in token_ids)
         ids = np.full((len(token_ids), longest), self.pad_id, dtype=np.int64)
         mask = np.zeros_like(ids)
+        types = np.zeros_like(ids)
         for row, seq in enumerate(token_ids):
             ids[row, : len(seq)] = seq
             mask[row, : len(seq)] = 1
-        tensors = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+            if type_ids is not None:
+                types[row, : len(seq)] = type_ids[row]
+        tensors = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
         return self.session.run(None, {name: tensors[name] for name in self.spec.input_names})[0]
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:

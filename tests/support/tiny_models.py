@@ -89,12 +89,13 @@ def build_decoder(model_type: str, folder: Path, seed: int = 0, **overrides) -> 
     return model
 
 
-def build_classifier(model_type: str, folder: Path, seed: int = 0) -> transformers.PreTrainedModel:
-    """Saves a tiny random sequence classifier with 3 labels to `folder`."""
+def build_classifier(model_type: str, folder: Path, seed: int = 0,
+                     labels: tuple[str, ...] = ("neg", "neu", "pos")) -> transformers.PreTrainedModel:
+    """Saves a tiny random sequence classifier with `labels` to `folder` (one label: a cross-encoder's relevance logit)."""
     torch.manual_seed(seed)
     config_class = transformers.AutoConfig.for_model(model_type).__class__
-    kwargs = dict(vocab_size=256, max_position_embeddings=128, num_labels=3,
-                  id2label={0: "neg", 1: "neu", 2: "pos"}, label2id={"neg": 0, "neu": 1, "pos": 2})
+    kwargs = dict(vocab_size=256, max_position_embeddings=128, num_labels=len(labels),
+                  id2label=dict(enumerate(labels)), label2id={label: i for i, label in enumerate(labels)})
     if model_type == "distilbert":
         kwargs.update(dim=64, hidden_dim=128, n_layers=2, n_heads=4)
     else:
@@ -132,6 +133,28 @@ BYTE_TOKENIZER_TEXT = (
     '{"name": "fox", "count": 12, "tags": ["quick", "brown"], "ok": true, "rate": -0.5e3, "none": null}\n'
     "def jumps(over, the=None):\n    return [lazy, dog]  # (a) <b> 'c' @d $e %f ^g &h *i +j =k |l ~m `n ?o\\p/q"
 )
+
+
+def add_bert_tokenizer(folder: Path, vocab_size: int = 256) -> None:
+    """Trains a small BERT-style WordPiece tokenizer into `folder`, with BERT's single and pair templates
+    ([CLS] a [SEP] b [SEP], the second text's token type 1): what a cross-encoder reads pairs with."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.decoder = decoders.WordPiece()
+    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"],
+                                        show_progress=False)
+    tokenizer.train_from_iterator([TOKENIZER_TEXT] * 4, trainer)
+    cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    tokenizer.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+                                                             special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+    tokenizer.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(
+        '{"tokenizer_class": "PreTrainedTokenizerFast", "cls_token": "[CLS]", "sep_token": "[SEP]", "pad_token": "[PAD]", '
+        '"unk_token": "[UNK]", "mask_token": "[MASK]", "model_max_length": 128}'
+    )
 
 
 def add_byte_tokenizer(folder: Path, vocab_size: int = 384) -> None:
