@@ -88,9 +88,13 @@ SEQ2SEQ: dict[str, str] = {
     "bart": "BART (facebook/bart-*)",
 }
 
+# Decoders that also export as embedding models (`--task feature-extraction`: Qwen3-Embedding, gte-Qwen2, e5-mistral):
+# the base model, its sentence-transformers pooling (last token) and normalisation in one encoder graph.
+EMBEDDING_DECODERS = ("llama", "mistral", "qwen2", "qwen3")
+
 SUPPORTED: dict[str, tuple[str, ...]] = {
     TEXT_GENERATION: tuple(DECODERS),
-    FEATURE_EXTRACTION: tuple(ENCODERS),
+    FEATURE_EXTRACTION: (*ENCODERS, *EMBEDDING_DECODERS),
     TEXT_CLASSIFICATION: tuple(ENCODERS),
     SPEECH_RECOGNITION: tuple(SPEECH),
     TEXT2TEXT: tuple(SEQ2SEQ),
@@ -104,7 +108,7 @@ def describe_supported() -> str:
         lines.append(f"{task}:")
         table = {TEXT_GENERATION: DECODERS, SPEECH_RECOGNITION: SPEECH, TEXT2TEXT: SEQ2SEQ}.get(task, ENCODERS)
         for name in names:
-            entry = table[name]
+            entry = table.get(name) or f"{DECODERS[name].example}, as an embedding model (its sentence-transformers pooling)"
             lines.append(f"  {name:<12} {entry.example if isinstance(entry, DecoderArch) else entry}")
     return "\n".join(lines)
 
@@ -119,7 +123,9 @@ def resolve_task(model_type: str, architectures: list[str] | None, requested: st
             f"text2text-generation: {', '.join(SEQ2SEQ)}"
         )
     if requested == "auto":
-        if model_type in DECODERS:
+        if model_type in EMBEDDING_DECODERS and archs and all(a.endswith("Model") for a in archs):
+            task = FEATURE_EXTRACTION  # a decoder saved without its LM head (Qwen3-Embedding: Qwen3Model): an embedding model
+        elif model_type in DECODERS:
             task = TEXT_GENERATION
         elif model_type in SPEECH:
             task = SPEECH_RECOGNITION

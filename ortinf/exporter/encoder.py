@@ -11,6 +11,7 @@ import torch
 from transformers import PreTrainedModel
 
 from ortinf.errors import UnsupportedArchitectureError
+from ortinf.exporter.architectures import EMBEDDING_DECODERS
 from ortinf.exporter.source import ModelSource
 from ortinf.exporter.tracing import OPSET, quiet_tracing
 from ortinf.manifest import FEATURE_EXTRACTION, EncoderSpec
@@ -40,6 +41,13 @@ def read_pooling(source: ModelSource) -> tuple[str, bool]:
         if kind == "Pooling":
             config = json.loads((source.path / module["path"] / "config.json").read_text(encoding="utf-8"))
             modes = [mode for key, mode in _ST_POOLING_KEYS.items() if config.get(key)]
+            named = config.get("pooling_mode")  # sentence-transformers 5 writes the mode's name
+            if isinstance(named, str) and not modes:
+                modes = [{"mean_tokens": "mean", "cls_token": "cls", "max_tokens": "max", "mean_sqrt_len_tokens": "mean_sqrt_len"}
+                         .get(named, named)]
+                if modes[0] not in POOLING_MODES:
+                    raise UnsupportedArchitectureError(f"pooling '{named}' in {module['path']}: ortinf supports exactly one of "
+                                                       f"{', '.join(POOLING_MODES)}")
             if len(modes) != 1:
                 raise UnsupportedArchitectureError(
                     f"pooling {modes or 'none'} in {module['path']}: ortinf supports exactly one of {', '.join(POOLING_MODES)}"
@@ -79,13 +87,26 @@ class TracedEncoder(torch.nn.Module):
 
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
         kwargs = dict(zip(self.input_names, inputs))
-        out = self.model(**kwargs)
+        if getattr(self.model.config, "model_type", "") in EMBEDDING_DECODERS:  # a decoder as an embedding model
+            dtype = next(self.model.parameters()).dtype
+            out = self.model(input_ids=kwargs["input_ids"], attention_mask=causal_mask(kwargs["attention_mask"], dtype))
+        else:
+            out = self.model(**kwargs)
         if self.task != FEATURE_EXTRACTION:
             return out.logits
         embeddings = pool(out.last_hidden_state, kwargs["attention_mask"], self.pooling)
         if self.normalize:
             embeddings = torch.nn.functional.normalize(embeddings, p=2, dim=1)
         return embeddings
+
+
+def causal_mask(mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A decoder's 4-D additive attention mask [B, 1, L, L] (causal, and no attending to padding). transformers
+    takes a 4-D mask as it is; building its own (masking_utils' vmap) does not trace."""
+    length = mask.shape[1]
+    causal = torch.ones(length, length, dtype=torch.bool, device=mask.device).tril()
+    allowed = causal[None, None] & mask.bool()[:, None, None, :]
+    return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
 
 
 def encoder_inputs(model: PreTrainedModel) -> list[str]:
@@ -104,6 +125,9 @@ def encoder_spec(model: PreTrainedModel, source: ModelSource, task: str, input_n
     st_config = source.path / "sentence_bert_config.json"
     if st_config.is_file():  # sentence-transformers truncates at its own max_seq_length
         max_len = min(max_len, int(json.loads(st_config.read_text(encoding="utf-8")).get("max_seq_length") or max_len))
+    window = getattr(config, "sliding_window", None)
+    if config.model_type in EMBEDDING_DECODERS and window and getattr(config, "use_sliding_window", True):
+        max_len = min(max_len, int(window))  # the graph's mask is fully causal: exact up to the window
     if task == FEATURE_EXTRACTION:
         pooling, normalize = read_pooling(source)
         return EncoderSpec(config.hidden_size, max_len, tuple(input_names), pooling, normalize, config.hidden_size,
