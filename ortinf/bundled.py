@@ -23,7 +23,8 @@ from pathlib import Path
 
 import ortinf
 from ortinf.errors import ConfigError
-from ortinf.manifest import FORMAT_VERSION, MANIFEST_NAME
+from ortinf.extras import install_command
+from ortinf.manifest import FORMAT_VERSION, MANIFEST_NAME, is_gguf
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,7 @@ def resolve_package(ref: str | Path | None = None, progress: bool = True) -> Pat
     - a package folder (made by `ortinf export`): as it is;
     - a Hugging Face model folder (config.json, no ortinf.json): exported into the cache on first use
       and reused after (a bundled checkpoint's folder gets the bundled model's own cache entry);
+    - a GGUF file (llama.cpp's, Ollama's): the same, served under the file's name without `.gguf`;
     - a bundled model's served name (`ortinf-demo-llama`, `all-MiniLM-L6-v2`): its cached package.
     """
     if ref is None:
@@ -93,6 +95,11 @@ def resolve_package(ref: str | Path | None = None, progress: bool = True) -> Pat
         names = ", ".join(bundled) or "none in this install"
         raise ConfigError(f"{ref} is neither a folder nor a bundled model (bundled: {names}): pass a package folder made by "
                           "`ortinf export`, or a Hugging Face model folder")
+    if is_gguf(folder):
+        stat = folder.stat()
+        stamp = hashlib.sha256(f"{ortinf.__version__}/{FORMAT_VERSION}/{folder.resolve()}/{stat.st_size}/{stat.st_mtime_ns}".encode())
+        name = folder.name.removesuffix(".gguf")
+        return _cached_export(folder, cache_dir() / f"{name}-{stamp.hexdigest()[:16]}" / name, progress)
     if (folder / MANIFEST_NAME).is_file() or not (folder / "config.json").is_file():
         return folder  # a package, or something Manifest.load will explain
     for model in bundled.values():
@@ -111,8 +118,8 @@ def _cached_export(checkpoint: Path, package: Path, progress: bool) -> Path:
             from ortinf.exporter.api import export
         except ImportError as exc:
             raise ConfigError(
-                f"{checkpoint} is a Hugging Face model folder, exported once on first use, which needs the export extra: "
-                "pip install -c constraints.txt '.[export]' (or pass a package folder made by `ortinf export`)"
+                f"{checkpoint} is exported once on first use, which needs ortinf's 'export' extra: {install_command('export')} "
+                "(or pass a package folder made by `ortinf export`)"
             ) from exc
         log.info("exporting %s to %s (first use only; later starts reuse it)", checkpoint, package)
         export(checkpoint, package, overwrite=True, progress=progress)

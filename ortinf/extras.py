@@ -16,7 +16,7 @@ from pathlib import Path
 # Modules of the optional extras -> the extra that installs them. The serving install (`pip install ortinf`)
 # has none of them.
 EXTRA_MODULES = {"torch": "export", "transformers": "export", "optimum": "export", "onnx": "export", "onnx_ir": "export",
-                 "safetensors": "export", "huggingface_hub": "export", "ray": "ray", "soundfile": "audio", "soxr": "audio",
+                 "safetensors": "export", "huggingface_hub": "export", "gguf": "export", "ray": "ray", "soundfile": "audio", "soxr": "audio",
                  "multipart": "audio"}
 
 

@@ -286,8 +286,8 @@ class Manifest:
         return cls.from_dict(data)
 
 
-GGUF_MESSAGE = ("{path} is a GGUF file (llama.cpp's format), which ortinf does not read: export the Hugging Face model folder "
-                "it came from (config.json and safetensors) with `ortinf export MODEL_DIR -o PKG`")
+GGUF_MESSAGE = ("{path} is a GGUF file (llama.cpp's format): export it into a package first, `ortinf export {path} -o PKG` "
+                "(or export the Hugging Face folder it came from), then pass PKG")
 
 
 def is_gguf(path: str | Path) -> bool:

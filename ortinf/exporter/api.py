@@ -37,6 +37,7 @@ from ortinf.manifest import (
     CpuKernel,
     Manifest,
     Quantization,
+    is_gguf,
 )
 
 log = logging.getLogger(__name__)
@@ -80,8 +81,22 @@ def export(
     are recorded in the manifest with a warning ("record": random-weight benchmark models, whose flat
     next-token distributions flip argmaxes under any rounding, or a user who has measured otherwise).
 
+    MODEL may also be a GGUF file (llama.cpp's, Ollama's): it is read into a temporary Hugging Face folder
+    first (ortinf/exporter/gguf_source.py).
+
     Raises ExportError (or a subclass) with a message that says what to change.
     """
+    if is_gguf(Path(model).expanduser()):
+        import tempfile
+
+        from ortinf.exporter.gguf_source import gguf_to_folder
+
+        options = dict(task=task, dtype=dtype, overwrite=overwrite, tolerance=tolerance, progress=progress,
+                       external_data_threshold=external_data_threshold, kernel=kernel, quant_block_size=quant_block_size,
+                       accuracy_level=accuracy_level, kv_dtype=kv_dtype, cpu_kernel=cpu_kernel, enable_lora=enable_lora,
+                       quality_gate=quality_gate)
+        with tempfile.TemporaryDirectory(prefix="ortinf-gguf-") as folder:
+            return export(gguf_to_folder(Path(model).expanduser().resolve(), Path(folder)), out, **options)
     if task != "auto" and task not in TASKS:
         raise ExportError(f"unknown task '{task}': choose auto, {', '.join(TASKS)}")
     if dtype not in DTYPES:

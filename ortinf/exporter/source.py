@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from ortinf.errors import ConfigError, ExportError
-from ortinf.manifest import GGUF_MESSAGE, is_gguf
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,8 +34,6 @@ def resolve_model(model: str) -> ModelSource:
     """Resolves MODEL to a local folder with a readable config.json, or raises with what to do."""
     path = Path(model).expanduser()
     if path.exists():
-        if is_gguf(path):
-            raise ExportError(GGUF_MESSAGE.format(path=model))
         if not path.is_dir():
             raise ExportError(f"{model} is a file: pass the model's folder (the one holding config.json)")
     elif _looks_like_path(model):
