@@ -49,16 +49,16 @@ def test_rerank_equals_the_cross_encoder(server, packages):
         assert reply.status_code == 200, reply.text
         results = reply.json()["results"]
         assert [r["index"] for r in results] == list(np.argsort(-expected))
-        np.testing.assert_allclose([r["relevance_score"] for r in results], np.sort(expected)[::-1], atol=1e-5)
+        np.testing.assert_allclose([r["relevance_score"] for r in results], np.sort(expected)[::-1], atol=1e-4)
         assert [r["document"]["text"] for r in results] == [DOCUMENTS[r["index"]] for r in results]
     top = post(server, "/v1/rerank", model="reranker", query=QUERY, documents=[{"text": d} for d in DOCUMENTS], top_n=2,
                return_documents=False).json()["results"]
     assert len(top) == 2 and "document" not in top[0] and top[0]["index"] == int(np.argmax(expected))
     scored = post(server, "/score", model="reranker", text_1=QUERY, text_2=DOCUMENTS).json()["data"]
-    np.testing.assert_allclose([d["score"] for d in scored], expected, atol=1e-5)
+    np.testing.assert_allclose([d["score"] for d in scored], expected, atol=1e-4)
     pairwise = post(server, "/v1/score", model="reranker", text_1=[QUERY, "the lazy dog"], text_2=DOCUMENTS[:2]).json()["data"]
     second = CrossEncoder(str(packages / "reranker-hf"), device="cpu").predict([("the lazy dog", DOCUMENTS[1])])[0]
-    assert abs(pairwise[1]["score"] - second) < 1e-5
+    assert abs(pairwise[1]["score"] - second) < 1e-4
 
 
 def test_an_embedding_model_scores_by_cosine_similarity(server, minilm_package):
@@ -79,13 +79,13 @@ def test_classify_equals_the_classifier(server, packages):
     with torch.no_grad():
         expected = torch.softmax(model(**tokenizer(DOCUMENTS, padding=True, return_tensors="pt")).logits, dim=-1).numpy()
     data = post(server, "/classify", model="sentiment", input=DOCUMENTS).json()["data"]
-    np.testing.assert_allclose([d["probs"] for d in data], expected, atol=1e-5)
+    np.testing.assert_allclose([d["probs"] for d in data], expected, atol=1e-4)
     assert [d["label"] for d in data] == [("neg", "neu", "pos")[i] for i in expected.argmax(axis=1)] and data[0]["num_classes"] == 3
     one = post(server, "/v1/classify", model="reranker", input="the lazy dog").json()["data"][0]  # one label: its sigmoid
     model = transformers.AutoModelForSequenceClassification.from_pretrained(packages / "reranker-hf").eval()
     with torch.no_grad():
         logit = model(**tokenizer(["the lazy dog"], return_tensors="pt")).logits[0, 0]
-    assert one["label"] == "relevance" and abs(one["probs"][0] - torch.sigmoid(logit).item()) < 1e-5
+    assert one["label"] == "relevance" and abs(one["probs"][0] - torch.sigmoid(logit).item()) < 1e-4
 
 
 def test_scoring_errors_are_400s(server):

@@ -13,8 +13,14 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SERVING_ONLY = ROOT / ".venv-openvino" / "bin" / "ortinf"
 PIP = f"-m pip install -c {ROOT / 'constraints.txt'} "
-EXPORT = "torch==2.13.0 'transformers<4.58,>=4.55' 'optimum-onnx[onnxruntime]==0.1.0' 'onnx>=1.17' 'onnx-ir>=0.1' huggingface-hub safetensors"
+EXPORT = ("torch==2.13.0 'transformers<4.58,>=4.55' 'optimum-onnx[onnxruntime]==0.1.0' 'onnx>=1.17' 'onnx-ir>=0.1' 'gguf>=0.10' "
+          "huggingface-hub safetensors")
 AUDIO = "'soundfile>=0.12' 'soxr>=0.3' 'python-multipart>=0.0.9'"
+
+
+def interpreter(script: Path) -> str:
+    """The Python a console script runs on (its shebang): the one whose pip the message names."""
+    return script.read_text().splitlines()[0].removeprefix("#!").strip()
 
 
 def expected(python: Path | str, module: str, extra: str, requirements: str) -> str:
@@ -26,7 +32,7 @@ def expected(python: Path | str, module: str, extra: str, requirements: str) -> 
 def test_export_in_a_serving_only_environment(tmp_path):
     done = subprocess.run([str(SERVING_ONLY), "export", str(ROOT / "ortinf" / "assets" / "demo-llama"), "-o", str(tmp_path / "p")],
                           capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and done.stderr.strip() == expected(SERVING_ONLY.parent / "python3", "torch", "export", EXPORT), done.stderr
+    assert done.returncode == 2 and done.stderr.strip() == expected(interpreter(SERVING_ONLY), "torch", "export", EXPORT), done.stderr
     assert not (tmp_path / "p").exists()
 
 
@@ -51,7 +57,7 @@ def test_a_speech_package_on_a_serving_only_install_is_one_line(tmp_path):
     build_whisper(tmp_path / "hf", vocab_size=384, max_target_positions=24)
     add_byte_tokenizer(tmp_path / "hf", 384)
     ortinf.export(tmp_path / "hf", tmp_path / "whisper", progress=False)
-    python = SERVING_ONLY.parent / "python3"
+    python = interpreter(SERVING_ONLY)
     served = subprocess.run([str(SERVING_ONLY), "serve", str(tmp_path / "whisper"), "--port", str(free_port())], capture_output=True,
                             text=True, timeout=120)
     assert served.returncode == 2 and served.stderr.strip().splitlines() == [

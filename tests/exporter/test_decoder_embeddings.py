@@ -34,7 +34,7 @@ def test_decoder_embeddings_equal_sentence_transformers(model_type, tmp_path):
     manifest = ortinf.export(tmp_path / "st", tmp_path / "pkg", progress=False)  # saved as the base model: feature-extraction
     assert manifest.task == "feature-extraction" and manifest.encoder.pooling == "lasttoken" and manifest.encoder.normalize
     got = np.asarray(ortinf.LLM(tmp_path / "pkg").embed(TEXTS))
-    np.testing.assert_allclose(got, model.encode(TEXTS), atol=1e-5)
+    np.testing.assert_allclose(got, model.encode(TEXTS), atol=1e-4)
 
 
 def test_a_served_decoder_embedding_model_takes_dimensions_and_base64(tmp_path):
@@ -44,7 +44,7 @@ def test_a_served_decoder_embedding_model_takes_dimensions_and_base64(tmp_path):
     with running_server([str(tmp_path / "pkg"), "--served-model-name", "qwen-embed"], tmp_path) as server:
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
         full = client.embeddings.create(model="qwen-embed", input=TEXTS)  # the client asks for base64
-        np.testing.assert_allclose([d.embedding for d in full.data], expected, atol=1e-5)
+        np.testing.assert_allclose([d.embedding for d in full.data], expected, atol=1e-4)
         short = client.embeddings.create(model="qwen-embed", input=TEXTS, dimensions=16, encoding_format="float")
         cut = expected[:, :16] / np.linalg.norm(expected[:, :16], axis=1, keepdims=True)
-        np.testing.assert_allclose([d.embedding for d in short.data], cut, atol=1e-5)
+        np.testing.assert_allclose([d.embedding for d in short.data], cut, atol=1e-4)
