@@ -1,4 +1,5 @@
-"""Property-based fuzzing of /v1/completions, /v1/chat/completions, /v1/responses and /v1/embeddings on the real server.
+"""Property-based fuzzing of /v1/completions, /v1/chat/completions, /v1/responses, /v1/embeddings and the scoring routes
+(/v1/rerank, /score, /classify) on the real server.
 
 Every field is drawn across (and beyond) its schema range: extreme ints, tiny and huge floats, odd
 unicode (lone surrogates, NULs, emoji), huge lists, token ids off the vocabulary, wrong types and
@@ -173,6 +174,17 @@ EMBEDDING = st.fixed_dictionaries(
               "truncate_prompt_tokens": maybe(ints), "user": maybe(odd_text), "response_format": st.just("json")},
 )
 
+SCORING = st.one_of(
+    st.fixed_dictionaries({"query": maybe(odd_text), "documents": maybe(st.one_of(
+        st.lists(odd_text, max_size=8), st.lists(st.fixed_dictionaries({"text": maybe(odd_text)}), max_size=4),
+        st.lists(st.just("x"), min_size=2040, max_size=2060)))},
+        optional={"model": st.one_of(st.just("minilm"), st.just("minilm"), st.just(MODEL), odd_text), "top_n": maybe(ints),
+                  "return_documents": maybe(st.booleans()), odd_key(): junk}),
+    st.fixed_dictionaries({"text_1": maybe(st.one_of(odd_text, st.lists(odd_text, max_size=4))),
+                           "text_2": maybe(st.one_of(odd_text, st.lists(odd_text, max_size=4)))},
+                          optional={"model": st.one_of(st.just("minilm"), st.just(MODEL), odd_text)}),
+)
+
 
 @pytest.fixture(scope="module")
 def fuzz_server(chat_package, minilm_package, tmp_path_factory):
@@ -209,6 +221,8 @@ def check(client: httpx.Client, path: str, body: dict) -> None:
             assert "error" not in json.loads(event), f"error event for {content[:500]}: {event[:500]}"
     elif path == "/v1/responses":
         assert response.json()["object"] == "response", response.text[:500]
+    elif path in ("/v1/rerank", "/score"):
+        assert "results" in response.json() or "data" in response.json(), response.text[:500]
     elif path == "/v1/embeddings":
         assert response.json()["data"], response.text[:500]
     else:
@@ -248,6 +262,12 @@ def test_fuzz_responses(fuzz_server, reference):
 @pytest.mark.slow
 def test_fuzz_responses_thousands(fuzz_server, reference):
     fuzz(fuzz_server, reference, "/v1/responses", RESPONSES, SLOW_EXAMPLES // 2, derandomize=False)
+
+
+def test_fuzz_scoring(fuzz_server, reference):
+    """One strategy for both bodies: /v1/rerank gets the score body too (a 400), and the other way round below."""
+    fuzz(fuzz_server, reference, "/v1/rerank", SCORING, DEFAULT_EXAMPLES // 6, derandomize=True)
+    fuzz(fuzz_server, reference, "/score", SCORING, DEFAULT_EXAMPLES // 6, derandomize=True)
 
 
 def test_fuzz_embeddings(fuzz_server, reference):
