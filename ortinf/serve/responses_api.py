@@ -256,17 +256,15 @@ def _outputs(reasoning: str | None, content: str | None, calls: list[ToolCall]) 
 
 @dataclass(slots=True)
 class Run:
-    """One response in the making: its request, chat request, tool plan, samples and bookkeeping."""
+    """One response in the making: its request, tool plan, samples and bookkeeping."""
 
     body: ResponsesRequest
-    chat: ChatCompletionRequest
     tools: ToolPlan
     model: ServedModel
     prepared: list
     response_id: str
     created: int
     messages: list[dict]
-    ignored: list[str]
 
     def response(self, status: str, output: list[dict], usage: dict | None, incomplete: str | None = None) -> dict:
         body = self.body
@@ -322,7 +320,7 @@ async def create_response(body: ResponsesRequest, request: Request):
     tools = tool_plan(model, chat)
     params = chat_params(model, chat, tools, None)
     prepared = await asyncio.to_thread(lambda: prepare_samples(model, [render_prompt(model, chat, tools)], params, 1, body.stream))
-    run = Run(body, chat, tools, model, prepared, f"resp_{uuid.uuid4().hex}", int(time.time()), messages, ignored)
+    run = Run(body, tools, model, prepared, f"resp_{uuid.uuid4().hex}", int(time.time()), messages)
     headers = field_policy.ignored_headers(ignored)
     if tools.warning:
         headers[field_policy.WARNING_HEADER] = tools.warning

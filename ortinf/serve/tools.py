@@ -23,6 +23,7 @@ NO_PARSER = ("tool_choice auto: ortinf found no tool-call format it can read in 
              "plain text; serve it with --tool-call-parser NAME (" + ", ".join(tool_parsers.PARSERS) + ") or send "
              "tool_choice required or a named function")
 
+
 @dataclass(frozen=True, slots=True)
 class ToolCall:
     name: str
