@@ -12,6 +12,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ortinf.config import EngineConfig
+from ortinf.engine.beams import BeamRun
 from ortinf.engine.outputs import RequestOutput
 from ortinf.errors import ConfigError, RequestError
 from ortinf.manifest import TEXT2TEXT, TEXT_GENERATION, Manifest
@@ -101,9 +102,14 @@ class LLM:
             raise RequestError(f"{len(loras)} LoRA names for {len(batch)} prompts: pass one name, or one per prompt")
         engine = self.engine
         children: dict[str, tuple[int, int]] = {}  # engine request id -> (prompt index, sample index)
+        beams: dict[int, BeamRun] = {}  # prompt index -> its beam search (num_beams > 1)
+        steps: dict[str, tuple[int, int]] = {}  # a beam step's engine request id -> (prompt index, beam index)
         added = []
         try:
             for i, (prompt, p, adapter) in enumerate(zip(batch, params, loras)):
+                if p.num_beams > 1:  # one search, its step requests added as it goes (ortinf/engine/beams.py)
+                    beams[i] = BeamRun(engine.prepare(prompt, p, adapter), engine)
+                    continue
                 for j in range(p.n):  # one output per request, when it finishes: no per-step copies
                     request_id = engine.add_request(prompt, replace(p.for_sample(j), output_kind="final_only"), lora_name=adapter)
                     added.append(request_id)
@@ -112,20 +118,44 @@ class LLM:
             for request_id in added:
                 engine.abort(request_id)
             raise
+        step_outputs: dict[int, list[RequestOutput | None]] = {}
+
+        def launch(i: int) -> None:  # the search's next step, or nothing when it is done
+            run = beams[i]
+            if run.done:
+                return
+            requests = run.step_requests()
+            step_outputs[i] = [None] * len(requests)
+            for b, prepared in enumerate(requests):
+                steps[engine.add_request(prepared)] = (i, b)
+
+        for i in beams:
+            launch(i)
         finished: dict[str, RequestOutput] = {}
-        bar = tqdm(total=len(children), desc="generating", disable=not use_tqdm)
+        bar = tqdm(total=len(children) + len(beams), desc="generating", disable=not use_tqdm)
         while engine.has_unfinished_requests():
             for output in engine.step():
                 if output.error is not None:  # a failed step: end the batch, keep the engine usable
-                    for request_id in children:
+                    for request_id in (*children, *steps):
                         engine.abort(request_id)
                     bar.close()
                     raise output.error
-                if output.finished:
+                if output.finished and output.request_id in steps:
+                    i, b = steps.pop(output.request_id)
+                    step_outputs[i][b] = output
+                    if all(o is not None for o in step_outputs[i]):
+                        beams[i].advance(step_outputs[i])  # type: ignore[arg-type]
+                        launch(i)
+                        bar.update(beams[i].done)
+                elif output.finished:
                     finished[output.request_id] = output
                     bar.update()
         bar.close()
-        return _merge(finished, children, len(batch))
+        merged = _merge(finished, children, len(batch))
+        for i, run in beams.items():
+            outputs = run.outputs(str(i))
+            merged[i] = replace(outputs[0], outputs=[o.outputs[0] for o in outputs])
+        return merged
 
     def transcribe(self, audios: np.ndarray | Sequence[np.ndarray], max_new_tokens: int | None = None) -> list[str]:
         """The text of each audio (16 kHz mono float samples) with a Whisper package; greedy, windows of 30 s."""

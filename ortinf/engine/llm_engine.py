@@ -48,6 +48,7 @@ class PreparedRequest:
     encoder_input: EncoderInput | None = None  # an encoder-decoder's (the source; `token_ids` are the decoder's)
     priority: int = 0  # lower runs first under the priority scheduling policy (vLLM's)
     cache_salt: str | None = None  # a client's prefix-cache salt: blocks are shared only under the same salt
+    output_token_ids: tuple[int, ...] = ()  # tokens already generated (a beam's, ortinf/engine/beams.py): computed as the prompt is
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -280,6 +281,8 @@ class LLMEngine:
             priority=prepared.priority,
             salt=prepared.cache_salt,
         )
+        for token in prepared.output_token_ids:  # a beam's tokens so far: the rules (min_tokens, forced EOS) count them
+            request.append_output_token(token)
         self.scheduler.add_request(request)
         self.outputs.add_request(request, prepared.text)
         return request.request_id
@@ -349,6 +352,7 @@ class LLMEngine:
             merged.prompt_logprobs.update(output.prompt_logprobs)
             merged.format_complete.update(output.format_complete)
             merged.cannot_continue.update(output.cannot_continue)
+            merged.beam_candidates.update(output.beam_candidates)
         if not kept:  # nothing ran: the step failed as a whole
             raise exc
         results = []

@@ -28,6 +28,7 @@ class RequestState:
     sent_tokens: int = 0
     sent_chars: int = 0
     sent_logprobs: int = 0
+    beam_candidates: list[tuple[int, float]] | None = None  # a beam search's step request's
 
 
 class OutputProcessor:
@@ -47,6 +48,7 @@ class OutputProcessor:
             logprobs=[] if params.logprobs is not None else None,
             prompt_logprobs=[None] * request.num_prompt_tokens if params.prompt_logprobs is not None else None,
             kind=params.output_kind,
+            num_detokenized=request.num_output_tokens,  # a beam's tokens so far are not this request's new output
         )
 
     def record_prompt_logprobs(self, runner_output: ModelRunnerOutput) -> None:
@@ -73,6 +75,8 @@ class OutputProcessor:
         else:
             state.metrics.inter_token_latencies.append(now - state.metrics.last_token_time)
         state.metrics.last_token_time = now
+        if request.request_id in runner_output.beam_candidates:
+            state.beam_candidates = runner_output.beam_candidates[request.request_id]
         if state.logprobs is not None and request.request_id in runner_output.logprobs:
             state.logprobs += runner_output.logprobs[request.request_id][:num_new]
         state.num_detokenized = request.num_output_tokens
@@ -118,6 +122,7 @@ class OutputProcessor:
             metrics=state.metrics,
             num_output_tokens=request.num_output_tokens,
             delta=delta,
+            beam_candidates=state.beam_candidates,
         )
 
     def remove(self, request_id: str) -> None:

@@ -53,6 +53,8 @@ class RequestOutput:
     error: Exception | None = None  # set when an engine step failed this request (it is finished)
     num_output_tokens: int = 0  # tokens generated so far in all, whatever the output kind (metrics read it)
     delta: bool = False
+    # a beam search's step request: its best next (token, log-probability) pairs (ortinf/engine/beams.py)
+    beam_candidates: list[tuple[int, float]] | None = None
 
     def followed_by(self, later: RequestOutput) -> RequestOutput:
         """This output and the request's next one as one: the later one itself when it is cumulative,

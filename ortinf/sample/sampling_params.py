@@ -12,6 +12,8 @@ from ortinf.errors import RequestError
 from ortinf.sample.structured_output import StructuredOutput
 
 MAX_LOGPROBS = 20
+MAX_BEAMS = 32
+EARLY_STOPPING = (True, False, "never")  # transformers' values
 SEED_RANGE = 2**64  # numpy's generators take seeds in [0, 2**64); any int maps into it (vLLM's rule)
 GREEDY_BELOW = 1e-5  # a temperature below this is greedy: dividing logits by it overflows float32 (vLLM's rule)
 
@@ -61,6 +63,17 @@ class SamplingParams:
     # The request's logprobs are those of the processed row (transformers' scores): Whisper's timestamp
     # rules and its fallback's mean log-probability (ortinf/tasks/speech/transcriber.py).
     logits_processors: tuple[Callable[[Sequence[int], np.ndarray], np.ndarray], ...] = ()
+    # Beam search (ortinf/sample/beam_search.py, transformers' rules): num_beams > 1 searches that many
+    # beams and returns the n best hypotheses; length_penalty divides a hypothesis' log-probability by its
+    # length to that power; early_stopping True ends once num_beams hypotheses are done, "never" only when
+    # no better one can come, False (transformers' default) by transformers' heuristic.
+    num_beams: int = 1
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False
+    # The beam search's own step requests only (never set from an HTTP body): the step computes the
+    # request's tokens, returns this many best next tokens with their log-probabilities under the
+    # request's rules (RequestOutput.beam_candidates), and ends.
+    beam_candidates: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -139,6 +152,30 @@ class SamplingParams:
         object.__setattr__(self, "logits_processors", tuple(self.logits_processors))
         if not all(callable(p) for p in self.logits_processors):
             raise RequestError("logits_processors must be functions (output ids, logits) -> logits", param="logits_processors")
+        self._check_beams()
+
+    def _check_beams(self) -> None:
+        if isinstance(self.num_beams, bool) or not isinstance(self.num_beams, int) or not 1 <= self.num_beams <= MAX_BEAMS:
+            raise RequestError(f"num_beams must be an integer in [1, {MAX_BEAMS}], got {self.num_beams!r}", param="num_beams")
+        _finite("length_penalty", self.length_penalty)
+        if self.early_stopping not in EARLY_STOPPING or not isinstance(self.early_stopping, (bool, str)):
+            raise RequestError(f"early_stopping must be true, false or \"never\", got {self.early_stopping!r}", param="early_stopping")
+        if not isinstance(self.beam_candidates, int) or self.beam_candidates < 0:
+            raise RequestError("beam_candidates must be a non-negative integer", param="beam_candidates")
+        if self.num_beams == 1:
+            return
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise RequestError("beam search needs max_tokens >= 1", param="max_tokens")
+        if self.n > self.num_beams:
+            raise RequestError(f"n ({self.n}) must not exceed the number of beams ({self.num_beams})", param="n")
+        # what a beam search cannot honour is refused, never silently dropped (vLLM's beam search takes none of these either)
+        unsupported = [name for name, asked in (
+            ("stop", bool(self.stop)), ("logprobs", self.logprobs is not None), ("prompt_logprobs", self.prompt_logprobs is not None),
+            ("response_format / structured_outputs", self.structured_output is not None), ("logit_bias", bool(self.logit_bias)),
+            ("repetition_penalty, presence_penalty and frequency_penalty", self.has_penalties)) if asked]
+        if unsupported:
+            raise RequestError(f"beam search does not take {unsupported[0]}: drop it, or sample without beams (stop token ids, "
+                               "min_tokens, bad_words and allowed_token_ids work with beams)", param=unsupported[0].split()[0])
 
     def for_sample(self, index: int) -> SamplingParams:
         """The parameters of sample `index` of n: one sample each, seeded seed + index when seeded."""

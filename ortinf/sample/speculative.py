@@ -110,7 +110,7 @@ class SpecStats:
 def can_speculate(params: SamplingParams, num_output_tokens: int) -> bool:
     """Whether a request's next distributions do not depend on what is accepted within the step."""
     return not (params.has_penalties or params.structured_output is not None or params.bad_words_ids
-                or num_output_tokens < params.min_tokens)
+                or num_output_tokens < params.min_tokens or params.beam_candidates)
 
 
 def propose_ngram(token_ids: list[int], config: SpeculativeConfig, limit: int) -> list[int]:

@@ -84,8 +84,13 @@ _SAMPLING = {
     "cache_salt": _implemented("vLLM's: prefix-cache blocks are shared only between requests with the same salt"),
     "request_id": _implemented("vLLM's: the response id's suffix (and the engine's log)"),
     "add_special_tokens": _implemented("vLLM's: add the tokenizer's special tokens (BOS) to the prompt"),
-    "best_of": _implemented("accepted when it equals n (or is 1 / null): larger values are a 400, use n"),
-    "use_beam_search": _implemented("accepted when false; true is a 400 (beam search is not implemented yet)"),
+    "best_of": _implemented("with use_beam_search the number of beams; without, accepted when it equals n (or is 1 / null): "
+                            "best-of sampling is a 400"),
+    "use_beam_search": _implemented("beam search by transformers' rules over max(n, best_of) beams, the n best returned; "
+                                    "temperature and top-p/k do not apply; stop strings, logprobs, penalties, logit_bias and "
+                                    "response formats are a 400 with it"),
+    "length_penalty": _implemented("beam search: sum(logprobs) / length ** length_penalty (default 1.0)"),
+    "early_stopping": _implemented("beam search: false (transformers' heuristic), true or \"never\""),
     "store": _ignored("nothing is stored for completions (the Responses API stores: /v1/responses)"),
     "metadata": _ignored("only stored with a stored response"),
     "service_tier": _ignored("one tier"),
@@ -99,8 +104,6 @@ _SAMPLING = {
     "vllm_xargs": _ignored("no vLLM extensions"),
     "mm_processor_kwargs": _ignored("text models take no multimodal input"),
     "return_tokens_as_token_ids": _refused("read token ids with /tokenize"),
-    "length_penalty": _refused("beam search is not implemented: drop it"),
-    "early_stopping": _refused("beam search is not implemented: drop it"),
     "structural_tag": _refused("use structured_outputs.grammar (a Lark or GBNF grammar)"),
     **{name: Rule(MAPPED, f"structured_outputs.{target}") for name, target in GUIDED.items()},
 }

@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ortinf.errors import RequestError
-from ortinf.sample.sampling_params import MAX_LOGPROBS, SamplingParams
+from ortinf.sample.sampling_params import MAX_BEAMS, MAX_LOGPROBS, SamplingParams
 from ortinf.sample.structured_output import StructuredOutput
 from ortinf.serve.field_policy import GUIDED
 
@@ -159,17 +159,24 @@ class SamplingFields(BaseModel):
         None, description="the response id's suffix (vLLM's)")
     add_special_tokens: bool | None = Field(None, description="add the tokenizer's special tokens to the prompt (vLLM's; "
                                                               "completions: true, chat: false, the template writes them)")
-    best_of: Annotated[int, Field(strict=True, ge=1)] | None = Field(None, description="accepted when it equals n (or 1)")
-    use_beam_search: bool = Field(False, description="accepted when false")
+    best_of: Annotated[int, Field(strict=True, ge=1, le=MAX_BEAMS)] | None = Field(
+        None, description="with use_beam_search: the number of beams (default n); without: accepted when it equals n (or 1)")
+    use_beam_search: bool = Field(False, description="beam search (transformers' rules): max(n, best_of) beams, the n best returned")
+    length_penalty: Finite = Field(1.0, description="beam search: a hypothesis scores sum(logprobs) / length ** length_penalty")
+    early_stopping: bool | Literal["never"] = Field(False, description="beam search: true ends once enough hypotheses are done; "
+                                                                       "false (default) by transformers' heuristic; never: when none can improve")
 
     def check_unimplemented(self) -> None:
         """400 for the values of accepted fields that ask for what this server does not do."""
-        if self.use_beam_search:
-            raise RequestError("use_beam_search is not supported by this server (beam search is not implemented): "
-                               "sample with n and temperature, or decode greedily", param="use_beam_search")
+        if self.use_beam_search:  # streamed, a search sends each of its n best whole once it ends
+            return
         if self.best_of is not None and self.best_of not in (1, self.n):
-            raise RequestError(f"best_of ({self.best_of}) other than n is not supported by this server: ask for n samples and "
-                               "pick by their logprobs", param="best_of")
+            raise RequestError(f"best_of ({self.best_of}) larger than n asks for best-of sampling, which this server does not do: "
+                               "send use_beam_search: true for beam search over best_of beams, or ask for n samples and pick by "
+                               "their logprobs", param="best_of")
+        for name in ("length_penalty", "early_stopping"):
+            if name in self.model_fields_set and getattr(self, name) != self.model_fields[name].default:
+                raise RequestError(f"{name} applies to beam search: send use_beam_search: true, or drop it", param=name)
 
     def sampling_params(self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None = None) -> SamplingParams:
         """SamplingParams for one sample; raises RequestError naming a bad parameter."""
@@ -203,6 +210,9 @@ class SamplingFields(BaseModel):
             skip_special_tokens=self.skip_special_tokens,
             truncate_prompt_tokens=self.truncate_prompt_tokens,
         )
+        if self.use_beam_search:
+            values.update(num_beams=max(self.n, self.best_of or 1), n=self.n, length_penalty=self.length_penalty,
+                          early_stopping=self.early_stopping)
         return SamplingParams(**values)
 
     def include_usage(self) -> bool:

@@ -131,6 +131,11 @@ class ModelRunner:
                 output.cannot_continue[s.request_id] = "no token is allowed next (the requested format, allowed_token_ids and bans exclude all)"
                 allowed[row] = None  # sampled anyway (all -inf would be NaN), then dropped
         tokens, logprobs = self.sampler(logits, params, histories, generators, banned, allowed)
+        for row, s in enumerate(requests):
+            if s.sampling_params.beam_candidates and s.request_id not in output.cannot_continue:
+                forced = self.rules.forced(s.num_output_tokens, s.sampling_params.max_tokens) if self.rules else None
+                output.beam_candidates[s.request_id] = ([(forced, 0.0)] if forced is not None else  # transformers scores a forced token 0
+                                                        beam_candidates(logits[row], banned[row], allowed[row], s.sampling_params.beam_candidates))
         constrained: list[tuple[str, int]] = []
         for row, (s, token) in enumerate(zip(requests, tokens.tolist())):
             if s.request_id in output.cannot_continue:
@@ -229,6 +234,23 @@ class ModelRunner:
         if seed is None:
             return self.shared_generator
         return np.random.default_rng([seed, scheduled.num_output_tokens + offset])
+
+
+def beam_candidates(row: np.ndarray, banned: Sequence[int], allowed: np.ndarray | None, k: int) -> list[tuple[int, float]]:
+    """The k best (token, log-probability) of a row, best first, as transformers' beam search scores them:
+    the log-softmax of the logits, then the rules' masks (bans, forced and allowed tokens) at -inf, not
+    renormalised; -inf tokens are left out."""
+    logprobs = log_softmax(np.asarray(row, dtype=np.float32)[None, :])[0]
+    vocab = len(logprobs)
+    if allowed is not None:
+        logprobs[~allowed] = -np.inf
+    ids = [t for t in banned if 0 <= t < vocab]
+    if ids:
+        logprobs[ids] = -np.inf
+    k = min(k, vocab)
+    top = np.argpartition(-logprobs, k - 1)[:k]
+    top = top[np.argsort(-logprobs[top], kind="stable")]
+    return [(int(t), float(logprobs[t])) for t in top if np.isfinite(logprobs[t])]
 
 
 def prompt_logprobs(scheduled: ScheduledRequest, rows: np.ndarray) -> list[TokenLogprobs]:

@@ -77,6 +77,8 @@ class ModelRunnerOutput:
     prompt_logprobs: dict[str, tuple[int, list[TokenLogprobs]]] = field(default_factory=dict)
     format_complete: set[str] = field(default_factory=set)  # the sampled token completed the request's grammar
     cannot_continue: dict[str, str] = field(default_factory=dict)  # no token may follow (grammar, allowed ids, bans): why
+    # a beam search's step requests: their best next (token, log-probability) pairs, best first (SamplingParams.beam_candidates)
+    beam_candidates: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
 
 
 def top_logprobs(logprobs_row: np.ndarray, token_id: int, k: int) -> TokenLogprobs:

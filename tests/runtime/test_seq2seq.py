@@ -96,3 +96,22 @@ def test_a_failing_source_fails_alone(seq2seq):
     got = [[t for t in finished[i].outputs[0].token_ids if t != eos] for i in (ids[0], ids[2])]
     assert got == expected and finished[ids[0]].error is None
     assert llm.engine.kv_cache.usage() == 0.0
+
+
+@pytest.mark.parametrize(("k", "n", "max_new_tokens"), [(4, 2, 10), (3, 3, 20)])
+def test_beam_search_equals_transformers(seq2seq, k, n, max_new_tokens):
+    """Beams over the encoder-decoder path (the source encoded once per search: its cross blocks are
+    found by digest at every step), transformers' rules included: a forced EOS scores 0."""
+    name, model, package = seq2seq
+    rng = np.random.default_rng(1)
+    sources = [rng.integers(3, 290, m).tolist() + [model.config.eos_token_id] for m in (5, 30, 12)]
+    llm = LLM(package, max_num_seqs=3)
+    outputs = llm.generate(sources, SamplingParams(num_beams=k, n=n, max_tokens=max_new_tokens))
+    eos = model.config.eos_token_id
+    for source, output in zip(sources, outputs):
+        with torch.no_grad():
+            rows = model.generate(torch.tensor([source]), num_beams=k, num_return_sequences=n, max_new_tokens=max_new_tokens,
+                                  do_sample=False)[:, 1:].tolist()
+        expected = [row[: row.index(eos) + 1] if eos in row else row for row in rows]
+        assert [c.token_ids for c in output.outputs] == expected
+    assert llm.engine.kv_cache.num_cross_hits > 0  # later steps found the encoder's output
