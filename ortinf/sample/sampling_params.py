@@ -168,7 +168,11 @@ class SamplingParams:
             raise RequestError("beam search needs max_tokens >= 1", param="max_tokens")
         if self.n > self.num_beams:
             raise RequestError(f"n ({self.n}) must not exceed the number of beams ({self.num_beams})", param="n")
-        # what a beam search cannot honour is refused, never silently dropped (vLLM's beam search takes none of these either)
+        self.check_beam_fields()
+
+    def check_beam_fields(self) -> None:
+        """A RequestError for what a beam search cannot honour: refused, never silently dropped (vLLM's
+        beam search takes none of these either)."""
         unsupported = [name for name, asked in (
             ("stop", bool(self.stop)), ("logprobs", self.logprobs is not None), ("prompt_logprobs", self.prompt_logprobs is not None),
             ("response_format / structured_outputs", self.structured_output is not None), ("logit_bias", bool(self.logit_bias)),

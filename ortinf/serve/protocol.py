@@ -162,8 +162,9 @@ class SamplingFields(BaseModel):
     best_of: Annotated[int, Field(strict=True, ge=1, le=MAX_BEAMS)] | None = Field(
         None, description="with use_beam_search: the number of beams (default n); without: accepted when it equals n (or 1)")
     use_beam_search: bool = Field(False, description="beam search (transformers' rules): max(n, best_of) beams, the n best returned")
-    length_penalty: Finite = Field(1.0, description="beam search: a hypothesis scores sum(logprobs) / length ** length_penalty")
-    early_stopping: bool | Literal["never"] = Field(False, description="beam search: true ends once enough hypotheses are done; "
+    length_penalty: Finite | None = Field(None, description="beam search: a hypothesis scores sum(logprobs) / length ** length_penalty "
+                                                           "(default 1.0)")
+    early_stopping: bool | Literal["never"] | None = Field(None, description="beam search: true ends once enough hypotheses are done; "
                                                                        "false (default) by transformers' heuristic; never: when none can improve")
 
     def check_unimplemented(self) -> None:
@@ -174,8 +175,8 @@ class SamplingFields(BaseModel):
             raise RequestError(f"best_of ({self.best_of}) larger than n asks for best-of sampling, which this server does not do: "
                                "send use_beam_search: true for beam search over best_of beams, or ask for n samples and pick by "
                                "their logprobs", param="best_of")
-        for name in ("length_penalty", "early_stopping"):
-            if name in self.model_fields_set and getattr(self, name) != self.model_fields[name].default:
+        for name, default in (("length_penalty", 1.0), ("early_stopping", False)):
+            if getattr(self, name) not in (None, default):
                 raise RequestError(f"{name} applies to beam search: send use_beam_search: true, or drop it", param=name)
 
     def sampling_params(self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None = None) -> SamplingParams:
@@ -210,10 +211,16 @@ class SamplingFields(BaseModel):
             skip_special_tokens=self.skip_special_tokens,
             truncate_prompt_tokens=self.truncate_prompt_tokens,
         )
-        if self.use_beam_search:
-            values.update(num_beams=max(self.n, self.best_of or 1), n=self.n, length_penalty=self.length_penalty,
-                          early_stopping=self.early_stopping)
-        return SamplingParams(**values)
+        if not self.use_beam_search:
+            return SamplingParams(**values)
+        width = max(self.n, self.best_of or 1)
+        if width == 1:  # one beam is greedy decoding (as in transformers); the fields beams refuse are refused all the same
+            params = SamplingParams(**{**values, "temperature": 0.0})
+            params.check_beam_fields()
+            return params
+        return SamplingParams(**values, n=self.n, num_beams=width,
+                              length_penalty=1.0 if self.length_penalty is None else self.length_penalty,
+                              early_stopping=False if self.early_stopping is None else self.early_stopping)
 
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)

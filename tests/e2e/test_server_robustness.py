@@ -71,11 +71,11 @@ def test_field_policy_refuses_ignores_and_maps(llama_server):
     assert_error(complete(url, {"prompt": "x", "best_of": 2}), 400, "best_of", "n samples", param="best_of")
     assert_error(complete(url, {"prompt": "x", "structural_tag": "x"}), 400, "structured_outputs.grammar", param="structural_tag")
     assert_error(complete(url, {"prompt": "x", "suffix": "y"}), 400, "suffix is not supported", param="suffix")
-    assert_error(complete(url, {"prompt": "x", "use_beam_search": True}), 400, "beam search", param="use_beam_search")
+    assert_error(complete(url, {"prompt": "x", "use_beam_search": True, "stop": "y"}), 400, "beam search does not take stop", param="stop")
     sent = complete(url, {"prompt": "x", "max_tokens": 2, "best_of": 1, "use_beam_search": False, "store": False,
                           "service_tier": "auto", "metadata": {"a": "b"}, "length_penalty": None, "some_new_field": 3})
     assert sent.status_code == 200, sent.text
-    assert sent.headers["x-ignored-fields"] == "length_penalty, metadata, service_tier, some_new_field, store"
+    assert sent.headers["x-ignored-fields"] == "metadata, service_tier, some_new_field, store"
     assert "x-ignored-fields" not in complete(url, {"prompt": "x", "max_tokens": 2}).headers
     choice = complete(url, {"prompt": "x", "max_tokens": 8, "temperature": 0, "guided_choice": ["yes", "no"]}).json()["choices"][0]
     assert choice["text"] in ("yes", "no")
