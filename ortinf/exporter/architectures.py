@@ -86,6 +86,8 @@ SPEECH: dict[str, str] = {
 SEQ2SEQ: dict[str, str] = {
     "marian": "Marian (Helsinki-NLP/opus-mt-*) translation",
     "bart": "BART (facebook/bart-*)",
+    "t5": "T5, Flan-T5 (google/flan-t5-*; relative position bias in the paged kernel)",
+    "mt5": "mT5 (google/mt5-*)",
 }
 
 # Decoders that also export as embedding models (`--task feature-extraction`: Qwen3-Embedding, gte-Qwen2, e5-mistral):

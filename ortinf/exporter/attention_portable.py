@@ -118,10 +118,13 @@ def paged_attention(
     softcap: float | None = None,
     ortinf_paged: PagedBatch | None = None,
     s_aux: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
     **kwargs: object,
 ) -> tuple[torch.Tensor, None]:
     """transformers attention-interface function over the paged pool. `s_aux`: gpt-oss's attention
-    sinks [H], one more logit per head that takes probability and gives no value.
+    sinks [H], one more logit per head that takes probability and gives no value. `bias`: added to the
+    scores before the mask, [KVH, S, G * Q, P + Q] in the kernel's row layout (T5's relative position
+    bias: ortinf/exporter/t5.py).
 
     query [1, H, T, D], key/value [1, KVH, T, D] (flattened tokens of all sequences, post-RoPE).
     Returns the attention output as [1, T, H, D], as transformers expects.
@@ -162,6 +165,8 @@ def paged_attention(
     scores = torch.cat([torch.matmul(q, past_k.transpose(2, 3)), torch.matmul(q, new_k.transpose(2, 3))], dim=3)
     if softcap:
         scores = torch.tanh(scores / softcap) * softcap
+    if bias is not None:
+        scores = scores + bias
     # Where on float inputs (ORT's CPU provider has no Where on bool); a finite fill keeps fully
     # masked padding rows free of NaN.
     scores = torch.where(batch.mask(sliding_window), scores, torch.tensor(torch.finfo(scores.dtype).min, dtype=scores.dtype))

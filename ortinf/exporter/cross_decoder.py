@@ -104,12 +104,19 @@ class PagedCrossDecoder(torch.nn.Module):
         return self.model.proj_out(hidden)
 
 
+def decoder_dims(config) -> tuple[int, int, int]:  # noqa: ANN001
+    """(decoder layers, heads, head size) of an encoder-decoder's config (T5's names or BART's)."""
+    if getattr(config, "d_kv", None) is not None:  # T5, mT5
+        return config.num_decoder_layers, config.num_heads, config.d_kv
+    return config.decoder_layers, config.decoder_attention_heads, config.d_model // config.decoder_attention_heads
+
+
 def trace_decoder(module: torch.nn.Module, config, path: Path, custom_opsets: dict | None = None) -> None:  # noqa: ANN001
     """Traces a paged cross-attention decoder step (PagedCrossDecoder or a subclass) to `path`:
     the paged contract's inputs plus CROSS_INPUTS, logits and each layer's new K/V out."""
-    layers, heads = config.decoder_layers, config.decoder_attention_heads
+    layers, heads, head_dim = decoder_dims(config)
     block_size, blocks = 4, 8
-    caches = [torch.randn(heads, blocks, block_size, config.d_model // heads) for _ in range(2 * layers)]
+    caches = [torch.randn(heads, blocks, block_size, head_dim) for _ in range(2 * layers)]
     example = (torch.tensor([1, 2, 3, 4]), torch.tensor([2, 3, 4, 5]), torch.tensor([[3, 1], [0, 5]]), torch.tensor([2, 5]),
                torch.tensor([3, 1]), torch.tensor([2, 3]), torch.tensor([[6, 7], [2, 4]]), torch.tensor([6, 8]), *caches)
     cache_names = [f"{kind}_cache.{i}" for i in range(layers) for kind in ("key", "value")]
@@ -124,4 +131,4 @@ def trace_decoder(module: torch.nn.Module, config, path: Path, custom_opsets: di
                       output_names=["logits", *new_names], dynamic_axes=axes, opset_version=OPSET, custom_opsets=custom_opsets)
 
 
-__all__ = ["ATTENTION_NAME", "CROSS_INPUTS", "PagedCrossDecoder", "cross_attention", "self_attention", "trace_decoder"]
+__all__ = ["ATTENTION_NAME", "CROSS_INPUTS", "PagedCrossDecoder", "cross_attention", "decoder_dims", "self_attention", "trace_decoder"]

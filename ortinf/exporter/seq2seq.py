@@ -23,10 +23,13 @@ import numpy as np
 import torch
 from transformers import AttentionInterface
 
-from ortinf.exporter.cross_decoder import ATTENTION_NAME, PagedCrossDecoder, self_attention, trace_decoder
+from ortinf.exporter.cross_decoder import ATTENTION_NAME, PagedCrossDecoder, decoder_dims, self_attention, trace_decoder
+from ortinf.exporter.t5 import T5_TYPES, PagedT5Decoder, T5EncoderGraph
 from ortinf.exporter.tracing import OPSET, quiet_tracing
 
-SEQ2SEQ_CLASSES = {"marian": "MarianMTModel", "bart": "BartForConditionalGeneration"}
+SEQ2SEQ_CLASSES = {"marian": "MarianMTModel", "bart": "BartForConditionalGeneration", "t5": "T5ForConditionalGeneration",
+                   "mt5": "MT5ForConditionalGeneration"}
+T5_MAX_POSITIONS = 512  # T5 has no position table (relative buckets): the length it was trained at, unless n_positions says
 
 
 class TextEncoderGraph(torch.nn.Module):
@@ -67,16 +70,18 @@ def export_seq2seq_graphs(model: torch.nn.Module, folder: Path) -> None:
     AttentionInterface.register(ATTENTION_NAME, self_attention)
     previous = config._attn_implementation
     config._attn_implementation = ATTENTION_NAME
-    layers = config.decoder_layers
+    layers, _, _ = decoder_dims(config)
+    t5 = config.model_type in T5_TYPES  # its own encoder outputs and decoder step (ortinf/exporter/t5.py)
     try:
         with torch.no_grad(), quiet_tracing():
             names = [f"cross_{kind}.{i}" for i in range(layers) for kind in ("key", "value")]
             ids, mask = torch.tensor([[5, 6, 7, 2], [8, 2, 0, 0]]), torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
-            torch.onnx.export(TextEncoderGraph(model).eval(), (ids, mask), str(folder / "encoder.onnx"), dynamo=False,
+            encoder = T5EncoderGraph(model) if t5 else TextEncoderGraph(model)
+            torch.onnx.export(encoder.eval(), (ids, mask), str(folder / "encoder.onnx"), dynamo=False,
                               input_names=["input_ids", "attention_mask"], output_names=names, opset_version=OPSET,
                               dynamic_axes={"input_ids": {0: "batch", 1: "source"}, "attention_mask": {0: "batch", 1: "source"},
                                             **{n: {0: "batch", 1: "source"} for n in names}})
-            trace_decoder(PagedTextDecoder(model), config, folder / "model.onnx")
+            trace_decoder(PagedT5Decoder(model) if t5 else PagedTextDecoder(model), config, folder / "model.onnx")
     finally:
         config._attn_implementation = previous
 
@@ -89,8 +94,7 @@ def check_text_pool(encoder: object, decoder: object, model: torch.nn.Module, so
     from ortinf.worker.model_input import SequenceChunk, build_model_input
 
     config = model.config
-    layers, heads = config.decoder_layers, config.decoder_attention_heads
-    head_dim = config.d_model // heads
+    layers, heads, head_dim = decoder_dims(config)
     longest = max(len(s) for s in sources)
     ids = np.array([s + [config.pad_token_id] * (longest - len(s)) for s in sources], np.int64)
     mask = np.array([[1] * len(s) + [0] * (longest - len(s)) for s in sources], np.int64)
@@ -169,17 +173,18 @@ def export_seq2seq(source, out_path: Path, overwrite: bool, tolerance: float, pr
         trace.mkdir()
         export_seq2seq_graphs(model, trace)
         bar.update()
-        heads = config.decoder_attention_heads
-        spec = DecoderSpec(num_layers=config.decoder_layers, num_heads=heads, num_kv_heads=heads, head_dim=config.d_model // heads,
+        layers, heads, head_dim = decoder_dims(config)
+        max_positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None) or T5_MAX_POSITIONS
+        spec = DecoderSpec(num_layers=layers, num_heads=heads, num_kv_heads=heads, head_dim=head_dim,
                            hidden_size=config.d_model, vocab_size=model.get_output_embeddings().weight.shape[0],
-                           max_model_len=config.max_position_embeddings, kernel=PORTABLE, kv_dtype="fp32")
+                           max_model_len=max_positions, kernel=PORTABLE, kv_dtype="fp32")
         inputs, outputs = place_decoder(trace / "model.onnx", stage, spec)
         encoder = onnx.load(str(trace / ENCODER_MODEL_NAME), load_external_data=True)
         onnx.save_model(encoder, str(stage / ENCODER_MODEL_NAME), save_as_external_data=True, all_tensors_to_one_file=True,
                         location=ENCODER_MODEL_NAME + ".data", size_threshold=1024)
         shutil.rmtree(trace)
         generation = write_generation_config(source, stage)
-        seq2seq = Seq2SeqSpec(max_source_positions=config.max_position_embeddings,
+        seq2seq = Seq2SeqSpec(max_source_positions=max_positions,
                               decoder_start_token_id=int(config.decoder_start_token_id))
         manifest = Manifest(task=TEXT2TEXT, architecture=type(model).__name__, model_type=source.model_type, dtype="fp32",
                             inputs=tuple(inputs), outputs=tuple(outputs),
