@@ -28,10 +28,11 @@ def _list_architectures(ctx: click.Context, _param: click.Parameter, value: bool
     show_default=True,
     help="What the package does; auto reads it from the model's config.",
 )
-@click.option("--dtype", type=click.Choice(["fp32", "fp16", "int8", "int4"]), default="fp32", show_default=True,
+@click.option("--dtype", type=click.Choice(["fp32", "fp16", "int8", "int4"]), default=None,
               help="Precision: fp32/fp16 for weights, activations and KV cache; int8/int4 quantize the decoder's "
                    "MatMul weights (MatMulNBits, and ortinf.QMatMul in the CPU kernel graph; fp16 KV cache by default), "
-                   "gated by quality figures.")
+                   "gated by quality figures. [default: fp32; a GGUF file: its own (Q8_0 -> int8, Q4_0 -> int4 with the "
+                   "file's values, K-quants re-quantized)]")
 @click.option("--quant-block-size", type=click.IntRange(min=1), default=None, help="int8/int4: weights per quantization block [int8: 128, int4: 32].")
 @click.option("--accuracy-level", type=click.IntRange(0, 4), default=4, show_default=True,
               help="int8/int4: MatMulNBits activation precision on the CPU's portable graph (0: fp32; 4: int8, faster, may "

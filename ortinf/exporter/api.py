@@ -58,7 +58,7 @@ def export(
     model: str | os.PathLike[str],
     out: str | os.PathLike[str],
     task: str = "auto",
-    dtype: str = "fp32",
+    dtype: str | None = None,
     overwrite: bool = False,
     tolerance: float | None = None,
     progress: bool = True,
@@ -82,14 +82,20 @@ def export(
     next-token distributions flip argmaxes under any rounding, or a user who has measured otherwise).
 
     MODEL may also be a GGUF file (llama.cpp's, Ollama's): it is read into a temporary Hugging Face folder
-    first (ortinf/exporter/gguf_source.py).
+    first (ortinf/exporter/gguf_source.py); `dtype` None exports it at the file's own precision (Q8_0 and
+    Q4_0: int8 / int4 with the file's values exactly). `dtype` None is fp32 for a folder.
 
     Raises ExportError (or a subclass) with a message that says what to change.
     """
     if is_gguf(Path(model).expanduser()):
         import tempfile
 
-        from ortinf.exporter.gguf_source import gguf_to_folder
+        from ortinf.exporter.gguf_source import file_quantization, gguf_to_folder
+
+        if dtype is None:
+            found = file_quantization(Path(model).expanduser())
+            dtype, quant_block_size = found.dtype, quant_block_size or found.block_size
+            log.warning("%s: %s (pass --dtype to choose)", Path(model).name, found.describe())
 
         options = dict(task=task, dtype=dtype, overwrite=overwrite, tolerance=tolerance, progress=progress,
                        external_data_threshold=external_data_threshold, kernel=kernel, quant_block_size=quant_block_size,
@@ -97,6 +103,7 @@ def export(
                        quality_gate=quality_gate)
         with tempfile.TemporaryDirectory(prefix="ortinf-gguf-") as folder:
             return export(gguf_to_folder(Path(model).expanduser().resolve(), Path(folder)), out, **options)
+    dtype = dtype or "fp32"
     if task != "auto" and task not in TASKS:
         raise ExportError(f"unknown task '{task}': choose auto, {', '.join(TASKS)}")
     if dtype not in DTYPES:

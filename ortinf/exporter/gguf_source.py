@@ -3,17 +3,80 @@
 transformers reads a GGUF (its `gguf_file` loading, with the `gguf` package): the architecture and the
 tokenizer from the file's metadata, the weights dequantized to fp32 (F32, F16, Q8_0, Q4_0 and the
 K-quants alike). That model is written as a Hugging Face folder in a temporary place and exported from
-there like any other, at the `--dtype` asked for: `--dtype int8` / `int4` quantize again, through the
-quality gate, so a Q4_K_M file's package holds ortinf's own int4 blocks, not the file's.
+there like any other, at the `--dtype` asked for, or by default at the file's own precision
+(`file_quantization`):
 
-What is left out: mapping Q8_0/Q4_0 blocks straight onto MatMulNBits (the same values, no second rounding).
+- Q8_0 and Q4_0 files export at int8 / int4 with blocks of 32, and keep the file's values exactly: ortinf's
+  int8 rule (scale = max|w| / 127) and int4 rule (scale = the extreme / -8) are llama.cpp's Q8_0 and Q4_0
+  rules, so on weights that are already d * q (the dequantized file) they give back the same d and q, bit
+  for bit (fp16 scales, small integers: every product and quotient is exact in fp32). No second rounding;
+  the exporter checks it and says how many weights it kept exactly (ortinf/exporter/quantize.py).
+- K-quants (Q4_K_M's Q4_K and Q6_K, Q5_K, ...), Q4_1/Q5_0/Q5_1: their blocks (super-blocks of 256 with
+  6-bit sub-scales, or a minimum) have no MatMulNBits form here; they are re-quantized by ortinf's rule to
+  int4 (4-bit kinds) or int8 (5- and 6-bit kinds), through the quality gate.
+- F32, F16, BF16: fp32.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 from ortinf.errors import ExportError
+
+# a GGUF weight type -> (the package dtype that holds it, its block size, whether the values are kept exactly)
+TYPES: dict[str, tuple[str, int | None, bool]] = {
+    "F32": ("fp32", None, True), "F16": ("fp32", None, True), "BF16": ("fp32", None, True),
+    "Q8_0": ("int8", 32, True), "Q4_0": ("int4", 32, True),
+    "Q4_1": ("int4", 32, False), "Q5_0": ("int8", 32, False), "Q5_1": ("int8", 32, False),
+    "Q2_K": ("int4", 32, False), "Q3_K": ("int4", 32, False), "Q4_K": ("int4", 32, False),
+    "Q5_K": ("int8", 32, False), "Q6_K": ("int8", 32, False), "Q8_K": ("int8", 32, False),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class FileQuantization:
+    """What a GGUF's transformer-block matrices are stored as, and the export that holds them."""
+
+    kind: str  # the most common type of the block matrices, by weight count ("Q4_K", "Q8_0", ...)
+    dtype: str
+    block_size: int | None
+    exact: bool  # the package keeps the file's values (Q8_0, Q4_0, floats)
+    kinds: dict[str, int]  # every type of the block matrices -> its weight count
+
+    def describe(self) -> str:
+        mix = ", ".join(f"{k} {n / sum(self.kinds.values()):.0%}" for k, n in sorted(self.kinds.items(), key=lambda kv: -kv[1]))
+        if self.dtype == "fp32":
+            return f"its matrices are {mix}: exporting at fp32"
+        how = "the file's own values (no second rounding)" if self.exact else "re-quantized by ortinf's rule through the quality gate"
+        return f"its matrices are {mix}: exporting at {self.dtype} in blocks of {self.block_size}, {how}"
+
+
+def file_quantization(path: Path) -> FileQuantization:
+    """The quantization of a GGUF's transformer blocks (the embedding and output matrices aside), read from
+    its tensor index without loading the weights."""
+    try:
+        import gguf
+    except ModuleNotFoundError as exc:
+        raise ModuleNotFoundError("reading GGUF files needs the gguf package", name="gguf") from exc
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except (ValueError, OSError) as exc:
+        raise ExportError(f"cannot read the GGUF file {path}: {exc}") from exc
+    kinds: Counter[str] = Counter()
+    for tensor in reader.tensors:
+        if tensor.name.startswith("blk.") and len(tensor.shape) == 2:
+            kinds[tensor.tensor_type.name] += int(tensor.n_elements)
+    if not kinds:
+        return FileQuantization("F32", "fp32", None, True, {})
+    kind = kinds.most_common(1)[0][0]
+    if kind not in TYPES:
+        raise ExportError(f"{path.name} stores its weights as {kind}, which ortinf does not read: convert it to Q8_0, Q4_0, a K-quant or "
+                          "F16 with llama.cpp's llama-quantize, or export the Hugging Face folder")
+    dtype, block_size, exact = TYPES[kind]
+    exact = exact and all(TYPES.get(k, ("", None, False))[2] and TYPES[k][0] in ("fp32", dtype) for k in kinds)
+    return FileQuantization(kind, dtype, block_size, exact, dict(kinds))
 
 
 def gguf_to_folder(path: Path, folder: Path) -> Path:

@@ -58,6 +58,7 @@ class Quantized:
     bits: int
     block_size: int
     k: int
+    exact: bool = False  # the weights were already on this grid: dequantized() gives them back bit for bit (a Q8_0/Q4_0 GGUF's)
 
     @property
     def n(self) -> int:
@@ -87,7 +88,8 @@ def quantize_weight(w: np.ndarray, bits: int, block_size: int) -> Quantized:
         low, high = -8, 7
     safe = np.where(scales == 0, np.float32(1), scales)
     q = np.clip(np.rint(wb / safe[:, None, :]), low, high).astype(np.int8)
-    return Quantized(q.reshape(-1, n), scales.astype(np.float32), bits, block_size, k)
+    exact = bool(np.array_equal(q.astype(np.float32) * scales[:, None, :], wb))
+    return Quantized(q.reshape(-1, n), scales.astype(np.float32), bits, block_size, k, exact)
 
 
 def matmul_nbits_tensors(qw: Quantized) -> tuple[np.ndarray, np.ndarray]:
@@ -131,7 +133,7 @@ def quantize(model: onnx.ModelProto, dtype: str, block_size: int | None = None,
         for name in node.input:
             users[name] = users.get(name, 0) + 1
     cache = {} if cache is None else cache
-    nodes, dropped, added, count = [], set(), [], 0
+    nodes, dropped, added, count, exact = [], set(), [], 0, 0
     for node in graph.node:
         if cpu and node.op_type == MOE_OP and node.domain == CPU_DOMAIN:
             added += pack_experts(node, weights, bits, block_size, cache, users, dropped)
@@ -149,6 +151,7 @@ def quantize(model: onnx.ModelProto, dtype: str, block_size: int | None = None,
         qw = cache.get(key)
         if qw is None:
             qw = cache[key] = quantize_weight(array, bits, block_size)
+        exact += qw.exact
         k, n = array.shape
         base = f"{weight.name}.q{bits}"
         if cpu:
@@ -174,8 +177,9 @@ def quantize(model: onnx.ModelProto, dtype: str, block_size: int | None = None,
     domain = CPU_DOMAIN if cpu else "com.microsoft"
     if not any(o.domain == domain for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(domain, 1))
-    log.info("quantized %d MatMul weights to %s (block size %d, %s)", count, dtype, block_size,
-             "ortinf.QMatMul" if cpu else f"MatMulNBits accuracy level {accuracy_level}")
+    log.info("quantized %d MatMul weights to %s (block size %d, %s); %d kept their values exactly (already on the grid, "
+             "as a Q8_0/Q4_0 GGUF's are)", count, dtype, block_size, "ortinf.QMatMul" if cpu else f"MatMulNBits accuracy level {accuracy_level}",
+             exact)
     return model
 
 

@@ -10,9 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+import onnx
 import pytest
 import torch
 import transformers
+from onnx import helper, numpy_helper
 from support.gguf_files import write_gguf
 from support.tiny_models import add_byte_tokenizer, build_decoder
 
@@ -59,3 +62,64 @@ def test_generate_on_a_gguf_file_exports_it_once(hf, tmp_path):
     assert list((tmp_path / "cache").iterdir())[0].name.startswith("tiny-cli-")
     again = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
     assert again.returncode == 0 and again.stdout == first.stdout and "exporting" not in again.stderr
+
+
+def matmul_weights(package: Path) -> tuple[dict[str, np.ndarray], set[str]]:
+    """Every constant-weight MatMul of a package's model.onnx as the graph computes with it, [K, N] float32, by node
+    name (MatMulNBits decoded: offset-binary codes times their block scales), and which of them were quantized."""
+    model = onnx.load(str(package / "model.onnx"))
+    weights = {t.name: t for t in model.graph.initializer}
+    found, quantized = {}, set()
+    for node in model.graph.node:
+        if node.op_type == "MatMul" and node.input[1] in weights:
+            found[node.name] = numpy_helper.to_array(weights[node.input[1]])
+        elif node.op_type == "MatMulNBits":
+            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+            k, n, bits, block = attrs["K"], attrs["N"], attrs["bits"], attrs["block_size"]
+            b = numpy_helper.to_array(weights[node.input[1]]).reshape(n, -1)
+            codes = np.stack([b & 15, b >> 4], axis=-1).reshape(n, -1) if bits == 4 else b
+            scales = numpy_helper.to_array(weights[node.input[2]]).reshape(n, -1)
+            w = (codes.astype(np.float32) - (1 << (bits - 1))).reshape(n, -1, block) * scales[:, :, None]
+            name = node.name.removesuffix(".q")
+            found[name] = np.ascontiguousarray(w.reshape(n, -1)[:, :k].T)
+            quantized.add(name)
+    return found, quantized
+
+
+@pytest.mark.parametrize(("quantization", "dtype"), [("Q8_0", "int8"), ("Q4_0", "int4")])
+def test_q8_0_and_q4_0_files_keep_their_values(hf, quantization, dtype):
+    """By default a Q8_0 / Q4_0 file exports at int8 / int4 in blocks of 32 whose weights are the file's, bit for bit
+    (no second rounding: ortinf's rules are llama.cpp's), so with fp32 activations (accuracy level 0) its greedy tokens
+    are transformers' on the same file; an F32 file quantized the same way is rounded (the check can fail)."""
+    path = write_gguf(hf / "hf", hf / f"exact-{quantization}.gguf", quantization)
+    manifest = ortinf.export(path, hf / f"exact-{quantization}", progress=False, accuracy_level=0, quality_gate="record")
+    assert manifest.dtype == dtype
+    ortinf.export(path, hf / f"exact-{quantization}-fp32", dtype="fp32", progress=False)
+    want, _ = matmul_weights(hf / f"exact-{quantization}-fp32")
+    got, quantized = matmul_weights(hf / f"exact-{quantization}")
+    assert len(quantized) >= 2 * 4 + 1  # every layer's projections and the LM head
+    assert all(np.array_equal(got[name], want[name]) for name in quantized)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(hf, gguf_file=path.name, dtype=torch.float32).eval()
+    llm = LLM(hf / f"exact-{quantization}", provider="cpu", num_blocks=64, cpu_kernel=False)
+    tokens = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))]
+    assert tokens == [greedy(reference, p) for p in PROMPTS]
+    f32 = write_gguf(hf / "hf", hf / f"rounded-{quantization}.gguf", "F32")
+    ortinf.export(f32, hf / f"rounded-{quantization}", dtype=dtype, quant_block_size=32, progress=False, quality_gate="record")
+    rounded, _ = matmul_weights(hf / f"rounded-{quantization}")
+    assert not all(np.array_equal(rounded[name], want[name]) for name in quantized)
+
+
+def test_a_k_quant_file_is_requantized_through_the_gate(tmp_path):
+    """A Q4_K_M file (Q4_K and Q6_K super-blocks) exports at int4 by ortinf's rule, its quality measured against the
+    file's own weights; at --dtype fp32 its tokens are transformers' on the file."""
+    build_decoder("qwen2", tmp_path / "hf", vocab_size=392, max_position_embeddings=256, hidden_size=256, intermediate_size=512,
+                  num_attention_heads=4, num_key_value_heads=2)
+    add_byte_tokenizer(tmp_path / "hf", 384)
+    path = write_gguf(tmp_path / "hf", tmp_path / "tiny-Q4_K_M.gguf", "Q4_K_M")
+    manifest = ortinf.export(path, tmp_path / "int4", progress=False, quality_gate="record")
+    assert manifest.dtype == "int4" and manifest.quality is not None
+    ortinf.export(path, tmp_path / "fp32", dtype="fp32", progress=False)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name, dtype=torch.float32).eval()
+    llm = LLM(tmp_path / "fp32", provider="cpu", num_blocks=64)
+    tokens = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))]
+    assert tokens == [greedy(reference, p) for p in PROMPTS]
