@@ -61,6 +61,21 @@ def test_rerank_equals_the_cross_encoder(server, packages):
     assert abs(pairwise[1]["score"] - second) < 1e-4
 
 
+def test_cohere_client_reranks(server, packages):
+    """Cohere's own client (ClientV2.rerank: POST /v2/rerank) against the server: the same order and scores."""
+    import cohere
+    from sentence_transformers import CrossEncoder
+
+    expected = CrossEncoder(str(packages / "reranker-hf"), device="cpu").predict([(QUERY, d) for d in DOCUMENTS])
+    client = cohere.ClientV2(api_key="unused", base_url=server.url)
+    reply = client.rerank(model="reranker", query=QUERY, documents=DOCUMENTS, top_n=3)
+    assert [r.index for r in reply.results] == list(np.argsort(-expected))[:3]
+    np.testing.assert_allclose([r.relevance_score for r in reply.results], np.sort(expected)[::-1][:3], atol=1e-4)
+    with pytest.raises(cohere.core.ApiError) as caught:
+        client.rerank(model="reranker", query=QUERY, documents=[])
+    assert caught.value.status_code == 400
+
+
 def test_an_embedding_model_scores_by_cosine_similarity(server, minilm_package):
     from sentence_transformers import SentenceTransformer, util
 
