@@ -42,8 +42,8 @@ from ortinf.serve.tool_parsers import PARSERS
 @click.option("--reasoning-parser", type=click.Choice(["none", "auto", *REASONING_PARSERS]), default="none", show_default=True,
               envvar="ORTINF_REASONING_PARSER",
               help="Split a reasoning model's thinking into message.reasoning_content (vLLM's field): qwen3 (<think>...</think>, "
-                   "Qwen3, QwQ), deepseek_r1 (the template opens <think>: DeepSeek-R1 and its distills), or auto (from the chat "
-                   "template's <think>).")
+                   "Qwen3, QwQ), deepseek_r1 (the template opens <think>: DeepSeek-R1 and its distills), gpt_oss (harmony's "
+                   "analysis and final channels), or auto (from the chat template's <think> or <|channel|>).")
 @click.option("--metrics-prefix", type=click.Choice(["ortinf", "vllm"]), default="ortinf", show_default=True, envvar="ORTINF_METRICS_PREFIX",
               help="Prefix of the /metrics names; vllm gives vllm:num_requests_waiting, vllm:kv_cache_usage_perc, ... "
                    "for dashboards and cluster routers (llm-d, the Gateway API Inference Extension) that look for them.")

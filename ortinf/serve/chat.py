@@ -53,7 +53,8 @@ def chat_params(model: ServedModel, body: ChatCompletionRequest, tools: ToolPlan
         # the reply must be a call: response_format (text.format) shapes text replies, so it has nothing to shape here
         # (OpenAI accepts both; the Agents SDK sends both when an agent has an output type and a required tool)
         params = replace(params, structured_output=tools.structured_output)
-    if tools.mode == "auto" and tool_parsers.PARSERS[model.tool_parser].keeps_special_tokens:
+    if ((tools.mode == "auto" and tool_parsers.PARSERS[model.tool_parser].keeps_special_tokens)
+            or (model.reasoning_parser is not None and model.reasoning_parser.keeps_special_tokens)):
         params = replace(params, skip_special_tokens=False)  # the parser's markers are special tokens
     return params
 

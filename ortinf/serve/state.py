@@ -30,7 +30,7 @@ class ServerConfig:
     max_body_size: int = 2 * 2**20  # TGI's default; every route but the audio uploads
     max_audio_body_size: int = 26 * 2**20  # the audio routes' bodies: an upload (OpenAI's 25 MiB) and its form fields
     tool_call_parser: str = "auto"
-    reasoning_parser: str = "none"  # or auto, qwen3, deepseek_r1 (ortinf/serve/reasoning.py)
+    reasoning_parser: str = "none"  # or auto, qwen3, deepseek_r1, gpt_oss (ortinf/serve/reasoning.py)
     metrics_prefix: str = "ortinf"  # or "vllm": the names dashboards and cluster routers look for
     allow_runtime_lora_updates: bool = False  # /v1/load_lora_adapter and /v1/unload_lora_adapter
     transcription_fallback: bool = True  # OpenAI's temperature 0: hotter retries, silent windows skipped (ortinf/tasks/speech/longform.py)

@@ -84,3 +84,33 @@ def test_responses_reasoning_item(client):
     assert done.output_text == "yes" and [item.type for item in done.output] == ["reasoning", "message"]
     added = [e.output_index for e in events if e.type == "response.output_item.added"]
     assert added == [0, 1]
+
+
+HARMONY = "<|channel|>analysis<|message|>weigh it<|end|><|start|>assistant<|channel|>final<|message|>yes<|return|>"
+
+
+def test_harmony_parser_by_value_and_partial_splits_only_grow():
+    harmony = PARSERS["gpt_oss"]
+    assert harmony.split(HARMONY) == ("weigh it", "yes")
+    assert harmony.split("<|channel|>final<|message|>just this") == (None, "just this")
+    assert harmony.split("<|channel|>analysis<|message|>cut short") == ("cut short", None)
+    assert harmony.split("no header at all") == (None, "no header at all")
+    final = harmony.split(HARMONY)
+    for cut in range(len(HARMONY) + 1):
+        reasoning, content = harmony.split(HARMONY[:cut], finished=False)
+        assert (final[0] or "").startswith(reasoning or "") and (final[1] or "").startswith(content or ""), cut
+    assert detect("{{ '<|start|>assistant<|channel|>final<|message|>' }}") == "gpt_oss"
+
+
+def test_harmony_channels_through_the_server(byte_package, tmp_path):
+    """The tiny model spells harmony's markers byte by byte (guided_regex): the analysis channel comes back as
+    reasoning_content, the final channel as the content, streamed or not."""
+    with running_server([str(byte_package), "--kv-cache-memory", "64MiB", "--reasoning-parser", "gpt_oss"], tmp_path) as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+        model = client.models.list().data[0].id
+        request = dict(model=model, messages=[{"role": "user", "content": "well?"}], max_tokens=120, extra_body=_forced(HARMONY))
+        message = client.chat.completions.create(**request).choices[0].message
+        assert (message.model_extra["reasoning_content"], message.content) == ("weigh it", "yes")
+        chunks = [c for c in client.chat.completions.create(**request, stream=True) if c.choices]
+        thought = "".join(c.choices[0].delta.model_extra.get("reasoning_content") or "" for c in chunks)
+        assert (thought, "".join(c.choices[0].delta.content or "" for c in chunks)) == ("weigh it", "yes")
