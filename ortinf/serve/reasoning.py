@@ -4,7 +4,7 @@
 |---|---|---|
 | qwen3 | Qwen3, QwQ | `<think>` thinking `</think>` answer; no think block: all answer |
 | deepseek_r1 | DeepSeek-R1, its distills | thinking `</think>` answer (the template opened `<think>`); no `</think>` yet: all thinking |
-| gpt_oss | gpt-oss (OpenAI's harmony format) | `<|channel|>analysis<|message|>` thinking `<|end|><|start|>assistant<|channel|>final<|message|>` answer |
+| gpt_oss | gpt-oss (harmony) | `<|channel|>analysis<|message|>` thinking `<|end|>...<|channel|>final<|message|>` answer |
 
 `auto` picks from the chat template: one that writes `<think>` at the end of its generation prompt opens
 the block itself (deepseek_r1), one that otherwise mentions `<think>` leaves it to the model (qwen3), one
