@@ -83,3 +83,26 @@ def test_sampled_requests_run_beside_searches(client, expected):
             assert [c.text for c in result.choices] == [c.text for c in expected.outputs]
         else:
             assert result.choices[0].text == alone
+
+
+def test_a_client_that_leaves_ends_its_search(client, llama_server):
+    """A search whose client disconnects is cancelled: its step requests are aborted and no new step starts (the
+    whole search takes ~5 s here; its steps stop within 1 s of the disconnect at 1 s). Every step request ends
+    within its step, so the running gauge reads 0 between steps: the prefix-cache lookups (each step request
+    looks its history up) are what shows steps still starting."""
+    import time
+
+    import httpx
+    from support.server_helpers import metric
+
+    def lookups() -> float:
+        return metric(httpx.get(f"{llama_server.url}/metrics").text, "ortinf:prefix_cache_queries_total")
+
+    body = {"prompt": PROMPT, "max_tokens": 500, "n": 4, "best_of": 16, "use_beam_search": True, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{llama_server.url}/v1/completions", json=body, timeout=1.0)
+    time.sleep(1.0)
+    settled = lookups()
+    time.sleep(1.0)
+    assert lookups() == settled, "the search kept stepping after its client left"
+    assert client.completions.create(model=client.models.list().data[0].id, prompt=PROMPT, max_tokens=2).choices[0].text is not None
