@@ -125,6 +125,7 @@ class Runner:
     def __init__(self, llama, path: Path, threads: int, seqs: int, ctx_per_seq: int, kv_f32: bool) -> None:
         self.llama = llama
         mparams = llama.llama_model_default_params()
+        mparams.use_extra_bufts = False  # no AMX repacking: where the kernel does not grant AMX tile state it is an illegal instruction
         self.model = llama.llama_model_load_from_file(str(path).encode(), mparams)
         cparams = llama.llama_context_default_params()
         cparams.n_ctx = seqs * ctx_per_seq

@@ -2,7 +2,9 @@
 
 Text comes from `tokenizers`' own DecodeStream where the installed tokenizers has it (0.21+; Rust,
 one call per token), seeded with the prompt's last tokens so that the first output token decodes in
-context. Elsewhere, text is decoded from a short window of tokens so that multi-byte characters split
+context. DecodeStream refuses some byte-fallback sequences (a lone UTF-8 continuation byte, then a
+piece: "Invalid prefix encountered"); a request that meets one goes on with the window method, from the
+token that failed, instead of failing. Elsewhere, text is decoded from a short window of tokens so that multi-byte characters split
 across tokens and leading-space rules come out right: a delta is emitted only once the window
 decodes to more text than its prefix did, and never while it ends in an incomplete character (U+FFFD).
 
@@ -56,13 +58,20 @@ class IncrementalDetokenizer:
         there, and no more tokens are to come: ortinf/core/stopping.py feeds one token at a time)."""
         for token_id in token_ids:
             if self.stream is not None:
-                chunk = self.stream.step(self.tokenizer, token_id)
-                if chunk:
-                    before = len(self.text)
-                    self.text += chunk
-                    if self.stop and self._find_stop(before):
-                        return self.stopped_by
-                continue
+                try:
+                    chunk = self.stream.step(self.tokenizer, token_id)
+                except Exception:  # noqa: BLE001 - tokenizers raises a bare Exception for an invalid prefix
+                    # the window method from here on: the text so far stands, the last tokens are its context
+                    self.stream = None
+                    self.prefix_offset, self.read_offset = max(0, len(self.ids) - PROMPT_CONTEXT), len(self.ids)
+                else:
+                    self.ids.append(token_id)  # kept for a fallback
+                    if chunk:
+                        before = len(self.text)
+                        self.text += chunk
+                        if self.stop and self._find_stop(before):
+                            return self.stopped_by
+                    continue
             self.ids.append(token_id)
             prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
             full = self._decode(self.ids[self.prefix_offset :])

@@ -75,3 +75,25 @@ def test_token_bytes_are_the_tokens_own(tokenizer):
     if tokenizer.token_to_id("Ã") is not None:  # byte-level: "é" is 0xC3 0xA9, two tokens of one byte each
         ids = tokenizer.encode("é", add_special_tokens=False).ids
         assert b"".join(token_bytes(i) for i in ids) == "é".encode()
+
+
+def test_a_byte_sequence_decode_stream_refuses_falls_back_to_the_window():
+    """A SentencePiece byte-fallback vocabulary (Llama 2's, and every GGUF llama tokenizer transformers converts):
+    tokenizers' DecodeStream raises "Invalid prefix" on a lone UTF-8 continuation byte followed by a piece; the
+    request goes on with the window method instead of failing."""
+    from tokenizers import models
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"<0x{b:02X}>": 3 + b for b in range(256)}, "\u2581t": 259, "\u2581u": 260}
+    tokenizer = Tokenizer(models.BPE(vocab, [], unk_token="<unk>", byte_fallback=True))
+    tokenizer.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Fuse(), decoders.Replace("\u2581", " "),
+                                           decoders.Strip(" ", 1, 0)])
+    prompt, output = [3 + 0x18, 3 + 0x2A], [3 + 0xBF, 259, 260]
+    if decoders.DecodeStream is not None:  # the failure this guards against, as tokenizers has it here
+        raw = decoders.DecodeStream(ids=prompt, skip_special_tokens=True)
+        with pytest.raises(Exception, match="Invalid prefix"):
+            for token in output:
+                raw.step(tokenizer, token)
+    detok = IncrementalDetokenizer(tokenizer, prompt, SamplingParams())
+    for token in output:
+        assert detok.add_tokens([token]) is None
+    assert detok.stream is None and detok.text.endswith(" t u")
