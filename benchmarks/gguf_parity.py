@@ -1,6 +1,6 @@
 """A GGUF file through ortinf beside llama.cpp on the same file: greedy tokens and the time from file to package.
 
-usage: .venv/bin/python benchmarks/gguf_parity.py [--size toy|0.5b] [--tiny] [--record]
+usage: .venv/bin/python benchmarks/gguf_parity.py [--size toy|0.5b] [--demo] [--tiny] [--record]
 
 The benchmark llama (benchmarks/compare.py's shapes, random weights) is written to GGUF and quantized to
 Q8_0 and Q4_0 by llama.cpp itself (benchmarks/peers/run_llama_cpp.py, in .venv-bench-llamacpp, installed by
@@ -10,7 +10,10 @@ holding the file's values; ortinf/exporter/gguf_source.py) and decodes the same 
 graph (activations quantized per token and block, as ggml's Q8 dot products do) and on its portable graph at
 accuracy level 0 (fp32 activations). transformers reading the same GGUF (its weights dequantized, fp32) is the
 third column. Reported per file: prompts whose tokens equal the other engine's, and the mean position of
-the first difference (the token count when equal); the export's wall time.
+the first difference (the token count when equal); the export's wall time. Random weights give flat
+next-token distributions, where any two kernels' roundings flip argmaxes (llama.cpp and transformers differ
+on them too); --demo runs the bundled trained llama (ortinf/assets/demo-llama) on the opening lines of
+standard-library modules instead.
 """
 
 from __future__ import annotations
@@ -65,10 +68,26 @@ def transformers_tokens(gguf: Path, prompt_set: list[list[int]], new_tokens: int
     return out
 
 
+def demo_prompts(hf_dir: Path, count: int) -> list[list[int]]:
+    """The bundled demo llama copied to hf_dir, and the first 48 tokens of `count` standard-library modules."""
+    import shutil
+    import sysconfig
+
+    from tokenizers import Tokenizer
+
+    if not hf_dir.exists():
+        shutil.copytree(ROOT / "ortinf" / "assets" / "demo-llama", hf_dir)
+    tokenizer = Tokenizer.from_file(str(hf_dir / "tokenizer.json"))
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    files = ["textwrap.py", "shlex.py", "glob.py", "fnmatch.py", "bisect.py", "heapq.py", "colorsys.py", "keyword.py"]
+    return [tokenizer.encode((stdlib / name).read_text()).ids[:48] for name in files[:count]]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=["toy", "0.5b"], default="toy", help="the benchmark llama's shape (benchmarks/compare.py)")
     parser.add_argument("--tiny", action="store_true", help="a 2-layer model, 4 prompts, 8 tokens (the smoke test)")
+    parser.add_argument("--demo", action="store_true", help="the bundled trained llama on Python source, not random weights")
     parser.add_argument("--work", type=Path, default=None, help="folder for the models (default: a temporary one)")
     parser.add_argument("--record", action="store_true", help="append the table to benchmarks/RESULTS.md")
     args = parser.parse_args()
@@ -78,13 +97,17 @@ def main() -> None:
     count, new_tokens = (4, 8) if args.tiny else (8, 32)
     work = args.work or Path(tempfile.mkdtemp(prefix="ortinf-gguf-parity-"))
     hf_dir = work / "hf"
-    build_model(hf_dir, tiny=args.tiny, size=args.size)
-    vocab = json.loads((hf_dir / "config.json").read_text())["vocab_size"]
-    rng = np.random.default_rng(0)
-    prompt_set = [rng.integers(3, vocab, 32 + 8 * i).tolist() for i in range(count)]
+    if args.demo:
+        prompt_set = demo_prompts(hf_dir, count)
+    else:
+        build_model(hf_dir, tiny=args.tiny, size=args.size)
+        vocab = json.loads((hf_dir / "config.json").read_text())["vocab_size"]
+        rng = np.random.default_rng(0)
+        prompt_set = [rng.integers(3, vocab, 32 + 8 * i).tolist() for i in range(count)]
     import ortinf
 
-    lines = [f"### GGUF files: ortinf beside llama.cpp on the same file ({'tiny' if args.tiny else size.label}, "
+    model = "the bundled demo llama (trained)" if args.demo else f"{'tiny' if args.tiny else size.label}, random weights"
+    lines = [f"### GGUF files: ortinf beside llama.cpp on the same file ({model}, "
              f"{count} prompts x {new_tokens} greedy tokens)", "", f"Machine: {machine()}", "",
              "| file | ortinf package | export s | ortinf CPU kernel = llama.cpp | ortinf fp32 activations = llama.cpp | "
              "ortinf CPU kernel = transformers | llama.cpp = transformers |", "|---|---|---|---|---|---|---|"]

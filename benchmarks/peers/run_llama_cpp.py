@@ -37,7 +37,7 @@ def write_gguf(hf_dir: Path, out: Path) -> None:
     from safetensors.numpy import load_file
 
     cfg = json.loads((hf_dir / "config.json").read_text())
-    weights = load_file(str(hf_dir / "model.safetensors"))
+    weights = {name: w.astype(np.float32) for name, w in load_file(str(hf_dir / "model.safetensors")).items()}  # F32 file (fp16 norms abort ggml)
     heads, kv_heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
     model_type = cfg.get("model_type", "llama")
