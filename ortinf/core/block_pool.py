@@ -23,6 +23,7 @@ class KVCacheBlock:
     ref_cnt: int = 0
     block_hash: int | None = None
     prefix_key: PrefixKey | None = None
+    num_partial: int = 0  # a cached partial block (a beam step's last): how many of its slots hold K/V; 0: full or uncached
     prev_free: KVCacheBlock | None = None
     next_free: KVCacheBlock | None = None
 
@@ -94,6 +95,7 @@ class BlockPool:
                 if self.cached.get(block.block_hash) is block:
                     del self.cached[block.block_hash]
                 block.block_hash = block.prefix_key = None
+                block.num_partial = 0
                 self.num_evictions += 1
             block.ref_cnt = 1
             blocks.append(block)
@@ -120,6 +122,21 @@ class BlockPool:
         block.block_hash, block.prefix_key = block_hash, prefix_key
         self.cached.setdefault(block_hash, block)
 
+    def cache_partial_block(self, block: KVCacheBlock, block_hash: int, prefix_key: PrefixKey, num_tokens: int) -> None:
+        """Records a partly filled block (its first `num_tokens` slots computed) under its prefix, for one later
+        request to take over whole (`claim_partial`): a beam's next step continues where the last one stopped."""
+        if not self.enable_caching or block.block_hash is not None or block_hash in self.cached:
+            return
+        block.block_hash, block.prefix_key, block.num_partial = block_hash, prefix_key, num_tokens
+        self.cached[block_hash] = block
+
+    def claim_partial(self, block: KVCacheBlock) -> None:
+        """Unhashes a partial block a request has taken (it will write its next slots): nobody else can find it."""
+        if self.cached.get(block.block_hash) is block:
+            del self.cached[block.block_hash]
+        block.block_hash = block.prefix_key = None
+        block.num_partial = 0
+
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Drops one reference per block; blocks reaching zero join the free queue in this order."""
         for block in ordered_blocks:
@@ -128,6 +145,7 @@ class BlockPool:
             if block.ref_cnt == 0:
                 if not self.enable_caching:
                     block.block_hash = block.prefix_key = None
+                    block.num_partial = 0
                 self.free_queue.append(block)
 
     def check_invariants(self, owners: dict[str, list[KVCacheBlock]]) -> None:

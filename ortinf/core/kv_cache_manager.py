@@ -7,6 +7,11 @@ and capped at num_tokens - 1, because the last token must be computed to produce
 Blocks are cached only after the step that wrote their K/V (`cache_blocks`), never at allocation:
 the graph writes new K/V after it runs, so a request in the same step must not read them.
 
+A beam search's step requests (ortinf/engine/beams.py) also leave their last, partly filled block
+cached when they end (`num_partial` slots of it computed), under its prefix: the next step's request
+that extends that beam takes it over whole (it is unhashed, so one request only; a second child of the
+same beam recomputes those tokens), instead of recomputing the tokens past the last full block.
+
 Encoder-decoder requests (ortinf/worker/encoder_input.py) also hold cross blocks: the encoder's K/V of
 their input, taken with their first self blocks at admission, all or nothing. They are cached as one
 unit under the input's digest (a partial find is a miss, as the encoder writes them all), and the
@@ -78,12 +83,28 @@ class KVCacheManager:
             return [], 0
         max_blocks = (request.num_tokens - 1) // self.block_size  # leave at least one token to compute
         hits = []
-        for block_hash, key in self._prefix_keys(request, max_blocks):
+        keys = self._prefix_keys(request, max_blocks)
+        for block_hash, key in keys:
             block = self.pool.get_cached_block(block_hash, key)
             if block is None:
                 break
             hits.append(block)
-        return hits, len(hits) * self.block_size
+        num_hit_tokens = len(hits) * self.block_size
+        if request.sampling_params.beam_candidates and len(hits) == max_blocks:  # a beam's last step left its partial block?
+            tail = self._tail_key(request, keys[-1][0] if keys else request.cache_salt, len(hits) * self.block_size, request.num_tokens - 1)
+            if tail is not None:
+                block = self.pool.get_cached_block(*tail)
+                if block is not None and block.ref_cnt == 0 and block.num_partial == len(tail[1][1]):
+                    hits.append(block)
+                    num_hit_tokens += block.num_partial
+        return hits, num_hit_tokens
+
+    def _tail_key(self, request: Request, parent: int | str | None, start: int, end: int) -> tuple[int, PrefixKey] | None:
+        """(hash, key) of a partial block holding the request's tokens [start, end), or None when there are none."""
+        if end <= start:
+            return None
+        key: PrefixKey = (parent, tuple(request.all_token_ids[start:end]))
+        return hash(("partial", key)), key
 
     def record_prefix_lookup(self, num_tokens: int, num_hit_tokens: int) -> None:
         """Counts one admitted request's lookup (failed admissions are retried, so not counted)."""
@@ -99,7 +120,8 @@ class KVCacheManager:
         """
         computed = new_computed_blocks or []
         blocks = self.req_to_blocks.get(request.request_id, [])
-        num_tokens = request.num_computed_tokens + len(computed) * self.block_size + num_new_tokens
+        covered = sum(b.num_partial or self.block_size for b in computed)  # a beam's partial block counts its slots only
+        num_tokens = request.num_computed_tokens + covered + num_new_tokens
         num_needed = -(-num_tokens // self.block_size) - len(blocks) - len(computed)
         cross_hits, num_cross = self._cross_lookup(request)
         # prefix hits sitting in the free queue stop being free once touched
@@ -107,6 +129,10 @@ class KVCacheManager:
         if max(num_needed, 0) + num_cross > self.pool.num_free_blocks - num_revived:
             return None
         self.pool.touch(computed)  # before any new block is taken: taking one may evict a hit still in the free queue
+        num_full = len(computed)
+        if computed and computed[-1].num_partial:  # taken over whole: this request writes its next slots
+            self.pool.claim_partial(computed[-1])
+            num_full -= 1
         if request.encoder_input is not None and request.request_id not in self.req_to_cross:
             self.pool.touch(cross_hits)
             self.req_to_cross[request.request_id] = cross_hits or self.pool.get_new_blocks(num_cross)
@@ -116,8 +142,8 @@ class KVCacheManager:
                 self.to_encode.add(request.request_id)
         new_blocks = self.pool.get_new_blocks(max(num_needed, 0))
         self.req_to_blocks[request.request_id] = blocks + computed + new_blocks
-        if computed:
-            self.num_cached_blocks[request.request_id] = len(computed)
+        if num_full:
+            self.num_cached_blocks[request.request_id] = num_full
         return new_blocks
 
     def _cross_keys(self, request: Request) -> list[tuple[int, PrefixKey]]:
@@ -180,7 +206,19 @@ class KVCacheManager:
 
     def free(self, request: Request) -> None:
         """Releases all blocks of the request, tail first (tail blocks are evicted first)."""
+        if self.enable_caching and request.sampling_params.beam_candidates:
+            self._cache_tail(request)
         self.free_id(request.request_id)
+
+    def _cache_tail(self, request: Request) -> None:
+        """A beam step's last, partly filled block, cached for the next step of its beam (see the module docstring)."""
+        blocks = self.req_to_blocks.get(request.request_id, [])
+        computed = min(request.num_computed_tokens, request.num_tokens)
+        full = computed // self.block_size
+        keys = self._prefix_keys(request, full)
+        tail = self._tail_key(request, keys[-1][0] if keys else request.cache_salt, full * self.block_size, computed)
+        if tail is not None and full < len(blocks):
+            self.pool.cache_partial_block(blocks[full], *tail, computed - full * self.block_size)
 
     def free_id(self, request_id: str) -> None:
         """`free` by request id: its self blocks, then its cross blocks."""
