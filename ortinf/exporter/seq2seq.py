@@ -160,7 +160,6 @@ def export_seq2seq(source, out_path: Path, overwrite: bool, tolerance: float, pr
         Seq2SeqSpec,
     )
 
-    bar = tqdm(total=3, desc="tracing", disable=not progress)
     with staging(out_path, overwrite) as stage:
         has_tokenizer, _ = write_tokenizer(source, stage, source.config.get("vocab_size"))
         try:
@@ -168,6 +167,7 @@ def export_seq2seq(source, out_path: Path, overwrite: bool, tolerance: float, pr
             model = model_class.from_pretrained(source.path, dtype=torch.float32, attn_implementation="eager").eval()
         except Exception as exc:  # noqa: BLE001 - user-facing
             raise ExportError(f"cannot load {source.name}: {str(exc).strip().splitlines()[0] if str(exc).strip() else exc}") from exc
+        bar = tqdm(total=3, desc="tracing", disable=not progress)  # after loading: a load error is the only line
         config = model.config
         trace = stage / ".trace"
         trace.mkdir()
