@@ -32,10 +32,12 @@ FEATURE_EXTRACTION = "feature-extraction"
 TEXT_CLASSIFICATION = "text-classification"
 SPEECH_RECOGNITION = "automatic-speech-recognition"
 TEXT2TEXT = "text2text-generation"  # text encoder-decoders: Marian translation, BART (ortinf/exporter/seq2seq.py)
-TASKS = (TEXT_GENERATION, FEATURE_EXTRACTION, TEXT_CLASSIFICATION, SPEECH_RECOGNITION, TEXT2TEXT)
+IMAGE_TEXT_TO_TEXT = "image-text-to-text"  # the export task of vision-language models; their packages are text-generation ones with `vision`
+TASKS = (TEXT_GENERATION, FEATURE_EXTRACTION, TEXT_CLASSIFICATION, SPEECH_RECOGNITION, TEXT2TEXT, IMAGE_TEXT_TO_TEXT)
 ENCODER_MODEL_NAME = "encoder.onnx"  # an encoder-decoder's encoder graph (Whisper: audio -> cross-attention K/V)
 ENCODER_WRITE_MODEL_NAME = "encoder.pool-write.onnx"  # the encoder writing its cross K/V into a device pool in place
 ALIGNMENT_MODEL_NAME = "alignment.onnx"  # Whisper's word timing: the alignment heads' cross-attention of a window
+VISION_MODEL_NAME = "vision.onnx"  # a vision-language model's vision tower and projector (pixels -> image embeddings)
 MEL_FILTERS_NAME = "mel_filters.npy"  # Whisper's mel filter bank [1 + n_fft // 2, num_mel_bins]
 # The attention kernels a decoder graph can be exported with (kernels/), and the per-layer KV pool
 # layout (key_cache.{i} / value_cache.{i}) each one reads.
@@ -209,6 +211,18 @@ class CpuKernel:
 
 
 @dataclass(frozen=True, slots=True)
+class VisionSpec:
+    """A vision-language package's image side (ortinf/exporter/vision_language.py): vision.onnx turns an image's
+    pixels into `tokens_per_image` embeddings that replace the prompt's `image_token_id` placeholders."""
+
+    image_token_id: int
+    tokens_per_image: int
+    image_size: int
+    processor: dict[str, Any] = field(default_factory=dict)  # how the family's image processor prepares pixels
+    max_abs_diff: float = float("nan")  # logits with an image, against transformers, at export
+
+
+@dataclass(frozen=True, slots=True)
 class Parity:
     """What export-time verification measured: ORT vs the PyTorch model on a fixed prompt."""
 
@@ -238,6 +252,7 @@ class Manifest:
     quantization: Quantization | None = None
     quality: Quality | None = None
     cpu_kernel: CpuKernel | None = None
+    vision: VisionSpec | None = None  # a vision-language model's: its decoder also takes image embeddings
     has_tokenizer: bool = False
     has_chat_template: bool = False
     source: str = ""
@@ -260,7 +275,7 @@ class Manifest:
                 "with this version of ortinf"
             )
         for key, kind in (("decoder", DecoderSpec), ("encoder", EncoderSpec), ("speech", SpeechSpec), ("seq2seq", Seq2SeqSpec), ("parity", Parity),
-                          ("quantization", Quantization), ("quality", Quality), ("cpu_kernel", CpuKernel)):
+                          ("quantization", Quantization), ("quality", Quality), ("cpu_kernel", CpuKernel), ("vision", VisionSpec)):
             if data.get(key) is not None:
                 data[key] = _build(kind, data[key])
         return _build(cls, data)

@@ -27,6 +27,7 @@ from ortinf.exporter.verify import gate, verify_decoder, verify_encoder, verify_
 from ortinf.manifest import (
     CONTRIB_PAGED,
     CPU_MODEL_NAME,
+    IMAGE_TEXT_TO_TEXT,
     KERNELS,
     MODEL_NAME,
     PORTABLE,
@@ -136,6 +137,14 @@ def export(
 
         return export_whisper(source, out_path, overwrite, tolerance, progress, dtype, quant_block_size, accuracy_level,
                               quality_gate)
+    if task == IMAGE_TEXT_TO_TEXT:
+        if enable_lora:
+            raise ExportError(f"--enable-lora is for text decoders; {source.name} is a vision-language model")
+        from ortinf.exporter.vision_language import export_vision_language
+
+        return export_vision_language(source, out_path, export, overwrite, tolerance, progress, dtype=dtype,
+                                      external_data_threshold=external_data_threshold, kernel=kernel, quant_block_size=quant_block_size,
+                                      accuracy_level=accuracy_level, kv_dtype=requested_kv, cpu_kernel=cpu_kernel, quality_gate=quality_gate)
     if task == TEXT2TEXT:
         if dtype != "fp32" or kernel != PORTABLE or enable_lora:
             raise ExportError(f"{source.name} is a text encoder-decoder: export it at --dtype fp32 with the portable kernel")

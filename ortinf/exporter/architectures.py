@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from ortinf.errors import UnsupportedArchitectureError
-from ortinf.manifest import FEATURE_EXTRACTION, SPEECH_RECOGNITION, TEXT2TEXT, TEXT_CLASSIFICATION, TEXT_GENERATION
+from ortinf.manifest import FEATURE_EXTRACTION, IMAGE_TEXT_TO_TEXT, SPEECH_RECOGNITION, TEXT2TEXT, TEXT_CLASSIFICATION, TEXT_GENERATION
 
 
 def _inverse_sqrt(module: torch.nn.Module, head_dim: int) -> float:
@@ -90,6 +90,11 @@ SEQ2SEQ: dict[str, str] = {
     "mt5": "mT5 (google/mt5-*)",
 }
 
+# Vision-language models: the language model's decoder package plus vision.onnx (ortinf/exporter/vision_language.py).
+VISION_LANGUAGE: dict[str, str] = {
+    "llava": "LLaVA 1.5 (llava-hf/llava-1.5-*): CLIP vision tower, MLP projector, Llama language model",
+}
+
 # Decoders that also export as embedding models (`--task feature-extraction`: Qwen3-Embedding, gte-Qwen2, e5-mistral):
 # the base model, its sentence-transformers pooling (last token) and normalisation in one encoder graph.
 EMBEDDING_DECODERS = ("llama", "mistral", "qwen2", "qwen3")
@@ -100,6 +105,7 @@ SUPPORTED: dict[str, tuple[str, ...]] = {
     TEXT_CLASSIFICATION: tuple(ENCODERS),
     SPEECH_RECOGNITION: tuple(SPEECH),
     TEXT2TEXT: tuple(SEQ2SEQ),
+    IMAGE_TEXT_TO_TEXT: tuple(VISION_LANGUAGE),
 }
 
 
@@ -118,11 +124,11 @@ def describe_supported() -> str:
 def resolve_task(model_type: str, architectures: list[str] | None, requested: str) -> str:
     """Picks the task: the requested one, or from the config's architectures when 'auto'."""
     archs = architectures or []
-    if requested == "auto" and not any(model_type in table for table in (DECODERS, ENCODERS, SPEECH, SEQ2SEQ)):
+    if requested == "auto" and not any(model_type in table for table in (DECODERS, ENCODERS, SPEECH, SEQ2SEQ, VISION_LANGUAGE)):
         raise UnsupportedArchitectureError(
             f"model_type '{model_type}' is not supported; supported: text-generation: {', '.join(DECODERS)}; "
             f"feature-extraction and text-classification: {', '.join(ENCODERS)}; automatic-speech-recognition: {', '.join(SPEECH)}; "
-            f"text2text-generation: {', '.join(SEQ2SEQ)}"
+            f"text2text-generation: {', '.join(SEQ2SEQ)}; image-text-to-text: {', '.join(VISION_LANGUAGE)}"
         )
     if requested == "auto":
         if model_type in EMBEDDING_DECODERS and archs and all(a.endswith("Model") for a in archs):
@@ -133,6 +139,8 @@ def resolve_task(model_type: str, architectures: list[str] | None, requested: st
             task = SPEECH_RECOGNITION
         elif model_type in SEQ2SEQ:
             task = TEXT2TEXT
+        elif model_type in VISION_LANGUAGE:
+            task = IMAGE_TEXT_TO_TEXT
         elif any(a.endswith("ForSequenceClassification") for a in archs):
             task = TEXT_CLASSIFICATION
         else:

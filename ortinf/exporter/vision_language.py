@@ -1,0 +1,222 @@
+"""Vision-language models (issue 33): LLaVA first. A package is the language model's ordinary decoder
+package (every graph, dtype, kernel and check of a text decoder) plus:
+
+    vision.onnx   pixel_values [N, 3, H, W] -> image_embeds [N, tokens_per_image, hidden]
+                  (the vision tower, its feature layer and selection, the projector)
+    two more inputs on every decoder graph: image_embeds [M, hidden] and image_rows [M] (int64)
+
+Why an embedding-merge input rather than an `inputs_embeds` path: the graph still takes `input_ids`, so a
+text-only step feeds M = 0 and nothing else changes (prefix-cache keys, speculation, LoRA, the CPU kernel
+graph); a step whose chunks cover image positions feeds those positions' embeddings and their rows in the
+step's flat tokens, and the graph writes them over the token embeddings (ScatterND), exactly where
+transformers' LLaVA writes its image features into `inputs_embeds`. The merge is added to each traced
+graph after export (`add_image_inputs`), after the embedding lookup (and after a family's embedding scale).
+
+The language model is exported from a temporary Hugging Face folder holding the text model alone
+(LlavaForConditionalGeneration's language_model and lm_head), so quantization, the quality gate, the CPU
+kernel graph and verification are the text decoder's; the image path is verified here against
+transformers' LLaVA on a prompt with an image.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+from onnx import TensorProto, helper
+
+from ortinf.errors import ExportError
+from ortinf.exporter.tracing import OPSET, quiet_tracing
+from ortinf.manifest import CPU_MODEL_NAME, HOST_WRITE_MODEL_NAME, MODEL_NAME, VISION_MODEL_NAME, Manifest, VisionSpec
+
+VISION_LANGUAGE = {"llava": "LlavaForConditionalGeneration"}
+IMAGE_EMBEDS, IMAGE_ROWS = "image_embeds", "image_rows"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "chat_template.json",
+                   "generation_config.json", "tokenizer.model", "added_tokens.json")
+
+
+class VisionGraph(torch.nn.Module):
+    """pixel_values -> each image's embeddings in the language model's space."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        # transformers' get_image_features, without its split into a list (a traced Split keeps the example's count)
+        config, inner = self.model.config, self.model.model
+        states = inner.vision_tower(pixel_values, output_hidden_states=True).hidden_states
+        layers = config.vision_feature_layer if isinstance(config.vision_feature_layer, list) else [config.vision_feature_layer]
+        features = torch.cat([states[i] for i in layers], dim=-1)
+        if config.vision_feature_select_strategy == "default":
+            features = features[:, 1:]
+        return inner.multi_modal_projector(features)
+
+
+def text_folder(model: torch.nn.Module, source: Path, folder: Path) -> Path:
+    """The language model alone as a Hugging Face folder (and the source's tokenizer files)."""
+    import transformers
+
+    config = model.config.text_config
+    text = transformers.AutoModelForCausalLM.from_config(config)
+    state = {f"model.{k}": v for k, v in model.model.language_model.state_dict().items()}
+    state["lm_head.weight"] = model.lm_head.weight
+    missing, unexpected = text.load_state_dict(state, strict=False)
+    if unexpected or [k for k in missing if not k.endswith("rotary_emb.inv_freq")]:
+        raise ExportError(f"the language model's weights do not map onto {type(text).__name__}: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    text.save_pretrained(folder)
+    for name in TOKENIZER_FILES:
+        if (source / name).is_file():
+            shutil.copy(source / name, folder / name)
+    return folder
+
+
+def embedding_gather(graph: onnx.GraphProto, hidden: int) -> onnx.NodeProto:
+    """The token embedding lookup: the Gather of an initializer [vocab, hidden] by input_ids (or input_ids unsqueezed)."""
+    weights = {t.name: t for t in graph.initializer}
+    sources = {"input_ids"} | {n.output[0] for n in graph.node if n.op_type in ("Unsqueeze", "Reshape") and n.input[0] == "input_ids"}
+    for node in graph.node:
+        table = weights.get(node.input[0]) if node.op_type == "Gather" else None
+        if table is not None and len(table.dims) == 2 and table.dims[1] == hidden and node.input[1] in sources:
+            return node
+    raise ExportError("the decoder graph has no token-embedding lookup to merge image embeddings into")
+
+
+def add_image_inputs(path: Path, hidden: int) -> None:
+    """Adds image_embeds / image_rows to a decoder graph and writes them over the token embeddings at those rows
+    (graph surgery: the weights stay where they are, in the shared external data)."""
+    model = onnx.load(str(path), load_external_data=False)
+    graph = model.graph
+    gather = embedding_gather(graph, hidden)
+    table = next(t for t in graph.initializer if t.name == gather.input[0])
+    out = gather.output[0]
+    consumers = [n for n in graph.node if out in n.input]
+    names = {k: f"ortinf_image_merge.{k}" for k in ("shape", "flat_shape", "flat", "axes", "rows", "merged", "out")}
+    graph.initializer.extend([helper.make_tensor(names["flat_shape"], TensorProto.INT64, [2], [-1, hidden]),
+                              helper.make_tensor(names["axes"], TensorProto.INT64, [1], [1])])
+    merge = [
+        helper.make_node("Shape", [out], [names["shape"]]),
+        helper.make_node("Reshape", [out, names["flat_shape"]], [names["flat"]]),
+        helper.make_node("Unsqueeze", [IMAGE_ROWS, names["axes"]], [names["rows"]]),
+        helper.make_node("ScatterND", [names["flat"], names["rows"], IMAGE_EMBEDS], [names["merged"]]),
+        helper.make_node("Reshape", [names["merged"], names["shape"]], [names["out"]]),
+    ]
+    for node in consumers:
+        node.input[:] = [names["out"] if name == out else name for name in node.input]
+    index = list(graph.node).index(gather) + 1
+    nodes = list(graph.node)
+    del graph.node[:]
+    graph.node.extend(nodes[:index] + merge + nodes[index:])
+    graph.input.extend([helper.make_tensor_value_info(IMAGE_EMBEDS, table.data_type, ["num_image_tokens", hidden]),
+                        helper.make_tensor_value_info(IMAGE_ROWS, TensorProto.INT64, ["num_image_tokens"])])
+    onnx.save_model(model, str(path))
+
+
+def image_processor(source: Path, model: torch.nn.Module) -> dict:
+    """The source's CLIP image processor settings (preprocessor_config.json), or CLIP's defaults at the tower's size."""
+    path = source / "preprocessor_config.json"
+    config = json.loads(path.read_text()) if path.is_file() else {}
+    size = model.config.vision_config.image_size
+    shortest = (config.get("size") or {}).get("shortest_edge", size)
+    crop = config.get("crop_size") or {"height": size, "width": size}
+    return {"resize_shortest_edge": int(shortest), "crop_height": int(crop["height"]), "crop_width": int(crop["width"]),
+            "do_center_crop": bool(config.get("do_center_crop", True)), "rescale_factor": float(config.get("rescale_factor", 1 / 255)),
+            "image_mean": list(config.get("image_mean", [0.48145466, 0.4578275, 0.40821073])),
+            "image_std": list(config.get("image_std", [0.26862954, 0.26130258, 0.27577711])),
+            "resample": int(config.get("resample", 3)), "do_convert_rgb": bool(config.get("do_convert_rgb", True))}
+
+
+def export_vision_language(source, out_path: Path, export_text, overwrite: bool, tolerance: float | None, progress: bool,  # noqa: ANN001
+                           **options) -> Manifest:
+    """A LLaVA package: the language model through the text decoder export (`export_text`: ortinf.exporter.api.export),
+    then the image inputs, vision.onnx and their verification."""
+    import transformers
+
+    from ortinf.exporter.package import staging
+
+    try:
+        model = getattr(transformers, VISION_LANGUAGE[source.model_type]).from_pretrained(source.path, dtype=torch.float32).eval()
+    except Exception as exc:  # noqa: BLE001 - user-facing
+        raise ExportError(f"cannot load {source.name}: {str(exc).strip().splitlines()[0] if str(exc).strip() else exc}") from exc
+    config = model.config
+    hidden = config.text_config.hidden_size
+    with tempfile.TemporaryDirectory(prefix="ortinf-vlm-") as tmp:
+        text = text_folder(model, Path(source.path), Path(tmp) / "text")
+        manifest = export_text(text, Path(tmp) / "pkg", task="text-generation", overwrite=True, tolerance=tolerance, progress=progress,
+                               **options)
+        package = Path(tmp) / "pkg"
+        graphs = [name for name in (MODEL_NAME, HOST_WRITE_MODEL_NAME, CPU_MODEL_NAME) if (package / name).is_file()]
+        for name in graphs:
+            add_image_inputs(package / name, hidden)
+        size = config.vision_config.image_size
+        with torch.no_grad(), quiet_tracing():
+            torch.onnx.export(VisionGraph(model).eval(), (torch.randn(2, 3, size, size),), str(package / VISION_MODEL_NAME), dynamo=False,
+                              input_names=["pixel_values"], output_names=[IMAGE_EMBEDS], opset_version=OPSET,
+                              dynamic_axes={"pixel_values": {0: "num_images"}, IMAGE_EMBEDS: {0: "num_images"}})
+        vision = VisionSpec(image_token_id=int(config.image_token_index), tokens_per_image=int(config.image_seq_length),
+                            image_size=int(size), processor=image_processor(Path(source.path), model))
+        worst = check_image_path(model, package, vision)
+        limit = tolerance if tolerance is not None and manifest.dtype == "fp32" else (1e-3 if manifest.dtype == "fp32" else float("inf"))
+        if not worst <= limit:
+            raise ExportError(f"verification failed: with an image, the package's logits differ from transformers' LLaVA by {worst:.3g}, "
+                              f"above {limit:g}; nothing was written")
+        manifest = dataclasses.replace(manifest, architecture=VISION_LANGUAGE[source.model_type], model_type=source.model_type,
+                                       inputs=(*manifest.inputs, IMAGE_EMBEDS, IMAGE_ROWS), vision=dataclasses.replace(vision, max_abs_diff=worst),
+                                       source=str(source.name))
+        manifest.save(package)
+        with staging(out_path, overwrite) as stage:
+            for item in package.iterdir():
+                shutil.move(str(item), stage / item.name)
+    return manifest
+
+
+def check_image_path(model: torch.nn.Module, package: Path, vision: VisionSpec) -> float:
+    """The package's logits (host-write graph, one prefill of a prompt holding an image, then one decode step)
+    against transformers' LLaVA on the same ids and pixels: the max abs difference."""
+    import onnxruntime
+
+    from ortinf.worker.model_input import SequenceChunk, build_model_input
+
+    manifest = Manifest.load(package)
+    spec = manifest.decoder
+    rng = np.random.default_rng(5)
+    pixels = rng.standard_normal((1, 3, vision.image_size, vision.image_size)).astype(np.float32)
+    vision_session = onnxruntime.InferenceSession(str(package / VISION_MODEL_NAME), providers=["CPUExecutionProvider"])
+    (embeds,) = vision_session.run(None, {"pixel_values": pixels})
+    image_id = vision.image_token_id
+    ids = [5, 7] + [image_id] * vision.tokens_per_image + [9, 11, 13]
+    ids = [t if t == image_id else t % spec.vocab_size for t in ids]
+    session = onnxruntime.InferenceSession(str(package / HOST_WRITE_MODEL_NAME), providers=["CPUExecutionProvider"])
+    block_size = 4
+    blocks = -(-(len(ids) + 2) // block_size)
+    row = spec.head_dim
+    pools = [np.zeros((spec.num_kv_heads, blocks, block_size, row), np.float16 if spec.kv_dtype == "fp16" else np.float32)
+             for _ in range(2 * spec.num_layers)]
+    table = list(range(blocks))
+    worst = 0.0
+    tokens, done = list(ids), 0
+    for _ in range(2):
+        step = build_model_input([SequenceChunk(tokens[done:], done, table)], block_size)
+        feeds = {k: v for k, v in step.feeds().items() if k != "slot_mapping"}
+        rows = [i - done for i, t in enumerate(tokens) if i >= done and t == image_id]
+        feeds[IMAGE_EMBEDS] = embeds[0][[i + done - ids.index(image_id) for i in rows]].reshape(-1, embeds.shape[-1])
+        feeds[IMAGE_ROWS] = np.array(rows, np.int64)
+        feeds.update({f"{kind}_cache.{i}": pools[2 * i + (kind == "value")] for i in range(spec.num_layers) for kind in ("key", "value")})
+        logits, *new_kv = session.run(None, feeds)
+        for index, pool in enumerate(pools):
+            pool.reshape(spec.num_kv_heads, -1, row)[:, step.slot_mapping] = new_kv[index].swapaxes(0, 1)
+        with torch.no_grad():
+            ref = model(input_ids=torch.tensor([tokens]), pixel_values=torch.from_numpy(pixels)).logits[0, -1].numpy()
+        worst = max(worst, float(np.abs(logits[-1] - ref).max()))
+        done = len(tokens)
+        tokens.append(int(ref.argmax()))
+    return worst
+
+
+__all__ = ["IMAGE_EMBEDS", "IMAGE_ROWS", "VISION_LANGUAGE", "add_image_inputs", "export_vision_language"]
