@@ -18,7 +18,7 @@ from ortinf.errors import ConfigError, RequestError
 from ortinf.manifest import TEXT2TEXT, TEXT_GENERATION, Manifest
 from ortinf.sample.sampling_params import SamplingParams
 
-Prompt = str | Sequence[int]
+Prompt = str | Sequence[int] | dict  # a dict: {"prompt": text or ids, "multi_modal_data": {"image": one or a list}} (vLLM's)
 ENCODER_OPTIONS = {"intra_op_threads", "provider_options", "allow_cpu_fallback"}  # what an encoder package's LLM takes
 
 
@@ -107,11 +107,13 @@ class LLM:
         added = []
         try:
             for i, (prompt, p, adapter) in enumerate(zip(batch, params, loras)):
+                prompt, images = _with_images(prompt)
                 if p.num_beams > 1:  # one search, its step requests added as it goes (ortinf/engine/beams.py)
-                    beams[i] = BeamRun(engine.prepare(prompt, p, adapter), engine)
+                    beams[i] = BeamRun(engine.prepare(prompt, p, adapter, images=images), engine)
                     continue
+                prepared = engine.prepare(prompt, p, adapter, images=images)  # tokenised (and its images read) once
                 for j in range(p.n):  # one output per request, when it finishes: no per-step copies
-                    request_id = engine.add_request(prompt, replace(p.for_sample(j), output_kind="final_only"), lora_name=adapter)
+                    request_id = engine.add_request(replace(prepared, params=replace(prepared.params.for_sample(j), output_kind="final_only")))
                     added.append(request_id)
                     children[request_id] = (i, j)
         except RequestError:
@@ -192,8 +194,23 @@ class LLM:
         return self.encoder.embed([texts] if isinstance(texts, str) else list(texts))
 
 
+def _with_images(prompt: Prompt) -> tuple[str | Sequence[int], list]:
+    """(the prompt, its images) of a prompt that may be vLLM's dict form."""
+    if not isinstance(prompt, dict):
+        return prompt, []
+    unknown = set(prompt) - {"prompt", "prompt_token_ids", "multi_modal_data"}
+    if unknown or ("prompt" in prompt) == ("prompt_token_ids" in prompt):
+        raise RequestError("a dict prompt takes 'prompt' (text) or 'prompt_token_ids', and 'multi_modal_data' ({'image': ...})",
+                           param="prompt")
+    data = prompt.get("multi_modal_data") or {}
+    if set(data) - {"image"}:
+        raise RequestError(f"multi_modal_data takes 'image' only, not {', '.join(sorted(set(data) - {'image'}))}", param="prompt")
+    images = data.get("image", [])
+    return prompt.get("prompt", prompt.get("prompt_token_ids")), list(images) if isinstance(images, (list, tuple)) else [images]
+
+
 def _as_batch(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
-    if isinstance(prompts, str):
+    if isinstance(prompts, (str, dict)):
         return [prompts]
     prompts = list(prompts)
     if prompts and all(isinstance(t, (int, np.integer)) for t in prompts):

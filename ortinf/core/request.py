@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 from ortinf.sample.sampling_params import SamplingParams
-from ortinf.worker.encoder_input import EncoderInput
+from ortinf.worker.encoder_input import EncoderInput, PlacedImage
 
 
 class RequestStatus(enum.Enum):
@@ -53,6 +53,7 @@ class Request:
     encoder_input: EncoderInput | None = None  # an encoder-decoder's (ortinf/worker/encoder_input.py)
     priority: int = 0  # lower runs first under the priority scheduling policy
     salt: str | None = None  # the client's cache_salt (vLLM's)
+    images: tuple[PlacedImage, ...] = ()  # a vision-language request's images, where their placeholders are
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids)
@@ -62,7 +63,8 @@ class Request:
         """What the request's K/V depend on besides its tokens (its LoRA adapter, its encoder input) and
         whom it may share them with (the client's salt): the root of its prefix-cache keys, so that
         blocks computed under another salt never match."""
-        parts = [part for part in (self.lora_key, self.encoder_input.digest if self.encoder_input is not None else None,
+        images = ",".join(p.image.digest for p in self.images) or None
+        parts = [part for part in (self.lora_key, self.encoder_input.digest if self.encoder_input is not None else None, images,
                                    None if self.salt is None else f"salt:{self.salt}") if part is not None]
         return "|".join(parts) if parts else None
 

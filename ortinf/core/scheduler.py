@@ -213,6 +213,7 @@ class Scheduler:
             cross_block_ids=self.kv_cache.cross_block_ids(request.request_id),
             cross_len=request.encoder_input.num_positions if request.encoder_input is not None else 0,
             encoder_input=request.encoder_input if request.request_id in self.kv_cache.to_encode else None,
+            images=request.images,
         )
 
     def _victim(self) -> Request:

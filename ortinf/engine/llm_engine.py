@@ -28,11 +28,12 @@ from ortinf.sample.structured_output import GrammarCompiler
 from ortinf.tokenizer import check_unicode, load_checked_tokenizer
 from ortinf.worker.cross_encoder import CrossEncoder
 from ortinf.worker.decoder_graph import DecoderGraph, cpu_kernels, pool_spec
-from ortinf.worker.encoder_input import EncoderInput
+from ortinf.worker.encoder_input import EncoderInput, PlacedImage
 from ortinf.worker.kv_pool import resolve_num_blocks
 from ortinf.worker.lora import LoraAdapter, LoraSlots
 from ortinf.worker.model_runner import ModelRunner
 from ortinf.worker.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from ortinf.worker.vision_encoder import VisionEncoder
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,7 @@ class PreparedRequest:
     priority: int = 0  # lower runs first under the priority scheduling policy (vLLM's)
     cache_salt: str | None = None  # a client's prefix-cache salt: blocks are shared only under the same salt
     output_token_ids: tuple[int, ...] = ()  # tokens already generated (a beam's, ortinf/engine/beams.py): computed as the prompt is
+    images: tuple[PlacedImage, ...] = ()  # a vision-language request's images and where their placeholders are
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -96,7 +98,12 @@ class LLMEngine:
             encoder = CrossEncoder(config.package_dir, manifest, self.graph.pool, found, config.intra_op_threads)
         if self.seq2seq is not None:  # Whisper's rules depend on the request (timestamps): its logits processors
             rules = DecoderRules.load(config.package_dir, spec.vocab_size)
-        self.runner = ModelRunner(self.graph, seed=config.seed, grammars=self.grammars, encoder=encoder, rules=rules)
+        vision = None
+        if manifest.vision is not None:  # image embeddings in the graph's type (ortinf/exporter/vision_language.py)
+            embeds_type = next(i.type for i in self.graph.session.get_inputs() if i.name == "image_embeds")
+            vision = VisionEncoder(config.package_dir, manifest, found, config.intra_op_threads,
+                                   np.dtype(np.float16 if "float16" in embeds_type else np.float32))
+        self.runner = ModelRunner(self.graph, seed=config.seed, grammars=self.grammars, encoder=encoder, rules=rules, vision=vision)
         self.draft = self._draft_proposer(config, num_blocks, found)
         self.num_failed_steps_in_a_row = 0
         self._lora_loads = 0
@@ -180,16 +187,57 @@ class LLMEngine:
         return None, ids
 
     def prepare(self, prompt: str | Sequence[int], params: SamplingParams | None = None, lora_name: str | None = None, *,
-                add_special_tokens: bool = True, priority: int = 0, cache_salt: str | None = None) -> PreparedRequest:
+                add_special_tokens: bool = True, priority: int = 0, cache_salt: str | None = None,
+                images: Sequence[object] = ()) -> PreparedRequest:
         """Tokenises and validates a request without touching engine state (safe from any thread).
         `lora_name`: a loaded LoRA adapter to run the request with (None: the base model);
         `priority`: lower runs first (only under the priority scheduling policy; 0 otherwise);
-        `cache_salt`: prefix-cache blocks are shared only between requests with the same salt."""
+        `cache_salt`: prefix-cache blocks are shared only between requests with the same salt;
+        `images` (a vision-language package's: PIL images, encoded bytes, paths or uint8 arrays): one per image
+        placeholder token of the prompt, which becomes the image's tokens (ortinf/tasks/vision/images.py)."""
         if priority and self.config.scheduling_policy != "priority":
             raise RequestError("priority needs the priority scheduling policy: serve with --scheduling-policy priority "
                                "(or send priority 0)", param="priority")
         prepared = self._prepare(prompt, params or SamplingParams(), lora_name, add_special_tokens)
+        if images or (self.manifest.vision is not None and self.manifest.vision.image_token_id in prepared.token_ids):
+            prepared = self._place_images(prepared, list(images))
         return replace(prepared, priority=priority, cache_salt=cache_salt) if priority or cache_salt else prepared
+
+    def _place_images(self, prepared: PreparedRequest, images: list[object]) -> PreparedRequest:
+        """Each image preprocessed, and the prompt's placeholders for it expanded to its tokens (or found expanded)."""
+        from ortinf.tasks.vision.images import clip_pixels, load_image
+
+        vision = self.manifest.vision
+        if vision is None:
+            raise RequestError(f"{self.manifest.architecture} reads text: send the prompt without images", param="images")
+        ids, marker, count = list(prepared.token_ids), vision.image_token_id, vision.tokens_per_image
+        found = [i for i, t in enumerate(ids) if t == marker]
+        if len(found) == len(images) * count and all(ids[f] == marker for f in found):  # already one run per image
+            starts = found[::count]
+            if any(found[i * count : (i + 1) * count] != list(range(start, start + count)) for i, start in enumerate(starts)):
+                raise RequestError("the prompt's image tokens are not in runs of one image each", param="prompt")
+        elif len(found) == len(images):  # one placeholder per image: expanded here
+            expanded, starts = [], []
+            for token in ids:
+                if token == marker:
+                    starts.append(len(expanded))
+                    expanded += [marker] * count
+                else:
+                    expanded.append(token)
+            ids = expanded
+        else:
+            raise RequestError(f"the prompt has {len(found)} image placeholders for {len(images)} images: put one "
+                               f"placeholder (token {marker}) where each image goes", param="prompt")
+        placed = tuple(PlacedImage(start, EncoderInput.of(clip_pixels(load_image(image), vision.processor), count, "image"))
+                       for start, image in zip(starts, images))
+        params = prepared.params
+        if len(ids) >= self.max_model_len:
+            raise RequestError(f"the prompt has {len(ids)} tokens with its images; the context length is {self.max_model_len}",
+                               param="prompt")
+        if params.max_tokens is not None and len(ids) + params.max_tokens > self.max_model_len:
+            params = replace(params, max_tokens=self.max_model_len - len(ids))
+        check_fits(len(ids), params.max_tokens, self.max_model_len)
+        return replace(prepared, token_ids=ids, params=params, images=placed, text=None)
 
     def _prepare(self, prompt: str | Sequence[int], params: SamplingParams, lora_name: str | None, add_special_tokens: bool) -> PreparedRequest:
         if lora_name is not None and lora_name not in self.lora_names():
@@ -280,6 +328,7 @@ class LLMEngine:
             encoder_input=prepared.encoder_input,
             priority=prepared.priority,
             salt=prepared.cache_salt,
+            images=prepared.images,
         )
         for token in prepared.output_token_ids:  # a beam's tokens so far: the rules (min_tokens, forced EOS) count them
             request.append_output_token(token)

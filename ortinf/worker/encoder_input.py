@@ -32,4 +32,19 @@ class EncoderInput:
         return cls(data, num_positions, f"{kind}:{digest.hexdigest()}")
 
 
-__all__ = ["EncoderInput"]
+@dataclass(frozen=True, slots=True, eq=False)
+class PlacedImage:
+    """An image of a vision-language request (ortinf/exporter/vision_language.py): its pixels as an EncoderInput
+    (num_positions: the embeddings it becomes) and where in the prompt its placeholder tokens start. The model
+    runner turns it into embeddings (cached by digest) for the steps whose chunks cover those positions; its
+    digest salts the request's prefix-cache keys, so blocks computed over another image never match."""
+
+    offset: int
+    image: EncoderInput
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.image.num_positions
+
+
+__all__ = ["EncoderInput", "PlacedImage"]

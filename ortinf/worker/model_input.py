@@ -24,6 +24,8 @@ class SequenceChunk:
     lora_slot: int = -1  # the LoRA adapter's slot (ortinf/worker/lora.py), -1 for the base model
     cross_blocks: Sequence[int] = ()  # an encoder-decoder's cross-attention K/V blocks (Whisper), and how many
     cross_len: int = 0  # positions they hold
+    image_embeds: np.ndarray | None = None  # [m, hidden]: embeddings of the image positions this chunk covers
+    image_rows: np.ndarray | None = None  # [m]: their rows within the chunk
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +43,8 @@ class ModelInput:
     lora_slots: np.ndarray | None = None  # [num_tokens]: each token's LoRA slot, -1 for the base model
     cross_block_tables: np.ndarray | None = None  # [num_seqs, cross_blocks]: encoder-decoders only
     cross_lens: np.ndarray | None = None  # [num_seqs]
+    image_embeds: np.ndarray | None = None  # [M, hidden]: a vision-language graph's (M may be 0)
+    image_rows: np.ndarray | None = None  # [M]: their rows among the step's tokens
 
     @property
     def num_seqs(self) -> int:
@@ -48,8 +52,10 @@ class ModelInput:
 
     def feeds(self) -> dict[str, np.ndarray]:
         cross = {} if self.cross_lens is None else {"cross_block_tables": self.cross_block_tables, "cross_lens": self.cross_lens}
+        images = {} if self.image_embeds is None else {"image_embeds": self.image_embeds, "image_rows": self.image_rows}
         return {
             **cross,
+            **images,
             "input_ids": self.input_ids,
             "positions": self.positions,
             "block_tables": self.block_tables,
@@ -94,7 +100,17 @@ def build_model_input(chunks: Sequence[SequenceChunk], block_size: int, all_logi
         lora_slots=np.repeat(np.array([c.lora_slot for c in chunks], dtype=np.int64), query_lens)
         if any(c.lora_slot >= 0 for c in chunks) else None,  # None: every token runs the base model
         **_cross_tables(chunks),
+        **_images(chunks, starts),
     )
+
+
+def _images(chunks: Sequence[SequenceChunk], starts: np.ndarray) -> dict[str, np.ndarray]:
+    """Vision-language steps: the image embeddings of every chunk, and their rows among the step's tokens."""
+    if all(c.image_embeds is None for c in chunks):
+        return {}
+    given = [(c.image_embeds, c.image_rows + start) for c, start in zip(chunks, starts) if c.image_embeds is not None]
+    return {"image_embeds": np.ascontiguousarray(np.concatenate([e for e, _ in given])),
+            "image_rows": np.concatenate([r for _, r in given]).astype(np.int64)}
 
 
 def _cross_tables(chunks: Sequence[SequenceChunk]) -> dict[str, np.ndarray]:
@@ -157,6 +173,8 @@ def pad_to_buckets(model_input: ModelInput, buckets: Buckets, scratch_slot: int,
         cross_block_tables=None if model_input.cross_block_tables is None else np.concatenate(
             [model_input.cross_block_tables, np.zeros((pad_seqs, model_input.cross_block_tables.shape[1]), np.int64)]),
         cross_lens=None if model_input.cross_lens is None else np.concatenate([model_input.cross_lens, np.ones(pad_seqs, np.int64)]),
+        image_embeds=model_input.image_embeds,
+        image_rows=model_input.image_rows,
     )
 
 

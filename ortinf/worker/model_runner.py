@@ -25,14 +25,16 @@ from ortinf.worker.cross_encoder import CrossEncoder
 from ortinf.worker.decoder_graph import DecoderGraph
 from ortinf.worker.model_input import SequenceChunk, build_model_input
 from ortinf.worker.scheduler_output import ModelRunnerOutput, ScheduledRequest, SchedulerOutput, TokenLogprobs, top_logprobs
+from ortinf.worker.vision_encoder import VisionEncoder
 
 
 class ModelRunner:
     """Executes steps on a DecoderGraph; keeps one RNG per seeded request."""
 
     def __init__(self, graph: DecoderGraph, seed: int | None = None, grammars: GrammarCompiler | None = None,
-                 encoder: CrossEncoder | None = None, rules: DecoderRules | None = None) -> None:
+                 encoder: CrossEncoder | None = None, rules: DecoderRules | None = None, vision: VisionEncoder | None = None) -> None:
         self.graph = graph
+        self.vision = vision  # a vision-language package's: the image embeddings of the positions a step covers
         self.encoder = encoder  # an encoder-decoder's: runs first for the requests whose cross blocks wait for it
         self.rules = rules  # an encoder-decoder's generation rules (suppressed and forced tokens)
         self.sampler = Sampler()
@@ -59,6 +61,9 @@ class ModelRunner:
         to_encode = [(s.encoder_input, s.cross_block_ids) for s in scheduled if s.encoder_input is not None]
         if to_encode:
             self.encoder.encode(to_encode, self.graph.block_size)
+        if self.vision is not None:  # the images this step's chunks cover, in one batched call where not kept
+            self.vision.prepare([p.image for s in scheduled for p in s.images
+                                 if p.offset < s.num_computed_tokens + len(s.token_ids) and p.end > s.num_computed_tokens])
         try:
             for group in plan_calls(query_lens, [s.num_computed_tokens for s in scheduled], self.graph.block_size):
                 self._run_group(scheduled, group, last_rows, prompt_rows)
@@ -90,7 +95,7 @@ class ModelRunner:
 
     def _run_group(self, scheduled: Sequence[ScheduledRequest], group: list[int], last_rows: list, prompt_rows: dict[int, np.ndarray]) -> None:
         chunks = [SequenceChunk(scheduled[i].token_ids, scheduled[i].num_computed_tokens, scheduled[i].block_ids, scheduled[i].lora_slot,
-                                scheduled[i].cross_block_ids, scheduled[i].cross_len) for i in group]
+                                scheduled[i].cross_block_ids, scheduled[i].cross_len, *self._images(scheduled[i])) for i in group]
         all_logits = [scheduled[i].wants_prompt_logprobs or bool(scheduled[i].spec_token_ids) for i in group]
         logits = self.graph.run(build_model_input(chunks, self.graph.block_size, all_logits))
         row = 0
@@ -101,6 +106,13 @@ class ModelRunner:
             verified = len(scheduled[index].spec_token_ids) + 1  # the rows of the last real token and of each proposal
             last_rows[index] = logits[row + count - verified : row + count]
             row += count
+
+    def _images(self, scheduled: ScheduledRequest) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """A vision-language graph's image embeddings and rows for this chunk (empty when it covers none)."""
+        if self.vision is None:
+            return None, None
+        start = scheduled.num_computed_tokens
+        return self.vision.chunk(scheduled.images, start, start + len(scheduled.token_ids) - len(scheduled.spec_token_ids))
 
     def _start_masks(self, requests: list[ScheduledRequest]) -> Future | None:
         """Starts filling the grammar masks of the constrained rows: {row: allowed-token mask}."""

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ortinf.sample.sampling_params import SamplingParams
-from ortinf.worker.encoder_input import EncoderInput
+from ortinf.worker.encoder_input import EncoderInput, PlacedImage
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +37,7 @@ class ScheduledRequest:
     cross_block_ids: Sequence[int] = ()  # an encoder-decoder's cross blocks, holding `cross_len` encoder positions
     cross_len: int = 0
     encoder_input: EncoderInput | None = None  # set the step its cross blocks must be written (the encoder runs first)
+    images: tuple[PlacedImage, ...] = ()  # a vision-language request's images (the runner feeds those this chunk covers)
 
     @property
     def wants_prompt_logprobs(self) -> bool:
