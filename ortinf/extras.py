@@ -17,7 +17,7 @@ from pathlib import Path
 # has none of them.
 EXTRA_MODULES = {"torch": "export", "transformers": "export", "optimum": "export", "onnx": "export", "onnx_ir": "export",
                  "safetensors": "export", "huggingface_hub": "export", "gguf": "export", "ray": "ray", "soundfile": "audio", "soxr": "audio",
-                 "multipart": "audio"}
+                 "multipart": "audio", "PIL": "vision"}
 
 
 def missing(extra: str) -> list[str]:

@@ -20,7 +20,7 @@ if ! .venv/bin/python -c "import importlib.metadata as m, sys; sys.exit(m.versio
   "${pip[@]}" -c constraints.txt $torch_args "$torch_pin"
 fi
 echo "== installing ortinf and its export, demo, audio and test extras (pinned by constraints.txt)"
-"${pip[@]}" -c constraints.txt -e ".[export,demo,audio,test]"
+"${pip[@]}" -c constraints.txt -e ".[export,demo,audio,vision,test]"
 echo "== building ortinf's CPU kernel library"
 # ortinf's CPU kernel library (ortinf/kernels/build.py: ONNX Runtime's C API headers from ORTINF_ORT_INCLUDE
 # or Debian trixie's libonnxruntime-dev, fetched into build/). Without it: one warning, and CPU

@@ -1,0 +1,133 @@
+"""Vision-language models on the one engine (issue 33, LLaVA first): a tiny random LLaVA (CLIP tower, projector,
+Llama) exported by `ortinf export`, then ragged batches mixing image and text-only requests, one and two images
+of different sizes per prompt, a pool that preempts, and a conversation that re-sends its image: greedy tokens
+equal transformers' LlavaForConditionalGeneration.generate; the numpy preprocessing equals CLIPImageProcessor;
+bad images are RequestErrors that name the problem and leave the engine serving."""
+
+from __future__ import annotations
+
+import io
+import struct
+import zlib
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from support.tiny_models import add_tokenizer
+
+import ortinf
+from ortinf import LLM, SamplingParams
+from ortinf.errors import RequestError
+from ortinf.tasks.vision.images import clip_pixels, load_image
+
+Image = pytest.importorskip("PIL.Image")
+IMAGE_TOKEN, TOKENS_PER_IMAGE, NEW = 299, 16, 12
+GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def llava(tmp_path_factory):
+    root = tmp_path_factory.mktemp("llava")
+    vision = transformers.CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                           image_size=28, patch_size=7, projection_dim=32)
+    text = transformers.LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                    num_key_value_heads=2, max_position_embeddings=256)
+    config = transformers.LlavaConfig(vision_config=vision, text_config=text, image_token_index=IMAGE_TOKEN, image_seq_length=TOKENS_PER_IMAGE,
+                                      vision_feature_layer=-2, vision_feature_select_strategy="default")
+    torch.manual_seed(0)
+    model = transformers.LlavaForConditionalGeneration(config).eval()
+    model.save_pretrained(root / "hf")
+    add_tokenizer(root / "hf", 300)
+    processor = transformers.CLIPImageProcessor(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28})
+    processor.save_pretrained(root / "hf")
+    manifest = ortinf.export(root / "hf", root / "pkg", progress=False)
+    assert manifest.vision is not None and manifest.vision.max_abs_diff < 1e-4 and "image_embeds" in manifest.inputs
+    return model, processor, root / "pkg"
+
+
+def images(seed: int = 0) -> list:
+    rng = np.random.default_rng(seed)
+    return [Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8)) for shape in ((40, 60, 3), (28, 28, 3), (61, 29, 3))]
+
+
+def reference(model, processor, ids: list[int], pictures: list) -> list[int]:  # noqa: ANN001
+    expanded = [t for token in ids for t in ([IMAGE_TOKEN] * TOKENS_PER_IMAGE if token == IMAGE_TOKEN else [token])]
+    extra = {"pixel_values": torch.from_numpy(processor(pictures, return_tensors="np")["pixel_values"])} if pictures else {}
+    with torch.no_grad():
+        out = model.generate(torch.tensor([expanded]), max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False, pad_token_id=0, **extra)
+    return out[0, len(expanded):].tolist()
+
+
+def test_preprocessing_equals_clip_image_processor(llava):
+    _, processor, package = llava
+    settings = ortinf.manifest.Manifest.load(package).vision.processor
+    rng = np.random.default_rng(1)
+    for shape, mode in (((40, 60, 3), "RGB"), ((61, 29, 3), "RGB"), ((28, 28, 4), "RGBA"), ((33, 50), "L"), ((20, 15, 3), "RGB")):
+        picture = Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8), mode=mode)
+        np.testing.assert_allclose(clip_pixels(picture, settings), processor(picture, return_tensors="np")["pixel_values"][0], atol=1e-5)
+
+
+def test_ragged_batches_of_images_and_text_equal_transformers(llava):
+    model, processor, package = llava
+    a, b, c = images()
+    cases = [([5, 7, IMAGE_TOKEN, 9, 11], [a]), ([5, 8, 9, 30, 31], []), ([5, IMAGE_TOKEN, 12, IMAGE_TOKEN, 40], [b, c]),
+             ([IMAGE_TOKEN, *range(20, 60)], [c]), ([3, 4], [])]
+    expected = [reference(model, processor, ids, pictures) for ids, pictures in cases]
+    prompts = [{"prompt_token_ids": ids, "multi_modal_data": {"image": pictures}} if pictures else ids for ids, pictures in cases]
+    llm = LLM(package, max_num_seqs=8)
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)] == expected
+    # two slots and a pool that cannot hold every sequence: requests are preempted mid-prompt and recomputed, with
+    # their images' embeddings kept (no second vision call)
+    tight = LLM(package, max_num_seqs=2, num_blocks=14, block_size=8, max_model_len=112, max_num_batched_tokens=24)
+    assert [o.outputs[0].token_ids for o in tight.generate(prompts, GREEDY)] == expected
+    assert tight.engine.scheduler.stats.num_preemptions > 0 and tight.engine.runner.vision.num_encoded == 3
+
+
+def test_an_image_sent_again_costs_no_vision_call_and_hits_the_prefix_cache(llava):
+    model, processor, package = llava
+    a, b, _ = images()
+    llm = LLM(package)
+    first = [5, 7, IMAGE_TOKEN, 9]
+    reply = llm.generate({"prompt_token_ids": first, "multi_modal_data": {"image": a}}, GREEDY)[0].outputs[0].token_ids
+    hits = llm.engine.kv_cache.stats.num_hits
+    second = first + reply + [13, 14]  # the next turn: the conversation so far, the same image
+    again = llm.generate({"prompt_token_ids": second, "multi_modal_data": {"image": a}}, GREEDY)[0].outputs[0].token_ids
+    assert again == reference(model, processor, second, [a])
+    assert llm.engine.runner.vision.num_encoded == 1
+    assert llm.engine.kv_cache.stats.num_hits - hits >= 16  # the image's blocks came from the cache
+    other = llm.generate({"prompt_token_ids": second, "multi_modal_data": {"image": b}}, GREEDY)[0].outputs[0].token_ids
+    assert other == reference(model, processor, second, [b])  # the same tokens over another image share no block
+
+
+def _png_header(width: int, height: int) -> bytes:
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    chunk = b"IHDR" + header
+    return b"\x89PNG\r\n\x1a\n" + struct.pack(">I", len(header)) + chunk + struct.pack(">I", zlib.crc32(chunk))
+
+
+def test_bad_images_are_request_errors_and_the_engine_goes_on(llava):
+    _, _, package = llava
+    llm = LLM(package)
+    good = io.BytesIO()
+    images()[0].save(good, format="PNG")
+    bomb = io.BytesIO()
+    Image.new("L", (7500, 7500)).save(bomb, format="PNG")  # 56 M pixels in ~60 KB
+    cases = {
+        "truncated": good.getvalue()[: len(good.getvalue()) // 2],
+        "a 30000x30000 header": _png_header(30000, 30000),
+        "an SVG": b'<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"/>',
+        "a decompression bomb": bomb.getvalue(),
+        "not bytes": 3.5,
+    }
+    for name, data in cases.items():
+        with pytest.raises(RequestError) as caught:
+            llm.generate({"prompt_token_ids": [5, IMAGE_TOKEN], "multi_modal_data": {"image": data}}, GREEDY)
+        assert caught.value.param == "image", name
+    with pytest.raises(RequestError, match="2 image placeholders for 1 images"):
+        llm.generate({"prompt_token_ids": [IMAGE_TOKEN, 5, IMAGE_TOKEN], "multi_modal_data": {"image": good.getvalue()}}, GREEDY)
+    with pytest.raises(RequestError, match="multi_modal_data takes 'image' only"):
+        llm.generate({"prompt_token_ids": [5], "multi_modal_data": {"audio": b""}}, GREEDY)
+    assert load_image(good.getvalue()).size == (60, 40)
+    assert len(llm.generate({"prompt_token_ids": [5, IMAGE_TOKEN], "multi_modal_data": {"image": good.getvalue()}}, GREEDY)[0]
+               .outputs[0].token_ids) == NEW
