@@ -16,6 +16,7 @@ from ortinf.serve import field_policy, responses, tool_parsers
 from ortinf.serve.completions import cached_tokens, prepare_samples, request_ids, usage
 from ortinf.serve.errors import APIError
 from ortinf.serve.logprobs import chat_logprobs, prompt_logprobs
+from ortinf.serve.media import message_images
 from ortinf.serve.models import ServedModel
 from ortinf.serve.protocol import ChatCompletionRequest
 from ortinf.serve.state import ServerState
@@ -34,7 +35,7 @@ def render_prompt(model: ServedModel, body: ChatCompletionRequest, tools: ToolPl
     if body.continue_final_message and body.add_generation_prompt:
         raise APIError(400, "continue_final_message and add_generation_prompt cannot both be true: set add_generation_prompt to false",
                        param="continue_final_message")
-    text = model.chat_template.render(template_messages(body.messages), add_generation_prompt=body.add_generation_prompt,
+    text = model.chat_template.render(template_messages(body.messages, model.image_placeholder), add_generation_prompt=body.add_generation_prompt,
                                       tools=tools.tools if tools else None, extra=body.template_kwargs(),
                                       continue_final_message=body.continue_final_message)
     return model.tokenizer.encode(check_unicode(text, "messages"), add_special_tokens=add_special_tokens).ids
@@ -71,8 +72,10 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
     tools = tool_plan(model, body)
     params = chat_params(model, body, tools, logprobs)
 
-    def prepare() -> list[PreparedRequest]:  # rendering and tokenising are CPU work: off the event loop, which serves every other client
-        return prepare_samples(model, [render_prompt(model, body, tools, bool(body.add_special_tokens))], params, body.n, body.stream, body)
+    def prepare() -> list[PreparedRequest]:  # rendering, tokenising, decoding images are CPU work: off the event loop
+        images = message_images(body.messages) if model.image_placeholder is not None else []
+        return prepare_samples(model, [render_prompt(model, body, tools, bool(body.add_special_tokens))], params, body.n, body.stream, body,
+                               images=images)
 
     prepared = await asyncio.to_thread(prepare)
     request_id, engine_id = request_ids("chatcmpl", body)

@@ -25,11 +25,11 @@ router = APIRouter()
 
 
 def prepare_samples(model: ServedModel, prompts: list, body_params, n: int, stream: bool, body: SamplingFields | None = None,
-                    add_special_tokens: bool = True) -> list[PreparedRequest]:
+                    add_special_tokens: bool = True, images: list | None = None) -> list[PreparedRequest]:
     """One PreparedRequest per prompt x sample (prompt-major); validation happens here, before any runs.
     A stream's engine outputs are deltas (each only what is new), which the route frames; a
     non-streamed request's is one final output per sample (no per-step wake-up, no text rebuilt).
-    `body`: the request, for its priority and cache_salt."""
+    `body`: the request, for its priority and cache_salt; `images`: a chat's images (one prompt), in order."""
     engine = model.require_engine().engine
     body_params = replace(body_params, output_kind="delta" if stream else "final_only")
     priority, salt = (body.priority, body.cache_salt) if body is not None else (0, None)
@@ -39,7 +39,7 @@ def prepare_samples(model: ServedModel, prompts: list, body_params, n: int, stre
             raise APIError(400, "the prompt is empty", param="prompt")
         # tokenised and checked once per prompt
         first = engine.prepare(prompt, body_params, model.lora_name, add_special_tokens=add_special_tokens, priority=priority,
-                               cache_salt=salt)
+                               cache_salt=salt, images=images or ())
         if first.params.num_beams > 1:  # one beam search gives the n samples (ortinf/engine/beams.py)
             prepared += [first] * n
         else:

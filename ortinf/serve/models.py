@@ -40,6 +40,14 @@ class ServedModel:
             return self.engine.engine.tokenizer
         return self.encoder.tokenizer if self.encoder is not None else None
 
+    @property
+    def image_placeholder(self) -> str | None:
+        """The text of a vision-language model's image token (where an image part goes in the chat template), else None."""
+        vision, tokenizer = self.manifest.vision, self.tokenizer
+        if vision is None or tokenizer is None:
+            return None
+        return tokenizer.id_to_token(vision.image_token_id)
+
     def token_text(self, token_id: int) -> str:
         """How a token is shown in logprobs: its text, or `token_id:N` without a tokenizer."""
         tokenizer = self.tokenizer

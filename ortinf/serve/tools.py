@@ -159,12 +159,13 @@ def held_back(text: str, mode: str, parser: str | None) -> int:
     return tool_parsers.PARSERS[parser].content_end(text)
 
 
-def template_messages(messages: list) -> list[dict]:
+def template_messages(messages: list, image_placeholder: str | None = None) -> list[dict]:
     """Messages as chat templates expect them: tool calls with parsed arguments (Qwen's and Llama's
-    templates write `arguments | tojson`), tool results with their call id."""
+    templates write `arguments | tojson`), tool results with their call id, an image part as the model's
+    image placeholder where the text has it (a vision-language model's; a 400 otherwise)."""
     rendered = []
     for m in messages:
-        item: dict = {"role": m.role, "content": m.text()}
+        item: dict = {"role": m.role, "content": m.text(image_placeholder)}
         if m.name is not None:
             item["name"] = m.name
         if m.tool_calls:

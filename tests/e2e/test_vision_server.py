@@ -1,0 +1,104 @@
+"""A vision-language package behind the real server, with the official openai client: chat messages with
+OpenAI's image_url parts (base64 data URLs) answer as LLM.generate does on the same prompt and image, streamed
+or not, usage counting the image's tokens; bad images, remote URLs and images sent to a text model are 400s
+that name the problem, and the server goes on serving."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+
+import numpy as np
+import openai
+import pytest
+import torch
+import transformers
+from support.server_helpers import running_server
+from support.tiny_models import add_tokenizer
+
+import ortinf
+from ortinf import LLM, SamplingParams
+
+Image = pytest.importorskip("PIL.Image")
+TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+            "{% if add_generation_prompt %}assistant:{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def llava_package(tmp_path_factory):
+    from tokenizers import Tokenizer
+
+    root = tmp_path_factory.mktemp("llava-server")
+    (root / "hf").mkdir()
+    add_tokenizer(root / "hf", 290)
+    tokenizer = Tokenizer.from_file(str(root / "hf" / "tokenizer.json"))
+    tokenizer.add_special_tokens(["<image>"])
+    tokenizer.save(str(root / "hf" / "tokenizer.json"))
+    image_token = tokenizer.token_to_id("<image>")
+    config = json.loads((root / "hf" / "tokenizer_config.json").read_text())
+    (root / "hf" / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": TEMPLATE}))
+    vision = transformers.CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                           image_size=28, patch_size=7, projection_dim=32)
+    text = transformers.LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                    num_key_value_heads=2, max_position_embeddings=256)
+    torch.manual_seed(0)
+    model = transformers.LlavaForConditionalGeneration(transformers.LlavaConfig(
+        vision_config=vision, text_config=text, image_token_index=image_token, image_seq_length=16)).eval()
+    model.save_pretrained(root / "hf")
+    transformers.CLIPImageProcessor(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28}).save_pretrained(root / "hf")
+    ortinf.export(root / "hf", root / "pkg", progress=False)
+    return root / "pkg"
+
+
+@pytest.fixture(scope="module")
+def client(llava_package, chat_package, tmp_path_factory):
+    args = [str(llava_package), str(chat_package), "--served-model-name", "llava", "--served-model-name", "text",
+            "--kv-cache-memory", "32MiB"]
+    with running_server(args, tmp_path_factory.mktemp("logs")) as server:
+        yield openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+
+
+def png(seed: int, shape=(40, 60, 3)) -> bytes:
+    out = io.BytesIO()
+    Image.fromarray(np.random.default_rng(seed).integers(0, 256, shape, dtype=np.uint8)).save(out, format="PNG")
+    return out.getvalue()
+
+
+def part(data: bytes, mime: str = "image/png") -> dict:
+    return {"type": "image_url", "image_url": {"url": f"data:{mime};base64,{base64.b64encode(data).decode()}", "detail": "low"}}
+
+
+def test_chat_with_images_equals_llm_generate(client, llava_package):
+    messages = [{"role": "user", "content": [part(png(0)), {"type": "text", "text": "what is this?"}]}]
+    reply = client.chat.completions.create(model="llava", messages=messages, max_tokens=10, temperature=0)
+    llm = LLM(llava_package)
+    prompt = "user: <image>what is this?\nassistant:"  # the template's rendering of the message
+    expected = llm.generate({"prompt": prompt, "multi_modal_data": {"image": png(0)}}, SamplingParams(temperature=0, max_tokens=10))[0]
+    assert reply.choices[0].message.content == expected.outputs[0].text
+    assert reply.usage.prompt_tokens == len(expected.prompt_token_ids) and reply.usage.prompt_tokens > 16  # the image's 16 tokens
+    chunks = client.chat.completions.create(model="llava", messages=messages, max_tokens=10, temperature=0, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected.outputs[0].text
+    two = [{"role": "user", "content": [part(png(1)), {"type": "text", "text": "and"}, part(png(2, (28, 28, 3)), "image/png")]}]
+    assert client.chat.completions.create(model="llava", messages=two, max_tokens=4, temperature=0).usage.prompt_tokens > 32
+
+
+@pytest.mark.parametrize(("content", "fragment"), [
+    ([part(png(0)[:200])], "cannot be decoded"),
+    ([part(b'<svg xmlns="http://www.w3.org/2000/svg"/>', "image/svg+xml")], "cannot be decoded"),
+    ([{"type": "image_url", "image_url": {"url": "data:image/png;base64,@@@"}}], "base64"),
+    ([{"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}], "data URL"),
+    ([{"type": "image_url", "image_url": {}}], "image_url.url"),
+    ([part(png(0)), part(png(0)), {"type": "text", "text": "<image>"}], "placeholders"),
+])
+def test_bad_images_are_400s(client, content, fragment):
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="llava", messages=[{"role": "user", "content": content}], max_tokens=2)
+    assert fragment in caught.value.body["message"], caught.value.body
+    assert client.chat.completions.create(model="llava", messages=[{"role": "user", "content": "hi"}], max_tokens=2).choices
+
+
+def test_an_image_to_a_text_model_is_a_400(client):
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="text", messages=[{"role": "user", "content": [part(png(0))]}], max_tokens=2)
+    assert "reads text" in caught.value.body["message"]
