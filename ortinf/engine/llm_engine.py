@@ -194,7 +194,7 @@ class LLMEngine:
         `priority`: lower runs first (only under the priority scheduling policy; 0 otherwise);
         `cache_salt`: prefix-cache blocks are shared only between requests with the same salt;
         `images` (a vision-language package's: PIL images, encoded bytes, paths or uint8 arrays): one per image
-        placeholder token of the prompt, which becomes the image's tokens (ortinf/tasks/vision/images.py)."""
+        placeholder token of the prompt, which becomes the image's tokens (ortinf/worker/images.py)."""
         if priority and self.config.scheduling_policy != "priority":
             raise RequestError("priority needs the priority scheduling policy: serve with --scheduling-policy priority "
                                "(or send priority 0)", param="priority")
@@ -205,7 +205,7 @@ class LLMEngine:
 
     def _place_images(self, prepared: PreparedRequest, images: list[object]) -> PreparedRequest:
         """Each image preprocessed, and the prompt's placeholders for it expanded to its tokens (or found expanded)."""
-        from ortinf.tasks.vision.images import clip_pixels, load_image
+        from ortinf.worker.images import clip_pixels, load_image
 
         vision = self.manifest.vision
         if vision is None:

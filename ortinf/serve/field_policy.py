@@ -119,7 +119,8 @@ POLICY: dict[str, dict[str, Rule]] = {
     },
     "/v1/chat/completions": {
         **_SAMPLING,
-        "messages": _implemented("system, developer, user, assistant, tool; text content parts; image_url parts (base64 data URLs) on vision-language models"),
+        "messages": _implemented("system, developer, user, assistant, tool; text content parts; image_url parts "
+                                 "(base64 data URLs) on vision-language models"),
         "max_tokens": _implemented("the older name of max_completion_tokens"),
         "max_completion_tokens": _implemented("default: what the context length leaves"),
         "logprobs": _implemented("logprobs of the chosen tokens"),

@@ -19,7 +19,7 @@ from support.tiny_models import add_tokenizer
 import ortinf
 from ortinf import LLM, SamplingParams
 from ortinf.errors import RequestError
-from ortinf.tasks.vision.images import clip_pixels, load_image
+from ortinf.worker.images import clip_pixels, load_image
 
 Image = pytest.importorskip("PIL.Image")
 IMAGE_TOKEN, TOKENS_PER_IMAGE, NEW = 299, 16, 12
