@@ -260,7 +260,10 @@ class Manifest:
     format_version: int = FORMAT_VERSION
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=False) + "\n"
+        data = dataclasses.asdict(self)
+        if data["vision"] is None:  # written only where there is one: a text package stays readable by older ortinf
+            del data["vision"]
+        return json.dumps(data, indent=2, sort_keys=False) + "\n"
 
     def save(self, folder: Path) -> None:
         (folder / MANIFEST_NAME).write_text(self.to_json(), encoding="utf-8")

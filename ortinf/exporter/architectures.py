@@ -114,7 +114,7 @@ def describe_supported() -> str:
     lines = []
     for task, names in SUPPORTED.items():
         lines.append(f"{task}:")
-        table = {TEXT_GENERATION: DECODERS, SPEECH_RECOGNITION: SPEECH, TEXT2TEXT: SEQ2SEQ}.get(task, ENCODERS)
+        table = {TEXT_GENERATION: DECODERS, SPEECH_RECOGNITION: SPEECH, TEXT2TEXT: SEQ2SEQ, IMAGE_TEXT_TO_TEXT: VISION_LANGUAGE}.get(task, ENCODERS)
         for name in names:
             entry = table.get(name) or f"{DECODERS[name].example}, as an embedding model (its sentence-transformers pooling)"
             lines.append(f"  {name:<12} {entry.example if isinstance(entry, DecoderArch) else entry}")
