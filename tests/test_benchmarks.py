@@ -39,7 +39,8 @@ SCRIPTS = {
     "onednn_matmul.py": ["--repeats", "1"],  # without benchmarks/peers/install_onednn.sh: ortinf's columns only
     "one_engine.py": [],  # issue 30's before/after: a worktree of the base revision beside this tree
     "beam_search.py": [],
-    "gguf_parity.py": [],  # without benchmarks/peers/install_llama_cpp.sh: rows saying llama.cpp is not installed
+    "gguf_parity.py": [],
+    "vision.py": [],  # without benchmarks/peers/install_llama_cpp.sh: rows saying llama.cpp is not installed
 }
 SLOW = {"ray_serve.py"}  # starts Ray clusters: minutes
 

@@ -1,0 +1,143 @@
+"""Vision-language serving: ortinf's LLaVA path beside transformers, time to first token and throughput.
+
+usage: .venv/bin/python benchmarks/vision.py [--size small|400m] [--tiny] [--record]
+
+A LLaVA of random weights built from transformers' config classes: --size 400m is a CLIP ViT-B/16 tower at
+224 px (196 image tokens) under a Qwen2.5-0.5B-shaped llama (hidden 896, 24 layers, 14 heads / 2 KV,
+vocab 32000), about 450M parameters; small is a 4-layer tower and a 4-layer llama; --tiny a 2-layer one.
+Workload: 1 and 8 concurrent requests, each one image (a different random picture) and 16 text tokens,
+32 greedy new tokens, no EOS stop. ortinf runs all requests at once (LLM.generate) and reports the
+vision graph's time apart (its calls, timed inside the runner); transformers runs each request alone
+(generate with pixel_values: its own prefill of the image). TTFT: ortinf, one request with max_tokens 1;
+transformers, generate(max_new_tokens=1). Not beside OpenVINO GenAI's VLMPipeline or llama.cpp's
+multimodal path: neither is installed as a benchmark environment here yet (the first needs optimum-intel's
+conversion of the checkpoint, the second an mmproj GGUF of the tower), so they are not in the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from record import finish  # noqa: E402
+
+from ortinf.matrix import machine  # noqa: E402
+
+SIZES = {
+    "tiny": (dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, image_size=28, patch_size=7),
+             dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)),
+    "small": (dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=4, image_size=224, patch_size=16),
+              dict(vocab_size=8192, hidden_size=512, intermediate_size=1536, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4)),
+    "400m": (dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12, image_size=224, patch_size=16),
+             dict(vocab_size=32000, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                  num_key_value_heads=2)),
+}
+NEW_TOKENS, TEXT_TOKENS = 32, 16
+
+
+def build(folder: Path, size: str) -> None:
+    import torch
+    import transformers
+
+    vision, text = SIZES[size]
+    tokens = (vision["image_size"] // vision["patch_size"]) ** 2
+    config = transformers.LlavaConfig(vision_config=transformers.CLIPVisionConfig(**vision, projection_dim=vision["hidden_size"]),
+                                      text_config=transformers.LlamaConfig(**text, max_position_embeddings=1024),
+                                      image_token_index=text["vocab_size"] - 1, image_seq_length=tokens)
+    torch.manual_seed(0)
+    transformers.LlavaForConditionalGeneration(config).eval().save_pretrained(folder)
+    size_px = vision["image_size"]
+    transformers.CLIPImageProcessor(size={"shortest_edge": size_px}, crop_size={"height": size_px, "width": size_px}).save_pretrained(folder)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", choices=["small", "400m"], default="small", help="the model's shape")
+    parser.add_argument("--tiny", action="store_true", help="a 2-layer model (the smoke test)")
+    parser.add_argument("--record", action="store_true", help="append the table to benchmarks/RESULTS.md")
+    args = parser.parse_args()
+    import numpy as np
+    import torch
+    import transformers
+    from PIL import Image
+
+    from ortinf import LLM, SamplingParams, export
+
+    torch.set_num_threads(2)
+    size = "tiny" if args.tiny else args.size
+    work = Path(tempfile.mkdtemp(prefix="ortinf-vision-"))
+    build(work / "hf", size)
+    start = time.monotonic()
+    export(work / "hf", work / "pkg", progress=False)
+    export_seconds = time.monotonic() - start
+    model = transformers.LlavaForConditionalGeneration.from_pretrained(work / "hf").eval()
+    processor = transformers.CLIPImageProcessor.from_pretrained(work / "hf")
+    config = model.config
+    image_token, per_image = config.image_token_index, config.image_seq_length
+    rng = np.random.default_rng(0)
+    side = config.vision_config.image_size
+    pictures = [Image.fromarray(rng.integers(0, 256, (side + 16 * i, side, 3), dtype=np.uint8)) for i in range(8)]
+    texts = [rng.integers(3, config.text_config.vocab_size - 1, TEXT_TOKENS).tolist() for _ in range(8)]
+    llm = LLM(work / "pkg", provider="cpu", intra_op_threads=2, enable_prefix_caching=False)
+    vision = llm.engine.runner.vision
+    session_run = vision.session.run
+    vision_seconds = [0.0]
+
+    def timed(*a, **k):  # noqa: ANN002, ANN003, ANN202
+        begin = time.monotonic()
+        try:
+            return session_run(*a, **k)
+        finally:
+            vision_seconds[0] += time.monotonic() - begin
+
+    vision.session.run = timed
+
+    def ortinf(count: int, tokens: int) -> tuple[float, list[list[int]]]:
+        vision.cache.clear()
+        prompts = [{"prompt_token_ids": [1, image_token, *texts[i]], "multi_modal_data": {"image": pictures[i]}} for i in range(count)]
+        begin = time.monotonic()
+        outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True))
+        return time.monotonic() - begin, [o.outputs[0].token_ids for o in outs]
+
+    def hf(count: int, tokens: int) -> tuple[float, list[list[int]]]:
+        begin, out = time.monotonic(), []
+        with torch.no_grad():
+            for i in range(count):
+                ids = torch.tensor([[1, *[image_token] * per_image, *texts[i]]])
+                pixels = torch.from_numpy(processor(pictures[i], return_tensors="np")["pixel_values"])
+                rows = model.generate(ids, pixel_values=pixels, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, pad_token_id=0)
+                out.append(rows[0, ids.shape[1]:].tolist())
+        return time.monotonic() - begin, out
+
+    ortinf(1, 2)  # warm-up
+    rows = []
+    for count in (1, 8):
+        vision_seconds[0] = 0.0
+        ttft, _ = ortinf(1, 1) if count == 1 else (float("nan"), None)
+        vision_seconds[0] = 0.0
+        seconds, tokens = ortinf(count, NEW_TOKENS)
+        spent_vision = vision_seconds[0]
+        hf_ttft, _ = hf(1, 1) if count == 1 else (float("nan"), None)
+        hf_seconds, hf_tokens = hf(count, NEW_TOKENS)
+        same = sum(a == b for a, b in zip(tokens, hf_tokens))
+        ms = (lambda t: "-" if t != t else f"{t * 1000:.0f}")  # noqa: E731 - TTFT is measured for one request alone
+        rows.append(f"| {count} | {ms(ttft)} | {ms(hf_ttft)} | {count * NEW_TOKENS / seconds:.1f} | "
+                    f"{count * NEW_TOKENS / hf_seconds:.1f} | {hf_seconds / seconds:.2f}x | {spent_vision * 1000:.0f} of {seconds * 1000:.0f} | "
+                    f"{same}/{count} |")
+    lines = [f"### Vision-language (LLaVA, {size}: {per_image} image tokens, {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M "
+             f"parameters, random weights; {TEXT_TOKENS} text tokens + 1 image, {NEW_TOKENS} greedy tokens)", "",
+             f"Machine: {machine()}; export {export_seconds:.0f} s", "",
+             "| requests | ortinf TTFT ms | transformers TTFT ms | ortinf tok/s | transformers tok/s | speed-up | ortinf vision ms of total | "
+             "greedy = transformers |", "|---|---|---|---|---|---|---|---|", *rows]
+    finish(lines, args.record)
+
+
+if __name__ == "__main__":
+    main()
