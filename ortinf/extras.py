@@ -49,5 +49,5 @@ def needs(extra: str, what: str) -> str | None:
     lacking = missing(extra)
     if not lacking:
         return None
-    names = ", ".join("python-multipart" if name == "multipart" else name for name in lacking)
+    names = ", ".join({"multipart": "python-multipart", "PIL": "pillow"}.get(name, name) for name in lacking)
     return f"{what} needs ortinf's '{extra}' extra ({names} not installed): {install_command(extra)}"

@@ -176,6 +176,8 @@ def load_model(package: Path, name: str, config: ServerConfig, state: ServerStat
     model that serves --lora-modules (and runtime loads); the others get no LoRA slots."""
     manifest = Manifest.load(package)
     model = ServedModel(name=name, package_dir=package, manifest=manifest, created=int(time.time()))
+    if manifest.vision is not None and extras.needs("vision", f"serving {name} (a vision-language model)"):
+        raise ConfigError(extras.needs("vision", f"serving {name} (a vision-language model)"))
     if manifest.speech is not None:
         lacking = extras.needs("audio", f"serving {name} (a speech-recognition model)")
         if lacking:

@@ -67,3 +67,30 @@ def test_a_speech_package_on_a_serving_only_install_is_one_line(tmp_path):
     done = subprocess.run([str(SERVING_ONLY), "transcribe", str(tmp_path / "whisper"), str(tmp_path / "a.wav")], capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 2 and done.stderr.strip() == expected(python, "soundfile", "audio", AUDIO), done.stderr
+
+
+@pytest.mark.skipif(not SERVING_ONLY.exists(), reason=".venv-openvino (scripts/setup_openvino_env.sh) is not installed")
+def test_a_vision_package_on_a_serving_only_install_is_one_line(tmp_path):
+    """issue 33: serving a vision-language package needs the vision extra (Pillow decodes the images): one line naming
+    it and the command that installs it here, before anything loads."""
+    pytest.importorskip("PIL")
+
+    import transformers
+    from support.tiny_models import add_tokenizer
+
+    import ortinf
+
+    (tmp_path / "hf").mkdir()
+    add_tokenizer(tmp_path / "hf", 300)
+    vision = transformers.CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                                           image_size=28, patch_size=7, projection_dim=32)
+    text = transformers.LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                                    num_key_value_heads=2, max_position_embeddings=128)
+    transformers.LlavaForConditionalGeneration(transformers.LlavaConfig(vision_config=vision, text_config=text, image_token_index=299,
+                                                                        image_seq_length=16)).save_pretrained(tmp_path / "hf")
+    ortinf.export(tmp_path / "hf", tmp_path / "llava", progress=False)
+    done = subprocess.run([str(SERVING_ONLY), "serve", str(tmp_path / "llava"), "--port", "1"], capture_output=True, text=True, timeout=120)
+    python = interpreter(SERVING_ONLY)
+    message = (f"error: serving {tmp_path / 'llava'} (a vision-language model) needs ortinf's 'vision' extra (pillow not installed): "
+               f"{python} {PIP}'pillow>=10'")
+    assert done.returncode == 2 and done.stderr.strip() == message, done.stderr

@@ -239,3 +239,32 @@ def test_whisper_on_webgpu(webgpu, tmp_path):
     cpu_times = [t for _, times in results["cpu"][2].values() for t in times]
     gpu_times = [t for _, times in results["webgpu"][2].values() for t in times]
     assert np.allclose(cpu_times, gpu_times, atol=0.021)  # one 20 ms frame at most, from float differences in DTW ties
+
+
+def test_a_vision_language_package_on_webgpu(webgpu, tmp_path):
+    """issue 33: LLaVA's vision graph and its decoder (the image embeddings merged in the graph) on WebGPU: the same
+    greedy tokens as on the CPU (which tests/runtime/test_vision.py holds equal to transformers)."""
+    Image = pytest.importorskip("PIL.Image")
+    import transformers
+    from support.tiny_models import add_tokenizer
+
+    (tmp_path / "hf").mkdir()
+    add_tokenizer(tmp_path / "hf", 300)
+    vision = transformers.CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                           image_size=28, patch_size=7, projection_dim=32)
+    text = transformers.LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                    num_key_value_heads=2, max_position_embeddings=128)
+    torch.manual_seed(0)
+    transformers.LlavaForConditionalGeneration(transformers.LlavaConfig(vision_config=vision, text_config=text, image_token_index=299,
+                                                                        image_seq_length=16)).save_pretrained(tmp_path / "hf")
+    ortinf.export(tmp_path / "hf", tmp_path / "pkg", progress=False)
+    rng = np.random.default_rng(0)
+    pictures = [Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8)) for shape in ((40, 60, 3), (28, 28, 3))]
+    prompts = [{"prompt_token_ids": [5, 7, 299, 9, 11], "multi_modal_data": {"image": pictures[0]}}, [5, 8, 9, 30, 31],
+               {"prompt_token_ids": [5, 299, 12, 299, 40], "multi_modal_data": {"image": pictures}}]
+    greedy = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    expected = [o.outputs[0].token_ids for o in LLM(tmp_path / "pkg", provider="cpu").generate(prompts, greedy)]
+    llm = LLM(tmp_path / "pkg", provider="webgpu", num_blocks=64)
+    assert llm.engine.graph.pool.values[0].device_name() == "webgpu"
+    assert llm.engine.runner.vision.session.get_providers()[0] == "WebGpuExecutionProvider"
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, greedy)] == expected
