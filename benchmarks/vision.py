@@ -17,7 +17,6 @@ conversion of the checkpoint, the second an mmproj GGUF of the tower), so they a
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 import time
