@@ -30,6 +30,7 @@ from ortinf.serve import field_policy
 from ortinf.serve.chat import chat_params, render_prompt, split_reasoning, tool_plan
 from ortinf.serve.completions import prepare_samples
 from ortinf.serve.errors import APIError, from_exception
+from ortinf.serve.media import message_images
 from ortinf.serve.models import ServedModel
 from ortinf.serve.protocol import OPEN, ChatCompletionRequest, Finite, read_guided
 from ortinf.serve.state import ServerState
@@ -128,25 +129,30 @@ def _store(request: Request) -> ResponseStore:
     return app_state.responses
 
 
-def _text(content, where: str) -> str:
-    """The text of an item's content: a string or input_text / output_text parts."""
+def _text(content, where: str) -> str | list[dict]:
+    """An item's content as chat content: its text (a string, or input_text / output_text parts), or with
+    input_image parts a list of chat parts (image_url), which a vision-language model reads and a text model refuses."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise APIError(400, f"{where}: content must be a string or a list of parts", param="input")
-    parts = []
+    parts: list[dict] = []
     for part in content:
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in ("input_text", "output_text", "text") and isinstance(part.get("text"), str):
-            parts.append(part["text"])
+            parts.append({"type": "text", "text": part["text"]})
         elif kind == "refusal":
             continue
+        elif kind == "input_image":
+            parts.append({"type": "image_url", "image_url": {"url": part.get("image_url"), "detail": part.get("detail")}})
         else:
-            raise APIError(400, f"{where}: content parts of type '{str(kind)[:40]}' are not supported: this model reads text, "
-                                "send input_text parts", param="input")
-    return "".join(parts)
+            raise APIError(400, f"{where}: content parts of type '{str(kind)[:40]}' are not supported: send input_text or "
+                                "input_image parts", param="input")
+    if any(p["type"] == "image_url" for p in parts):
+        return parts
+    return "".join(p["text"] for p in parts)
 
 
 def conversation(body: ResponsesRequest, previous: list[dict]) -> list[dict]:
@@ -319,7 +325,11 @@ async def create_response(body: ResponsesRequest, request: Request):
     chat = chat_request(body, messages)
     tools = tool_plan(model, chat)
     params = chat_params(model, chat, tools, None)
-    prepared = await asyncio.to_thread(lambda: prepare_samples(model, [render_prompt(model, chat, tools)], params, 1, body.stream))
+    def prepare() -> list:  # rendering, tokenising and decoding images are CPU work: off the event loop
+        images = message_images(chat.messages) if model.image_placeholder is not None else []
+        return prepare_samples(model, [render_prompt(model, chat, tools)], params, 1, body.stream, images=images)
+
+    prepared = await asyncio.to_thread(prepare)
     run = Run(body, tools, model, prepared, f"resp_{uuid.uuid4().hex}", int(time.time()), messages)
     headers = field_policy.ignored_headers(ignored)
     if tools.warning:

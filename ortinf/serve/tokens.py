@@ -77,7 +77,11 @@ async def tokenize(body: TokenizeRequest, request: Request):
     def run() -> list[int]:
         if body.messages is not None:
             tools = ToolPlan([t.model_dump(exclude_none=True) for t in body.tools], "none") if body.tools else None
-            return render_prompt(model, body, tools)  # type: ignore[arg-type] - it reads the chat fields only
+            ids = render_prompt(model, body, tools)  # type: ignore[arg-type] - it reads the chat fields only
+            vision = model.manifest.vision
+            if vision is not None:  # each image's placeholder counts as the tokens it becomes
+                ids = [t for token in ids for t in ([token] * vision.tokens_per_image if token == vision.image_token_id else [token])]
+            return ids
         return tokenizer.encode(check_unicode(body.prompt, "prompt"), add_special_tokens=body.add_special_tokens).ids
 
     ids = await asyncio.to_thread(run)

@@ -102,3 +102,19 @@ def test_an_image_to_a_text_model_is_a_400(client):
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(model="text", messages=[{"role": "user", "content": [part(png(0))]}], max_tokens=2)
     assert "reads text" in caught.value.body["message"]
+
+
+def test_responses_api_and_tokenize_read_images(client, llava_package):
+    """The Responses API's input_image parts are the chat's image parts; /tokenize counts an image as its tokens."""
+    content = [{"type": "input_image", "image_url": part(png(0))["image_url"]["url"]}, {"type": "input_text", "text": "what is this?"}]
+    response = client.responses.create(model="llava", input=[{"role": "user", "content": content}], max_output_tokens=10, temperature=0)
+    chat = client.chat.completions.create(model="llava", messages=[{"role": "user", "content": [part(png(0)),
+                                          {"type": "text", "text": "what is this?"}]}], max_tokens=10, temperature=0)
+    assert response.output_text == chat.choices[0].message.content
+    assert response.usage.input_tokens == chat.usage.prompt_tokens
+    import httpx
+
+    messages = [{"role": "user", "content": [part(png(0)), {"type": "text", "text": "what is this?"}]}]
+    counted = httpx.post(f"{client.base_url}".removesuffix("/v1/") + "/tokenize", json={"model": "llava", "messages": messages})
+    assert counted.status_code == 200, counted.text
+    assert counted.json()["count"] == chat.usage.prompt_tokens  # the image's 16 tokens, not its one placeholder
