@@ -39,19 +39,23 @@ def _help() -> str:
 
 
 def run_chat(package: Path, system: str | None, engine_options: dict, params: dict,
-         stdin: TextIO = sys.stdin, stdout: TextIO = sys.stdout) -> None:
+         stdin: TextIO = sys.stdin, stdout: TextIO = sys.stdout, images: tuple[Path, ...] = ()) -> None:
     from ortinf.config import EngineConfig
     from ortinf.engine.llm_engine import LLMEngine
     from ortinf.manifest import Manifest
     from ortinf.serve.chat_template import ChatTemplate
 
-    Manifest.load(package)  # a missing folder, a GGUF file, not a package: say that, not "no chat template"
+    manifest = Manifest.load(package)  # a missing folder, a GGUF file, not a package: say that, not "no chat template"
+    if images and manifest.vision is None:
+        raise ConfigError(f"{package} reads text: --image needs a vision-language package (exported from LLaVA, ...)")
     template = ChatTemplate.load(package)
     if template is None:
         raise ConfigError(f"{package} has no chat template: use `ortinf generate` for plain continuation")
     engine = LLMEngine(EngineConfig(package_dir=package, **{**engine_options, "max_num_seqs": 1}))
     if engine.tokenizer is None:
         raise ConfigError(f"{package} has no tokenizer: chat needs text")
+    pictures = [path.read_bytes() for path in images]  # sent with every turn: their embeddings and blocks are kept by digest
+    placeholder = "".join(f"{engine.tokenizer.id_to_token(manifest.vision.image_token_id)}\n" for _ in images) if images else ""
     interactive = stdin.isatty()
     if interactive:
         stdout.write(f"{HELP}\n")
@@ -86,9 +90,10 @@ def run_chat(package: Path, system: str | None, engine_options: dict, params: di
             continue
         if not text.strip():
             continue
-        messages.append({"role": "user", "content": text[1:] if text.startswith("//") else text})
+        first = not any(m["role"] == "user" for m in messages)
+        messages.append({"role": "user", "content": (placeholder if first else "") + (text[1:] if text.startswith("//") else text)})
         try:
-            reply = _reply(engine, template, messages, params, stdout)
+            reply = _reply(engine, template, messages, params, stdout, pictures)
         except OrtinfError as exc:  # a turn the model cannot take (too long, refused by the template): say so, go on
             messages.pop()
             stdout.write(f"\nerror: {exc}\n")
@@ -100,11 +105,12 @@ def _start(system: str | None) -> list[dict]:
     return [{"role": "system", "content": system}] if system else []
 
 
-def _reply(engine: LLMEngine, template: ChatTemplate, messages: list[dict], params: dict, stdout: TextIO) -> str:
+def _reply(engine: LLMEngine, template: ChatTemplate, messages: list[dict], params: dict, stdout: TextIO,
+           images: list[bytes] | None = None) -> str:
     from ortinf.sample.sampling_params import SamplingParams
 
     prompt = engine.tokenizer.encode(template.render(messages), add_special_tokens=False).ids
-    request_id = engine.add_request(prompt, SamplingParams(**params, output_kind="delta"))
+    request_id = engine.add_request(engine.prepare(prompt, SamplingParams(**params, output_kind="delta"), images=images or ()))
     text = ""
     try:
         while engine.has_unfinished_requests():
@@ -128,9 +134,11 @@ def _reply(engine: LLMEngine, template: ChatTemplate, messages: list[dict], para
 @click.option("-t", "--temperature", type=click.FloatRange(0.0, 2.0), default=0.7, show_default=True, help="0 is greedy.")
 @click.option("--top-p", type=click.FloatRange(0.0, 1.0, min_open=True), default=0.95, show_default=True, help="Nucleus sampling mass.")
 @click.option("--seed", type=int, default=None, help="Makes sampling reproducible.")
+@click.option("--image", "images", type=click.Path(exists=True, dir_okay=False, path_type=Path), multiple=True,
+              help="An image (PNG, JPEG, WebP, GIF) for the conversation, on a vision-language package; repeat for several.")
 @engine_options(exclude=SINGLE_STREAM_EXCLUDED)
 def chat(package: str | None, system: str | None, max_tokens: int, temperature: float, top_p: float, seed: int | None,
-         **engine_given: object) -> None:
+         images: tuple[Path, ...], **engine_given: object) -> None:
     """Chat with PACKAGE in the terminal, replies streamed; Ctrl-C stops a reply; /help, /reset, /system, /exit.
 
     PACKAGE is a folder made by `ortinf export`, a Hugging Face model folder (exported into the package
@@ -138,4 +146,4 @@ def chat(package: str | None, system: str | None, max_tokens: int, temperature: 
     from ortinf.bundled import resolve_package
 
     run_chat(resolve_package(package), system, engine_values(engine_given),
-             dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed))
+             dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed), images=images)

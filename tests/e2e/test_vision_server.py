@@ -118,3 +118,22 @@ def test_responses_api_and_tokenize_read_images(client, llava_package):
     counted = httpx.post(f"{client.base_url}".removesuffix("/v1/") + "/tokenize", json={"model": "llava", "messages": messages})
     assert counted.status_code == 200, counted.text
     assert counted.json()["count"] == chat.usage.prompt_tokens  # the image's 16 tokens, not its one placeholder
+
+
+def test_ortinf_chat_with_an_image(llava_package, chat_package, tmp_path):
+    """`ortinf chat PKG --image PATH`: the image goes with the first message (and every turn after, costing no second
+    vision call); the replies equal LLM.generate's on the same rendered prompt; --image on a text package is one line."""
+    import subprocess
+
+    from test_cli_export import ORTINF
+
+    (tmp_path / "cat.png").write_bytes(png(3))
+    result = subprocess.run([*ORTINF, "chat", str(llava_package), "--image", str(tmp_path / "cat.png"), "-t", "0", "-n", "5",
+                             "--provider", "cpu"], input="hello\n", capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    expected = LLM(llava_package).generate({"prompt": "user: <image>\nhello\nassistant:", "multi_modal_data": {"image": png(3)}},
+                                           SamplingParams(temperature=0, max_tokens=5))[0].outputs[0].text
+    assert result.stdout == f"{expected}\n"
+    text = subprocess.run([*ORTINF, "chat", str(chat_package), "--image", str(tmp_path / "cat.png")], input="hi\n",
+                          capture_output=True, text=True, timeout=300)
+    assert text.returncode == 2 and "reads text: --image needs a vision-language package" in text.stderr

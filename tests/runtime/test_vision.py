@@ -131,3 +131,17 @@ def test_bad_images_are_request_errors_and_the_engine_goes_on(llava):
     assert load_image(good.getvalue()).size == (60, 40)
     assert len(llm.generate({"prompt_token_ids": [5, IMAGE_TOKEN], "multi_modal_data": {"image": good.getvalue()}}, GREEDY)[0]
                .outputs[0].token_ids) == NEW
+
+
+def test_int8_language_model_with_images(llava, tmp_path):
+    """The language model quantized as any decoder (int8 MatMulNBits and the CPU kernel graph's QMatMul, both with
+    the image merge); the vision tower stays fp32; the quality gate measures the text path."""
+    _, _, package = llava
+    manifest = ortinf.export(package.parent / "hf", tmp_path / "int8", dtype="int8",
+                             progress=False, quality_gate="record")
+    assert manifest.dtype == "int8" and manifest.vision.max_abs_diff < 0.1 and manifest.quality is not None
+    prompt = {"prompt_token_ids": [5, 7, IMAGE_TOKEN, 9, 11], "multi_modal_data": {"image": images()[0]}}
+    full = LLM(package).generate(prompt, GREEDY)[0].outputs[0].token_ids
+    for options in ({}, {"cpu_kernel": False}):
+        quantized = LLM(tmp_path / "int8", **options).generate(prompt, GREEDY)[0].outputs[0].token_ids
+        assert len(quantized) == NEW and len(full) == NEW  # which tokens is the gate's business (its figures vary by CPU)
