@@ -33,19 +33,29 @@ from ortinf.worker.encoder_graph import EncoderGraph
 log = logging.getLogger(__name__)
 
 
+def _has_vision(package: Path) -> bool:
+    try:
+        return Manifest.load(package).vision is not None
+    except ConfigError:  # reported where the package is loaded
+        return False
+
+
 class BodyLimit:
     """Pure ASGI middleware: a body over `limit` bytes gets 413 before any route sees it.
 
     The body is read here (bounded by the limit) and replayed to the app.
     """
 
-    def __init__(self, app: ASGIApp, limit: int, audio_limit: int) -> None:
-        self.app, self.limit, self.audio_limit = app, limit, audio_limit
+    def __init__(self, app: ASGIApp, limit: int, audio_limit: int, media_paths: tuple[str, ...] = ()) -> None:
+        # media_paths: the routes that carry images inline (base64) when a vision-language model is served: bound
+        # by the audio routes' limit, since a photo's data URL alone passes the JSON routes' 2 MiB
+        self.app, self.limit, self.audio_limit, self.media_paths = app, limit, audio_limit, media_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD"):
             return await self.app(scope, receive, send)
-        limit = self.audio_limit if scope["path"].startswith("/v1/audio/") else self.limit  # each bound by its own option
+        path = scope["path"]
+        limit = self.audio_limit if path.startswith("/v1/audio/") or path in self.media_paths else self.limit  # each bound by its own option
         too_large = error_response(413, f"the request body is larger than {limit} bytes")
         length = dict(scope.get("headers") or []).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > limit:
@@ -276,7 +286,9 @@ def build_app(config: ServerConfig, load_in_background: bool = True) -> FastAPI:
 
     # the last added runs first: the API key is checked before a byte of the body is read
     app.add_middleware(CatchAll)
-    app.add_middleware(BodyLimit, limit=config.max_body_size, audio_limit=config.max_audio_body_size)
+    vision = any(_has_vision(package) for package in config.packages)
+    app.add_middleware(BodyLimit, limit=config.max_body_size, audio_limit=config.max_audio_body_size,
+                       media_paths=("/v1/chat/completions", "/v1/responses") if vision else ())
     app.add_middleware(Gate, state=state)
     app.add_middleware(ClientGone)
 

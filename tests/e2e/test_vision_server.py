@@ -137,3 +137,12 @@ def test_ortinf_chat_with_an_image(llava_package, chat_package, tmp_path):
     text = subprocess.run([*ORTINF, "chat", str(chat_package), "--image", str(tmp_path / "cat.png")], input="hi\n",
                           capture_output=True, text=True, timeout=300)
     assert text.returncode == 2 and "reads text: --image needs a vision-language package" in text.stderr
+
+
+def test_a_photo_sized_image_passes_the_body_limit(client):
+    """A vision-language model's chat route takes bodies up to the audio routes' limit (26 MiB): a ~3.5 MB data URL,
+    over the JSON routes' 2 MiB, is read (the text model behind the same server keeps its own limit)."""
+    big = png(4, (900, 1000, 3))  # random pixels do not compress: ~2.7 MB of PNG, ~3.6 MB of base64
+    assert len(big) > 2 << 20
+    reply = client.chat.completions.create(model="llava", messages=[{"role": "user", "content": [part(big)]}], max_tokens=2)
+    assert reply.usage.prompt_tokens > 16
