@@ -158,6 +158,8 @@ class SamplingParams:
         if isinstance(self.num_beams, bool) or not isinstance(self.num_beams, int) or not 1 <= self.num_beams <= MAX_BEAMS:
             raise RequestError(f"num_beams must be an integer in [1, {MAX_BEAMS}], got {self.num_beams!r}", param="num_beams")
         _finite("length_penalty", self.length_penalty)
+        if not -10.0 <= self.length_penalty <= 10.0:  # length ** penalty must stay a finite, nonzero float
+            raise RequestError(f"length_penalty must be in [-10, 10], got {self.length_penalty}", param="length_penalty")
         if self.early_stopping not in EARLY_STOPPING or not isinstance(self.early_stopping, (bool, str)):
             raise RequestError(f"early_stopping must be true, false or \"never\", got {self.early_stopping!r}", param="early_stopping")
         if not isinstance(self.beam_candidates, int) or self.beam_candidates < 0:

@@ -59,6 +59,7 @@ def test_chat_beams(client):
     ({"use_beam_search": True, "logprobs": 2}, "logprobs"),
     ({"use_beam_search": True, "frequency_penalty": 0.5}, "repetition_penalty,"),
     ({"use_beam_search": True, "n": 2, "best_of": 64}, "best_of"),
+    ({"use_beam_search": True, "n": 2, "length_penalty": 1e308}, "length_penalty"),
     ({"length_penalty": 0.5}, "length_penalty"),
     ({"early_stopping": True}, "early_stopping"),
     ({"best_of": 3}, "best_of"),

@@ -75,19 +75,13 @@ def test_a_vision_package_on_a_serving_only_install_is_one_line(tmp_path):
     it and the command that installs it here, before anything loads."""
     pytest.importorskip("PIL")
 
-    import transformers
-    from support.tiny_models import add_tokenizer
+    from support.tiny_models import add_tokenizer, build_llava
 
     import ortinf
 
     (tmp_path / "hf").mkdir()
     add_tokenizer(tmp_path / "hf", 300)
-    vision = transformers.CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
-                                           image_size=28, patch_size=7, projection_dim=32)
-    text = transformers.LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
-                                    num_key_value_heads=2, max_position_embeddings=128)
-    transformers.LlavaForConditionalGeneration(transformers.LlavaConfig(vision_config=vision, text_config=text, image_token_index=299,
-                                                                        image_seq_length=16)).save_pretrained(tmp_path / "hf")
+    build_llava(tmp_path / "hf", layers=1)
     ortinf.export(tmp_path / "hf", tmp_path / "llava", progress=False)
     done = subprocess.run([str(SERVING_ONLY), "serve", str(tmp_path / "llava"), "--port", "1"], capture_output=True, text=True, timeout=120)
     python = interpreter(SERVING_ONLY)

@@ -12,10 +12,8 @@ import json
 import numpy as np
 import openai
 import pytest
-import torch
-import transformers
 from support.server_helpers import running_server
-from support.tiny_models import add_tokenizer
+from support.tiny_models import add_tokenizer, build_llava
 
 import ortinf
 from ortinf import LLM, SamplingParams
@@ -38,15 +36,7 @@ def llava_package(tmp_path_factory):
     image_token = tokenizer.token_to_id("<image>")
     config = json.loads((root / "hf" / "tokenizer_config.json").read_text())
     (root / "hf" / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": TEMPLATE}))
-    vision = transformers.CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                           image_size=28, patch_size=7, projection_dim=32)
-    text = transformers.LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                                    num_key_value_heads=2, max_position_embeddings=256)
-    torch.manual_seed(0)
-    model = transformers.LlavaForConditionalGeneration(transformers.LlavaConfig(
-        vision_config=vision, text_config=text, image_token_index=image_token, image_seq_length=16)).eval()
-    model.save_pretrained(root / "hf")
-    transformers.CLIPImageProcessor(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28}).save_pretrained(root / "hf")
+    build_llava(root / "hf", image_token)
     ortinf.export(root / "hf", root / "pkg", progress=False)
     return root / "pkg"
 

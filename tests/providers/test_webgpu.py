@@ -245,18 +245,11 @@ def test_a_vision_language_package_on_webgpu(webgpu, tmp_path):
     """issue 33: LLaVA's vision graph and its decoder (the image embeddings merged in the graph) on WebGPU: the same
     greedy tokens as on the CPU (which tests/runtime/test_vision.py holds equal to transformers)."""
     Image = pytest.importorskip("PIL.Image")
-    import transformers
-    from support.tiny_models import add_tokenizer
+    from support.tiny_models import add_tokenizer, build_llava
 
     (tmp_path / "hf").mkdir()
     add_tokenizer(tmp_path / "hf", 300)
-    vision = transformers.CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                           image_size=28, patch_size=7, projection_dim=32)
-    text = transformers.LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                                    num_key_value_heads=2, max_position_embeddings=128)
-    torch.manual_seed(0)
-    transformers.LlavaForConditionalGeneration(transformers.LlavaConfig(vision_config=vision, text_config=text, image_token_index=299,
-                                                                        image_seq_length=16)).save_pretrained(tmp_path / "hf")
+    build_llava(tmp_path / "hf")
     ortinf.export(tmp_path / "hf", tmp_path / "pkg", progress=False)
     rng = np.random.default_rng(0)
     pictures = [Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8)) for shape in ((40, 60, 3), (28, 28, 3))]

@@ -116,6 +116,7 @@ def test_beam_text_and_usage(llama):
     (dict(num_beams=64), "num_beams"),
     (dict(num_beams=2, early_stopping="sometimes"), "early_stopping"),
     (dict(num_beams=2, length_penalty=float("nan")), "length_penalty"),
+    (dict(num_beams=2, length_penalty=-1e308), "length_penalty"),  # length ** -1e308 is 0.0: a division by zero
     (dict(num_beams=2, max_tokens=0), "max_tokens"),
 ])
 def test_what_beams_cannot_do_is_refused(options, param):

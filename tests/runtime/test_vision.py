@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from support.tiny_models import add_tokenizer
+from support.tiny_models import add_tokenizer, build_llava
 
 import ortinf
 from ortinf import LLM, SamplingParams
@@ -29,18 +29,9 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW, ignore_eos=True)
 @pytest.fixture(scope="module")
 def llava(tmp_path_factory):
     root = tmp_path_factory.mktemp("llava")
-    vision = transformers.CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                           image_size=28, patch_size=7, projection_dim=32)
-    text = transformers.LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                                    num_key_value_heads=2, max_position_embeddings=256)
-    config = transformers.LlavaConfig(vision_config=vision, text_config=text, image_token_index=IMAGE_TOKEN, image_seq_length=TOKENS_PER_IMAGE,
-                                      vision_feature_layer=-2, vision_feature_select_strategy="default")
-    torch.manual_seed(0)
-    model = transformers.LlavaForConditionalGeneration(config).eval()
-    model.save_pretrained(root / "hf")
+    model = build_llava(root / "hf", IMAGE_TOKEN)
     add_tokenizer(root / "hf", 300)
-    processor = transformers.CLIPImageProcessor(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28})
-    processor.save_pretrained(root / "hf")
+    processor = transformers.CLIPImageProcessor.from_pretrained(root / "hf")
     manifest = ortinf.export(root / "hf", root / "pkg", progress=False)
     assert manifest.vision is not None and manifest.vision.max_abs_diff < 1e-4 and "image_embeds" in manifest.inputs
     return model, processor, root / "pkg"

@@ -89,6 +89,22 @@ def build_decoder(model_type: str, folder: Path, seed: int = 0, **overrides) -> 
     return model
 
 
+def build_llava(folder: Path, image_token: int = 299, layers: int = 2, seed: int = 0) -> transformers.PreTrainedModel:
+    """Saves a tiny random LLaVA (a CLIP tower at 28 px in 7-px patches: 16 image tokens, a projector, a llama of
+    vocabulary 300) and CLIP's image processor at its size to `folder`; returns the model (fp32, eval)."""
+    vision = transformers.CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
+                                           image_size=28, patch_size=7, projection_dim=32)
+    text = transformers.LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    torch.manual_seed(seed)
+    model = transformers.LlavaForConditionalGeneration(transformers.LlavaConfig(
+        vision_config=vision, text_config=text, image_token_index=image_token, image_seq_length=16,
+        vision_feature_layer=-2, vision_feature_select_strategy="default")).eval()
+    model.save_pretrained(folder)
+    transformers.CLIPImageProcessor(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28}).save_pretrained(folder)
+    return model
+
+
 def build_classifier(model_type: str, folder: Path, seed: int = 0,
                      labels: tuple[str, ...] = ("neg", "neu", "pos")) -> transformers.PreTrainedModel:
     """Saves a tiny random sequence classifier with `labels` to `folder` (one label: a cross-encoder's relevance logit)."""
