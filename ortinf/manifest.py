@@ -91,8 +91,12 @@ class DecoderSpec:
     kv_layout: str = KV_LAYOUT
     # `--enable-lora`: {target linear: [in_features, out_features]}, each with LoRA inputs (ortinf/exporter/lora.py)
     lora_targets: dict[str, list[int]] = field(default_factory=dict)
+    # Qwen2-VL's multimodal RoPE: the rotary dimensions' split over (temporal, height, width) positions; the graph
+    # then takes `rope_deltas` [3, num_tokens], added to `positions` per section (ortinf/worker/mrope.py)
+    mrope_section: tuple[int, ...] | None = None
 
 
+MROPE_DELTAS = "rope_deltas"
 KV_DTYPE_BYTES = {"fp32": 4, "fp16": 2, "int8": 1}
 
 
@@ -216,10 +220,12 @@ class VisionSpec:
     pixels into `tokens_per_image` embeddings that replace the prompt's `image_token_id` placeholders."""
 
     image_token_id: int
-    tokens_per_image: int
-    image_size: int
+    tokens_per_image: int  # 0: each image's own (Qwen2-VL: its patch grid / merge_size**2)
+    image_size: int  # LLaVA's tower size (0 where images keep their own size)
     processor: dict[str, Any] = field(default_factory=dict)  # how the family's image processor prepares pixels
     max_abs_diff: float = float("nan")  # logits with an image, against transformers, at export
+    family: str = "llava"  # "llava" (fixed-size images) or "qwen2_vl" (patch grids, M-RoPE: ortinf/exporter/qwen_vl.py)
+    merge_size: int = 1  # patches merged into one token per side (Qwen2-VL: 2)
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,6 +269,8 @@ class Manifest:
         data = dataclasses.asdict(self)
         if data["vision"] is None:  # written only where there is one: a text package stays readable by older ortinf
             del data["vision"]
+        if data["decoder"] is not None and data["decoder"]["mrope_section"] is None:
+            del data["decoder"]["mrope_section"]
         return json.dumps(data, indent=2, sort_keys=False) + "\n"
 
     def save(self, folder: Path) -> None:

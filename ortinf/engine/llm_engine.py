@@ -205,31 +205,35 @@ class LLMEngine:
 
     def _place_images(self, prepared: PreparedRequest, images: list[object]) -> PreparedRequest:
         """Each image preprocessed, and the prompt's placeholders for it expanded to its tokens (or found expanded)."""
-        from ortinf.worker.images import clip_pixels, load_image
+        from ortinf.worker.images import preprocess_image
 
         vision = self.manifest.vision
         if vision is None:
             raise RequestError(f"{self.manifest.architecture} reads text: send the prompt without images", param="images")
-        ids, marker, count = list(prepared.token_ids), vision.image_token_id, vision.tokens_per_image
+        ids, marker = list(prepared.token_ids), vision.image_token_id
         found = [i for i, t in enumerate(ids) if t == marker]
-        if len(found) == len(images) * count and all(ids[f] == marker for f in found):  # already one run per image
-            starts = found[::count]
-            if any(found[i * count : (i + 1) * count] != list(range(start, start + count)) for i, start in enumerate(starts)):
-                raise RequestError("the prompt's image tokens are not in runs of one image each", param="prompt")
+        pictures = [preprocess_image(image, vision) for image in images]
+        counts = [count for _, count, _ in pictures]
+        if len(found) == sum(counts) and len(found) != len(images):  # already one run per image
+            starts, index = [], 0
+            for count in counts:
+                if found[index : index + count] != list(range(found[index], found[index] + count)):
+                    raise RequestError("the prompt's image tokens are not in runs of one image each", param="prompt")
+                starts.append(found[index])
+                index += count
         elif len(found) == len(images):  # one placeholder per image: expanded here
             expanded, starts = [], []
             for token in ids:
                 if token == marker:
                     starts.append(len(expanded))
-                    expanded += [marker] * count
+                    expanded += [marker] * counts[len(starts) - 1]
                 else:
                     expanded.append(token)
             ids = expanded
         else:
             raise RequestError(f"the prompt has {len(found)} image placeholders for {len(images)} images: put one "
                                f"placeholder (token {marker}) where each image goes", param="prompt")
-        placed = tuple(PlacedImage(start, EncoderInput.of(clip_pixels(load_image(image), vision.processor), count, "image"))
-                       for start, image in zip(starts, images))
+        placed = tuple(PlacedImage(start, EncoderInput.of(data, count, "image"), grid) for start, (data, count, grid) in zip(starts, pictures))
         params = prepared.params
         if len(ids) >= self.max_model_len:
             raise RequestError(f"the prompt has {len(ids)} tokens with its images; the context length is {self.max_model_len}",

@@ -93,6 +93,8 @@ SEQ2SEQ: dict[str, str] = {
 # Vision-language models: the language model's decoder package plus vision.onnx (ortinf/exporter/vision_language.py).
 VISION_LANGUAGE: dict[str, str] = {
     "llava": "LLaVA 1.5 (llava-hf/llava-1.5-*): CLIP vision tower, MLP projector, Llama language model",
+    "qwen2_vl": "Qwen2-VL (Qwen/Qwen2-VL-*): images at their own resolution, M-RoPE",
+    "qwen2_5_vl": "Qwen2.5-VL (Qwen/Qwen2.5-VL-*): windowed vision attention, images at their own resolution, M-RoPE",
 }
 
 # Decoders that also export as embedding models (`--task feature-extraction`: Qwen3-Embedding, gte-Qwen2, e5-mistral):

@@ -23,7 +23,7 @@ from ortinf.exporter.legacy_attention import has_legacy_attention, legacy_attent
 from ortinf.exporter.lora import example_lora_inputs, find_targets, lora_dynamic_axes, lora_linears
 from ortinf.exporter.moe import traceable_moe
 from ortinf.exporter.tracing import OPSET, no_graph_shape_inference, quiet_tracing
-from ortinf.manifest import CONTRIB_PAGED, KV_LAYOUTS, LOGITS, PORTABLE, DecoderSpec, cache_names, lora_input_names, new_kv_names, pool_row
+from ortinf.manifest import CONTRIB_PAGED, KV_LAYOUTS, LOGITS, MROPE_DELTAS, PORTABLE, DecoderSpec, cache_names, lora_input_names, new_kv_names, pool_row
 
 # The attention a graph is traced with: the package's kernel (the manifest's), or the CPU kernel
 # library's op for the package's second graph, model.cpu.onnx (same inputs, pool and KV write).
@@ -54,6 +54,7 @@ class PagedDecoder(torch.nn.Module):
         self.num_layers = model.config.num_hidden_layers
         self.default_scaling = DECODERS[model.config.model_type].default_scaling
         self.num_heads, self.num_kv_heads, self.head_dim = head_shape(model.config)
+        self.mrope_section = mrope_section(model.config)
 
     def forward(
         self,
@@ -65,6 +66,9 @@ class PagedDecoder(torch.nn.Module):
         logits_indices: torch.Tensor,
         *rest: torch.Tensor,
     ) -> tuple[torch.Tensor, ...]:
+        deltas = None
+        if self.mrope_section:  # the last input: rope_deltas [3, num_tokens]
+            *rest, deltas = rest
         caches, lora = rest[: 2 * self.num_layers], rest[2 * self.num_layers :]
         if self.kernel == CPU_PAGED:
             batch = cpu_paged.CpuBatch(
@@ -100,7 +104,8 @@ class PagedDecoder(torch.nn.Module):
             b = {key: lora[2 + 2 * i] for i, key in enumerate(keys)}
             adapters = lora_linears(self.model, self.lora_targets, lora[0], a, b)
         legacy = has_legacy_attention(self.model)  # its base model's forward takes no ortinf_paged
-        with rope, traceable_moe(self.model, fused=self.kernel == CPU_PAGED), adapters, legacy_attention(self.model, batch):
+        mrope = contextlib.nullcontext() if deltas is None else multimodal_rope(self.base.rotary_emb, self.mrope_section, deltas)
+        with mrope, rope, traceable_moe(self.model, fused=self.kernel == CPU_PAGED), adapters, legacy_attention(self.model, batch):
             hidden = self.base(
                 input_ids=input_ids[None],
                 position_ids=positions[None],
@@ -115,6 +120,35 @@ class PagedDecoder(torch.nn.Module):
         new_kv = [t for pair in zip(batch.new_keys, batch.new_values) for t in pair]
         assert len(new_kv) == 2 * self.num_layers, "every layer must go through the paged kernel"
         return (logits, *new_kv)
+
+
+def mrope_section(config: PretrainedConfig) -> tuple[int, ...] | None:
+    """Qwen2-VL's M-RoPE sections, kept in a text config's rope_scaling by ortinf/exporter/qwen_vl.py."""
+    section = (getattr(config, "rope_scaling", None) or {}).get("mrope_section")
+    return tuple(int(s) for s in section) if section else None
+
+
+@contextlib.contextmanager
+def multimodal_rope(rotary: torch.nn.Module, section: tuple[int, ...], deltas: torch.Tensor) -> Iterator[None]:
+    """While tracing, the rotary embedding computes Qwen2-VL's multimodal RoPE: rotary frequency j turns by
+    position component c(j) (temporal, height, width by `section`), component c being positions + deltas[c].
+    transformers computes every component's table and picks sections (apply_multimodal_rotary_pos_emb); picking
+    the positions first gives the same products (inv_freq[j] * position, one fp32 multiply either way), and the
+    picked cos/sin [1, T, D] go on through the family's ordinary apply_rotary_pos_emb and every kernel."""
+    component = torch.repeat_interleave(torch.arange(len(section)), torch.tensor(section))
+
+    def forward(x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        positions = (position_ids[0][None, :] + deltas).float()  # [3, T]
+        freqs = (positions[component] * rotary.inv_freq[:, None].float()).transpose(0, 1)  # [T, D/2]
+        emb = torch.cat((freqs, freqs), dim=-1)[None]
+        return (emb.cos() * rotary.attention_scaling).to(x.dtype), (emb.sin() * rotary.attention_scaling).to(x.dtype)
+
+    original = rotary.forward
+    rotary.forward = forward
+    try:
+        yield
+    finally:
+        rotary.forward = original
 
 
 @contextlib.contextmanager
@@ -155,6 +189,7 @@ def decoder_spec(model: PreTrainedModel, kv_dtype: str, kernel: str = PORTABLE, 
         sliding_window=window if isinstance(window, int) else None,
         kv_layout=KV_LAYOUTS[kernel],
         lora_targets={name: list(shape) for name, shape in find_targets(model).items()} if enable_lora else {},
+        mrope_section=mrope_section(config),
     )
 
 
@@ -179,7 +214,8 @@ def example_inputs(spec: DecoderSpec, dtype: torch.dtype) -> tuple[torch.Tensor,
     else:
         caches = [torch.randn(shape, dtype=KV_TORCH_DTYPES[spec.kv_dtype]) for _ in range(2 * spec.num_layers)]
     lora = example_lora_inputs(spec.num_layers, spec.lora_targets, len(input_ids), dtype) if spec.lora_targets else []
-    return (input_ids, positions, block_tables, context_lens, query_lens, logits_indices, *caches, *lora)
+    deltas = [torch.tensor([[0, 0, -3, -3], [0, 1, -2, -3], [0, 2, -1, -3]])] if spec.mrope_section else []
+    return (input_ids, positions, block_tables, context_lens, query_lens, logits_indices, *caches, *lora, *deltas)
 
 
 def trace_decoder(model: PreTrainedModel, spec: DecoderSpec, path: Path, dtype: torch.dtype,
@@ -191,7 +227,8 @@ def trace_decoder(model: PreTrainedModel, spec: DecoderSpec, path: Path, dtype: 
     cache_inputs, cache_outputs = cache_names(spec.num_layers)
     # the contrib op writes the pool itself: its outputs are the pools; the portable kernel's are the new K/V
     kv_outputs = cache_outputs if spec.kernel == CONTRIB_PAGED else new_kv_names(spec.num_layers)
-    inputs = [*INPUTS_HEAD, *cache_inputs, *(lora_input_names(spec.num_layers, spec.lora_targets) if spec.lora_targets else ())]
+    inputs = [*INPUTS_HEAD, *cache_inputs, *(lora_input_names(spec.num_layers, spec.lora_targets) if spec.lora_targets else ()),
+              *((MROPE_DELTAS,) if spec.mrope_section else ())]
     outputs = [LOGITS, *kv_outputs]
     dynamic_axes: dict[str, dict[int, str]] = {
         "input_ids": {0: "num_tokens"},
@@ -209,6 +246,8 @@ def trace_decoder(model: PreTrainedModel, spec: DecoderSpec, path: Path, dtype: 
     for name in cache_inputs if spec.kernel == CONTRIB_PAGED else ():
         dynamic_axes[name] = {0: "num_blocks", 1: "block_size"}
     dynamic_axes.update(lora_dynamic_axes(spec.num_layers, spec.lora_targets) if spec.lora_targets else {})
+    if spec.mrope_section:
+        dynamic_axes[MROPE_DELTAS] = {1: "num_tokens"}
     wrapper = PagedDecoder(model, attention, spec.lora_targets).eval()
     with paged_attention_enabled(model, attention), torch.no_grad(), quiet_tracing(), no_graph_shape_inference():
         torch.onnx.export(

@@ -32,10 +32,11 @@ import torch
 from onnx import TensorProto, helper
 
 from ortinf.errors import ExportError
+from ortinf.exporter import qwen_vl
 from ortinf.exporter.tracing import OPSET, quiet_tracing
-from ortinf.manifest import CPU_MODEL_NAME, HOST_WRITE_MODEL_NAME, MODEL_NAME, VISION_MODEL_NAME, Manifest, VisionSpec
+from ortinf.manifest import CPU_MODEL_NAME, HOST_WRITE_MODEL_NAME, MODEL_NAME, MROPE_DELTAS, VISION_MODEL_NAME, Manifest, VisionSpec
 
-VISION_LANGUAGE = {"llava": "LlavaForConditionalGeneration"}
+VISION_LANGUAGE = {"llava": "LlavaForConditionalGeneration", **qwen_vl.FAMILIES}
 IMAGE_EMBEDS, IMAGE_ROWS = "image_embeds", "image_rows"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "chat_template.json",
                    "generation_config.json", "tokenizer.model", "added_tokens.json")
@@ -63,7 +64,7 @@ def text_folder(model: torch.nn.Module, source: Path, folder: Path) -> Path:
     """The language model alone as a Hugging Face folder (and the source's tokenizer files)."""
     import transformers
 
-    config = model.config.text_config
+    config = qwen_vl.text_config(model) if model.config.model_type in qwen_vl.FAMILIES else model.config.text_config
     text = transformers.AutoModelForCausalLM.from_config(config)
     state = {f"model.{k}": v for k, v in model.model.language_model.state_dict().items()}
     state["lm_head.weight"] = model.lm_head.weight
@@ -154,17 +155,11 @@ def export_vision_language(source, out_path: Path, export_text, overwrite: bool,
         graphs = [name for name in (MODEL_NAME, HOST_WRITE_MODEL_NAME, CPU_MODEL_NAME) if (package / name).is_file()]
         for name in graphs:
             add_image_inputs(package / name, hidden)
-        size = config.vision_config.image_size
-        with torch.no_grad(), quiet_tracing():
-            torch.onnx.export(VisionGraph(model).eval(), (torch.randn(2, 3, size, size),), str(package / VISION_MODEL_NAME), dynamo=False,
-                              input_names=["pixel_values"], output_names=[IMAGE_EMBEDS], opset_version=OPSET,
-                              dynamic_axes={"pixel_values": {0: "num_images"}, IMAGE_EMBEDS: {0: "num_images"}})
-        vision = VisionSpec(image_token_id=int(config.image_token_index), tokens_per_image=int(config.image_seq_length),
-                            image_size=int(size), processor=image_processor(Path(source.path), model))
+        vision = export_vision_graph(model, Path(source.path), package / VISION_MODEL_NAME)
         worst = check_image_path(model, package, vision)
         limit = tolerance if tolerance is not None and manifest.dtype == "fp32" else (1e-3 if manifest.dtype == "fp32" else float("inf"))
         if not worst <= limit:
-            raise ExportError(f"verification failed: with an image, the package's logits differ from transformers' LLaVA by {worst:.3g}, "
+            raise ExportError(f"verification failed: with an image, the package's logits differ from transformers' {VISION_LANGUAGE[source.model_type]} by {worst:.3g}, "
                               f"above {limit:g}; nothing was written")
         manifest = dataclasses.replace(manifest, architecture=VISION_LANGUAGE[source.model_type], model_type=source.model_type,
                                        inputs=(*manifest.inputs, IMAGE_EMBEDS, IMAGE_ROWS), vision=dataclasses.replace(vision, max_abs_diff=worst),
@@ -176,22 +171,60 @@ def export_vision_language(source, out_path: Path, export_text, overwrite: bool,
     return manifest
 
 
+def export_vision_graph(model: torch.nn.Module, source: Path, path: Path) -> VisionSpec:
+    """Traces the family's vision graph to `path`; returns what the runtime needs to feed it."""
+    config = model.config
+    with torch.no_grad(), quiet_tracing():
+        if config.model_type in qwen_vl.FAMILIES:
+            axes = {name: {0: "num_patches"} for name in qwen_vl.VISION_INPUTS}
+            torch.onnx.export(qwen_vl.QwenVisionGraph(model.model.visual).eval(), qwen_vl.example_inputs(config.vision_config), str(path),
+                              dynamo=False, input_names=list(qwen_vl.VISION_INPUTS), output_names=[IMAGE_EMBEDS], opset_version=OPSET,
+                              dynamic_axes={**axes, IMAGE_EMBEDS: {0: "num_image_tokens"}})
+            return VisionSpec(image_token_id=int(config.image_token_id), tokens_per_image=0, image_size=0,
+                              processor=qwen_vl.processor_settings(source, model), family="qwen2_vl",
+                              merge_size=int(config.vision_config.spatial_merge_size))
+        size = config.vision_config.image_size
+        torch.onnx.export(VisionGraph(model).eval(), (torch.randn(2, 3, size, size),), str(path), dynamo=False,
+                          input_names=["pixel_values"], output_names=[IMAGE_EMBEDS], opset_version=OPSET,
+                          dynamic_axes={"pixel_values": {0: "num_images"}, IMAGE_EMBEDS: {0: "num_images"}})
+    return VisionSpec(image_token_id=int(config.image_token_index), tokens_per_image=int(config.image_seq_length),
+                      image_size=int(size), processor=image_processor(source, model))
+
+
 def check_image_path(model: torch.nn.Module, package: Path, vision: VisionSpec) -> float:
     """The package's logits (host-write graph, one prefill of a prompt holding an image, then one decode step)
     against transformers' LLaVA on the same ids and pixels: the max abs difference."""
     import onnxruntime
 
+    from ortinf.worker.encoder_input import EncoderInput, PlacedImage
     from ortinf.worker.model_input import SequenceChunk, build_model_input
+    from ortinf.worker.mrope import rope_deltas
+    from ortinf.worker.vision_encoder import qwen_vision_feeds
 
     manifest = Manifest.load(package)
     spec = manifest.decoder
     rng = np.random.default_rng(5)
-    pixels = rng.standard_normal((1, 3, vision.image_size, vision.image_size)).astype(np.float32)
     vision_session = onnxruntime.InferenceSession(str(package / VISION_MODEL_NAME), providers=["CPUExecutionProvider"])
-    (embeds,) = vision_session.run(None, {"pixel_values": pixels})
-    image_id = vision.image_token_id
-    ids = [5, 7] + [image_id] * vision.tokens_per_image + [9, 11, 13]
-    ids = [t if t == image_id else t % spec.vocab_size for t in ids]
+    image_id, placed = vision.image_token_id, None
+    if vision.family == "llava":
+        pixels = rng.standard_normal((1, 3, vision.image_size, vision.image_size)).astype(np.float32)
+        (embeds,) = vision_session.run(None, {"pixel_values": pixels})
+        embeds, inputs = embeds[0], {"pixel_values": torch.from_numpy(pixels)}
+        ids = [5, 7] + [image_id] * vision.tokens_per_image + [9, 11, 13]
+    else:  # a 2 x 3-token image (rows x columns of merged patches) between Qwen2-VL's vision start and end tokens
+        merge, config = vision.merge_size, model.config
+        grid = (2, 3)
+        width = config.vision_config.in_channels * config.vision_config.temporal_patch_size * config.vision_config.patch_size ** 2
+        patches = rng.standard_normal((grid[0] * grid[1] * merge * merge, width)).astype(np.float32)
+        feeds, (order,) = qwen_vision_feeds([(patches, grid)], merge, int(vision.processor.get("window_units", 0)))
+        (flat,) = vision_session.run(None, {k.name: feeds[k.name] for k in vision_session.get_inputs()})
+        embeds = np.empty_like(flat)
+        embeds[order] = flat
+        inputs = {"pixel_values": torch.from_numpy(patches), "image_grid_thw": torch.tensor([[1, grid[0] * merge, grid[1] * merge]])}
+        ids = [5, config.vision_start_token_id] + [image_id] * (grid[0] * grid[1]) + [config.vision_end_token_id, 9, 11]
+        placed = PlacedImage(2, EncoderInput.of(patches, grid[0] * grid[1], "image"), grid)
+    specials = {image_id, getattr(model.config, "vision_start_token_id", None), getattr(model.config, "vision_end_token_id", None)}
+    ids = [t if t in specials else t % spec.vocab_size for t in ids]
     session = onnxruntime.InferenceSession(str(package / HOST_WRITE_MODEL_NAME), providers=["CPUExecutionProvider"])
     block_size = 4
     blocks = -(-(len(ids) + 2) // block_size)
@@ -205,14 +238,16 @@ def check_image_path(model: torch.nn.Module, package: Path, vision: VisionSpec) 
         step = build_model_input([SequenceChunk(tokens[done:], done, table)], block_size)
         feeds = {k: v for k, v in step.feeds().items() if k != "slot_mapping"}
         rows = [i - done for i, t in enumerate(tokens) if i >= done and t == image_id]
-        feeds[IMAGE_EMBEDS] = embeds[0][[i + done - ids.index(image_id) for i in rows]].reshape(-1, embeds.shape[-1])
+        feeds[IMAGE_EMBEDS] = embeds[[i + done - ids.index(image_id) for i in rows]].reshape(-1, embeds.shape[-1])
         feeds[IMAGE_ROWS] = np.array(rows, np.int64)
+        if placed is not None:
+            feeds[MROPE_DELTAS] = rope_deltas([placed], done, len(tokens))
         feeds.update({f"{kind}_cache.{i}": pools[2 * i + (kind == "value")] for i in range(spec.num_layers) for kind in ("key", "value")})
         logits, *new_kv = session.run(None, feeds)
         for index, pool in enumerate(pools):
             pool.reshape(spec.num_kv_heads, -1, row)[:, step.slot_mapping] = new_kv[index].swapaxes(0, 1)
         with torch.no_grad():
-            ref = model(input_ids=torch.tensor([tokens]), pixel_values=torch.from_numpy(pixels)).logits[0, -1].numpy()
+            ref = model(input_ids=torch.tensor([tokens]), **inputs).logits[0, -1].numpy()
         worst = max(worst, float(np.abs(logits[-1] - ref).max()))
         done = len(tokens)
         tokens.append(int(ref.argmax()))

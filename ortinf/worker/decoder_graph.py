@@ -25,6 +25,7 @@ from ortinf.manifest import (
     LOGITS,
     LORA_MASK,
     MODEL_NAME,
+    MROPE_DELTAS,
     SLOT_MAPPING,
     DecoderSpec,
     Manifest,
@@ -152,6 +153,8 @@ class DecoderGraph:
         if self.buckets is not None:
             model_input = pad_to_buckets(model_input, self.buckets, self.pool.scratch_slot, self.block_size)
         feeds = model_input.feeds()
+        if self.spec.mrope_section and MROPE_DELTAS not in feeds:  # text-only steps: every component is the position
+            feeds[MROPE_DELTAS] = np.zeros((3, len(model_input.input_ids)), np.int64)
         if self.contrib:  # the op writes the new tokens through the block table, and derives their slots
             feeds["block_tables"] = model_input.full_block_tables
             del feeds[SLOT_MAPPING]

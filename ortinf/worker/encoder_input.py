@@ -41,6 +41,7 @@ class PlacedImage:
 
     offset: int
     image: EncoderInput
+    grid: tuple[int, int] | None = None  # Qwen2-VL: the image's tokens as rows x columns (its M-RoPE positions)
 
     @property
     def end(self) -> int:

@@ -4,11 +4,17 @@ processor does it (no torch, no torchvision at serving time).
 CLIP's (LLaVA 1.5): RGB, resize so the shortest edge is `resize_shortest_edge` (Pillow, bicubic), center crop,
 rescale by 1/255, normalise by the mean and std, channels first. tests/runtime/test_vision.py checks it against
 transformers' CLIPImageProcessor on images of several sizes and modes.
+
+Qwen2-VL's (and Qwen2.5-VL's): RGB, resize to the nearest multiple of patch x merge pixels on each side with the
+pixel count between min_pixels and max_pixels (smart_resize), rescale, normalise, repeat the frame to the temporal
+patch, and cut into patches in the processor's order (merged 2x2 groups, each row-major). Checked against
+transformers' Qwen2VLImageProcessor (tests/runtime/test_qwen_vl.py).
 """
 
 from __future__ import annotations
 
 import io
+import math
 import warnings
 from pathlib import Path
 from typing import Any
@@ -60,6 +66,17 @@ def load_image(source: Any, param: str = "image"):  # noqa: ANN201 - a PIL image
     return image
 
 
+def preprocess_image(source: Any, vision) -> tuple[np.ndarray, int, tuple[int, int] | None]:  # noqa: ANN001 - a VisionSpec
+    """An image decoded and prepared for the package's vision graph: (pixels, the tokens it becomes, its token grid
+    for M-RoPE or None)."""
+    image = load_image(source)
+    if vision.family == "llava":
+        return clip_pixels(image, vision.processor), vision.tokens_per_image, None
+    patches, (rows, cols) = qwen_patches(image, vision.processor)
+    merge = vision.merge_size
+    return patches, rows * cols // (merge * merge), (rows // merge, cols // merge)
+
+
 def clip_pixels(image, processor: dict) -> np.ndarray:  # noqa: ANN001 - a PIL image
     """[3, crop_height, crop_width] float32 pixel values, as CLIPImageProcessor computes them."""
     from PIL import Image
@@ -82,6 +99,42 @@ def clip_pixels(image, processor: dict) -> np.ndarray:  # noqa: ANN001 - a PIL i
     return np.ascontiguousarray(((values - mean) / std).transpose(2, 0, 1).astype(np.float32))
 
 
+def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """transformers' Qwen2-VL smart_resize: both sides multiples of `factor`, the area within the bounds, the aspect kept."""
+    if max(height, width) / min(height, width) > 200:
+        raise RequestError(f"the image is {width}x{height}: its aspect ratio must be under 200", param="image")
+    h_bar, w_bar = round(height / factor) * factor, round(width / factor) * factor
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt((height * width) / max_pixels)
+        h_bar, w_bar = max(factor, math.floor(height / beta / factor) * factor), max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar, w_bar = math.ceil(height * beta / factor) * factor, math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+def qwen_patches(image, processor: dict) -> tuple[np.ndarray, tuple[int, int]]:  # noqa: ANN001 - a PIL image
+    """([patch_rows * patch_cols, C * T * P * P] float32 patches, (patch_rows, patch_cols)), as Qwen2VLImageProcessor."""
+    from PIL import Image
+
+    if processor.get("do_convert_rgb", True) and image.mode != "RGB":
+        image = image.convert("RGB")
+    patch, merge, temporal = processor["patch_size"], processor["merge_size"], processor["temporal_patch_size"]
+    height, width = smart_resize(image.size[1], image.size[0], patch * merge, processor["min_pixels"], processor["max_pixels"])
+    image = image.resize((width, height), resample=Image.Resampling(processor.get("resample", 3)))
+    pixels = np.asarray(image, dtype=np.uint8)
+    if pixels.ndim == 2:
+        pixels = pixels[:, :, None]
+    values = pixels.astype(np.float32) * np.float32(processor.get("rescale_factor", 1 / 255))
+    mean, std = np.asarray(processor["image_mean"], np.float32), np.asarray(processor["image_std"], np.float32)
+    frame = ((values - mean) / std).transpose(2, 0, 1).astype(np.float32)  # [C, H, W]
+    rows, cols = height // patch, width // patch
+    frames = np.broadcast_to(frame, (temporal, *frame.shape))
+    grid = frames.reshape(1, temporal, frame.shape[0], rows // merge, merge, patch, cols // merge, merge, patch)
+    patches = grid.transpose(0, 3, 6, 4, 7, 2, 1, 5, 8).reshape(rows * cols, frame.shape[0] * temporal * patch * patch)
+    return np.ascontiguousarray(patches), (rows, cols)
+
+
 def center_crop(pixels: np.ndarray, height: int, width: int) -> np.ndarray:
     """transformers' center_crop: the middle height x width, zero-padded where the image is smaller."""
     h, w = pixels.shape[:2]
@@ -94,4 +147,4 @@ def center_crop(pixels: np.ndarray, height: int, width: int) -> np.ndarray:
     return pixels[top : top + height, left : left + width]
 
 
-__all__ = ["MAX_PIXELS", "clip_pixels", "load_image"]
+__all__ = ["MAX_PIXELS", "clip_pixels", "load_image", "preprocess_image", "qwen_patches", "smart_resize"]

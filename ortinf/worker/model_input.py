@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ortinf.manifest import MROPE_DELTAS
 from ortinf.providers.base import Buckets, bucket
 
 
@@ -26,6 +27,7 @@ class SequenceChunk:
     cross_len: int = 0  # positions they hold
     image_embeds: np.ndarray | None = None  # [m, hidden]: embeddings of the image positions this chunk covers
     image_rows: np.ndarray | None = None  # [m]: their rows within the chunk
+    rope_deltas: np.ndarray | None = None  # [3, len(token_ids)]: an M-RoPE graph's position offsets (ortinf/worker/mrope.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +47,7 @@ class ModelInput:
     cross_lens: np.ndarray | None = None  # [num_seqs]
     image_embeds: np.ndarray | None = None  # [M, hidden]: a vision-language graph's (M may be 0)
     image_rows: np.ndarray | None = None  # [M]: their rows among the step's tokens
+    rope_deltas: np.ndarray | None = None  # [3, num_tokens]: an M-RoPE graph's (zeros for text-only sequences)
 
     @property
     def num_seqs(self) -> int:
@@ -53,9 +56,11 @@ class ModelInput:
     def feeds(self) -> dict[str, np.ndarray]:
         cross = {} if self.cross_lens is None else {"cross_block_tables": self.cross_block_tables, "cross_lens": self.cross_lens}
         images = {} if self.image_embeds is None else {"image_embeds": self.image_embeds, "image_rows": self.image_rows}
+        rope = {} if self.rope_deltas is None else {MROPE_DELTAS: self.rope_deltas}
         return {
             **cross,
             **images,
+            **rope,
             "input_ids": self.input_ids,
             "positions": self.positions,
             "block_tables": self.block_tables,
@@ -101,6 +106,8 @@ def build_model_input(chunks: Sequence[SequenceChunk], block_size: int, all_logi
         if any(c.lora_slot >= 0 for c in chunks) else None,  # None: every token runs the base model
         **_cross_tables(chunks),
         **_images(chunks, starts),
+        rope_deltas=None if all(c.rope_deltas is None for c in chunks) else np.concatenate(
+            [np.zeros((3, len(c.token_ids)), np.int64) if c.rope_deltas is None else c.rope_deltas for c in chunks], axis=1),
     )
 
 
@@ -175,6 +182,7 @@ def pad_to_buckets(model_input: ModelInput, buckets: Buckets, scratch_slot: int,
         cross_lens=None if model_input.cross_lens is None else np.concatenate([model_input.cross_lens, np.ones(pad_seqs, np.int64)]),
         image_embeds=model_input.image_embeds,
         image_rows=model_input.image_rows,
+        rope_deltas=None if model_input.rope_deltas is None else np.pad(model_input.rope_deltas, ((0, 0), (0, pad_tokens))),
     )
 
 

@@ -25,6 +25,7 @@ from ortinf.worker.cross_encoder import CrossEncoder
 from ortinf.worker.decoder_graph import DecoderGraph
 from ortinf.worker.model_input import SequenceChunk, build_model_input
 from ortinf.worker.scheduler_output import ModelRunnerOutput, ScheduledRequest, SchedulerOutput, TokenLogprobs, top_logprobs
+from ortinf.worker.mrope import rope_deltas
 from ortinf.worker.vision_encoder import VisionEncoder
 
 
@@ -62,7 +63,7 @@ class ModelRunner:
         if to_encode:
             self.encoder.encode(to_encode, self.graph.block_size)
         if self.vision is not None:  # the images this step's chunks cover, in one batched call where not kept
-            self.vision.prepare([p.image for s in scheduled for p in s.images
+            self.vision.prepare([p for s in scheduled for p in s.images
                                  if p.offset < s.num_computed_tokens + len(s.token_ids) and p.end > s.num_computed_tokens])
         try:
             for group in plan_calls(query_lens, [s.num_computed_tokens for s in scheduled], self.graph.block_size):
@@ -95,7 +96,8 @@ class ModelRunner:
 
     def _run_group(self, scheduled: Sequence[ScheduledRequest], group: list[int], last_rows: list, prompt_rows: dict[int, np.ndarray]) -> None:
         chunks = [SequenceChunk(scheduled[i].token_ids, scheduled[i].num_computed_tokens, scheduled[i].block_ids, scheduled[i].lora_slot,
-                                scheduled[i].cross_block_ids, scheduled[i].cross_len, *self._images(scheduled[i])) for i in group]
+                                scheduled[i].cross_block_ids, scheduled[i].cross_len, *self._images(scheduled[i]),
+                                self._rope_deltas(scheduled[i])) for i in group]
         all_logits = [scheduled[i].wants_prompt_logprobs or bool(scheduled[i].spec_token_ids) for i in group]
         logits = self.graph.run(build_model_input(chunks, self.graph.block_size, all_logits))
         row = 0
@@ -113,6 +115,13 @@ class ModelRunner:
             return None, None
         start = scheduled.num_computed_tokens
         return self.vision.chunk(scheduled.images, start, start + len(scheduled.token_ids) - len(scheduled.spec_token_ids))
+
+    def _rope_deltas(self, scheduled: ScheduledRequest) -> np.ndarray | None:
+        """An M-RoPE graph's position offsets for a chunk of a request with images (None: zeros, as text)."""
+        if not scheduled.images or scheduled.images[0].grid is None:
+            return None
+        start = scheduled.num_computed_tokens
+        return rope_deltas(scheduled.images, start, start + len(scheduled.token_ids))
 
     def _start_masks(self, requests: list[ScheduledRequest]) -> Future | None:
         """Starts filling the grammar masks of the constrained rows: {row: allowed-token mask}."""

@@ -2,7 +2,9 @@
 
 Each image's embeddings are kept by digest (the newest `CACHE_IMAGES`), so the same image in another
 request, another turn or a preempted request's second admission costs no second call; the images a step
-needs that are not kept run in one batched call (after preprocessing they all have the tower's size).
+needs that are not kept run in batched calls: LLaVA's have the tower's size after preprocessing and stack;
+Qwen2-VL's have their own patch grids and are concatenated, up to `QWEN_PATCHES` patches per call (its
+attention mask is N x N per call), with the positions and window order of ortinf/exporter/qwen_vl.py.
 """
 
 from __future__ import annotations
@@ -15,33 +17,59 @@ import numpy as np
 
 from ortinf.manifest import VISION_MODEL_NAME, Manifest
 from ortinf.providers.session import create_session
-from ortinf.worker.encoder_input import EncoderInput, PlacedImage
+from ortinf.worker.encoder_input import PlacedImage
 
 CACHE_IMAGES = 256  # embeddings kept: a 576-token image of a 4096-wide model is 9 MiB in fp32
 VISION_BATCH = 8  # images per call of the vision graph
+QWEN_PATCHES = 4096  # patches per call of a Qwen2-VL tower (more when one image has more)
 
 
 class VisionEncoder:
     def __init__(self, package_dir: str | Path, manifest: Manifest, found, intra_op_threads: int, dtype: np.dtype) -> None:  # noqa: ANN001
         self.session, _ = create_session(Path(package_dir) / VISION_MODEL_NAME, found, intra_op_threads, spin=False)
+        self.input_names = {i.name for i in self.session.get_inputs()}
+        self.spec = manifest.vision
         self.hidden = manifest.decoder.hidden_size
         self.dtype = dtype  # the decoder graph's image_embeds type
         self.cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self.num_encoded = 0  # images run through the vision graph (the others were kept)
 
-    def prepare(self, images: Sequence[EncoderInput]) -> None:
+    def prepare(self, images: Sequence[PlacedImage]) -> None:
         """Runs the vision graph for those of `images` whose embeddings are not kept."""
-        missing = list({i.digest: i for i in images if i.digest not in self.cache}.values())
-        for start in range(0, len(missing), VISION_BATCH):
-            batch = missing[start : start + VISION_BATCH]
-            (embeds,) = self.session.run(None, {"pixel_values": np.ascontiguousarray(np.stack([i.data for i in batch]))})
-            for image, rows in zip(batch, embeds):
-                self.cache[image.digest] = rows.astype(self.dtype, copy=False)
+        missing = list({p.image.digest: p for p in images if p.image.digest not in self.cache}.values())
+        for batch in self._batches(missing):
+            if self.spec.family == "llava":
+                (embeds,) = self.session.run(None, {"pixel_values": np.ascontiguousarray(np.stack([p.image.data for p in batch]))})
+            else:
+                feeds, orders = qwen_vision_feeds([(p.image.data, p.grid) for p in batch], self.spec.merge_size,
+                                                  int(self.spec.processor.get("window_units", 0)))
+                (flat,) = self.session.run(None, {k: v for k, v in feeds.items() if k in self.input_names})
+                embeds, start = [], 0
+                for order in orders:  # back from window order to the image's raster order
+                    rows = np.empty_like(flat[start : start + len(order)])
+                    rows[order] = flat[start : start + len(order)]
+                    embeds.append(rows)
+                    start += len(order)
+            for placed, rows in zip(batch, embeds):
+                self.cache[placed.image.digest] = rows.astype(self.dtype, copy=False)
                 self.num_encoded += 1
-        for image in images:
-            self.cache.move_to_end(image.digest)
+        for placed in images:
+            self.cache.move_to_end(placed.image.digest)
         while len(self.cache) > max(CACHE_IMAGES, len(images)):
             self.cache.popitem(last=False)
+
+    def _batches(self, images: list[PlacedImage]) -> list[list[PlacedImage]]:
+        if self.spec.family == "llava":
+            return [images[i : i + VISION_BATCH] for i in range(0, len(images), VISION_BATCH)]
+        batches: list[list[PlacedImage]] = []
+        patches = 0
+        for placed in images:
+            if not batches or patches + len(placed.image.data) > QWEN_PATCHES:
+                batches.append([])
+                patches = 0
+            batches[-1].append(placed)
+            patches += len(placed.image.data)
+        return batches
 
     def chunk(self, images: Sequence[PlacedImage], start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
         """The embeddings of the image positions in [start, end) of a sequence, and their rows from `start`
@@ -57,4 +85,42 @@ class VisionEncoder:
         return np.concatenate(embeds), np.concatenate(rows)
 
 
-__all__ = ["VisionEncoder"]
+def window_order(rows: int, cols: int, window: int) -> tuple[np.ndarray, np.ndarray]:
+    """Qwen2.5-VL's get_window_index for one image of rows x cols merged tokens: the tokens in window order
+    (windows of window x window tokens, row-major, clipped at the edges; each window row-major) and each one's
+    window. window 0: raster order, one window."""
+    index = np.arange(rows * cols).reshape(rows, cols)
+    if not window:
+        return index.reshape(-1), np.zeros(rows * cols, np.int64)
+    padded = np.full((rows + window - rows % window, cols + window - cols % window), -1)
+    padded[:rows, :cols] = index
+    windows = padded.reshape(padded.shape[0] // window, window, padded.shape[1] // window, window).transpose(0, 2, 1, 3)
+    windows = windows.reshape(-1, window * window)
+    order = np.concatenate([w[w >= 0] for w in windows])
+    ids = np.concatenate([np.full(int((w >= 0).sum()), i) for i, w in enumerate(windows)])
+    return order, ids.astype(np.int64)
+
+
+def qwen_vision_feeds(images: Sequence[tuple[np.ndarray, tuple[int, int]]], merge: int, window: int) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
+    """The Qwen2-VL vision graph's inputs for images given as (patches in the processor's order, token grid):
+    patches, their (row, column) and image and window ids, all in window order; and each image's token order
+    (ortinf/exporter/qwen_vl.py)."""
+    unit = merge * merge
+    parts: dict[str, list[np.ndarray]] = {"pixel_values": [], "patch_positions": [], "image_ids": [], "window_ids": []}
+    orders, windows_before = [], 0
+    for number, (patches, (rows, cols)) in enumerate(images):
+        order, ids = window_order(rows, cols, window)
+        tokens = np.arange(rows * cols)
+        within = np.arange(unit)
+        patch_rows = ((tokens // cols)[:, None] * merge + within[None, :] // merge)[order].reshape(-1)
+        patch_cols = ((tokens % cols)[:, None] * merge + within[None, :] % merge)[order].reshape(-1)
+        parts["pixel_values"].append(patches.reshape(rows * cols, unit, -1)[order].reshape(rows * cols * unit, -1))
+        parts["patch_positions"].append(np.stack([patch_rows, patch_cols], axis=-1).astype(np.int64))
+        parts["image_ids"].append(np.full(rows * cols * unit, number, np.int64))
+        parts["window_ids"].append(np.repeat(ids + windows_before, unit))
+        windows_before += int(ids.max()) + 1
+        orders.append(order)
+    return {k: np.ascontiguousarray(np.concatenate(v)) for k, v in parts.items()}, orders
+
+
+__all__ = ["VisionEncoder", "qwen_vision_feeds", "window_order"]

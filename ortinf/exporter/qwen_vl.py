@@ -1,0 +1,123 @@
+"""Qwen2-VL and Qwen2.5-VL (issue 33): the parts that differ from LLaVA's (ortinf/exporter/vision_language.py).
+
+The vision tower takes a variable number of 14-px patches per image (its processor resizes each image to a
+multiple of 28 px and keeps its aspect ratio: ortinf/worker/images.py), gives each patch a 2-D rotary position,
+attends within the image (Qwen2.5-VL: within windows of 4x4 merged tokens in most layers, after reordering the
+patches window by window) and merges 2x2 patches into one token. transformers' forward builds the positions,
+the window order and the attention's sequence splits in Python loops over `grid_thw`, which a trace would freeze
+at the example's grid; the traced graph here takes them as inputs instead, computed on the host
+(ortinf/worker/vision_encoder.py `qwen_vision_feeds`):
+
+    pixel_values  [N, C * T * P * P]  the processor's patches, in window order
+    patch_positions [N, 2]            each patch's (row, column) in its image, for the 2-D rotary embedding
+    image_ids     [N]                 which image a patch belongs to (full-attention layers attend within it)
+    window_ids    [N]                 which window (Qwen2.5-VL's windowed layers attend within it)
+    -> image_embeds [N / merge**2, hidden], in window order (the host puts them back in raster order)
+
+Attention within segments is a masked softmax over all N patches: the same values as transformers' per-segment
+attention; memory grows with N**2 per call, so the host runs large images one per call.
+
+The language model is Qwen2's, with multimodal RoPE (M-RoPE): the text folder is a Qwen2 config whose
+rope_scaling keeps `mrope_section`, and the decoder export (ortinf/exporter/decoder.py) then takes `rope_deltas`.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+FAMILIES = {"qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration"}
+VISION_INPUTS = ("pixel_values", "patch_positions", "image_ids", "window_ids")
+
+
+class QwenVisionGraph(torch.nn.Module):
+    """The vision tower and merger over host-computed positions and segments (see the module docstring)."""
+
+    def __init__(self, visual: torch.nn.Module) -> None:
+        super().__init__()
+        self.visual = visual
+        full = getattr(visual, "fullatt_block_indexes", None)  # Qwen2.5-VL's; Qwen2-VL attends over the whole image everywhere
+        self.full_layers = set(range(len(visual.blocks)) if full is None else full)
+
+    def forward(self, pixel_values: torch.Tensor, patch_positions: torch.Tensor, image_ids: torch.Tensor,
+                window_ids: torch.Tensor) -> torch.Tensor:
+        visual = self.visual
+        hidden = visual.patch_embed(pixel_values)
+        inv_freq = visual.rotary_pos_emb.inv_freq
+        # transformers: outer(arange(max grid), inv_freq)[positions]: the same fp32 products
+        freqs = (patch_positions.float()[:, :, None] * inv_freq[None, None, :].float()).flatten(1)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos(), emb.sin()
+        full, window = segment_mask(image_ids), segment_mask(window_ids)
+        for index, block in enumerate(visual.blocks):
+            mask = full if index in self.full_layers else window
+            hidden = hidden + segment_attention(block.attn, block.norm1(hidden), cos, sin, mask)
+            hidden = hidden + block.mlp(block.norm2(hidden))
+        return visual.merger(hidden)
+
+
+def segment_mask(segments: torch.Tensor) -> torch.Tensor:
+    """[1, N, N] additive mask: 0 within a segment, the dtype's minimum across segments."""
+    same = segments[:, None] == segments[None, :]
+    return torch.where(same, torch.tensor(0.0), torch.tensor(torch.finfo(torch.float32).min))[None]
+
+
+def segment_attention(attn: torch.nn.Module, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The vision attention's forward (qkv, 2-D RoPE, softmax attention, proj) with a mask for its splits."""
+    module = sys.modules[type(attn).__module__]
+    length = hidden.shape[0]
+    query, key, value = attn.qkv(hidden).reshape(length, 3, attn.num_heads, -1).permute(1, 0, 2, 3).unbind(0)
+    query, key = module.apply_rotary_pos_emb_vision(query, key, cos, sin)
+    query, key, value = (t.transpose(0, 1) for t in (query, key, value))  # [heads, N, d]
+    scores = torch.matmul(query, key.transpose(1, 2)) * attn.scaling + mask
+    out = torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype), value)
+    return attn.proj(out.transpose(0, 1).reshape(length, -1))
+
+
+def text_config(model: torch.nn.Module):  # noqa: ANN201 - a transformers Qwen2Config
+    """The language model as a Qwen2 config, its rope_scaling keeping the M-RoPE sections."""
+    import transformers
+
+    config = model.config.text_config.to_dict()
+    rope = dict(config.get("rope_scaling") or {})
+    section = rope.get("mrope_section")
+    rope = {"rope_type": "default", "mrope_section": list(section)} if rope.get("rope_type", rope.get("type")) in ("mrope", "default") else rope
+    config.update(rope_scaling=rope, architectures=["Qwen2ForCausalLM"])
+    for key in ("model_type", "transformers_version", "_name_or_path"):
+        config.pop(key, None)
+    return transformers.Qwen2Config(**config)
+
+
+def example_inputs(config) -> tuple[torch.Tensor, ...]:  # noqa: ANN001 - the vision config
+    """Two images of 4x4 and 4x6 patches (16 + 24), in raster order (tracing needs shapes, not the real order)."""
+    merge = config.spatial_merge_size
+    width = config.in_channels * config.temporal_patch_size * config.patch_size ** 2
+    grids = [(4 * merge // 2, 4 * merge // 2), (4 * merge // 2, 6 * merge // 2)]
+    positions = torch.cat([torch.stack(torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij"), -1).reshape(-1, 2) for h, w in grids])
+    images = torch.cat([torch.full((h * w,), i) for i, (h, w) in enumerate(grids)])
+    return torch.randn(len(positions), width), positions, images, images.clone()
+
+
+def processor_settings(source, model: torch.nn.Module) -> dict:  # noqa: ANN001 - the source folder (Path)
+    """The source's Qwen2-VL image processor settings (preprocessor_config.json), or its defaults."""
+    import json
+
+    path = source / "preprocessor_config.json"
+    config = json.loads(path.read_text()) if path.is_file() else {}
+    vision = model.config.vision_config
+    size = config.get("size") or {}
+    return {"patch_size": int(config.get("patch_size", vision.patch_size)), "merge_size": int(config.get("merge_size", vision.spatial_merge_size)),
+            "temporal_patch_size": int(config.get("temporal_patch_size", vision.temporal_patch_size)),
+            "min_pixels": int(config.get("min_pixels") or size.get("shortest_edge", 56 * 56)),
+            "max_pixels": int(config.get("max_pixels") or size.get("longest_edge", 28 * 28 * 1280)),
+            "rescale_factor": float(config.get("rescale_factor", 1 / 255)),
+            "image_mean": list(config.get("image_mean", [0.48145466, 0.4578275, 0.40821073])),
+            "image_std": list(config.get("image_std", [0.26862954, 0.26130258, 0.27577711])),
+            "resample": int(config.get("resample", 3)), "do_convert_rgb": bool(config.get("do_convert_rgb", True)),
+            # the tower's windows in merged tokens (Qwen2.5-VL; 0: every layer attends over the whole image)
+            "window_units": int(getattr(vision, "window_size", 0) // vision.spatial_merge_size // vision.patch_size)
+            if getattr(vision, "fullatt_block_indexes", None) is not None else 0}
+
+
+__all__ = ["FAMILIES", "VISION_INPUTS", "QwenVisionGraph", "example_inputs", "processor_settings", "text_config"]
