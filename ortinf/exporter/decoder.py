@@ -23,7 +23,18 @@ from ortinf.exporter.legacy_attention import has_legacy_attention, legacy_attent
 from ortinf.exporter.lora import example_lora_inputs, find_targets, lora_dynamic_axes, lora_linears
 from ortinf.exporter.moe import traceable_moe
 from ortinf.exporter.tracing import OPSET, no_graph_shape_inference, quiet_tracing
-from ortinf.manifest import CONTRIB_PAGED, KV_LAYOUTS, LOGITS, MROPE_DELTAS, PORTABLE, DecoderSpec, cache_names, lora_input_names, new_kv_names, pool_row
+from ortinf.manifest import (
+    CONTRIB_PAGED,
+    KV_LAYOUTS,
+    LOGITS,
+    MROPE_DELTAS,
+    PORTABLE,
+    DecoderSpec,
+    cache_names,
+    lora_input_names,
+    new_kv_names,
+    pool_row,
+)
 
 # The attention a graph is traced with: the package's kernel (the manifest's), or the CPU kernel
 # library's op for the package's second graph, model.cpu.onnx (same inputs, pool and KV write).

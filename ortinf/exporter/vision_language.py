@@ -159,7 +159,8 @@ def export_vision_language(source, out_path: Path, export_text, overwrite: bool,
         worst = check_image_path(model, package, vision)
         limit = tolerance if tolerance is not None and manifest.dtype == "fp32" else (1e-3 if manifest.dtype == "fp32" else float("inf"))
         if not worst <= limit:
-            raise ExportError(f"verification failed: with an image, the package's logits differ from transformers' {VISION_LANGUAGE[source.model_type]} by {worst:.3g}, "
+            raise ExportError(f"verification failed: with an image, the package's logits differ from transformers' "
+                              f"{VISION_LANGUAGE[source.model_type]} by {worst:.3g}, "
                               f"above {limit:g}; nothing was written")
         manifest = dataclasses.replace(manifest, architecture=VISION_LANGUAGE[source.model_type], model_type=source.model_type,
                                        inputs=(*manifest.inputs, IMAGE_EMBEDS, IMAGE_ROWS), vision=dataclasses.replace(vision, max_abs_diff=worst),

@@ -24,8 +24,8 @@ from ortinf.worker.call_planner import plan_calls
 from ortinf.worker.cross_encoder import CrossEncoder
 from ortinf.worker.decoder_graph import DecoderGraph
 from ortinf.worker.model_input import SequenceChunk, build_model_input
-from ortinf.worker.scheduler_output import ModelRunnerOutput, ScheduledRequest, SchedulerOutput, TokenLogprobs, top_logprobs
 from ortinf.worker.mrope import rope_deltas
+from ortinf.worker.scheduler_output import ModelRunnerOutput, ScheduledRequest, SchedulerOutput, TokenLogprobs, top_logprobs
 from ortinf.worker.vision_encoder import VisionEncoder
 
 

@@ -101,7 +101,8 @@ def window_order(rows: int, cols: int, window: int) -> tuple[np.ndarray, np.ndar
     return order, ids.astype(np.int64)
 
 
-def qwen_vision_feeds(images: Sequence[tuple[np.ndarray, tuple[int, int]]], merge: int, window: int) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
+def qwen_vision_feeds(images: Sequence[tuple[np.ndarray, tuple[int, int]]], merge: int,
+                      window: int) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
     """The Qwen2-VL vision graph's inputs for images given as (patches in the processor's order, token grid):
     patches, their (row, column) and image and window ids, all in window order; and each image's token order
     (ortinf/exporter/qwen_vl.py)."""
