@@ -226,6 +226,8 @@ class VisionSpec:
     max_abs_diff: float = float("nan")  # logits with an image, against transformers, at export
     family: str = "llava"  # "llava" (fixed-size images) or "qwen2_vl" (patch grids, M-RoPE: ortinf/exporter/qwen_vl.py)
     merge_size: int = 1  # patches merged into one token per side (Qwen2-VL: 2)
+    image_start_id: int | None = None  # tokens around an image's placeholder in chat prompts (Qwen2-VL's vision start / end)
+    image_end_id: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,10 @@ rope_scaling keeps `mrope_section`, and the decoder export (ortinf/exporter/deco
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import sys
+from collections.abc import Iterator
 
 import torch
 
@@ -87,6 +90,23 @@ def text_config(model: torch.nn.Module):  # noqa: ANN201 - a transformers Qwen2C
     for key in ("model_type", "transformers_version", "_name_or_path"):
         config.pop(key, None)
     return transformers.Qwen2Config(**config)
+
+
+class _MropeKeyFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "mrope_section" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def quiet_mrope_keys() -> Iterator[None]:
+    """transformers warns of an unrecognised `mrope_section` key each time a Qwen2 config holding one is built:
+    expected here (the decoder export reads it), so not shown."""
+    logger, quiet = logging.getLogger("transformers.modeling_rope_utils"), _MropeKeyFilter()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
 
 
 def example_inputs(config) -> tuple[torch.Tensor, ...]:  # noqa: ANN001 - the vision config

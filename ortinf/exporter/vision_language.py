@@ -147,7 +147,7 @@ def export_vision_language(source, out_path: Path, export_text, overwrite: bool,
         raise ExportError(f"cannot load {source.name}: {str(exc).strip().splitlines()[0] if str(exc).strip() else exc}") from exc
     config = model.config
     hidden = config.text_config.hidden_size
-    with tempfile.TemporaryDirectory(prefix="ortinf-vlm-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="ortinf-vlm-") as tmp, qwen_vl.quiet_mrope_keys():
         text = text_folder(model, Path(source.path), Path(tmp) / "text")
         manifest = export_text(text, Path(tmp) / "pkg", task="text-generation", overwrite=True, tolerance=tolerance, progress=progress,
                                **options)
@@ -183,7 +183,8 @@ def export_vision_graph(model: torch.nn.Module, source: Path, path: Path) -> Vis
                               dynamic_axes={**axes, IMAGE_EMBEDS: {0: "num_image_tokens"}})
             return VisionSpec(image_token_id=int(config.image_token_id), tokens_per_image=0, image_size=0,
                               processor=qwen_vl.processor_settings(source, model), family="qwen2_vl",
-                              merge_size=int(config.vision_config.spatial_merge_size))
+                              merge_size=int(config.vision_config.spatial_merge_size), image_start_id=int(config.vision_start_token_id),
+                              image_end_id=int(config.vision_end_token_id))
         size = config.vision_config.image_size
         torch.onnx.export(VisionGraph(model).eval(), (torch.randn(2, 3, size, size),), str(path), dynamo=False,
                           input_names=["pixel_values"], output_names=[IMAGE_EMBEDS], opset_version=OPSET,

@@ -42,11 +42,13 @@ class ServedModel:
 
     @property
     def image_placeholder(self) -> str | None:
-        """The text of a vision-language model's image token (where an image part goes in the chat template), else None."""
+        """The text of a vision-language model's image token (where an image part goes in the chat template), else None;
+        between Qwen2-VL's vision start and end tokens, as its template writes an image."""
         vision, tokenizer = self.manifest.vision, self.tokenizer
         if vision is None or tokenizer is None:
             return None
-        return tokenizer.id_to_token(vision.image_token_id)
+        ids = [i for i in (vision.image_start_id, vision.image_token_id, vision.image_end_id) if i is not None]
+        return "".join(tokenizer.id_to_token(i) for i in ids)
 
     def token_text(self, token_id: int) -> str:
         """How a token is shown in logprobs: its text, or `token_id:N` without a tokenizer."""

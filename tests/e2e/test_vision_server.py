@@ -41,10 +41,35 @@ def llava_package(tmp_path_factory):
     return root / "pkg"
 
 
+QWEN_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
 @pytest.fixture(scope="module")
-def client(llava_package, chat_package, tmp_path_factory):
-    args = [str(llava_package), str(chat_package), "--served-model-name", "llava", "--served-model-name", "text",
-            "--kv-cache-memory", "32MiB"]
+def qwen_package(tmp_path_factory):
+    """A tiny Qwen2.5-VL whose tokenizer has Qwen's vision tokens as special tokens."""
+    from support.tiny_models import build_qwen_vl
+    from tokenizers import Tokenizer
+
+    root = tmp_path_factory.mktemp("qwen-vl-server")
+    (root / "hf").mkdir()
+    add_tokenizer(root / "hf", 280)
+    tokenizer = Tokenizer.from_file(str(root / "hf" / "tokenizer.json"))
+    names = {"vision_start_token_id": "<|vision_start|>", "vision_end_token_id": "<|vision_end|>", "image_token_id": "<|image_pad|>",
+             "video_token_id": "<|video_pad|>"}
+    tokenizer.add_special_tokens([*names.values(), "<|im_start|>", "<|im_end|>"])
+    tokenizer.save(str(root / "hf" / "tokenizer.json"))
+    config = json.loads((root / "hf" / "tokenizer_config.json").read_text())
+    (root / "hf" / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": QWEN_TEMPLATE}))
+    build_qwen_vl(root / "hf", tokens={key: tokenizer.token_to_id(name) for key, name in names.items()})
+    ortinf.export(root / "hf", root / "pkg", progress=False)
+    return root / "pkg"
+
+
+@pytest.fixture(scope="module")
+def client(llava_package, chat_package, qwen_package, tmp_path_factory):
+    args = [str(llava_package), str(chat_package), str(qwen_package), "--served-model-name", "llava", "--served-model-name", "text",
+            "--served-model-name", "qwen", "--kv-cache-memory", "32MiB"]
     with running_server(args, tmp_path_factory.mktemp("logs")) as server:
         yield openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
 
@@ -71,6 +96,26 @@ def test_chat_with_images_equals_llm_generate(client, llava_package):
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected.outputs[0].text
     two = [{"role": "user", "content": [part(png(1)), {"type": "text", "text": "and"}, part(png(2, (28, 28, 3)), "image/png")]}]
     assert client.chat.completions.create(model="llava", messages=two, max_tokens=4, temperature=0).usage.prompt_tokens > 32
+
+
+def test_qwen_vl_chat_with_images_equals_llm_generate(client, qwen_package):
+    """Qwen2.5-VL through the chat route: the image part becomes <|vision_start|><|image_pad|><|vision_end|> in the
+    template, its tokens follow the image's own size (60x80 px: 2x3 tokens; 90x55: 3x2), as LLM.generate."""
+    messages = [{"role": "user", "content": [part(png(0, (60, 80, 3))), {"type": "text", "text": "what is this?"}]}]
+    reply = client.chat.completions.create(model="qwen", messages=messages, max_tokens=8, temperature=0)
+    prompt = "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>what is this?<|im_end|>\n<|im_start|>assistant\n"
+    llm = LLM(qwen_package)
+    expected = llm.generate({"prompt": prompt, "multi_modal_data": {"image": png(0, (60, 80, 3))}}, SamplingParams(temperature=0, max_tokens=8))[0]
+    assert reply.choices[0].message.content == expected.outputs[0].text
+    assert reply.usage.prompt_tokens == len(expected.prompt_token_ids)
+    two = [{"role": "user", "content": [part(png(1, (90, 55, 3))), {"type": "text", "text": "and"}, part(png(2, (60, 80, 3)))]}]
+    image = "<|vision_start|><|image_pad|><|vision_end|>"
+    prompt = f"<|im_start|>user\n{image}and{image}<|im_end|>\n<|im_start|>assistant\n"
+    expected = llm.generate({"prompt": prompt, "multi_modal_data": {"image": [png(1, (90, 55, 3)), png(2, (60, 80, 3))]}},
+                            SamplingParams(temperature=0, max_tokens=2))[0]
+    assert client.chat.completions.create(model="qwen", messages=two, max_tokens=2).usage.prompt_tokens == len(expected.prompt_token_ids)
+    pad = ortinf.manifest.Manifest.load(qwen_package).vision.image_token_id
+    assert expected.prompt_token_ids.count(pad) == 12  # 3x2 + 2x3 image tokens
 
 
 @pytest.mark.parametrize(("content", "fragment"), [

@@ -108,10 +108,11 @@ def build_llava(folder: Path, image_token: int = 299, layers: int = 2, seed: int
 QWEN_VL_TOKENS = {"image_token_id": 297, "video_token_id": 298, "vision_start_token_id": 295, "vision_end_token_id": 296}
 
 
-def build_qwen_vl(folder: Path, family: str = "qwen2_5_vl", layers: int = 2, seed: int = 0) -> transformers.PreTrainedModel:
+def build_qwen_vl(folder: Path, family: str = "qwen2_5_vl", layers: int = 2, seed: int = 0,
+                  tokens: dict[str, int] | None = None) -> transformers.PreTrainedModel:
     """Saves a tiny random Qwen2.5-VL (or Qwen2-VL): a 3-block vision tower in 14-px patches (Qwen2.5-VL: windows of
     2x2 tokens, block 1 attending over the whole image), a Qwen2 language model of vocabulary 300 with M-RoPE
-    sections (2, 3, 3), and Qwen2-VL's image processor (tokens 295-298: vision start, end, image, video)."""
+    sections (2, 3, 3), and Qwen2-VL's image processor (`tokens`: its special ids, by default QWEN_VL_TOKENS)."""
     text = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
                 num_key_value_heads=2, rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]}, max_position_embeddings=512)
     if family == "qwen2_5_vl":
@@ -123,7 +124,7 @@ def build_qwen_vl(folder: Path, family: str = "qwen2_5_vl", layers: int = 2, see
                       temporal_patch_size=2)
         config, model_class = transformers.Qwen2VLConfig, transformers.Qwen2VLForConditionalGeneration
     torch.manual_seed(seed)
-    model = model_class(config(vision_config=vision, text_config=text, **QWEN_VL_TOKENS)).eval()
+    model = model_class(config(vision_config=vision, text_config=text, **(tokens or QWEN_VL_TOKENS))).eval()
     model.save_pretrained(folder)
     transformers.Qwen2VLImageProcessor(max_pixels=56 * 56 * 16).save_pretrained(folder)
     return model
