@@ -241,20 +241,27 @@ def test_whisper_on_webgpu(webgpu, tmp_path):
     assert np.allclose(cpu_times, gpu_times, atol=0.021)  # one 20 ms frame at most, from float differences in DTW ties
 
 
-def test_a_vision_language_package_on_webgpu(webgpu, tmp_path):
-    """issue 33: LLaVA's vision graph and its decoder (the image embeddings merged in the graph) on WebGPU: the same
-    greedy tokens as on the CPU (which tests/runtime/test_vision.py holds equal to transformers)."""
+@pytest.mark.parametrize("family", ["llava", "qwen2_5_vl"])
+def test_a_vision_language_package_on_webgpu(webgpu, tmp_path, family):
+    """issue 33: LLaVA's and Qwen2.5-VL's vision graphs and decoders (the image embeddings merged in the graph;
+    Qwen's M-RoPE deltas) on WebGPU: the same greedy tokens as on the CPU (which tests/runtime/test_vision.py and
+    test_qwen_vl.py hold equal to transformers)."""
     Image = pytest.importorskip("PIL.Image")
-    from support.tiny_models import add_tokenizer, build_llava
+    from support.tiny_models import QWEN_VL_TOKENS, add_tokenizer, build_llava, build_qwen_vl
 
     (tmp_path / "hf").mkdir()
-    add_tokenizer(tmp_path / "hf", 300)
-    build_llava(tmp_path / "hf")
+    add_tokenizer(tmp_path / "hf", 290)
+    if family == "llava":
+        build_llava(tmp_path / "hf")
+        image = [299]
+    else:
+        build_qwen_vl(tmp_path / "hf", family)
+        image = [QWEN_VL_TOKENS["vision_start_token_id"], QWEN_VL_TOKENS["image_token_id"], QWEN_VL_TOKENS["vision_end_token_id"]]
     ortinf.export(tmp_path / "hf", tmp_path / "pkg", progress=False)
     rng = np.random.default_rng(0)
     pictures = [Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8)) for shape in ((40, 60, 3), (28, 28, 3))]
-    prompts = [{"prompt_token_ids": [5, 7, 299, 9, 11], "multi_modal_data": {"image": pictures[0]}}, [5, 8, 9, 30, 31],
-               {"prompt_token_ids": [5, 299, 12, 299, 40], "multi_modal_data": {"image": pictures}}]
+    prompts = [{"prompt_token_ids": [5, 7, *image, 9, 11], "multi_modal_data": {"image": pictures[0]}}, [5, 8, 9, 30, 31],
+               {"prompt_token_ids": [5, *image, 12, *image, 40], "multi_modal_data": {"image": pictures}}]
     greedy = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     expected = [o.outputs[0].token_ids for o in LLM(tmp_path / "pkg", provider="cpu").generate(prompts, greedy)]
     llm = LLM(tmp_path / "pkg", provider="webgpu", num_blocks=64)
