@@ -34,6 +34,14 @@ from ortinf.serve.tool_parsers import PARSERS
 @click.option("--max-audio-body-size", default="26MiB", show_default=True, envvar="ORTINF_MAX_AUDIO_BODY_SIZE",
               help="Largest body of /v1/audio/transcriptions and /v1/audio/translations (413 beyond): the audio file "
                    "(OpenAI's limit is 25 MiB) and its form fields.")
+@click.option("--limit-mm-per-prompt", default="image=8", show_default=True, envvar="ORTINF_LIMIT_MM_PER_PROMPT",
+              help="Images a conversation may hold on a vision-language model: image=N (vLLM's form; JSON {\"image\": N} too); "
+                   "more is a 400.")
+@click.option("--allowed-media-domains", multiple=True, envvar="ORTINF_ALLOWED_MEDIA_DOMAINS",
+              help="Hosts whose http(s) image URLs the server fetches (repeat, or separate with commas; redirects are held to "
+                   "them) [default: none: images come inline as data URLs].")
+@click.option("--media-fetch-timeout", type=click.FloatRange(min=0.1), default=5.0, show_default=True,
+              envvar="ORTINF_MEDIA_FETCH_TIMEOUT", help="Seconds an image URL's fetch may take (a 400 beyond).")
 @click.option("--tool-call-parser", type=click.Choice(["auto", *PARSERS, "none"]), default="auto", show_default=True,
               envvar="ORTINF_TOOL_CALL_PARSER",
               help="How tool calls are read from a model's text for tool_choice 'auto': hermes (<tool_call>{json}</tool_call>: "
@@ -69,8 +77,8 @@ from ortinf.serve.tool_parsers import PARSERS
                    "skip silent ones (OpenAI's and openai-whisper's behaviour); off: the request's temperature alone.")
 @engine_options()
 def serve(packages: tuple[Path, ...], host: str, port: int, served_model_names: tuple[str, ...], api_key: str | None,
-          max_queued_requests: int, shutdown_timeout: float, max_body_size: str, max_audio_body_size: str, tool_call_parser: str,
-          reasoning_parser: str,
+          max_queued_requests: int, shutdown_timeout: float, max_body_size: str, max_audio_body_size: str, limit_mm_per_prompt: str,
+          allowed_media_domains: tuple[str, ...], media_fetch_timeout: float, tool_call_parser: str, reasoning_parser: str,
           metrics_prefix: str, use_ray: bool, num_replicas: int, min_replicas: int | None, max_replicas: int | None,
           target_ongoing_requests: float | None, cpus_per_replica: float, gpus_per_replica: float, prefix_routing: bool,
           allow_runtime_lora_updates: bool, log_level: str, transcription_fallback: bool, **engine_given: object) -> None:
@@ -83,6 +91,7 @@ def serve(packages: tuple[Path, ...], host: str, port: int, served_model_names: 
     """
     from ortinf.config import EngineConfig, parse_size
     from ortinf.serve.app import model_names
+    from ortinf.serve.media import parse_limit_mm_per_prompt
     from ortinf.serve.server import run
     from ortinf.serve.state import ServerConfig
 
@@ -135,7 +144,9 @@ def serve(packages: tuple[Path, ...], host: str, port: int, served_model_names: 
         packages=tuple(packages), host=host, port=port, served_model_names=served_model_names, api_key=api_key,
         max_queued_requests=max_queued_requests, shutdown_timeout=shutdown_timeout, max_body_size=parse_size(max_body_size),
         max_audio_body_size=parse_size(max_audio_body_size), tool_call_parser=tool_call_parser, reasoning_parser=reasoning_parser,
-        metrics_prefix=metrics_prefix,
+        metrics_prefix=metrics_prefix, limit_mm_per_prompt=parse_limit_mm_per_prompt(limit_mm_per_prompt),
+        allowed_media_domains=tuple(d.strip() for given in allowed_media_domains for d in given.split(",") if d.strip()),
+        media_fetch_timeout=media_fetch_timeout,
         allow_runtime_lora_updates=allow_runtime_lora_updates, transcription_fallback=transcription_fallback, engine_options=engine,
     )
     names = model_names(config)

@@ -73,7 +73,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
     params = chat_params(model, body, tools, logprobs)
 
     def prepare() -> list[PreparedRequest]:  # rendering, tokenising, decoding images are CPU work: off the event loop
-        images = message_images(body.messages) if model.image_placeholder is not None else []
+        images = message_images(body.messages, state.config.media_policy) if model.image_placeholder is not None else []
         return prepare_samples(model, [render_prompt(model, body, tools, bool(body.add_special_tokens))], params, body.n, body.stream, body,
                                images=images)
 

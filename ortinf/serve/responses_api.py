@@ -326,7 +326,7 @@ async def create_response(body: ResponsesRequest, request: Request):
     tools = tool_plan(model, chat)
     params = chat_params(model, chat, tools, None)
     def prepare() -> list:  # rendering, tokenising and decoding images are CPU work: off the event loop
-        images = message_images(chat.messages) if model.image_placeholder is not None else []
+        images = message_images(chat.messages, state.config.media_policy) if model.image_placeholder is not None else []
         return prepare_samples(model, [render_prompt(model, chat, tools)], params, 1, body.stream, images=images)
 
     prepared = await asyncio.to_thread(prepare)

@@ -33,6 +33,9 @@ class ServerConfig:
     reasoning_parser: str = "none"  # or auto, qwen3, deepseek_r1, gpt_oss (ortinf/serve/reasoning.py)
     metrics_prefix: str = "ortinf"  # or "vllm": the names dashboards and cluster routers look for
     allow_runtime_lora_updates: bool = False  # /v1/load_lora_adapter and /v1/unload_lora_adapter
+    limit_mm_per_prompt: int = 8  # images per conversation (vLLM's --limit-mm-per-prompt image=N)
+    allowed_media_domains: tuple[str, ...] = ()  # hosts image URLs may be fetched from (none: data URLs only)
+    media_fetch_timeout: float = 5.0
     transcription_fallback: bool = True  # OpenAI's temperature 0: hotter retries, silent windows skipped (ortinf/tasks/speech/longform.py)
     engine_options: dict = field(default_factory=dict)  # EngineConfig's keyword arguments (but package_dir)
 
@@ -46,6 +49,12 @@ class ServerConfig:
             return self.engine_options[name]
         spec = next(f for f in dataclasses.fields(EngineConfig) if f.name == name)
         return spec.default_factory() if spec.default is dataclasses.MISSING else spec.default
+
+    @property
+    def media_policy(self):  # noqa: ANN201 - a MediaPolicy
+        from ortinf.serve.media import MediaPolicy
+
+        return MediaPolicy(max_images=self.limit_mm_per_prompt, allowed_domains=self.allowed_media_domains, fetch_timeout=self.media_fetch_timeout)
 
     @property
     def max_num_seqs(self) -> int:

@@ -11,6 +11,7 @@ from pydantic import BaseModel, Field
 from ortinf.serve import responses
 from ortinf.serve.chat import render_prompt
 from ortinf.serve.errors import APIError
+from ortinf.serve.media import message_images
 from ortinf.serve.models import ServedModel
 from ortinf.serve.protocol import STRICT, ChatMessage, TokenId, Tool
 from ortinf.serve.state import ServerState
@@ -78,9 +79,9 @@ async def tokenize(body: TokenizeRequest, request: Request):
         if body.messages is not None:
             tools = ToolPlan([t.model_dump(exclude_none=True) for t in body.tools], "none") if body.tools else None
             ids = render_prompt(model, body, tools)  # type: ignore[arg-type] - it reads the chat fields only
-            vision = model.manifest.vision
-            if vision is not None:  # each image's placeholder counts as the tokens it becomes
-                ids = [t for token in ids for t in ([token] * vision.tokens_per_image if token == vision.image_token_id else [token])]
+            if model.image_placeholder is not None:  # each image's placeholder counts as the tokens it becomes (its size's)
+                images = message_images(body.messages, state.config.media_policy)
+                ids = list(model.require_engine().engine.prepare(ids, images=images).token_ids) if images else ids
             return ids
         return tokenizer.encode(check_unicode(body.prompt, "prompt"), add_special_tokens=body.add_special_tokens).ids
 

@@ -67,9 +67,54 @@ def qwen_package(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def image_host():
+    """A real HTTP server on 127.0.0.1 for image URLs: a PNG, a 21 MiB body, a slow answer, a 404 and a redirect to
+    another host name (localhost), which the allow list does not name."""
+    import http.server
+    import threading
+    import time
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            if self.path == "/cat.png":
+                self._send(png(5, (60, 80, 3)))
+            elif self.path == "/big.png":
+                self._send(b"\0" * (21 << 20))
+            elif self.path == "/slow.png":
+                time.sleep(3)
+                self._send(png(5))
+            elif self.path == "/moved.png":
+                self.send_response(302)
+                self.send_header("Location", f"http://localhost:{self.server.server_port}/cat.png")
+                self.end_headers()
+            else:
+                self.send_error(404)
+
+        def _send(self, data: bytes) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "image/png")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            try:
+                self.wfile.write(data)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+
+        def log_message(self, *args):  # noqa: ANN002
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+
+
+@pytest.fixture(scope="module")
 def client(llava_package, chat_package, qwen_package, tmp_path_factory):
     args = [str(llava_package), str(chat_package), str(qwen_package), "--served-model-name", "llava", "--served-model-name", "text",
-            "--served-model-name", "qwen", "--kv-cache-memory", "32MiB"]
+            "--served-model-name", "qwen", "--kv-cache-memory", "32MiB", "--allowed-media-domains", "127.0.0.1",
+            "--media-fetch-timeout", "1", "--limit-mm-per-prompt", "image=3"]
     with running_server(args, tmp_path_factory.mktemp("logs")) as server:
         yield openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
 
@@ -114,15 +159,41 @@ def test_qwen_vl_chat_with_images_equals_llm_generate(client, qwen_package):
     expected = llm.generate({"prompt": prompt, "multi_modal_data": {"image": [png(1, (90, 55, 3)), png(2, (60, 80, 3))]}},
                             SamplingParams(temperature=0, max_tokens=2))[0]
     assert client.chat.completions.create(model="qwen", messages=two, max_tokens=2).usage.prompt_tokens == len(expected.prompt_token_ids)
+    import httpx
+
+    counted = httpx.post(f"{client.base_url}".removesuffix("/v1/") + "/tokenize", json={"model": "qwen", "messages": two})
+    assert counted.status_code == 200, counted.text
+    assert counted.json()["count"] == len(expected.prompt_token_ids)  # each image as its own size's tokens
     pad = ortinf.manifest.Manifest.load(qwen_package).vision.image_token_id
     assert expected.prompt_token_ids.count(pad) == 12  # 3x2 + 2x3 image tokens
+
+
+def test_image_urls_from_allowed_hosts(client, image_host):
+    """--allowed-media-domains 127.0.0.1: an image URL there is fetched and answers as the same image inline; a body
+    over 20 MiB, a fetch past --media-fetch-timeout, a 404 and a redirect to a host not named are 400s."""
+    def ask(url: str):  # noqa: ANN202
+        return client.chat.completions.create(model="qwen", messages=[{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "hi"}]}], max_tokens=6, temperature=0)
+
+    inline = client.chat.completions.create(model="qwen", messages=[{"role": "user", "content": [
+        part(png(5, (60, 80, 3))), {"type": "text", "text": "hi"}]}], max_tokens=6, temperature=0)
+    fetched = ask(f"{image_host}/cat.png")
+    assert fetched.choices[0].message.content == inline.choices[0].message.content
+    assert fetched.usage.prompt_tokens == inline.usage.prompt_tokens
+    for path, fragment in (("/big.png", "larger than 20 MiB"), ("/slow.png", "within 1 s"), ("/missing.png", "HTTP 404"),
+                           ("/moved.png", "redirects to localhost")):
+        with pytest.raises(openai.BadRequestError) as caught:
+            ask(image_host + path)
+        assert fragment in caught.value.body["message"], caught.value.body
+    assert ask(f"{image_host}/cat.png").choices  # and the server goes on
 
 
 @pytest.mark.parametrize(("content", "fragment"), [
     ([part(png(0)[:200])], "cannot be decoded"),
     ([part(b'<svg xmlns="http://www.w3.org/2000/svg"/>', "image/svg+xml")], "cannot be decoded"),
     ([{"type": "image_url", "image_url": {"url": "data:image/png;base64,@@@"}}], "base64"),
-    ([{"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}], "data URL"),
+    ([{"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}], "not in this server's --allowed-media-domains"),
+    ([part(png(0))] * 4, "at most 3 per conversation"),
     ([{"type": "image_url", "image_url": {}}], "image_url.url"),
     ([part(png(0)), part(png(0)), {"type": "text", "text": "<image>"}], "placeholders"),
 ])
