@@ -94,9 +94,13 @@ class DecoderSpec:
     # Qwen2-VL's multimodal RoPE: the rotary dimensions' split over (temporal, height, width) positions; the graph
     # then takes `rope_deltas` [3, num_tokens], added to `positions` per section (ortinf/worker/mrope.py)
     mrope_section: tuple[int, ...] | None = None
+    # Gemma 3's images: a prefill's image tokens attend to each other both ways; the graph then takes `attend_until`
+    # [num_tokens], the last position each token may see (its own outside an image; the portable kernel only)
+    image_spans: bool = False
 
 
 MROPE_DELTAS = "rope_deltas"
+ATTEND_UNTIL = "attend_until"
 KV_DTYPE_BYTES = {"fp32": 4, "fp16": 2, "int8": 1}
 
 
@@ -228,6 +232,10 @@ class VisionSpec:
     merge_size: int = 1  # patches merged into one token per side (Qwen2-VL: 2)
     image_start_id: int | None = None  # tokens around an image's placeholder in chat prompts (Qwen2-VL's vision start / end)
     image_end_id: int | None = None
+    placeholder_id: int | None = None  # the token a prompt marks an image with, when not image_token_id (Gemma 3's <start_of_image>)
+    image_prefix_ids: tuple[int, ...] = ()  # what a placeholder expands to around the image's tokens (Gemma 3: "\n\n<start_of_image>"
+    image_suffix_ids: tuple[int, ...] = ()  # ... and "<end_of_image>\n\n")
+    whole_images: bool = False  # a prefill chunk may not end inside an image (Gemma 3's bidirectional image attention)
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,8 +279,9 @@ class Manifest:
         data = dataclasses.asdict(self)
         if data["vision"] is None:  # written only where there is one: a text package stays readable by older ortinf
             del data["vision"]
-        if data["decoder"] is not None and data["decoder"]["mrope_section"] is None:
-            del data["decoder"]["mrope_section"]
+        for key, default in (("mrope_section", None), ("image_spans", False)):  # written where set (older readers)
+            if data["decoder"] is not None and data["decoder"][key] == default:
+                del data["decoder"][key]
         return json.dumps(data, indent=2, sort_keys=False) + "\n"
 
     def save(self, folder: Path) -> None:

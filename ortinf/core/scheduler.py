@@ -21,6 +21,7 @@ from ortinf.core.request import FinishReason, Request, RequestStatus
 from ortinf.core.stopping import Verdict
 from ortinf.errors import RequestError
 from ortinf.sample.speculative import SpecStats, SpeculativeConfig, can_speculate, propose_ngram
+from ortinf.worker.image_spans import whole_image_chunk
 from ortinf.worker.scheduler_output import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 
 
@@ -93,6 +94,11 @@ class Scheduler:
         else:
             self.waiting.append(request)
 
+    @staticmethod
+    def _whole_images(request: Request, start: int, num_new: int) -> int:
+        """`num_new` cut so that a prefill chunk does not end inside an image whose tokens attend both ways (Gemma 3)."""
+        return whole_image_chunk(request.images, start, num_new) if request.images else num_new
+
     def _cap(self, num_new: int) -> int:
         threshold = self.config.long_prefill_token_threshold
         return min(num_new, threshold) if threshold else num_new
@@ -107,7 +113,11 @@ class Scheduler:
         self.drafts = {}
         while index < len(self.running) and budget > 0:
             request = self.running[index]
-            num_new = self._cap(min(request.num_tokens - request.num_computed_tokens, budget))
+            start = request.num_computed_tokens
+            num_new = self._whole_images(request, start, self._cap(min(request.num_tokens - start, budget)))
+            if num_new == 0:  # its next chunk is an image it must take whole, and the step has no room for it left
+                index += 1
+                continue
             drafts = self._propose(request, budget) if num_new == 1 else []
             if drafts and self.kv_cache.allocate_slots(request, 1 + len(drafts)) is not None:
                 self.drafts[request.request_id] = drafts
@@ -138,8 +148,8 @@ class Scheduler:
             if encoder is not None and encoder_budget < min(encoder.num_positions, self.config.max_num_encoder_input_tokens):
                 break  # the step's encoder work is spent (an input larger than the budget runs alone)
             hits, num_hit_tokens = self.kv_cache.get_computed_blocks(request)
-            num_new = self._cap(min(request.num_tokens - num_hit_tokens, budget))
-            if self.kv_cache.allocate_slots(request, num_new, hits) is None:
+            num_new = self._whole_images(request, num_hit_tokens, self._cap(min(request.num_tokens - num_hit_tokens, budget)))
+            if num_new == 0 or self.kv_cache.allocate_slots(request, num_new, hits) is None:
                 break
             if request.request_id in self.kv_cache.to_encode:
                 encoder_budget -= encoder.num_positions

@@ -52,6 +52,9 @@ class PagedBatch:
     group: int  # query heads per KV head
     head_dim: int
     default_scaling: Callable[[torch.nn.Module, int], float]
+    # [T] or None: the last position each token may see when it is past its own (Gemma 3's image tokens at prefill
+    # see their whole image: ortinf/exporter/decoder.py IMAGE_SPANS_ATTRIBUTE); among this step's tokens only
+    attend_until: torch.Tensor | None = None
     num_seqs: torch.Tensor = field(init=False)  # traced sizes
     rows: torch.Tensor = field(init=False)  # group * Q: query rows per (KV head, sequence)
     num_past: torch.Tensor = field(init=False)  # P = max_blocks * block_size
@@ -85,7 +88,10 @@ class PagedBatch:
         ctx = self.context_lens[:, None]  # [S, 1]
         qlen = self.query_lens[:, None]
         past_valid = past[None, None, :] < ctx[:, :, None]  # [S, 1, P]
-        new_valid = (offsets[None, None, :] <= offsets[None, :, None]) & (offsets[None, None, :] < qlen[:, :, None])
+        last = offsets[None, :].expand(self.pad_index.shape[0], offsets.shape[0])  # [S, Q]: causal
+        if self.attend_until is not None:
+            last = torch.maximum(last, self.attend_until[self.pad_index] - ctx)
+        new_valid = (offsets[None, None, :] <= last[:, :, None]) & (offsets[None, None, :] < qlen[:, :, None])
         past_valid = past_valid.expand(self.num_seqs, offsets.shape[0], past.shape[0])
         self.valid = torch.cat([past_valid, new_valid], dim=2)  # [S, Q, P + Q]
         self.query_pos = (ctx + offsets[None, :])[:, :, None]  # [S, Q, 1]

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from transformers import AttentionInterface, PretrainedConfig, PreTrainedModel
 
+from ortinf.errors import ExportError
 from ortinf.exporter import attention_contrib as contrib_paged
 from ortinf.exporter import attention_cpu as cpu_paged
 from ortinf.exporter import attention_portable as portable
@@ -24,6 +25,7 @@ from ortinf.exporter.lora import example_lora_inputs, find_targets, lora_dynamic
 from ortinf.exporter.moe import traceable_moe
 from ortinf.exporter.tracing import OPSET, no_graph_shape_inference, quiet_tracing
 from ortinf.manifest import (
+    ATTEND_UNTIL,
     CONTRIB_PAGED,
     KV_LAYOUTS,
     LOGITS,
@@ -66,6 +68,7 @@ class PagedDecoder(torch.nn.Module):
         self.default_scaling = DECODERS[model.config.model_type].default_scaling
         self.num_heads, self.num_kv_heads, self.head_dim = head_shape(model.config)
         self.mrope_section = mrope_section(model.config)
+        self.image_spans = bool(getattr(model.config, IMAGE_SPANS_ATTRIBUTE, False))
 
     def forward(
         self,
@@ -77,8 +80,10 @@ class PagedDecoder(torch.nn.Module):
         logits_indices: torch.Tensor,
         *rest: torch.Tensor,
     ) -> tuple[torch.Tensor, ...]:
-        deltas = None
-        if self.mrope_section:  # the last input: rope_deltas [3, num_tokens]
+        deltas = until = None
+        if self.image_spans:  # the last input: attend_until [num_tokens]
+            *rest, until = rest
+        if self.mrope_section:  # then rope_deltas [3, num_tokens]
             *rest, deltas = rest
         caches, lora = rest[: 2 * self.num_layers], rest[2 * self.num_layers :]
         if self.kernel == CPU_PAGED:
@@ -104,6 +109,7 @@ class PagedDecoder(torch.nn.Module):
                 group=self.num_heads // self.num_kv_heads,
                 head_dim=self.head_dim,
                 default_scaling=self.default_scaling,
+                attend_until=until,
             )
         arch = DECODERS[self.model.config.model_type]
         rope = (cpu_paged.rope_in_kernel(self.model, batch, arch.rope_half_tables)
@@ -131,6 +137,11 @@ class PagedDecoder(torch.nn.Module):
         new_kv = [t for pair in zip(batch.new_keys, batch.new_values) for t in pair]
         assert len(new_kv) == 2 * self.num_layers, "every layer must go through the paged kernel"
         return (logits, *new_kv)
+
+
+# A text config with this attribute set (ortinf/exporter/vision_language.py, Gemma 3) exports a graph whose image tokens
+# attend to each other both ways at prefill: the `attend_until` input (ortinf/exporter/attention_portable.py)
+IMAGE_SPANS_ATTRIBUTE = "ortinf_image_spans"
 
 
 def mrope_section(config: PretrainedConfig) -> tuple[int, ...] | None:
@@ -201,6 +212,7 @@ def decoder_spec(model: PreTrainedModel, kv_dtype: str, kernel: str = PORTABLE, 
         kv_layout=KV_LAYOUTS[kernel],
         lora_targets={name: list(shape) for name, shape in find_targets(model).items()} if enable_lora else {},
         mrope_section=mrope_section(config),
+        image_spans=bool(getattr(config, IMAGE_SPANS_ATTRIBUTE, False)),
     )
 
 
@@ -226,7 +238,8 @@ def example_inputs(spec: DecoderSpec, dtype: torch.dtype) -> tuple[torch.Tensor,
         caches = [torch.randn(shape, dtype=KV_TORCH_DTYPES[spec.kv_dtype]) for _ in range(2 * spec.num_layers)]
     lora = example_lora_inputs(spec.num_layers, spec.lora_targets, len(input_ids), dtype) if spec.lora_targets else []
     deltas = [torch.tensor([[0, 0, -3, -3], [0, 1, -2, -3], [0, 2, -1, -3]])] if spec.mrope_section else []
-    return (input_ids, positions, block_tables, context_lens, query_lens, logits_indices, *caches, *lora, *deltas)
+    until = [torch.tensor([3, 3, 4, 5])] if spec.image_spans else []  # the first two prefill tokens see each other
+    return (input_ids, positions, block_tables, context_lens, query_lens, logits_indices, *caches, *lora, *deltas, *until)
 
 
 def trace_decoder(model: PreTrainedModel, spec: DecoderSpec, path: Path, dtype: torch.dtype,
@@ -239,7 +252,7 @@ def trace_decoder(model: PreTrainedModel, spec: DecoderSpec, path: Path, dtype: 
     # the contrib op writes the pool itself: its outputs are the pools; the portable kernel's are the new K/V
     kv_outputs = cache_outputs if spec.kernel == CONTRIB_PAGED else new_kv_names(spec.num_layers)
     inputs = [*INPUTS_HEAD, *cache_inputs, *(lora_input_names(spec.num_layers, spec.lora_targets) if spec.lora_targets else ()),
-              *((MROPE_DELTAS,) if spec.mrope_section else ())]
+              *((MROPE_DELTAS,) if spec.mrope_section else ()), *((ATTEND_UNTIL,) if spec.image_spans else ())]
     outputs = [LOGITS, *kv_outputs]
     dynamic_axes: dict[str, dict[int, str]] = {
         "input_ids": {0: "num_tokens"},
@@ -259,6 +272,11 @@ def trace_decoder(model: PreTrainedModel, spec: DecoderSpec, path: Path, dtype: 
     dynamic_axes.update(lora_dynamic_axes(spec.num_layers, spec.lora_targets) if spec.lora_targets else {})
     if spec.mrope_section:
         dynamic_axes[MROPE_DELTAS] = {1: "num_tokens"}
+    if spec.image_spans:
+        if attention != PORTABLE:
+            raise ExportError(f"{model.config.model_type}'s image tokens attend both ways, which only the portable kernel "
+                              "draws: export with --kernel portable")
+        dynamic_axes[ATTEND_UNTIL] = {0: "num_tokens"}
     wrapper = PagedDecoder(model, attention, spec.lora_targets).eval()
     with paged_attention_enabled(model, attention), torch.no_grad(), quiet_tracing(), no_graph_shape_inference():
         torch.onnx.export(

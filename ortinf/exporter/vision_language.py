@@ -20,6 +20,7 @@ transformers' LLaVA on a prompt with an image.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import shutil
@@ -33,10 +34,21 @@ from onnx import TensorProto, helper
 
 from ortinf.errors import ExportError
 from ortinf.exporter import qwen_vl
+from ortinf.exporter.decoder import IMAGE_SPANS_ATTRIBUTE
 from ortinf.exporter.tracing import OPSET, quiet_tracing
-from ortinf.manifest import CPU_MODEL_NAME, HOST_WRITE_MODEL_NAME, MODEL_NAME, MROPE_DELTAS, VISION_MODEL_NAME, Manifest, VisionSpec
+from ortinf.manifest import (
+    ATTEND_UNTIL,
+    CPU_MODEL_NAME,
+    HOST_WRITE_MODEL_NAME,
+    MODEL_NAME,
+    MROPE_DELTAS,
+    PORTABLE,
+    VISION_MODEL_NAME,
+    Manifest,
+    VisionSpec,
+)
 
-VISION_LANGUAGE = {"llava": "LlavaForConditionalGeneration", **qwen_vl.FAMILIES}
+VISION_LANGUAGE = {"llava": "LlavaForConditionalGeneration", "gemma3": "Gemma3ForConditionalGeneration", **qwen_vl.FAMILIES}
 IMAGE_EMBEDS, IMAGE_ROWS = "image_embeds", "image_rows"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "chat_template.json",
                    "generation_config.json", "tokenizer.model", "added_tokens.json")
@@ -50,8 +62,10 @@ class VisionGraph(torch.nn.Module):
         self.model = model
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        # transformers' get_image_features, without its split into a list (a traced Split keeps the example's count)
         config, inner = self.model.config, self.model.model
+        if config.model_type == "gemma3":  # SigLIP, 4x4 average pooling, RMS norm, projection: already one tensor
+            return inner.get_image_features(pixel_values)
+        # transformers' get_image_features, without its split into a list (a traced Split keeps the example's count)
         states = inner.vision_tower(pixel_values, output_hidden_states=True).hidden_states
         layers = config.vision_feature_layer if isinstance(config.vision_feature_layer, list) else [config.vision_feature_layer]
         features = torch.cat([states[i] for i in layers], dim=-1)
@@ -64,7 +78,9 @@ def text_folder(model: torch.nn.Module, source: Path, folder: Path) -> Path:
     """The language model alone as a Hugging Face folder (and the source's tokenizer files)."""
     import transformers
 
-    config = qwen_vl.text_config(model) if model.config.model_type in qwen_vl.FAMILIES else model.config.text_config
+    config = qwen_vl.text_config(model) if model.config.model_type in qwen_vl.FAMILIES else copy.deepcopy(model.config.text_config)
+    if model.config.model_type == "gemma3":  # its prefill's image tokens see their whole image (token_type_ids' mask)
+        setattr(config, IMAGE_SPANS_ATTRIBUTE, True)
     text = transformers.AutoModelForCausalLM.from_config(config)
     state = {f"model.{k}": v for k, v in model.model.language_model.state_dict().items()}
     state["lm_head.weight"] = model.lm_head.weight
@@ -76,6 +92,16 @@ def text_folder(model: torch.nn.Module, source: Path, folder: Path) -> Path:
         if (source / name).is_file():
             shutil.copy(source / name, folder / name)
     return folder
+
+
+def embedding_output(graph: onnx.GraphProto, gather: onnx.NodeProto) -> str:
+    """The token embeddings as the layers take them: the lookup's output, or its product with a constant scale (Gemma's
+    sqrt(hidden), which transformers applies before writing image features: they are not scaled)."""
+    constants = {t.name for t in graph.initializer} | {n.output[0] for n in graph.node if n.op_type == "Constant"}
+    consumers = [n for n in graph.node if gather.output[0] in n.input]
+    if len(consumers) == 1 and consumers[0].op_type == "Mul" and any(i in constants for i in consumers[0].input if i != gather.output[0]):
+        return consumers[0].output[0]
+    return gather.output[0]
 
 
 def embedding_gather(graph: onnx.GraphProto, hidden: int) -> onnx.NodeProto:
@@ -96,7 +122,8 @@ def add_image_inputs(path: Path, hidden: int) -> None:
     graph = model.graph
     gather = embedding_gather(graph, hidden)
     table = next(t for t in graph.initializer if t.name == gather.input[0])
-    out = gather.output[0]
+    out = embedding_output(graph, gather)
+    anchor = next(n for n in graph.node if out in n.output)
     consumers = [n for n in graph.node if out in n.input]
     names = {k: f"ortinf_image_merge.{k}" for k in ("shape", "flat_shape", "flat", "axes", "rows", "merged", "out")}
     graph.initializer.extend([helper.make_tensor(names["flat_shape"], TensorProto.INT64, [2], [-1, hidden]),
@@ -110,7 +137,7 @@ def add_image_inputs(path: Path, hidden: int) -> None:
     ]
     for node in consumers:
         node.input[:] = [names["out"] if name == out else name for name in node.input]
-    index = list(graph.node).index(gather) + 1
+    index = list(graph.node).index(anchor) + 1
     nodes = list(graph.node)
     del graph.node[:]
     graph.node.extend(nodes[:index] + merge + nodes[index:])
@@ -147,6 +174,10 @@ def export_vision_language(source, out_path: Path, export_text, overwrite: bool,
         raise ExportError(f"cannot load {source.name}: {str(exc).strip().splitlines()[0] if str(exc).strip() else exc}") from exc
     config = model.config
     hidden = config.text_config.hidden_size
+    if config.model_type == "gemma3":  # bidirectional image attention: drawn by the portable kernel only
+        if options.get("kernel", PORTABLE) != PORTABLE:
+            raise ExportError("Gemma 3's image tokens attend both ways, which only the portable kernel draws: drop --kernel")
+        options = {**options, "cpu_kernel": False}
     with tempfile.TemporaryDirectory(prefix="ortinf-vlm-") as tmp, qwen_vl.quiet_mrope_keys():
         text = text_folder(model, Path(source.path), Path(tmp) / "text")
         manifest = export_text(text, Path(tmp) / "pkg", task="text-generation", overwrite=True, tolerance=tolerance, progress=progress,
@@ -189,8 +220,35 @@ def export_vision_graph(model: torch.nn.Module, source: Path, path: Path) -> Vis
         torch.onnx.export(VisionGraph(model).eval(), (torch.randn(2, 3, size, size),), str(path), dynamo=False,
                           input_names=["pixel_values"], output_names=[IMAGE_EMBEDS], opset_version=OPSET,
                           dynamic_axes={"pixel_values": {0: "num_images"}, IMAGE_EMBEDS: {0: "num_images"}})
+    if config.model_type == "gemma3":
+        around = newlines(source)  # the processor writes "\n\n<start_of_image>" + image tokens + "<end_of_image>\n\n"
+        return VisionSpec(image_token_id=int(config.image_token_index), tokens_per_image=int(config.mm_tokens_per_image),
+                          image_size=int(size), processor=gemma_processor(source, model), placeholder_id=int(config.boi_token_index),
+                          image_prefix_ids=(*around, int(config.boi_token_index)), image_suffix_ids=(int(config.eoi_token_index), *around),
+                          whole_images=True)
     return VisionSpec(image_token_id=int(config.image_token_index), tokens_per_image=int(config.image_seq_length),
                       image_size=int(size), processor=image_processor(source, model))
+
+
+def newlines(source: Path) -> tuple[int, ...]:
+    """The ids of "\n\n" in the source's tokenizer (none without one)."""
+    if not (source / "tokenizer.json").is_file():
+        return ()
+    from tokenizers import Tokenizer
+
+    return tuple(Tokenizer.from_file(str(source / "tokenizer.json")).encode("\n\n", add_special_tokens=False).ids)
+
+
+def gemma_processor(source: Path, model: torch.nn.Module) -> dict:
+    """Gemma3ImageProcessor's settings: a plain resize to the tower's size (bilinear), rescale, normalise by 0.5."""
+    path = source / "preprocessor_config.json"
+    config = json.loads(path.read_text()) if path.is_file() else {}
+    size = config.get("size") or {}
+    side = model.config.vision_config.image_size
+    return {"resize_height": int(size.get("height", side)), "resize_width": int(size.get("width", side)), "do_center_crop": False,
+            "rescale_factor": float(config.get("rescale_factor", 1 / 255)), "image_mean": list(config.get("image_mean", [0.5] * 3)),
+            "image_std": list(config.get("image_std", [0.5] * 3)), "resample": int(config.get("resample", 2)),
+            "do_convert_rgb": bool(config.get("do_convert_rgb", True))}
 
 
 def check_image_path(model: torch.nn.Module, package: Path, vision: VisionSpec) -> float:
@@ -199,6 +257,7 @@ def check_image_path(model: torch.nn.Module, package: Path, vision: VisionSpec) 
     import onnxruntime
 
     from ortinf.worker.encoder_input import EncoderInput, PlacedImage
+    from ortinf.worker.image_spans import attend_until
     from ortinf.worker.model_input import SequenceChunk, build_model_input
     from ortinf.worker.mrope import rope_deltas
     from ortinf.worker.vision_encoder import qwen_vision_feeds
@@ -212,7 +271,9 @@ def check_image_path(model: torch.nn.Module, package: Path, vision: VisionSpec) 
         pixels = rng.standard_normal((1, 3, vision.image_size, vision.image_size)).astype(np.float32)
         (embeds,) = vision_session.run(None, {"pixel_values": pixels})
         embeds, inputs = embeds[0], {"pixel_values": torch.from_numpy(pixels)}
-        ids = [5, 7] + [image_id] * vision.tokens_per_image + [9, 11, 13]
+        ids = [5, 7, *vision.image_prefix_ids] + [image_id] * vision.tokens_per_image + [*vision.image_suffix_ids, 9, 11, 13]
+        if vision.whole_images:
+            placed = PlacedImage(ids.index(image_id), EncoderInput.of(pixels[0], vision.tokens_per_image, "image"), whole=True)
     else:  # a 2 x 3-token image (rows x columns of merged patches) between Qwen2-VL's vision start and end tokens
         merge, config = vision.merge_size, model.config
         grid = (2, 3)
@@ -225,7 +286,8 @@ def check_image_path(model: torch.nn.Module, package: Path, vision: VisionSpec) 
         inputs = {"pixel_values": torch.from_numpy(patches), "image_grid_thw": torch.tensor([[1, grid[0] * merge, grid[1] * merge]])}
         ids = [5, config.vision_start_token_id] + [image_id] * (grid[0] * grid[1]) + [config.vision_end_token_id, 9, 11]
         placed = PlacedImage(2, EncoderInput.of(patches, grid[0] * grid[1], "image"), grid)
-    specials = {image_id, getattr(model.config, "vision_start_token_id", None), getattr(model.config, "vision_end_token_id", None)}
+    specials = {image_id, getattr(model.config, "vision_start_token_id", None), getattr(model.config, "vision_end_token_id", None),
+                *vision.image_prefix_ids, *vision.image_suffix_ids}
     ids = [t if t in specials else t % spec.vocab_size for t in ids]
     session = onnxruntime.InferenceSession(str(package / HOST_WRITE_MODEL_NAME), providers=["CPUExecutionProvider"])
     block_size = 4
@@ -242,14 +304,18 @@ def check_image_path(model: torch.nn.Module, package: Path, vision: VisionSpec) 
         rows = [i - done for i, t in enumerate(tokens) if i >= done and t == image_id]
         feeds[IMAGE_EMBEDS] = embeds[[i + done - ids.index(image_id) for i in rows]].reshape(-1, embeds.shape[-1])
         feeds[IMAGE_ROWS] = np.array(rows, np.int64)
-        if placed is not None:
+        if placed is not None and placed.grid is not None:
             feeds[MROPE_DELTAS] = rope_deltas([placed], done, len(tokens))
+        if placed is not None and placed.whole:
+            feeds[ATTEND_UNTIL] = attend_until([placed], done, len(tokens))
         feeds.update({f"{kind}_cache.{i}": pools[2 * i + (kind == "value")] for i in range(spec.num_layers) for kind in ("key", "value")})
         logits, *new_kv = session.run(None, feeds)
         for index, pool in enumerate(pools):
             pool.reshape(spec.num_kv_heads, -1, row)[:, step.slot_mapping] = new_kv[index].swapaxes(0, 1)
         with torch.no_grad():
-            ref = model(input_ids=torch.tensor([tokens]), **inputs).logits[0, -1].numpy()
+            ids_now = torch.tensor([tokens])
+            spans = {"token_type_ids": (ids_now == image_id).long()} if vision.whole_images else {}  # Gemma 3's image mask
+            ref = model(input_ids=ids_now, **inputs, **spans).logits[0, -1].numpy()
         worst = max(worst, float(np.abs(logits[-1] - ref).max()))
         done = len(tokens)
         tokens.append(int(ref.argmax()))

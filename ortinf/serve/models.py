@@ -47,7 +47,8 @@ class ServedModel:
         vision, tokenizer = self.manifest.vision, self.tokenizer
         if vision is None or tokenizer is None:
             return None
-        ids = [i for i in (vision.image_start_id, vision.image_token_id, vision.image_end_id) if i is not None]
+        marker = vision.placeholder_id if vision.placeholder_id is not None else vision.image_token_id  # Gemma 3: <start_of_image>
+        ids = [i for i in (vision.image_start_id, marker, vision.image_end_id) if i is not None]
         return "".join(tokenizer.id_to_token(i) for i in ids)
 
     def token_text(self, token_id: int) -> str:

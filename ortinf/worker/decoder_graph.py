@@ -19,6 +19,7 @@ import numpy as np
 from ortinf.errors import ConfigError
 from ortinf.kernels import library
 from ortinf.manifest import (
+    ATTEND_UNTIL,
     CONTRIB_PAGED,
     HOST_WRITE_MODEL_NAME,
     KV_LAYOUTS,
@@ -155,6 +156,8 @@ class DecoderGraph:
         feeds = model_input.feeds()
         if self.spec.mrope_section and MROPE_DELTAS not in feeds:  # text-only steps: every component is the position
             feeds[MROPE_DELTAS] = np.zeros((3, len(model_input.input_ids)), np.int64)
+        if self.spec.image_spans and ATTEND_UNTIL not in feeds:  # no image: causal
+            feeds[ATTEND_UNTIL] = model_input.positions
         if self.contrib:  # the op writes the new tokens through the block table, and derives their slots
             feeds["block_tables"] = model_input.full_block_tables
             del feeds[SLOT_MAPPING]

@@ -42,6 +42,7 @@ class PlacedImage:
     offset: int
     image: EncoderInput
     grid: tuple[int, int] | None = None  # Qwen2-VL: the image's tokens as rows x columns (its M-RoPE positions)
+    whole: bool = False  # Gemma 3: its tokens attend to each other both ways, so a prefill chunk may not end inside it
 
     @property
     def end(self) -> int:

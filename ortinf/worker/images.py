@@ -78,16 +78,20 @@ def preprocess_image(source: Any, vision) -> tuple[np.ndarray, int, tuple[int, i
 
 
 def clip_pixels(image, processor: dict) -> np.ndarray:  # noqa: ANN001 - a PIL image
-    """[3, crop_height, crop_width] float32 pixel values, as CLIPImageProcessor computes them."""
+    """[3, crop_height, crop_width] float32 pixel values, as CLIPImageProcessor computes them (or [3, H, W] as
+    Gemma3ImageProcessor does, with resize_height / resize_width and no crop)."""
     from PIL import Image
 
     if processor.get("do_convert_rgb", True) and image.mode != "RGB":
         image = image.convert("RGB")
     width, height = image.size
-    size = processor["resize_shortest_edge"]
-    short, long = (width, height) if width <= height else (height, width)
-    new_short, new_long = size, int(size * long / short)
-    new_width, new_height = (new_short, new_long) if width <= height else (new_long, new_short)
+    if "resize_height" in processor:  # Gemma 3's: straight to the tower's size, the aspect not kept
+        new_width, new_height = processor["resize_width"], processor["resize_height"]
+    else:
+        size = processor["resize_shortest_edge"]
+        short, long = (width, height) if width <= height else (height, width)
+        new_short, new_long = size, int(size * long / short)
+        new_width, new_height = (new_short, new_long) if width <= height else (new_long, new_short)
     image = image.resize((new_width, new_height), resample=Image.Resampling(processor.get("resample", 3)))
     pixels = np.asarray(image, dtype=np.uint8)
     if pixels.ndim == 2:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ortinf.manifest import MROPE_DELTAS
+from ortinf.manifest import ATTEND_UNTIL, MROPE_DELTAS
 from ortinf.providers.base import Buckets, bucket
 
 
@@ -28,6 +28,7 @@ class SequenceChunk:
     image_embeds: np.ndarray | None = None  # [m, hidden]: embeddings of the image positions this chunk covers
     image_rows: np.ndarray | None = None  # [m]: their rows within the chunk
     rope_deltas: np.ndarray | None = None  # [3, len(token_ids)]: an M-RoPE graph's position offsets (ortinf/worker/mrope.py)
+    attend_until: np.ndarray | None = None  # [len(token_ids)]: Gemma 3's image spans (ortinf/worker/image_spans.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +49,7 @@ class ModelInput:
     image_embeds: np.ndarray | None = None  # [M, hidden]: a vision-language graph's (M may be 0)
     image_rows: np.ndarray | None = None  # [M]: their rows among the step's tokens
     rope_deltas: np.ndarray | None = None  # [3, num_tokens]: an M-RoPE graph's (zeros for text-only sequences)
+    attend_until: np.ndarray | None = None  # [num_tokens]: an image-span graph's (each token's position outside images)
 
     @property
     def num_seqs(self) -> int:
@@ -57,6 +59,7 @@ class ModelInput:
         cross = {} if self.cross_lens is None else {"cross_block_tables": self.cross_block_tables, "cross_lens": self.cross_lens}
         images = {} if self.image_embeds is None else {"image_embeds": self.image_embeds, "image_rows": self.image_rows}
         rope = {} if self.rope_deltas is None else {MROPE_DELTAS: self.rope_deltas}
+        rope.update({} if self.attend_until is None else {ATTEND_UNTIL: self.attend_until})
         return {
             **cross,
             **images,
@@ -108,6 +111,8 @@ def build_model_input(chunks: Sequence[SequenceChunk], block_size: int, all_logi
         **_images(chunks, starts),
         rope_deltas=None if all(c.rope_deltas is None for c in chunks) else np.concatenate(
             [np.zeros((3, len(c.token_ids)), np.int64) if c.rope_deltas is None else c.rope_deltas for c in chunks], axis=1),
+        attend_until=None if all(c.attend_until is None for c in chunks) else np.concatenate(
+            [c.attend_until if c.attend_until is not None else c.num_computed_tokens + np.arange(len(c.token_ids)) for c in chunks]),
     )
 
 
@@ -183,6 +188,7 @@ def pad_to_buckets(model_input: ModelInput, buckets: Buckets, scratch_slot: int,
         image_embeds=model_input.image_embeds,
         image_rows=model_input.image_rows,
         rope_deltas=None if model_input.rope_deltas is None else np.pad(model_input.rope_deltas, ((0, 0), (0, pad_tokens))),
+        attend_until=None if model_input.attend_until is None else np.concatenate([model_input.attend_until, offsets]),
     )
 
 

@@ -23,6 +23,7 @@ from ortinf.sample.structured_output import GrammarCompiler
 from ortinf.worker.call_planner import plan_calls
 from ortinf.worker.cross_encoder import CrossEncoder
 from ortinf.worker.decoder_graph import DecoderGraph
+from ortinf.worker.image_spans import attend_until
 from ortinf.worker.model_input import SequenceChunk, build_model_input
 from ortinf.worker.mrope import rope_deltas
 from ortinf.worker.scheduler_output import ModelRunnerOutput, ScheduledRequest, SchedulerOutput, TokenLogprobs, top_logprobs
@@ -97,7 +98,7 @@ class ModelRunner:
     def _run_group(self, scheduled: Sequence[ScheduledRequest], group: list[int], last_rows: list, prompt_rows: dict[int, np.ndarray]) -> None:
         chunks = [SequenceChunk(scheduled[i].token_ids, scheduled[i].num_computed_tokens, scheduled[i].block_ids, scheduled[i].lora_slot,
                                 scheduled[i].cross_block_ids, scheduled[i].cross_len, *self._images(scheduled[i]),
-                                self._rope_deltas(scheduled[i])) for i in group]
+                                self._rope_deltas(scheduled[i]), self._attend_until(scheduled[i])) for i in group]
         all_logits = [scheduled[i].wants_prompt_logprobs or bool(scheduled[i].spec_token_ids) for i in group]
         logits = self.graph.run(build_model_input(chunks, self.graph.block_size, all_logits))
         row = 0
@@ -122,6 +123,13 @@ class ModelRunner:
             return None
         start = scheduled.num_computed_tokens
         return rope_deltas(scheduled.images, start, start + len(scheduled.token_ids))
+
+    def _attend_until(self, scheduled: ScheduledRequest) -> np.ndarray | None:
+        """An image-span graph's last visible position per token of a chunk with whole images (None: causal)."""
+        if not any(p.whole for p in scheduled.images):
+            return None
+        start = scheduled.num_computed_tokens
+        return attend_until(scheduled.images, start, start + len(scheduled.token_ids))
 
     def _start_masks(self, requests: list[ScheduledRequest]) -> Future | None:
         """Starts filling the grammar masks of the constrained rows: {row: allowed-token mask}."""

@@ -130,6 +130,23 @@ def build_qwen_vl(folder: Path, family: str = "qwen2_5_vl", layers: int = 2, see
     return model
 
 
+GEMMA3_TOKENS = {"boi_token_index": 296, "eoi_token_index": 297, "image_token_index": 298}
+
+
+def build_gemma3_vl(folder: Path, seed: int = 0, tokens: dict[str, int] | None = None) -> transformers.PreTrainedModel:
+    """Saves a tiny random Gemma 3 (a SigLIP tower at 56 px in 7-px patches, pooled 2x2 to 16 tokens an image; a Gemma 3
+    text model of vocabulary 300 with a sliding layer of window 16 and a global one) and its image processor."""
+    text = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                head_dim=16, max_position_embeddings=512, sliding_window=16, layer_types=["sliding_attention", "full_attention"])
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, image_size=56, patch_size=7)
+    torch.manual_seed(seed)
+    config = transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=16, **(tokens or GEMMA3_TOKENS))
+    model = transformers.Gemma3ForConditionalGeneration(config).eval()
+    model.save_pretrained(folder)
+    transformers.Gemma3ImageProcessor(size={"height": 56, "width": 56}).save_pretrained(folder)
+    return model
+
+
 def build_classifier(model_type: str, folder: Path, seed: int = 0,
                      labels: tuple[str, ...] = ("neg", "neu", "pos")) -> transformers.PreTrainedModel:
     """Saves a tiny random sequence classifier with `labels` to `folder` (one label: a cross-encoder's relevance logit)."""
