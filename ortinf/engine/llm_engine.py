@@ -205,48 +205,13 @@ class LLMEngine:
 
     def _place_images(self, prepared: PreparedRequest, images: list[object]) -> PreparedRequest:
         """Each image preprocessed, and the prompt's placeholders for it expanded to its tokens (or found expanded)."""
-        from ortinf.worker.images import preprocess_image
+        from ortinf.worker.image_prompt import place_images
 
         vision = self.manifest.vision
         if vision is None:
             raise RequestError(f"{self.manifest.architecture} reads text: send the prompt without images", param="images")
-        ids, marker = list(prepared.token_ids), vision.image_token_id
-        placeholder = vision.placeholder_id if vision.placeholder_id is not None else marker
-        pictures = [preprocess_image(image, vision) for image in images]
-        counts = [count for _, count, _ in pictures]
-        found = [i for i, t in enumerate(ids) if t == marker]
-        if found and (placeholder != marker or len(found) != len(images)):  # already one run of image tokens per image
-            if len(found) != sum(counts):
-                what = "placeholders" if placeholder == marker else f"tokens (token {marker})"
-                raise RequestError(f"the prompt has {len(found)} image {what} for {len(images)} images: put one placeholder "
-                                   f"(token {placeholder}) where each image goes, or each image's own tokens ({sum(counts)} in all)",
-                                   param="prompt")
-            starts, index = [], 0
-            for count in counts:
-                if found[index : index + count] != list(range(found[index], found[index] + count)):
-                    raise RequestError("the prompt's image tokens are not in runs of one image each", param="prompt")
-                starts.append(found[index])
-                index += count
-        else:  # one placeholder per image: expanded here (with the family's tokens around it)
-            marks = [i for i, t in enumerate(ids) if t == placeholder]
-            if len(marks) != len(images):
-                raise RequestError(f"the prompt has {len(marks)} image placeholders for {len(images)} images: put one "
-                                   f"placeholder (token {placeholder}) where each image goes", param="prompt")
-            expanded, starts = [], []
-            for token in ids:
-                if token == placeholder:
-                    expanded += vision.image_prefix_ids
-                    starts.append(len(expanded))
-                    expanded += [marker] * counts[len(starts) - 1] + list(vision.image_suffix_ids)
-                else:
-                    expanded.append(token)
-            ids = expanded
         step = min(self.config.max_num_batched_tokens, self.graph.max_query_len or self.config.max_num_batched_tokens)
-        if vision.whole_images and counts and max(counts) > step:
-            raise RequestError(f"an image is {max(counts)} tokens, which one step must prefill whole, and a step takes {step}: "
-                               f"serve with --max-num-batched-tokens {max(counts)} or more", param="images")
-        placed = tuple(PlacedImage(start, EncoderInput.of(data, count, "image"), grid, vision.whole_images)
-                       for start, (data, count, grid) in zip(starts, pictures))
+        ids, placed = place_images(list(prepared.token_ids), images, vision, step)
         params = prepared.params
         if len(ids) >= self.max_model_len:
             raise RequestError(f"the prompt has {len(ids)} tokens with its images; the context length is {self.max_model_len}",

@@ -94,6 +94,8 @@ SEQ2SEQ: dict[str, str] = {
 VISION_LANGUAGE: dict[str, str] = {
     "llava": "LLaVA 1.5 (llava-hf/llava-1.5-*): CLIP vision tower, MLP projector, Llama language model",
     "gemma3": "Gemma 3 4B/12B/27B (google/gemma-3-*-it): SigLIP at 896 px, 256 tokens an image attending both ways",
+    "idefics3": "Idefics3 (HuggingFaceM4/Idefics3-8B-Llama3) and SmolVLM (HuggingFaceTB/SmolVLM-*): images in tiles, pixel shuffle",
+    "smolvlm": "SmolVLM2 (HuggingFaceTB/SmolVLM2-*): Idefics3's layout with its own classes",
     "qwen2_vl": "Qwen2-VL (Qwen/Qwen2-VL-*): images at their own resolution, M-RoPE",
     "qwen2_5_vl": "Qwen2.5-VL (Qwen/Qwen2.5-VL-*): windowed vision attention, images at their own resolution, M-RoPE",
 }

@@ -33,7 +33,7 @@ import torch
 from onnx import TensorProto, helper
 
 from ortinf.errors import ExportError
-from ortinf.exporter import qwen_vl
+from ortinf.exporter import idefics3, qwen_vl
 from ortinf.exporter.decoder import IMAGE_SPANS_ATTRIBUTE
 from ortinf.exporter.tracing import OPSET, quiet_tracing
 from ortinf.manifest import (
@@ -48,7 +48,8 @@ from ortinf.manifest import (
     VisionSpec,
 )
 
-VISION_LANGUAGE = {"llava": "LlavaForConditionalGeneration", "gemma3": "Gemma3ForConditionalGeneration", **qwen_vl.FAMILIES}
+VISION_LANGUAGE = {"llava": "LlavaForConditionalGeneration", "gemma3": "Gemma3ForConditionalGeneration", **qwen_vl.FAMILIES,
+                   **idefics3.FAMILIES}
 IMAGE_EMBEDS, IMAGE_ROWS = "image_embeds", "image_rows"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "chat_template.json",
                    "generation_config.json", "tokenizer.model", "added_tokens.json")
@@ -82,7 +83,8 @@ def text_folder(model: torch.nn.Module, source: Path, folder: Path) -> Path:
     if model.config.model_type == "gemma3":  # its prefill's image tokens see their whole image (token_type_ids' mask)
         setattr(config, IMAGE_SPANS_ATTRIBUTE, True)
     text = transformers.AutoModelForCausalLM.from_config(config)
-    state = {f"model.{k}": v for k, v in model.model.language_model.state_dict().items()}
+    language = model.model.text_model if model.config.model_type in idefics3.FAMILIES else model.model.language_model
+    state = {f"model.{k}": v for k, v in language.state_dict().items()}
     state["lm_head.weight"] = model.lm_head.weight
     missing, unexpected = text.load_state_dict(state, strict=False)
     if unexpected or [k for k in missing if not k.endswith("rotary_emb.inv_freq")]:
@@ -217,6 +219,13 @@ def export_vision_graph(model: torch.nn.Module, source: Path, path: Path) -> Vis
                               merge_size=int(config.vision_config.spatial_merge_size), image_start_id=int(config.vision_start_token_id),
                               image_end_id=int(config.vision_end_token_id))
         size = config.vision_config.image_size
+        if config.model_type in idefics3.FAMILIES:
+            torch.onnx.export(idefics3.TileGraph(model).eval(), (torch.randn(2, 3, size, size),), str(path), dynamo=False,
+                              input_names=["pixel_values"], output_names=[IMAGE_EMBEDS], opset_version=OPSET,
+                              dynamic_axes={"pixel_values": {0: "num_tiles"}, IMAGE_EMBEDS: {0: "num_tiles"}})
+            per_tile = idefics3.tokens_per_tile(model)
+            return VisionSpec(image_token_id=int(config.image_token_id), tokens_per_image=per_tile, image_size=int(size),
+                              processor=idefics3.processor_settings(source, model, per_tile), family="idefics3")
         torch.onnx.export(VisionGraph(model).eval(), (torch.randn(2, 3, size, size),), str(path), dynamo=False,
                           input_names=["pixel_values"], output_names=[IMAGE_EMBEDS], opset_version=OPSET,
                           dynamic_axes={"pixel_values": {0: "num_images"}, IMAGE_EMBEDS: {0: "num_images"}})
@@ -258,6 +267,7 @@ def check_image_path(model: torch.nn.Module, package: Path, vision: VisionSpec) 
 
     from ortinf.worker.encoder_input import EncoderInput, PlacedImage
     from ortinf.worker.image_spans import attend_until
+    from ortinf.worker.images import prompt_tokens
     from ortinf.worker.model_input import SequenceChunk, build_model_input
     from ortinf.worker.mrope import rope_deltas
     from ortinf.worker.vision_encoder import qwen_vision_feeds
@@ -267,7 +277,13 @@ def check_image_path(model: torch.nn.Module, package: Path, vision: VisionSpec) 
     rng = np.random.default_rng(5)
     vision_session = onnxruntime.InferenceSession(str(package / VISION_MODEL_NAME), providers=["CPUExecutionProvider"])
     image_id, placed = vision.image_token_id, None
-    if vision.family == "llava":
+    if vision.family == "idefics3":  # an image of one tile: <fake><global-img> its tokens <fake>
+        pixels = rng.standard_normal((1, 3, vision.image_size, vision.image_size)).astype(np.float32)
+        (embeds,) = vision_session.run(None, {"pixel_values": pixels})
+        embeds, inputs = embeds.reshape(-1, embeds.shape[-1]), {"pixel_values": torch.from_numpy(pixels[None])}
+        tokens, _ = prompt_tokens(0, 0, image_id, vision.processor["expansion"])
+        ids = [5, 7, *tokens, 9, 11]
+    elif vision.family == "llava":
         pixels = rng.standard_normal((1, 3, vision.image_size, vision.image_size)).astype(np.float32)
         (embeds,) = vision_session.run(None, {"pixel_values": pixels})
         embeds, inputs = embeds[0], {"pixel_values": torch.from_numpy(pixels)}

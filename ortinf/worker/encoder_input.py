@@ -43,10 +43,14 @@ class PlacedImage:
     image: EncoderInput
     grid: tuple[int, int] | None = None  # Qwen2-VL: the image's tokens as rows x columns (its M-RoPE positions)
     whole: bool = False  # Gemma 3: its tokens attend to each other both ways, so a prefill chunk may not end inside it
+    # Idefics3: the image is written as text and image tokens over `span` positions, its embeddings at these offsets
+    # from `offset` (None: every position of the image is one of its embeddings, in order)
+    rows: tuple[int, ...] | None = None
+    span: int = 0
 
     @property
     def end(self) -> int:
-        return self.offset + self.image.num_positions
+        return self.offset + (self.span or self.image.num_positions)
 
 
 __all__ = ["EncoderInput", "PlacedImage"]

@@ -72,9 +72,33 @@ def preprocess_image(source: Any, vision) -> tuple[np.ndarray, int, tuple[int, i
     image = load_image(source)
     if vision.family == "llava":
         return clip_pixels(image, vision.processor), vision.tokens_per_image, None
+    if vision.family == "idefics3":  # (tiles, their tokens, (rows, cols) of tiles: the prompt's layout around them)
+        tiles, rows, cols = idefics_tiles(image, vision.processor)
+        return tiles, len(tiles) * vision.tokens_per_image, (rows, cols)
     patches, (rows, cols) = qwen_patches(image, vision.processor)
     merge = vision.merge_size
     return patches, rows * cols // (merge * merge), (rows // merge, cols // merge)
+
+
+def image_layout(vision, count: int, grid: tuple[int, int] | None) -> tuple[list[int], list[int]]:  # noqa: ANN001 - a VisionSpec
+    """The tokens a placeholder becomes for an image of `count` tokens, and the offsets of its image tokens among them:
+    the family's prefix, the image tokens and its suffix; Idefics3's text around each tile (ortinf/exporter/idefics3.py)."""
+    if vision.family == "idefics3":
+        return prompt_tokens(grid[0], grid[1], vision.image_token_id, vision.processor["expansion"])
+    prefix, suffix = list(vision.image_prefix_ids), list(vision.image_suffix_ids)
+    return prefix + [vision.image_token_id] * count + suffix, list(range(len(prefix), len(prefix) + count))
+
+
+def prompt_tokens(rows: int, cols: int, image_token: int, expansion: dict) -> tuple[list[int], list[int]]:
+    """Idefics3's prompt tokens for an image of rows x cols tiles (0 x 0: unsplit), from the export's tokenization of
+    each layout (ortinf/exporter/idefics3.py), each tile's image token written `tokens_per_tile` times; and the offsets
+    of the image tokens (where the tiles' embeddings go, in order)."""
+    layout = expansion["layouts"].get(f"{rows},{cols}")
+    if layout is None:
+        raise RequestError(f"the image makes {rows}x{cols} tiles, more than this package's processor makes", param="image")
+    seq = expansion["tokens_per_tile"]
+    out = [t for token in layout for t in ([image_token] * seq if token == image_token else [token])]
+    return out, [i for i, t in enumerate(out) if t == image_token]
 
 
 def clip_pixels(image, processor: dict) -> np.ndarray:  # noqa: ANN001 - a PIL image
@@ -139,6 +163,57 @@ def qwen_patches(image, processor: dict) -> tuple[np.ndarray, tuple[int, int]]: 
     return np.ascontiguousarray(patches), (rows, cols)
 
 
+def idefics_tiles(image, processor: dict) -> tuple[np.ndarray, int, int]:  # noqa: ANN001 - a PIL image
+    """([tiles, 3, S, S] float32, rows, cols) as Idefics3ImageProcessor computes them: the longest edge resized to
+    `longest_edge`, then both sides up to multiples of the tile size S, cut into rows x cols tiles (row by row) and
+    followed by the whole image at S x S; an image that fits one tile is that tile alone (rows = cols = 0).
+    Non-RGB images are converted to RGB first (transformers converts after resizing)."""
+    from PIL import Image
+
+    if image.mode != "RGB":
+        image = image.convert("RGB")
+    resample, tile = Image.Resampling(processor.get("resample", 1)), processor["tile"]
+    width, height = image.size
+    longest = processor["longest_edge"]
+    if width >= height:  # _resize_output_size_rescale_to_max_len, then below transformers' MAX_IMAGE_SIZE (4096)
+        width, height = longest, int(longest / (width / height))
+        height += height % 2
+    else:
+        height, width = longest, int(longest * (width / height))
+        width += width % 2
+    height, width = max(height, 1), max(width, 1)
+    if max(width, height) > 4096:
+        ratio = width / height
+        width, height = (4096, max(int(4096 / ratio), 1)) if width >= height else (max(int(4096 * ratio), 1), 4096)
+    image = image.resize((width, height), resample=resample)
+    rows = cols = 0
+    if processor.get("do_image_splitting", True):  # resize_for_vision_encoder and split_image
+        ratio = width / height
+        if width >= height:
+            width = math.ceil(width / tile) * tile
+            height = math.ceil(int(width / ratio) / tile) * tile
+        else:
+            height = math.ceil(height / tile) * tile
+            width = math.ceil(int(height * ratio) / tile) * tile
+        image = image.resize((width, height), resample=resample)
+        frames = []
+        if height > tile or width > tile:
+            rows, cols = math.ceil(height / tile), math.ceil(width / tile)
+            pixels = np.asarray(image)
+            step_h, step_w = math.ceil(height / rows), math.ceil(width / cols)
+            frames = [pixels[r * step_h : min((r + 1) * step_h, height), c * step_w : min((c + 1) * step_w, width)]
+                      for r in range(rows) for c in range(cols)]
+            if (height, width) != (tile, tile):
+                image = image.resize((tile, tile), resample=resample)
+        frames.append(np.asarray(image))
+    else:
+        frames = [np.asarray(image.resize((tile, tile), resample=resample))]
+    mean, std = np.asarray(processor["image_mean"], np.float32), np.asarray(processor["image_std"], np.float32)
+    scale = np.float32(processor.get("rescale_factor", 1 / 255))
+    tiles = np.stack([((f.astype(np.float32) * scale - mean) / std).transpose(2, 0, 1) for f in frames]).astype(np.float32)
+    return np.ascontiguousarray(tiles), rows, cols
+
+
 def center_crop(pixels: np.ndarray, height: int, width: int) -> np.ndarray:
     """transformers' center_crop: the middle height x width, zero-padded where the image is smaller."""
     h, w = pixels.shape[:2]
@@ -151,4 +226,5 @@ def center_crop(pixels: np.ndarray, height: int, width: int) -> np.ndarray:
     return pixels[top : top + height, left : left + width]
 
 
-__all__ = ["MAX_PIXELS", "clip_pixels", "load_image", "preprocess_image", "qwen_patches", "smart_resize"]
+__all__ = ["MAX_PIXELS", "clip_pixels", "idefics_tiles", "image_layout", "load_image", "preprocess_image", "prompt_tokens", "qwen_patches",
+           "smart_resize"]

@@ -119,7 +119,7 @@ class ModelRunner:
 
     def _rope_deltas(self, scheduled: ScheduledRequest) -> np.ndarray | None:
         """An M-RoPE graph's position offsets for a chunk of a request with images (None: zeros, as text)."""
-        if not scheduled.images or scheduled.images[0].grid is None:
+        if not scheduled.images or not self.graph.spec.mrope_section:
             return None
         start = scheduled.num_computed_tokens
         return rope_deltas(scheduled.images, start, start + len(scheduled.token_ids))

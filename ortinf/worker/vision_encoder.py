@@ -4,7 +4,8 @@ Each image's embeddings are kept by digest (the newest `CACHE_IMAGES`), so the s
 request, another turn or a preempted request's second admission costs no second call; the images a step
 needs that are not kept run in batched calls: LLaVA's have the tower's size after preprocessing and stack;
 Qwen2-VL's have their own patch grids and are concatenated, up to `QWEN_PATCHES` patches per call (its
-attention mask is N x N per call), with the positions and window order of ortinf/exporter/qwen_vl.py.
+attention mask is N x N per call), with the positions and window order of ortinf/exporter/qwen_vl.py;
+Idefics3's are tiles of the tower's size, concatenated (ortinf/exporter/idefics3.py).
 """
 
 from __future__ import annotations
@@ -40,6 +41,10 @@ class VisionEncoder:
         for batch in self._batches(missing):
             if self.spec.family == "llava":
                 (embeds,) = self.session.run(None, {"pixel_values": np.ascontiguousarray(np.stack([p.image.data for p in batch]))})
+            elif self.spec.family == "idefics3":  # each image is tiles: [tiles, seq, hidden] back to each image's rows
+                (flat,) = self.session.run(None, {"pixel_values": np.ascontiguousarray(np.concatenate([p.image.data for p in batch]))})
+                bounds = np.cumsum([0] + [len(p.image.data) for p in batch])
+                embeds = [flat[a:b].reshape(-1, flat.shape[-1]) for a, b in zip(bounds[:-1], bounds[1:])]
             else:
                 feeds, orders = qwen_vision_feeds([(p.image.data, p.grid) for p in batch], self.spec.merge_size,
                                                   int(self.spec.processor.get("window_units", 0)))
@@ -61,10 +66,11 @@ class VisionEncoder:
     def _batches(self, images: list[PlacedImage]) -> list[list[PlacedImage]]:
         if self.spec.family == "llava":
             return [images[i : i + VISION_BATCH] for i in range(0, len(images), VISION_BATCH)]
+        limit = QWEN_PATCHES if self.spec.family != "idefics3" else 2 * VISION_BATCH  # patches, or tiles, per call
         batches: list[list[PlacedImage]] = []
         patches = 0
         for placed in images:
-            if not batches or patches + len(placed.image.data) > QWEN_PATCHES:
+            if not batches or patches + len(placed.image.data) > limit:
                 batches.append([])
                 patches = 0
             batches[-1].append(placed)
@@ -77,9 +83,17 @@ class VisionEncoder:
         embeds, rows = [], []
         for placed in images:
             low, high = max(start, placed.offset), min(end, placed.end)
-            if low < high:
-                embeds.append(self.cache[placed.image.digest][low - placed.offset : high - placed.offset])
+            if low >= high:
+                continue
+            kept = self.cache[placed.image.digest]
+            if placed.rows is None:
+                embeds.append(kept[low - placed.offset : high - placed.offset])
                 rows.append(np.arange(low - start, high - start, dtype=np.int64))
+            else:  # Idefics3: only the image tokens among the image's text take embeddings
+                offsets = np.asarray(placed.rows, np.int64)
+                within = (offsets >= low - placed.offset) & (offsets < high - placed.offset)
+                embeds.append(kept[within])
+                rows.append(offsets[within] + placed.offset - start)
         if not embeds:
             return np.zeros((0, self.hidden), self.dtype), np.zeros(0, np.int64)
         return np.concatenate(embeds), np.concatenate(rows)

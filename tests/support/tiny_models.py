@@ -147,6 +147,29 @@ def build_gemma3_vl(folder: Path, seed: int = 0, tokens: dict[str, int] | None =
     return model
 
 
+def build_idefics3(folder: Path, seed: int = 0) -> transformers.PreTrainedModel:
+    """Saves a tiny random Idefics3 with its tokenizer (add_tokenizer's, plus Idefics3's special tokens) and image
+    processor: a SigLIP tower over 28-px tiles in 7-px patches, pixel shuffle 2 (4 tokens a tile), images up to
+    56 px on the longest edge (2 x 2 tiles and the whole), a llama of vocabulary 300."""
+    from tokenizers import Tokenizer
+
+    folder.mkdir(parents=True, exist_ok=True)
+    add_tokenizer(folder, 250)
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokenizer.add_special_tokens(["<fake_token_around_image>", "<global-img>", "<image>"]
+                                 + [f"<row_{r}_col_{c}>" for r in range(1, 3) for c in range(1, 3)])
+    tokenizer.save(str(folder / "tokenizer.json"))
+    text = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                max_position_embeddings=1024)
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, image_size=28, patch_size=7)
+    torch.manual_seed(seed)
+    config = transformers.Idefics3Config(text_config=text, vision_config=vision, scale_factor=2, image_token_id=tokenizer.token_to_id("<image>"))
+    model = transformers.Idefics3ForConditionalGeneration(config).eval()
+    model.save_pretrained(folder)
+    transformers.Idefics3ImageProcessor(size={"longest_edge": 56}, max_image_size={"longest_edge": 28}).save_pretrained(folder)
+    return model
+
+
 def build_classifier(model_type: str, folder: Path, seed: int = 0,
                      labels: tuple[str, ...] = ("neg", "neu", "pos")) -> transformers.PreTrainedModel:
     """Saves a tiny random sequence classifier with `labels` to `folder` (one label: a cross-encoder's relevance logit)."""
