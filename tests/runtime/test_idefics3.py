@@ -22,15 +22,15 @@ NEW = 8
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW, ignore_eos=True)
 
 
-@pytest.fixture(scope="module")
-def idefics(tmp_path_factory):
-    root = tmp_path_factory.mktemp("idefics3")
-    model = build_idefics3(root / "hf")
+@pytest.fixture(scope="module", params=["idefics3", "smolvlm"])
+def idefics(request, tmp_path_factory):
+    root = tmp_path_factory.mktemp(request.param)
+    model = build_idefics3(root / "hf", family=request.param)
     tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_file=str(root / "hf" / "tokenizer.json"))
     processor = transformers.Idefics3Processor(image_processor=transformers.Idefics3ImageProcessor.from_pretrained(root / "hf"),
-                                               tokenizer=tokenizer, image_seq_len=4)
+                                               tokenizer=tokenizer, image_seq_len=4)  # SmolVLM's processor writes the same prompt
     manifest = ortinf.export(root / "hf", root / "pkg", progress=False)
-    assert manifest.vision.family == "idefics3" and manifest.vision.max_abs_diff < 1e-4
+    assert manifest.vision.family == "idefics3" and manifest.vision.max_abs_diff < 1e-4 and manifest.model_type == request.param
     return model, processor, root / "pkg"
 
 

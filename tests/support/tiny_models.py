@@ -147,7 +147,7 @@ def build_gemma3_vl(folder: Path, seed: int = 0, tokens: dict[str, int] | None =
     return model
 
 
-def build_idefics3(folder: Path, seed: int = 0) -> transformers.PreTrainedModel:
+def build_idefics3(folder: Path, seed: int = 0, family: str = "idefics3") -> transformers.PreTrainedModel:
     """Saves a tiny random Idefics3 with its tokenizer (add_tokenizer's, plus Idefics3's special tokens) and image
     processor: a SigLIP tower over 28-px tiles in 7-px patches, pixel shuffle 2 (4 tokens a tile), images up to
     56 px on the longest edge (2 x 2 tiles and the whole), a llama of vocabulary 300."""
@@ -163,10 +163,14 @@ def build_idefics3(folder: Path, seed: int = 0) -> transformers.PreTrainedModel:
                 max_position_embeddings=1024)
     vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, image_size=28, patch_size=7)
     torch.manual_seed(seed)
-    config = transformers.Idefics3Config(text_config=text, vision_config=vision, scale_factor=2, image_token_id=tokenizer.token_to_id("<image>"))
-    model = transformers.Idefics3ForConditionalGeneration(config).eval()
+    config_class, model_class, processor_class = ((transformers.Idefics3Config, transformers.Idefics3ForConditionalGeneration,
+                                                   transformers.Idefics3ImageProcessor) if family == "idefics3" else
+                                                  (transformers.SmolVLMConfig, transformers.SmolVLMForConditionalGeneration,
+                                                   transformers.SmolVLMImageProcessor))
+    config = config_class(text_config=text, vision_config=vision, scale_factor=2, image_token_id=tokenizer.token_to_id("<image>"))
+    model = model_class(config).eval()
     model.save_pretrained(folder)
-    transformers.Idefics3ImageProcessor(size={"longest_edge": 56}, max_image_size={"longest_edge": 28}).save_pretrained(folder)
+    processor_class(size={"longest_edge": 56}, max_image_size={"longest_edge": 28}).save_pretrained(folder)
     return model
 
 
