@@ -1,6 +1,10 @@
-"""Vision-language serving: ortinf's LLaVA path beside transformers, time to first token and throughput.
+"""Vision-language serving: ortinf's LLaVA and Qwen2.5-VL paths beside transformers, time to first token and throughput.
 
-usage: .venv/bin/python benchmarks/vision.py [--size small|400m] [--tiny] [--record]
+usage: .venv/bin/python benchmarks/vision.py [--family llava|qwen2_5_vl] [--size small|400m] [--tiny] [--record]
+
+--family qwen2_5_vl: a Qwen2.5-VL of random weights, --size 400m a 12-layer, 768-wide windowed tower (ViT-B's size;
+windows of 4x4 tokens, full attention in blocks 3, 7 and 11) under the same Qwen2.5-0.5B-shaped language model with
+M-RoPE; images of 448x448 px and up (256 tokens and more, each its own size).
 
 A LLaVA of random weights built from transformers' config classes: --size 400m is a CLIP ViT-B/16 tower at
 224 px (196 image tokens) under a Qwen2.5-0.5B-shaped llama (hidden 896, 24 layers, 14 heads / 2 KV,
@@ -39,6 +43,37 @@ SIZES = {
                   num_key_value_heads=2)),
 }
 NEW_TOKENS, TEXT_TOKENS = 32, 16
+QWEN_VISION = {
+    "tiny": dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=4, out_hidden_size=64, window_size=56, fullatt_block_indexes=[1]),
+    "small": dict(depth=4, hidden_size=256, intermediate_size=1024, num_heads=4, out_hidden_size=512, window_size=112,
+                  fullatt_block_indexes=[3]),
+    "400m": dict(depth=12, hidden_size=768, intermediate_size=3072, num_heads=12, out_hidden_size=896, window_size=112,
+                 fullatt_block_indexes=[3, 7, 11]),
+}
+
+
+def build_qwen(folder: Path, size: str) -> None:
+    import torch
+    import transformers
+
+    _, text = SIZES[size]
+    head_dim = text["hidden_size"] // text["num_attention_heads"]
+    vocab = text["vocab_size"]
+    config = transformers.Qwen2_5_VLConfig(
+        vision_config=dict(**QWEN_VISION[size], patch_size=14, spatial_merge_size=2, temporal_patch_size=2),
+        text_config=dict(text, max_position_embeddings=4096, rope_scaling={"type": "mrope", "mrope_section": qwen_sections(head_dim)}),
+        vision_start_token_id=vocab - 4, vision_end_token_id=vocab - 3, image_token_id=vocab - 2, video_token_id=vocab - 1)
+    torch.manual_seed(0)
+    transformers.Qwen2_5_VLForConditionalGeneration(config).eval().save_pretrained(folder)
+    side = 56 if size == "tiny" else 448
+    transformers.Qwen2VLImageProcessor(max_pixels=side * side * 2).save_pretrained(folder)
+
+
+def qwen_sections(head_dim: int) -> list[int]:
+    """Qwen2.5-VL's M-RoPE split of head_dim / 2 rotary frequencies (16, 24, 24 of 64), scaled to the head size."""
+    half = head_dim // 2
+    first = half // 4
+    return [first, (half - first) // 2, half - first - (half - first) // 2]
 
 
 def build(folder: Path, size: str) -> None:
@@ -58,6 +93,7 @@ def build(folder: Path, size: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--family", choices=["llava", "qwen2_5_vl"], default="llava", help="the model's family")
     parser.add_argument("--size", choices=["small", "400m"], default="small", help="the model's shape")
     parser.add_argument("--tiny", action="store_true", help="a 2-layer model (the smoke test)")
     parser.add_argument("--record", action="store_true", help="append the table to benchmarks/RESULTS.md")
@@ -72,18 +108,35 @@ def main() -> None:
     torch.set_num_threads(2)
     size = "tiny" if args.tiny else args.size
     work = Path(tempfile.mkdtemp(prefix="ortinf-vision-"))
-    build(work / "hf", size)
+    qwen = args.family == "qwen2_5_vl"
+    (build_qwen if qwen else build)(work / "hf", size)
     start = time.monotonic()
     export(work / "hf", work / "pkg", progress=False)
     export_seconds = time.monotonic() - start
-    model = transformers.LlavaForConditionalGeneration.from_pretrained(work / "hf").eval()
-    processor = transformers.CLIPImageProcessor.from_pretrained(work / "hf")
+    model_class = transformers.Qwen2_5_VLForConditionalGeneration if qwen else transformers.LlavaForConditionalGeneration
+    model = model_class.from_pretrained(work / "hf").eval()
+    processor = (transformers.Qwen2VLImageProcessor if qwen else transformers.CLIPImageProcessor).from_pretrained(work / "hf")
     config = model.config
-    image_token, per_image = config.image_token_index, config.image_seq_length
     rng = np.random.default_rng(0)
-    side = config.vision_config.image_size
-    pictures = [Image.fromarray(rng.integers(0, 256, (side + 16 * i, side, 3), dtype=np.uint8)) for i in range(8)]
-    texts = [rng.integers(3, config.text_config.vocab_size - 1, TEXT_TOKENS).tolist() for _ in range(8)]
+    if qwen:
+        image_token = config.image_token_id
+        side = 56 if size == "tiny" else 448
+        around = ([config.vision_start_token_id], [config.vision_end_token_id])
+    else:
+        image_token, per_image = config.image_token_index, config.image_seq_length
+        side = config.vision_config.image_size
+        around = ([], [])
+    pictures = [Image.fromarray(rng.integers(0, 256, (side + 28 * (i % 2), side, 3), dtype=np.uint8)) for i in range(8)]
+    texts = [rng.integers(3, config.text_config.vocab_size - 5, TEXT_TOKENS).tolist() for _ in range(8)]
+
+    def tokens_of(picture) -> int:  # noqa: ANN001
+        if not qwen:
+            return per_image
+        return int(processor(picture, return_tensors="np")["image_grid_thw"].prod() // 4)
+
+    def pixel_inputs(picture) -> dict:  # noqa: ANN001
+        out = processor(picture, return_tensors="pt")
+        return {"pixel_values": out["pixel_values"], **({"image_grid_thw": out["image_grid_thw"]} if qwen else {})}
     llm = LLM(work / "pkg", provider="cpu", intra_op_threads=2, enable_prefix_caching=False)
     vision = llm.engine.runner.vision
     session_run = vision.session.run
@@ -100,7 +153,8 @@ def main() -> None:
 
     def ortinf(count: int, tokens: int) -> tuple[float, list[list[int]]]:
         vision.cache.clear()
-        prompts = [{"prompt_token_ids": [1, image_token, *texts[i]], "multi_modal_data": {"image": pictures[i]}} for i in range(count)]
+        prompts = [{"prompt_token_ids": [1, *around[0], image_token, *around[1], *texts[i]], "multi_modal_data": {"image": pictures[i]}}
+                   for i in range(count)]
         begin = time.monotonic()
         outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True))
         return time.monotonic() - begin, [o.outputs[0].token_ids for o in outs]
@@ -109,9 +163,9 @@ def main() -> None:
         begin, out = time.monotonic(), []
         with torch.no_grad():
             for i in range(count):
-                ids = torch.tensor([[1, *[image_token] * per_image, *texts[i]]])
-                pixels = torch.from_numpy(processor(pictures[i], return_tensors="np")["pixel_values"])
-                rows = model.generate(ids, pixel_values=pixels, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, pad_token_id=0)
+                ids = torch.tensor([[1, *around[0], *[image_token] * tokens_of(pictures[i]), *around[1], *texts[i]]])
+                rows = model.generate(ids, attention_mask=torch.ones_like(ids), **pixel_inputs(pictures[i]), max_new_tokens=tokens,
+                                      min_new_tokens=tokens, do_sample=False, pad_token_id=0)
                 out.append(rows[0, ids.shape[1]:].tolist())
         return time.monotonic() - begin, out
 
@@ -130,7 +184,9 @@ def main() -> None:
         rows.append(f"| {count} | {ms(ttft)} | {ms(hf_ttft)} | {count * NEW_TOKENS / seconds:.1f} | "
                     f"{count * NEW_TOKENS / hf_seconds:.1f} | {hf_seconds / seconds:.2f}x | {spent_vision * 1000:.0f} of {seconds * 1000:.0f} | "
                     f"{same}/{count} |")
-    lines = [f"### Vision-language (LLaVA, {size}: {per_image} image tokens, {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M "
+    per_image = "-".join(sorted({str(tokens_of(p)) for p in pictures}))
+    name = "Qwen2.5-VL" if qwen else "LLaVA"
+    lines = [f"### Vision-language ({name}, {size}: {per_image} image tokens, {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M "
              f"parameters, random weights; {TEXT_TOKENS} text tokens + 1 image, {NEW_TOKENS} greedy tokens)", "",
              f"Machine: {machine()}; export {export_seconds:.0f} s", "",
              "| requests | ortinf TTFT ms | transformers TTFT ms | ortinf tok/s | transformers tok/s | speed-up | ortinf vision ms of total | "
