@@ -58,7 +58,8 @@ class EngineConfig:
     max_num_seqs: int = option(64, "Most sequences in one batch (Whisper: windows; Marian, BART: sources).", "scheduler")
     max_num_batched_tokens: int = option(2048, "Token budget of one engine step.", "scheduler")
     max_num_encoder_input_tokens: int = option(6144, "Encoder positions run per engine step by encoder-decoders (Whisper: 1500 a "
-                                               "window; Marian, BART: a source's tokens).", "scheduler")
+                                               "window; Marian, BART: a source's tokens) and image tokens by vision-language "
+                                               "models' vision graph (an image larger runs alone).", "scheduler")
     max_model_len: int | None = option(None, "Context length cap (prompt + output) [default: the model's].", "scheduler")
     seed: int | None = option(None, "Seed of the engine's shared sampler (requests without a seed).", "scheduler", minimum=0)
     scheduling_policy: str = option("fcfs", "Which waiting request runs first: fcfs (arrival order) or priority (a request's "

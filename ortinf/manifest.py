@@ -236,6 +236,8 @@ class VisionSpec:
     image_prefix_ids: tuple[int, ...] = ()  # what a placeholder expands to around the image's tokens (Gemma 3: "\n\n<start_of_image>"
     image_suffix_ids: tuple[int, ...] = ()  # ... and "<end_of_image>\n\n")
     whole_images: bool = False  # a prefill chunk may not end inside an image (Gemma 3's bidirectional image attention)
+    dtype: str = "fp32"  # the vision graph's MatMul weights (--vision-dtype)
+    embedding_cosine: float = float("nan")  # int8/int4: the least cosine similarity of its embeddings to fp32's, at export
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,9 @@ def _list_architectures(ctx: click.Context, _param: click.Parameter, value: bool
                    "MatMul weights (MatMulNBits, and ortinf.QMatMul in the CPU kernel graph; fp16 KV cache by default), "
                    "gated by quality figures. [default: fp32; a GGUF file: its own (Q8_0 -> int8, Q4_0 -> int4 with the "
                    "file's values, K-quants re-quantized)]")
+@click.option("--vision-dtype", type=click.Choice(["fp32", "int8", "int4"]), default="fp32", show_default=True,
+              help="Vision-language models: the vision tower's MatMul weights (int8/int4: MatMulNBits, gated by the cosine "
+                   "similarity of its image embeddings to fp32's); --dtype sets the language model's.")
 @click.option("--quant-block-size", type=click.IntRange(min=1), default=None, help="int8/int4: weights per quantization block [int8: 128, int4: 32].")
 @click.option("--accuracy-level", type=click.IntRange(0, 4), default=4, show_default=True,
               help="int8/int4: MatMulNBits activation precision on the CPU's portable graph (0: fp32; 4: int8, faster, may "
@@ -65,7 +68,7 @@ def _list_architectures(ctx: click.Context, _param: click.Parameter, value: bool
     callback=_list_architectures,
     help="Print the supported architectures per task and exit.",
 )
-def export(model: str | None, out: Path | None, task: str, dtype: str, quant_block_size: int | None, accuracy_level: int,
+def export(model: str | None, out: Path | None, task: str, dtype: str, vision_dtype: str, quant_block_size: int | None, accuracy_level: int,
            quality_gate: str, kv_dtype: str, overwrite: bool, tolerance: float | None, kernel: str, cpu_kernel: bool, enable_lora: bool,
            quiet: bool) -> None:
     """Export MODEL (a local Hugging Face folder, or a hub id already in the local HF cache) to an ONNX package.
@@ -80,7 +83,7 @@ def export(model: str | None, out: Path | None, task: str, dtype: str, quant_blo
 
     manifest = run_export(model, out, task=task, dtype=dtype, overwrite=overwrite, tolerance=tolerance, progress=not quiet,
                           kernel=kernel, quant_block_size=quant_block_size, accuracy_level=accuracy_level, kv_dtype=kv_dtype,
-                          cpu_kernel=cpu_kernel, enable_lora=enable_lora, quality_gate=quality_gate)
+                          cpu_kernel=cpu_kernel, enable_lora=enable_lora, quality_gate=quality_gate, vision_dtype=vision_dtype)
     parity = manifest.parity
     assert parity is not None
     click.echo(f"exported {manifest.architecture} ({manifest.task}, {manifest.dtype}) to {out}: max abs diff vs PyTorch {parity.max_abs_diff:.2e}")

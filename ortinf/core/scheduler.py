@@ -13,7 +13,7 @@ the running request preempted is the least urgent one (the highest (priority, ar
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 from ortinf.core.kv_cache_manager import KVCacheManager
@@ -24,6 +24,8 @@ from ortinf.sample.speculative import SpecStats, SpeculativeConfig, can_speculat
 from ortinf.worker.image_spans import whole_image_chunk
 from ortinf.worker.scheduler_output import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 
+ENCODED_IMAGES = 256  # image digests taken as encoded (the model runner keeps as many embeddings: worker/vision_encoder.py)
+
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
@@ -33,7 +35,7 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 2048
     max_model_len: int = 2048
     long_prefill_token_threshold: int = 0  # most new tokens of one request per step (0: no cap), vLLM's name
-    max_num_encoder_input_tokens: int = 6144  # encoder positions run per step (encoder-decoders), vLLM's name
+    max_num_encoder_input_tokens: int = 6144  # encoder positions (encoder-decoders) or image tokens run per step, vLLM's name
     speculative: SpeculativeConfig | None = None
     policy: str = "fcfs"  # or "priority"
 
@@ -69,6 +71,7 @@ class Scheduler:
         self.spec_stats = SpecStats()
         self.drafts: dict[str, list[int]] = {}  # this step's proposals per request id
         self.proposals: dict[str, list[int]] = {}  # a draft model's proposals for the next schedule() (the engine's)
+        self.encoded: OrderedDict[str, None] = OrderedDict()  # image digests whose embeddings the runner has (as far as known)
 
     @property
     def num_unfinished(self) -> int:
@@ -94,6 +97,30 @@ class Scheduler:
         else:
             self.waiting.append(request)
 
+    def _image_budget(self, request: Request, start: int, num_new: int, encoder_budget: int) -> tuple[int, int]:
+        """A vision-language chunk within the step's encoder budget (--max-num-encoder-input-tokens): cut before the first
+        image whose embeddings are not kept and do not fit what is left (an image larger than a whole budget runs in a
+        step of its own); returns (num_new, the image tokens the chunk makes the vision graph run)."""
+        cost = 0
+        for placed in sorted(request.images, key=lambda p: p.offset):
+            if placed.offset >= start + num_new or placed.end <= start or placed.image.digest in self.encoded:
+                continue
+            size = placed.image.num_positions
+            if cost + size > encoder_budget and not (cost == 0 and encoder_budget == self.config.max_num_encoder_input_tokens):
+                return max(placed.offset - start, 0), cost
+            cost += size
+        return num_new, cost
+
+    def _encode_images(self, request: Request, start: int, num_new: int, cost: int) -> int:
+        """Marks the images a scheduled chunk covers as encoded (the runner keeps their embeddings); returns `cost`."""
+        for placed in request.images:
+            if placed.offset < start + num_new and placed.end > start:
+                self.encoded[placed.image.digest] = None
+                self.encoded.move_to_end(placed.image.digest)
+        while len(self.encoded) > ENCODED_IMAGES:
+            self.encoded.popitem(last=False)
+        return cost
+
     @staticmethod
     def _whole_images(request: Request, start: int, num_new: int) -> int:
         """`num_new` cut so that a prefill chunk does not end inside an image whose tokens attend both ways (Gemma 3)."""
@@ -111,11 +138,13 @@ class Scheduler:
 
         index = 0
         self.drafts = {}
+        encoder_budget = self.config.max_num_encoder_input_tokens
         while index < len(self.running) and budget > 0:
             request = self.running[index]
             start = request.num_computed_tokens
             num_new = self._whole_images(request, start, self._cap(min(request.num_tokens - start, budget)))
-            if num_new == 0:  # its next chunk is an image it must take whole, and the step has no room for it left
+            num_new, image_cost = self._image_budget(request, start, num_new, encoder_budget)
+            if num_new == 0:  # its next chunk is an image it must take whole, or one the step's encoder budget cannot run
                 index += 1
                 continue
             drafts = self._propose(request, budget) if num_new == 1 else []
@@ -128,6 +157,7 @@ class Scheduler:
             if self.kv_cache.allocate_slots(request, num_new) is not None:
                 chosen.append((request, num_new))
                 budget -= num_new
+                encoder_budget -= self._encode_images(request, start, num_new, image_cost)
                 index += 1
                 continue
             victim = self._victim()
@@ -141,7 +171,6 @@ class Scheduler:
             self._preempt(victim)
             preempted.append(victim.request_id)
 
-        encoder_budget = self.config.max_num_encoder_input_tokens
         while not preempted and self.waiting and len(self.running) < self.config.max_num_seqs and budget > 0:
             request = self.waiting[0]
             encoder = request.encoder_input
@@ -149,8 +178,10 @@ class Scheduler:
                 break  # the step's encoder work is spent (an input larger than the budget runs alone)
             hits, num_hit_tokens = self.kv_cache.get_computed_blocks(request)
             num_new = self._whole_images(request, num_hit_tokens, self._cap(min(request.num_tokens - num_hit_tokens, budget)))
+            num_new, image_cost = self._image_budget(request, num_hit_tokens, num_new, encoder_budget)
             if num_new == 0 or self.kv_cache.allocate_slots(request, num_new, hits) is None:
                 break
+            encoder_budget -= self._encode_images(request, num_hit_tokens, num_new, image_cost)
             if request.request_id in self.kv_cache.to_encode:
                 encoder_budget -= encoder.num_positions
             self.waiting.popleft()

@@ -71,6 +71,7 @@ def export(
     cpu_kernel: bool = True,
     enable_lora: bool = False,
     quality_gate: str = "enforce",
+    vision_dtype: str = "fp32",
 ) -> Manifest:
     """Exports MODEL (a local folder or a cached hub id) to the package folder OUT and verifies it.
 
@@ -81,6 +82,7 @@ def export(
     `quality_gate`: int8/int4 quality figures below their thresholds refuse the export ("enforce"), or
     are recorded in the manifest with a warning ("record": random-weight benchmark models, whose flat
     next-token distributions flip argmaxes under any rounding, or a user who has measured otherwise).
+    `vision_dtype`: a vision-language model's vision tower weights (fp32, int8, int4); `dtype` is its language model's.
 
     MODEL may also be a GGUF file (llama.cpp's, Ollama's): it is read into a temporary Hugging Face folder
     first (ortinf/exporter/gguf_source.py); `dtype` None exports it at the file's own precision (Q8_0 and
@@ -124,6 +126,10 @@ def export(
     out_path = Path(out).expanduser().resolve()
     source = resolve_model(str(model))
     task = resolve_task(source.model_type, source.config.get("architectures"), task)
+    if vision_dtype not in ("fp32", *QUANTIZED):
+        raise ExportError(f"unknown vision dtype '{vision_dtype}': choose fp32, {', '.join(QUANTIZED)}")
+    if vision_dtype != "fp32" and task != IMAGE_TEXT_TO_TEXT:
+        raise ExportError(f"--vision-dtype is for vision-language models; {source.name} is a {task} model: drop it")
     quant_block_size = quant_block_size or DEFAULT_BLOCK_SIZES.get(dtype, 32)
     if dtype in QUANTIZED and (quant_block_size < 16 or quant_block_size & (quant_block_size - 1)):
         raise ExportError(f"--quant-block-size must be a power of two >= 16, got {quant_block_size}")
@@ -142,7 +148,7 @@ def export(
             raise ExportError(f"--enable-lora is for text decoders; {source.name} is a vision-language model")
         from ortinf.exporter.vision_language import export_vision_language
 
-        return export_vision_language(source, out_path, export, overwrite, tolerance, progress, dtype=dtype,
+        return export_vision_language(source, out_path, export, overwrite, tolerance, progress, vision_dtype=vision_dtype, dtype=dtype,
                                       external_data_threshold=external_data_threshold, kernel=kernel, quant_block_size=quant_block_size,
                                       accuracy_level=accuracy_level, kv_dtype=requested_kv, cpu_kernel=cpu_kernel, quality_gate=quality_gate)
     if task == TEXT2TEXT:

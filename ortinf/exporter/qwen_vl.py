@@ -11,11 +11,15 @@ at the example's grid; the traced graph here takes them as inputs instead, compu
     pixel_values  [N, C * T * P * P]  the processor's patches, in window order
     patch_positions [N, 2]            each patch's (row, column) in its image, for the 2-D rotary embedding
     image_ids     [N]                 which image a patch belongs to (full-attention layers attend within it)
-    window_ids    [N]                 which window (Qwen2.5-VL's windowed layers attend within it)
+    window_index  [W, L]              Qwen2.5-VL's windows: each window's patches (contiguous in window order),
+    window_mask   [W, L]              padded to the largest window L, 1 where real
+    patch_slot    [N]                 each patch's place in the flattened [W * L] windows
     -> image_embeds [N / merge**2, hidden], in window order (the host puts them back in raster order)
 
-Attention within segments is a masked softmax over all N patches: the same values as transformers' per-segment
-attention; memory grows with N**2 per call, so the host runs large images one per call.
+Full-attention layers attend within an image as a masked softmax over all N patches of the call (N**2: the host
+batches images only while small); windowed layers gather each window's patches and attend within it ([W, L, L]:
+a 448-px image's 16 windows of 64 patches cost 1/16 of the full layers' scores). Both give transformers'
+per-segment attention's values.
 
 The language model is Qwen2's, with multimodal RoPE (M-RoPE): the text folder is a Qwen2 config whose
 rope_scaling keeps `mrope_section`, and the decoder export (ortinf/exporter/decoder.py) then takes `rope_deltas`.
@@ -31,7 +35,7 @@ from collections.abc import Iterator
 import torch
 
 FAMILIES = {"qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration"}
-VISION_INPUTS = ("pixel_values", "patch_positions", "image_ids", "window_ids")
+VISION_INPUTS = ("pixel_values", "patch_positions", "image_ids", "window_index", "window_mask", "patch_slot")
 
 
 class QwenVisionGraph(torch.nn.Module):
@@ -43,8 +47,8 @@ class QwenVisionGraph(torch.nn.Module):
         full = getattr(visual, "fullatt_block_indexes", None)  # Qwen2.5-VL's; Qwen2-VL attends over the whole image everywhere
         self.full_layers = set(range(len(visual.blocks)) if full is None else full)
 
-    def forward(self, pixel_values: torch.Tensor, patch_positions: torch.Tensor, image_ids: torch.Tensor,
-                window_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, pixel_values: torch.Tensor, patch_positions: torch.Tensor, image_ids: torch.Tensor, window_index: torch.Tensor,
+                window_mask: torch.Tensor, patch_slot: torch.Tensor) -> torch.Tensor:
         visual = self.visual
         hidden = visual.patch_embed(pixel_values)
         inv_freq = visual.rotary_pos_emb.inv_freq
@@ -52,12 +56,21 @@ class QwenVisionGraph(torch.nn.Module):
         freqs = (patch_positions.float()[:, :, None] * inv_freq[None, None, :].float()).flatten(1)
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos(), emb.sin()
-        full, window = segment_mask(image_ids), segment_mask(window_ids)
+        full = segment_mask(image_ids)
+        windows = Windows(window_index, torch.where(window_mask.bool(), torch.tensor(0.0), torch.tensor(torch.finfo(torch.float32).min)),
+                          patch_slot)
         for index, block in enumerate(visual.blocks):
-            mask = full if index in self.full_layers else window
-            hidden = hidden + segment_attention(block.attn, block.norm1(hidden), cos, sin, mask)
+            attention = segment_attention(block.attn, block.norm1(hidden), cos, sin, full if index in self.full_layers else windows)
+            hidden = hidden + attention
             hidden = hidden + block.mlp(block.norm2(hidden))
         return visual.merger(hidden)
+
+
+class Windows:
+    """Qwen2.5-VL's windows as gather indices: [W, L] patches, an additive key mask [W, L], each patch's flat slot [N]."""
+
+    def __init__(self, index: torch.Tensor, mask: torch.Tensor, slot: torch.Tensor) -> None:
+        self.index, self.mask, self.slot = index, mask, slot
 
 
 def segment_mask(segments: torch.Tensor) -> torch.Tensor:
@@ -66,12 +79,20 @@ def segment_mask(segments: torch.Tensor) -> torch.Tensor:
     return torch.where(same, torch.tensor(0.0), torch.tensor(torch.finfo(torch.float32).min))[None]
 
 
-def segment_attention(attn: torch.nn.Module, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """The vision attention's forward (qkv, 2-D RoPE, softmax attention, proj) with a mask for its splits."""
+def segment_attention(attn: torch.nn.Module, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                      mask: torch.Tensor | Windows) -> torch.Tensor:
+    """The vision attention's forward (qkv, 2-D RoPE, softmax attention, proj) over its splits: a [1, N, N] mask, or
+    windows gathered and attended one by one in a batch."""
     module = sys.modules[type(attn).__module__]
     length = hidden.shape[0]
     query, key, value = attn.qkv(hidden).reshape(length, 3, attn.num_heads, -1).permute(1, 0, 2, 3).unbind(0)
     query, key = module.apply_rotary_pos_emb_vision(query, key, cos, sin)
+    if isinstance(mask, Windows):  # [W, L, heads, d] -> [W, heads, L, d]
+        query, key, value = (t[mask.index].permute(0, 2, 1, 3) for t in (query, key, value))
+        scores = torch.matmul(query, key.transpose(2, 3)) * attn.scaling + mask.mask[:, None, None, :]
+        out = torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype), value)  # [W, heads, L, d]
+        out = out.permute(0, 2, 1, 3).reshape(-1, attn.num_heads * out.shape[-1])[mask.slot]  # [N, heads * d]
+        return attn.proj(out)
     query, key, value = (t.transpose(0, 1) for t in (query, key, value))  # [heads, N, d]
     scores = torch.matmul(query, key.transpose(1, 2)) * attn.scaling + mask
     out = torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype), value)
@@ -116,7 +137,11 @@ def example_inputs(config) -> tuple[torch.Tensor, ...]:  # noqa: ANN001 - the vi
     grids = [(4 * merge // 2, 4 * merge // 2), (4 * merge // 2, 6 * merge // 2)]
     positions = torch.cat([torch.stack(torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij"), -1).reshape(-1, 2) for h, w in grids])
     images = torch.cat([torch.full((h * w,), i) for i, (h, w) in enumerate(grids)])
-    return torch.randn(len(positions), width), positions, images, images.clone()
+    count = len(positions)  # windows of 16 patches, the last padded
+    windows = -(-count // 16)
+    index = torch.arange(windows * 16).reshape(windows, 16)
+    mask = (index < count).long()
+    return torch.randn(count, width), positions, images, torch.where(mask.bool(), index, 0), mask, torch.arange(count)
 
 
 def processor_settings(source, model: torch.nn.Module) -> dict:  # noqa: ANN001 - the source folder (Path)

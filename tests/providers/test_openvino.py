@@ -106,3 +106,64 @@ def test_whisper_under_openvino(ov_python, tmp_path):
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["providers"][0] == "OpenVINOExecutionProvider" and report["torch"] is False
     assert report["tokens"] == expected
+
+
+@pytest.mark.parametrize("family", ["llava", "qwen2_5_vl", "gemma3"])
+def test_vision_language_under_openvino(ov_python, tmp_path, family):
+    """issue 33: a vision-language package's vision graph and decoder (image merge; Qwen's M-RoPE deltas; Gemma 3's
+    image spans) under OpenVINO: the same greedy tokens as on the CPU provider (which tests/runtime/test_vision.py,
+    test_qwen_vl.py and test_gemma3_vision.py hold equal to transformers). .venv-openvino has no Pillow (a serving
+    install without the vision extra is tested as such): this run lends it the main environment's."""
+    import io
+    import sys
+
+    from PIL import Image
+    from support.tiny_models import GEMMA3_TOKENS, QWEN_VL_TOKENS, add_tokenizer, build_gemma3_vl, build_llava, build_qwen_vl
+
+    import ortinf
+    from ortinf import LLM, SamplingParams
+
+    (tmp_path / "hf").mkdir()
+    add_tokenizer(tmp_path / "hf", 280)
+    if family == "llava":
+        build_llava(tmp_path / "hf")
+        image = [299]
+    elif family == "gemma3":
+        build_gemma3_vl(tmp_path / "hf")
+        image = [GEMMA3_TOKENS["boi_token_index"]]
+    else:
+        build_qwen_vl(tmp_path / "hf", family)
+        image = [QWEN_VL_TOKENS["vision_start_token_id"], QWEN_VL_TOKENS["image_token_id"], QWEN_VL_TOKENS["vision_end_token_id"]]
+    ortinf.export(tmp_path / "hf", tmp_path / "pkg", progress=False)
+    rng = np.random.default_rng(0)
+    pictures = []
+    for shape in ((40, 60, 3), (56, 50, 3)):
+        out = io.BytesIO()
+        Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8)).save(out, format="PNG")
+        pictures.append(out.getvalue())
+    prompts = [([2, 5, *image, 9, 11], [0]), ([2, 5, 8, 9, 30], []), ([2, *image, 12, *image, 40], [0, 1])]
+    greedy = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    as_inputs = [{"prompt_token_ids": ids, "multi_modal_data": {"image": [pictures[i] for i in which]}} if which else ids
+                 for ids, which in prompts]
+    expected = [o.outputs[0].token_ids for o in LLM(tmp_path / "pkg", provider="cpu").generate(as_inputs, greedy)]
+    for i, data in enumerate(pictures):
+        (tmp_path / f"{i}.png").write_bytes(data)
+    (tmp_path / "prompts.json").write_text(json.dumps(prompts))
+    lent = tmp_path / "lent"  # the main environment's Pillow, for this process alone (same Python version)
+    lent.mkdir()
+    (lent / "PIL").symlink_to(Path(sys.modules["PIL"].__file__).parent)
+    code = ("import json, sys, pathlib\nfrom ortinf import LLM, SamplingParams\n"
+            "root = pathlib.Path(sys.argv[1]); prompts = json.loads((root / 'prompts.json').read_text())\n"
+            "images = [(root / f'{i}.png').read_bytes() for i in range(2)]\n"
+            "llm = LLM(root / 'pkg', provider='openvino', num_blocks=64)\n"
+            "inputs = [{'prompt_token_ids': ids, 'multi_modal_data': {'image': [images[i] for i in which]}} if which else ids"
+            " for ids, which in prompts]\n"
+            "out = llm.generate(inputs, SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True))\n"
+            "print(json.dumps({'tokens': [o.outputs[0].token_ids for o in out], 'providers': llm.engine.graph.session.get_providers(),"
+            " 'vision': llm.engine.runner.vision.session.get_providers(), 'torch': 'torch' in sys.modules}))\n")
+    result = subprocess.run([str(ov_python), "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "PYTHONPATH": str(lent)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["providers"][0] == report["vision"][0] == "OpenVINOExecutionProvider" and report["torch"] is False
+    assert report["tokens"] == expected

@@ -136,3 +136,43 @@ def test_int8_language_model_with_images(llava, tmp_path):
     for options in ({}, {"cpu_kernel": False}):
         quantized = LLM(tmp_path / "int8", **options).generate(prompt, GREEDY)[0].outputs[0].token_ids
         assert len(quantized) == NEW and len(full) == NEW  # which tokens is the gate's business (its figures vary by CPU)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int4"])
+def test_a_quantized_vision_tower(llava, tmp_path, dtype):
+    """--vision-dtype: the tower's MatMuls as MatMulNBits, gated by its embeddings' cosine similarity to fp32's (recorded in
+    the manifest); the language model stays fp32; images still run through the engine."""
+    import onnx
+
+    model, processor, package = llava
+    manifest = ortinf.export(package.parent / "hf", tmp_path / dtype, vision_dtype=dtype, progress=False)
+    assert manifest.dtype == "fp32" and manifest.vision.dtype == dtype and manifest.vision.embedding_cosine >= 0.9
+    graph = onnx.load(str(tmp_path / dtype / "vision.onnx"), load_external_data=False).graph
+    assert any(n.op_type == "MatMulNBits" for n in graph.node)
+    prompt = {"prompt_token_ids": [5, 7, IMAGE_TOKEN, 9, 11], "multi_modal_data": {"image": images()[0]}}
+    assert len(LLM(tmp_path / dtype).generate(prompt, GREEDY)[0].outputs[0].token_ids) == NEW
+
+
+def test_vision_dtype_is_refused_for_text_models(tmp_path):
+    from support.tiny_models import build_decoder
+
+    build_decoder("llama", tmp_path / "hf")
+    with pytest.raises(ortinf.errors.ExportError, match="--vision-dtype is for vision-language models"):
+        ortinf.export(tmp_path / "hf", tmp_path / "pkg", vision_dtype="int8", progress=False)
+
+
+def test_the_step_budgets_image_work(llava):
+    """--max-num-encoder-input-tokens bounds the image tokens the vision graph runs per step: at 16 (one LLaVA image), three
+    new images run in three steps' calls instead of one batched call; the tokens are the same; a kept image costs nothing."""
+    _, _, package = llava
+    a, b, c = images()
+    prompts = [{"prompt_token_ids": [5, IMAGE_TOKEN, 7 + i], "multi_modal_data": {"image": picture}} for i, picture in enumerate((a, b, c))]
+    batched = LLM(package)
+    expected = [o.outputs[0].token_ids for o in batched.generate(prompts, GREEDY)]
+    assert batched.engine.runner.vision.num_calls == 1
+    budgeted = LLM(package, max_num_encoder_input_tokens=16)
+    assert [o.outputs[0].token_ids for o in budgeted.generate(prompts, GREEDY)] == expected
+    assert budgeted.engine.runner.vision.num_calls == 3 and budgeted.engine.runner.vision.num_encoded == 3
+    again = [{"prompt_token_ids": [6, IMAGE_TOKEN, 8], "multi_modal_data": {"image": picture}} for picture in (a, b, c)]
+    budgeted.generate(again, GREEDY)  # all three kept: one step may take them all, and no call runs
+    assert budgeted.engine.runner.vision.num_calls == 3

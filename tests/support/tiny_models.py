@@ -142,6 +142,8 @@ def build_gemma3_vl(folder: Path, seed: int = 0, tokens: dict[str, int] | None =
     torch.manual_seed(seed)
     config = transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=16, **(tokens or GEMMA3_TOKENS))
     model = transformers.Gemma3ForConditionalGeneration(config).eval()
+    with torch.no_grad():  # transformers starts the projection at zeros (every image's embeddings 0): random here
+        model.model.multi_modal_projector.mm_input_projection_weight.normal_(0.0, 0.2)
     model.save_pretrained(folder)
     transformers.Gemma3ImageProcessor(size={"height": 56, "width": 56}).save_pretrained(folder)
     return model
