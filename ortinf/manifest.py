@@ -37,7 +37,8 @@ TASKS = (TEXT_GENERATION, FEATURE_EXTRACTION, TEXT_CLASSIFICATION, SPEECH_RECOGN
 ENCODER_MODEL_NAME = "encoder.onnx"  # an encoder-decoder's encoder graph (Whisper: audio -> cross-attention K/V)
 ENCODER_WRITE_MODEL_NAME = "encoder.pool-write.onnx"  # the encoder writing its cross K/V into a device pool in place
 ALIGNMENT_MODEL_NAME = "alignment.onnx"  # Whisper's word timing: the alignment heads' cross-attention of a window
-VISION_MODEL_NAME = "vision.onnx"  # a vision-language model's vision tower and projector (pixels -> image embeddings)
+VISION_MODEL_NAME = "vision.onnx"
+VISION_CPU_MODEL_NAME = "vision.cpu.onnx"  # a vision-language model's vision tower and projector (pixels -> image embeddings)
 MEL_FILTERS_NAME = "mel_filters.npy"  # Whisper's mel filter bank [1 + n_fft // 2, num_mel_bins]
 # The attention kernels a decoder graph can be exported with (kernels/), and the per-layer KV pool
 # layout (key_cache.{i} / value_cache.{i}) each one reads.
@@ -238,6 +239,7 @@ class VisionSpec:
     whole_images: bool = False  # a prefill chunk may not end inside an image (Gemma 3's bidirectional image attention)
     dtype: str = "fp32"  # the vision graph's MatMul weights (--vision-dtype)
     embedding_cosine: float = float("nan")  # int8/int4: the least cosine similarity of its embeddings to fp32's, at export
+    cpu_graph: str = ""  # int8/int4: the tower's graph for ortinf's CPU kernel library (QMatMul), when written
 
 
 @dataclass(frozen=True, slots=True)

@@ -102,7 +102,7 @@ class LLMEngine:
         if manifest.vision is not None:  # image embeddings in the graph's type (ortinf/exporter/vision_language.py)
             embeds_type = next(i.type for i in self.graph.session.get_inputs() if i.name == "image_embeds")
             vision = VisionEncoder(config.package_dir, manifest, found, config.intra_op_threads,
-                                   np.dtype(np.float16 if "float16" in embeds_type else np.float32))
+                                   np.dtype(np.float16 if "float16" in embeds_type else np.float32), config.cpu_kernel)
         self.runner = ModelRunner(self.graph, seed=config.seed, grammars=self.grammars, encoder=encoder, rules=rules, vision=vision)
         self.draft = self._draft_proposer(config, num_blocks, found)
         self.num_failed_steps_in_a_row = 0

@@ -93,6 +93,7 @@ SEQ2SEQ: dict[str, str] = {
 # Vision-language models: the language model's decoder package plus vision.onnx (ortinf/exporter/vision_language.py).
 VISION_LANGUAGE: dict[str, str] = {
     "llava": "LLaVA 1.5 (llava-hf/llava-1.5-*): CLIP vision tower, MLP projector, Llama language model",
+    "llava_next": "LLaVA-NeXT / LLaVA 1.6 (llava-hf/llava-v1.6-*): any-resolution tiles with a newline per row",
     "gemma3": "Gemma 3 4B/12B/27B (google/gemma-3-*-it): SigLIP at 896 px, 256 tokens an image attending both ways",
     "idefics3": "Idefics3 (HuggingFaceM4/Idefics3-8B-Llama3) and SmolVLM (HuggingFaceTB/SmolVLM-*): images in tiles, pixel shuffle",
     "smolvlm": "SmolVLM2 (HuggingFaceTB/SmolVLM2-*): Idefics3's layout with its own classes",

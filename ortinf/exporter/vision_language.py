@@ -44,13 +44,15 @@ from ortinf.manifest import (
     MODEL_NAME,
     MROPE_DELTAS,
     PORTABLE,
+    VISION_CPU_MODEL_NAME,
     VISION_MODEL_NAME,
     Manifest,
     VisionSpec,
 )
 
 log = logging.getLogger(__name__)
-VISION_LANGUAGE = {"llava": "LlavaForConditionalGeneration", "gemma3": "Gemma3ForConditionalGeneration", **qwen_vl.FAMILIES,
+VISION_LANGUAGE = {"llava": "LlavaForConditionalGeneration", "llava_next": "LlavaNextForConditionalGeneration",
+                   "gemma3": "Gemma3ForConditionalGeneration", **qwen_vl.FAMILIES,
                    **idefics3.FAMILIES}
 IMAGE_EMBEDS, IMAGE_ROWS = "image_embeds", "image_rows"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "chat_template.json",
@@ -74,6 +76,8 @@ class VisionGraph(torch.nn.Module):
         features = torch.cat([states[i] for i in layers], dim=-1)
         if config.vision_feature_select_strategy == "default":
             features = features[:, 1:]
+        if config.model_type == "llava_next":  # and the newline embedding, which the host writes after each row of tiles
+            return inner.multi_modal_projector(features), inner.image_newline
         return inner.multi_modal_projector(features)
 
 
@@ -216,6 +220,7 @@ def export_vision_graph(model: torch.nn.Module, source: Path, path: Path) -> Vis
     with torch.no_grad(), quiet_tracing():
         if config.model_type in qwen_vl.FAMILIES:
             axes = {name: {0: "num_patches"} for name in qwen_vl.VISION_INPUTS}
+            axes.update({name: {0: "num_windows", 1: "window_length"} for name in ("window_index", "window_mask")})
             torch.onnx.export(qwen_vl.QwenVisionGraph(model.model.visual).eval(), qwen_vl.example_inputs(config.vision_config), str(path),
                               dynamo=False, input_names=list(qwen_vl.VISION_INPUTS), output_names=[IMAGE_EMBEDS], opset_version=OPSET,
                               dynamic_axes={**axes, IMAGE_EMBEDS: {0: "num_image_tokens"}})
@@ -231,8 +236,9 @@ def export_vision_graph(model: torch.nn.Module, source: Path, path: Path) -> Vis
             per_tile = idefics3.tokens_per_tile(model)
             return VisionSpec(image_token_id=int(config.image_token_id), tokens_per_image=per_tile, image_size=int(size),
                               processor=idefics3.processor_settings(source, model, per_tile), family="idefics3")
+        outputs = [IMAGE_EMBEDS, "image_newline"] if config.model_type == "llava_next" else [IMAGE_EMBEDS]
         torch.onnx.export(VisionGraph(model).eval(), (torch.randn(2, 3, size, size),), str(path), dynamo=False,
-                          input_names=["pixel_values"], output_names=[IMAGE_EMBEDS], opset_version=OPSET,
+                          input_names=["pixel_values"], output_names=outputs, opset_version=OPSET,
                           dynamic_axes={"pixel_values": {0: "num_images"}, IMAGE_EMBEDS: {0: "num_images"}})
     if config.model_type == "gemma3":
         around = newlines(source)  # the processor writes "\n\n<start_of_image>" + image tokens + "<end_of_image>\n\n"
@@ -240,6 +246,12 @@ def export_vision_graph(model: torch.nn.Module, source: Path, path: Path) -> Vis
                           image_size=int(size), processor=gemma_processor(source, model), placeholder_id=int(config.boi_token_index),
                           image_prefix_ids=(*around, int(config.boi_token_index)), image_suffix_ids=(int(config.eoi_token_index), *around),
                           whole_images=True)
+    if config.model_type == "llava_next":  # a tile's tokens; an image's own count follows its size (anyres_tiles)
+        processor = image_processor(source, model)
+        side = size // config.vision_config.patch_size
+        pinpoints = [list(p) for p in config.image_grid_pinpoints]
+        return VisionSpec(image_token_id=int(config.image_token_index), tokens_per_image=side * side, image_size=int(size),
+                          processor={**processor, "grid_pinpoints": pinpoints, "tokens_per_side": side}, family="llava_next")
     return VisionSpec(image_token_id=int(config.image_token_index), tokens_per_image=int(config.image_seq_length),
                       image_size=int(size), processor=image_processor(source, model))
 
@@ -277,20 +289,30 @@ def quantize_vision(path: Path, vision: VisionSpec, dtype: str, model: torch.nn.
     import onnxruntime
 
     from ortinf.exporter.quantize import quantize
+    from ortinf.kernels import library
 
     fp32 = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    onnx.save_model(quantize(onnx.load(str(path)), dtype, options.get("quant_block_size"), options.get("accuracy_level", 4)), str(path))
-    quantized = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    rng = np.random.default_rng(7)
+    source = onnx.load(str(path))
+    graphs = {path: quantize(copy.deepcopy(source), dtype, options.get("quant_block_size"), options.get("accuracy_level", 4))}
+    kernels = library.load()
+    if kernels is not None:  # and the kernel library's QMatMul graph: 1.6x faster than fp32 where MatMulNBits is 1.2x (400M tower)
+        graphs[path.parent / VISION_CPU_MODEL_NAME] = quantize(copy.deepcopy(source), dtype, options.get("quant_block_size"), cpu=True)
     worst = 1.0
-    for _ in range(2):
-        feeds = random_vision_feeds(model, vision, rng)
-        feeds = {i.name: feeds[i.name] for i in fp32.get_inputs()}
-        (a,), (b,) = fp32.run(None, feeds), quantized.run(None, feeds)
-        a, b = a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1])
-        norms = np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1)
-        cosine = np.where(norms > 0, (a * b).sum(-1) / np.maximum(norms, 1e-30), 1.0)  # two zero rows agree
-        worst = min(worst, float(cosine.min()))
+    for target, graph in graphs.items():
+        onnx.save_model(graph, str(target))
+        session_options = onnxruntime.SessionOptions()
+        if target.name == VISION_CPU_MODEL_NAME:
+            session_options.register_custom_ops_library(str(kernels.path))
+        quantized = onnxruntime.InferenceSession(str(target), session_options, providers=["CPUExecutionProvider"])
+        rng = np.random.default_rng(7)
+        for _ in range(2):
+            feeds = random_vision_feeds(model, vision, rng)
+            feeds = {i.name: feeds[i.name] for i in fp32.get_inputs()}
+            (a, *_), (b, *_) = fp32.run(None, feeds), quantized.run(None, feeds)
+            a, b = a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1])
+            norms = np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1)
+            cosine = np.where(norms > 0, (a * b).sum(-1) / np.maximum(norms, 1e-30), 1.0)  # two zero rows agree
+            worst = min(worst, float(cosine.min()))
     if not worst >= VISION_COSINE[dtype]:
         message = (f"the {dtype} vision tower's image embeddings reach a cosine similarity of {worst:.4f} to fp32's, below "
                    f"{VISION_COSINE[dtype]}")
@@ -298,7 +320,7 @@ def quantize_vision(path: Path, vision: VisionSpec, dtype: str, model: torch.nn.
             raise ExportError(f"verification failed: {message}; nothing was written. Export the tower at a wider --vision-dtype, "
                               "or --quality-gate record to keep the package with its figures")
         log.warning("quality gate not met, recorded and not enforced (--quality-gate record): %s", message)
-    return dataclasses.replace(vision, dtype=dtype, embedding_cosine=worst)
+    return dataclasses.replace(vision, dtype=dtype, embedding_cosine=worst, cpu_graph=VISION_CPU_MODEL_NAME if kernels is not None else "")
 
 
 def random_vision_feeds(model: torch.nn.Module, vision: VisionSpec, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -321,10 +343,10 @@ def check_image_path(model: torch.nn.Module, package: Path, vision: VisionSpec) 
 
     from ortinf.worker.encoder_input import EncoderInput, PlacedImage
     from ortinf.worker.image_spans import attend_until
-    from ortinf.worker.images import prompt_tokens
+    from ortinf.worker.images import anyres_layout, prompt_tokens
     from ortinf.worker.model_input import SequenceChunk, build_model_input
     from ortinf.worker.mrope import rope_deltas
-    from ortinf.worker.vision_encoder import qwen_vision_feeds
+    from ortinf.worker.vision_encoder import pack_anyres, qwen_vision_feeds
 
     manifest = Manifest.load(package)
     spec = manifest.decoder
@@ -337,6 +359,14 @@ def check_image_path(model: torch.nn.Module, package: Path, vision: VisionSpec) 
         embeds, inputs = embeds.reshape(-1, embeds.shape[-1]), {"pixel_values": torch.from_numpy(pixels[None])}
         tokens, _ = prompt_tokens(0, 0, image_id, vision.processor["expansion"])
         ids = [5, 7, *tokens, 9, 11]
+    elif vision.family == "llava_next":  # an image twice as high as wide: its whole and its tiles, packed with newlines
+        size = (2 * vision.image_size, vision.image_size)
+        rows, cols, _, _ = anyres_layout(size[0], size[1], vision.processor)
+        pixels = rng.standard_normal((1 + rows * cols, 3, vision.image_size, vision.image_size)).astype(np.float32)
+        tiles, newline = vision_session.run(None, {"pixel_values": pixels})
+        embeds = pack_anyres(tiles, newline, size, vision.processor)
+        inputs = {"pixel_values": torch.from_numpy(pixels[None]), "image_sizes": torch.tensor([size])}
+        ids = [5, 7] + [image_id] * len(embeds) + [9, 11, 13]
     elif vision.family == "llava":
         pixels = rng.standard_normal((1, 3, vision.image_size, vision.image_size)).astype(np.float32)
         (embeds,) = vision_session.run(None, {"pixel_values": pixels})

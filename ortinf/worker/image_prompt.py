@@ -56,7 +56,7 @@ def place_images(ids: list[int], images: Sequence[object], vision: VisionSpec, s
     if vision.whole_images and counts and max(counts) > step:
         raise RequestError(f"an image is {max(counts)} tokens, which one step must prefill whole, and a step takes {step}: "
                            f"serve with --max-num-batched-tokens {max(counts)} or more", param="images")
-    placed = tuple(PlacedImage(start, EncoderInput.of(data, count, "image"), grid if vision.family == "qwen2_vl" else None,
+    placed = tuple(PlacedImage(start, EncoderInput.of(data, count, "image"), grid if vision.family in ("qwen2_vl", "llava_next") else None,
                                vision.whole_images, rows, span)
                    for start, (data, count, grid), (rows, span) in zip(starts, pictures, spans))
     return ids, placed

@@ -16,9 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
+from ortinf.kernels import library
 from ortinf.manifest import VISION_MODEL_NAME, Manifest
 from ortinf.providers.session import create_session
 from ortinf.worker.encoder_input import PlacedImage
+from ortinf.worker.images import anyres_layout
 
 CACHE_IMAGES = 256  # embeddings kept: a 576-token image of a 4096-wide model is 9 MiB in fp32
 VISION_BATCH = 8  # images per call of the vision graph
@@ -29,8 +31,15 @@ QWEN_PATCHES = 1024
 
 
 class VisionEncoder:
-    def __init__(self, package_dir: str | Path, manifest: Manifest, found, intra_op_threads: int, dtype: np.dtype) -> None:  # noqa: ANN001
-        self.session, _ = create_session(Path(package_dir) / VISION_MODEL_NAME, found, intra_op_threads, spin=False)
+    def __init__(self, package_dir: str | Path, manifest: Manifest, found, intra_op_threads: int, dtype: np.dtype,  # noqa: ANN001
+                 cpu_kernel: bool | None = None) -> None:
+        graph, kernels = VISION_MODEL_NAME, None
+        if manifest.vision.cpu_graph and found.provider.name == "cpu" and cpu_kernel is not False:  # a quantized tower's QMatMul graph
+            kernels = library.load()
+            graph = manifest.vision.cpu_graph if kernels is not None else graph
+        self.graph_file = graph
+        self.session, _ = create_session(Path(package_dir) / graph, found, intra_op_threads, spin=False,
+                                         custom_ops_library=kernels.path if kernels is not None else None)
         self.input_names = {i.name for i in self.session.get_inputs()}
         self.spec = manifest.vision
         self.hidden = manifest.decoder.hidden_size
@@ -46,6 +55,10 @@ class VisionEncoder:
             self.num_calls += 1
             if self.spec.family == "llava":
                 (embeds,) = self.session.run(None, {"pixel_values": np.ascontiguousarray(np.stack([p.image.data for p in batch]))})
+            elif self.spec.family == "llava_next":  # each image's tiles packed into its grid of tokens with newlines
+                tiles, newline = self.session.run(None, {"pixel_values": np.ascontiguousarray(np.concatenate([p.image.data for p in batch]))})
+                bounds = np.cumsum([0] + [len(p.image.data) for p in batch])
+                embeds = [pack_anyres(tiles[a:b], newline, p.grid, self.spec.processor) for a, b, p in zip(bounds[:-1], bounds[1:], batch)]
             elif self.spec.family == "idefics3":  # each image is tiles: [tiles, seq, hidden] back to each image's rows
                 (flat,) = self.session.run(None, {"pixel_values": np.ascontiguousarray(np.concatenate([p.image.data for p in batch]))})
                 bounds = np.cumsum([0] + [len(p.image.data) for p in batch])
@@ -71,7 +84,7 @@ class VisionEncoder:
     def _batches(self, images: list[PlacedImage]) -> list[list[PlacedImage]]:
         if self.spec.family == "llava":
             return [images[i : i + VISION_BATCH] for i in range(0, len(images), VISION_BATCH)]
-        limit = QWEN_PATCHES if self.spec.family != "idefics3" else 2 * VISION_BATCH  # patches, or tiles, per call
+        limit = QWEN_PATCHES if self.spec.family == "qwen2_vl" else 2 * VISION_BATCH  # patches, or tiles, per call
         batches: list[list[PlacedImage]] = []
         patches = 0
         for placed in images:
@@ -102,6 +115,18 @@ class VisionEncoder:
         if not embeds:
             return np.zeros((0, self.hidden), self.dtype), np.zeros(0, np.int64)
         return np.concatenate(embeds), np.concatenate(rows)
+
+
+def pack_anyres(tiles: np.ndarray, newline: np.ndarray, size: tuple[int, int], processor: dict) -> np.ndarray:
+    """LLaVA-NeXT's pack_image_features for one image: the whole image's tokens, then the tiles' tokens as one grid
+    (tile rows x tile columns of side x side), unpadded to the image's aspect, each row followed by the newline
+    embedding."""
+    rows, cols, keep_rows, keep_cols = anyres_layout(size[0], size[1], processor)
+    side = processor["tokens_per_side"]
+    grid = tiles[1:].reshape(rows, cols, side, side, -1).transpose(0, 2, 1, 3, 4).reshape(rows * side, cols * side, -1)
+    grid = grid[keep_rows, keep_cols]
+    grid = np.concatenate([grid, np.broadcast_to(newline, (grid.shape[0], 1, grid.shape[2]))], axis=1)
+    return np.concatenate([tiles[0], grid.reshape(-1, grid.shape[2])])
 
 
 def window_order(rows: int, cols: int, window: int) -> tuple[np.ndarray, np.ndarray]:
@@ -158,4 +183,4 @@ def window_gather(window_ids: np.ndarray) -> dict[str, np.ndarray]:
     return {"window_index": index.astype(np.int64), "window_mask": mask.astype(np.int64), "patch_slot": slot.astype(np.int64)}
 
 
-__all__ = ["VisionEncoder", "qwen_vision_feeds", "window_gather", "window_order"]
+__all__ = ["VisionEncoder", "pack_anyres", "qwen_vision_feeds", "window_gather", "window_order"]

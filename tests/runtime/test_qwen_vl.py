@@ -86,8 +86,9 @@ def test_mrope_positions_equal_get_rope_index(qwen):
 def test_ragged_batches_of_images_and_text_equal_transformers(qwen):
     model, processor, package = qwen
     a, b, c = images()
+    strip = Image.fromarray(np.random.default_rng(9).integers(0, 256, (30, 200, 3), dtype=np.uint8))  # 1x7 tokens: windows of 8 patches
     cases = [([5, START, PAD, END, 9, 11], [a]), ([5, 8, 9, 30, 31], []), ([5, START, PAD, END, 12, START, PAD, END, 40], [b, c]),
-             ([START, PAD, END, *range(20, 60)], [c]), ([3, 4], [])]
+             ([START, PAD, END, *range(20, 60)], [c]), ([3, 4], []), ([7, START, PAD, END], [strip])]
     expected = [reference(model, processor, ids, pictures) for ids, pictures in cases]
     prompts = [{"prompt_token_ids": ids, "multi_modal_data": {"image": pictures}} if pictures else ids for ids, pictures in cases]
     llm = LLM(package, max_num_seqs=8)
@@ -95,7 +96,7 @@ def test_ragged_batches_of_images_and_text_equal_transformers(qwen):
     # a pool that cannot hold every sequence: requests are preempted mid-prompt (chunks split images) and recomputed
     tight = LLM(package, max_num_seqs=2, num_blocks=9, block_size=8, max_model_len=72, max_num_batched_tokens=8)
     assert [o.outputs[0].token_ids for o in tight.generate(prompts, GREEDY)] == expected
-    assert tight.engine.scheduler.stats.num_preemptions > 0 and tight.engine.runner.vision.num_encoded == 3
+    assert tight.engine.scheduler.stats.num_preemptions > 0 and tight.engine.runner.vision.num_encoded == 4
 
 
 def test_an_image_sent_again_costs_no_vision_call_and_hits_the_prefix_cache(qwen):

@@ -150,7 +150,14 @@ def test_a_quantized_vision_tower(llava, tmp_path, dtype):
     graph = onnx.load(str(tmp_path / dtype / "vision.onnx"), load_external_data=False).graph
     assert any(n.op_type == "MatMulNBits" for n in graph.node)
     prompt = {"prompt_token_ids": [5, 7, IMAGE_TOKEN, 9, 11], "multi_modal_data": {"image": images()[0]}}
-    assert len(LLM(tmp_path / dtype).generate(prompt, GREEDY)[0].outputs[0].token_ids) == NEW
+    from ortinf.kernels import library
+
+    if library.load() is not None:  # and the kernel library's QMatMul graph of the tower, which the CPU provider runs
+        assert manifest.vision.cpu_graph == "vision.cpu.onnx" and (tmp_path / dtype / "vision.cpu.onnx").is_file()
+    for cpu_kernel in (None, False):
+        llm = LLM(tmp_path / dtype, cpu_kernel=cpu_kernel)
+        assert llm.engine.runner.vision.graph_file == (manifest.vision.cpu_graph or "vision.onnx" if cpu_kernel is None else "vision.onnx")
+        assert len(llm.generate(prompt, GREEDY)[0].outputs[0].token_ids) == NEW
 
 
 def test_vision_dtype_is_refused_for_text_models(tmp_path):

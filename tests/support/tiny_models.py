@@ -105,6 +105,34 @@ def build_llava(folder: Path, image_token: int = 299, layers: int = 2, seed: int
     return model
 
 
+def build_llava_next(folder: Path, seed: int = 0) -> transformers.PreTrainedModel:
+    """Saves a tiny random LLaVA-NeXT with its tokenizer (add_tokenizer's plus <image>) and image processor: a CLIP tower
+    over 28-px tiles in 7-px patches (16 tokens a tile), grid resolutions 28x56, 56x28 and 56x56, a llama of vocabulary
+    300 and a random newline embedding."""
+    from tokenizers import Tokenizer
+
+    folder.mkdir(parents=True, exist_ok=True)
+    add_tokenizer(folder, 290)
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokenizer.add_special_tokens(["<image>"])
+    tokenizer.save(str(folder / "tokenizer.json"))
+    vision = transformers.CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                           image_size=28, patch_size=7, projection_dim=32)
+    text = transformers.LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                    num_key_value_heads=2, max_position_embeddings=512)
+    pinpoints = [[28, 56], [56, 28], [56, 56]]
+    torch.manual_seed(seed)
+    model = transformers.LlavaNextForConditionalGeneration(transformers.LlavaNextConfig(
+        vision_config=vision, text_config=text, image_token_index=tokenizer.token_to_id("<image>"), image_grid_pinpoints=pinpoints,
+        vision_feature_layer=-2, vision_feature_select_strategy="default")).eval()
+    with torch.no_grad():
+        model.model.image_newline.normal_(0.0, 0.5)
+    model.save_pretrained(folder)
+    transformers.LlavaNextImageProcessor(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28},
+                                         image_grid_pinpoints=pinpoints).save_pretrained(folder)
+    return model
+
+
 QWEN_VL_TOKENS = {"image_token_id": 297, "video_token_id": 298, "vision_start_token_id": 295, "vision_end_token_id": 296}
 
 
