@@ -95,6 +95,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--family", choices=["llava", "qwen2_5_vl"], default="llava", help="the model's family")
     parser.add_argument("--size", choices=["small", "400m"], default="small", help="the model's shape")
+    parser.add_argument("--vision-dtype", choices=["fp32", "int8"], default="fp32",
+                        help="ortinf's vision tower precision (int8: its QMatMul graph; transformers stays fp32)")
     parser.add_argument("--tiny", action="store_true", help="a 2-layer model (the smoke test)")
     parser.add_argument("--record", action="store_true", help="append the table to benchmarks/RESULTS.md")
     args = parser.parse_args()
@@ -111,7 +113,7 @@ def main() -> None:
     qwen = args.family == "qwen2_5_vl"
     (build_qwen if qwen else build)(work / "hf", size)
     start = time.monotonic()
-    export(work / "hf", work / "pkg", progress=False)
+    export(work / "hf", work / "pkg", progress=False, vision_dtype=args.vision_dtype)
     export_seconds = time.monotonic() - start
     model_class = transformers.Qwen2_5_VLForConditionalGeneration if qwen else transformers.LlavaForConditionalGeneration
     model = model_class.from_pretrained(work / "hf").eval()
@@ -186,7 +188,8 @@ def main() -> None:
                     f"{same}/{count} |")
     per_image = "-".join(sorted({str(tokens_of(p)) for p in pictures}))
     name = "Qwen2.5-VL" if qwen else "LLaVA"
-    lines = [f"### Vision-language ({name}, {size}: {per_image} image tokens, {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M "
+    tower = "" if args.vision_dtype == "fp32" else f", ortinf's tower {args.vision_dtype}"
+    lines = [f"### Vision-language ({name}{tower}, {size}: {per_image} image tokens, {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M "
              f"parameters, random weights; {TEXT_TOKENS} text tokens + 1 image, {NEW_TOKENS} greedy tokens)", "",
              f"Machine: {machine()}; export {export_seconds:.0f} s", "",
              "| requests | ortinf TTFT ms | transformers TTFT ms | ortinf tok/s | transformers tok/s | speed-up | ortinf vision ms of total | "

@@ -21,6 +21,7 @@ from ortinf.errors import ConfigError, OrtinfError
 if TYPE_CHECKING:  # imported where used: `ortinf --help` does not load the engine
     from ortinf.engine.llm_engine import LLMEngine
     from ortinf.serve.chat_template import ChatTemplate
+    from ortinf.worker.image_prompt import placeholder_text
 
 COMMANDS = {
     "/help": "this list",
@@ -55,7 +56,7 @@ def run_chat(package: Path, system: str | None, engine_options: dict, params: di
     if engine.tokenizer is None:
         raise ConfigError(f"{package} has no tokenizer: chat needs text")
     pictures = [path.read_bytes() for path in images]  # sent with every turn: their embeddings and blocks are kept by digest
-    placeholder = "".join(f"{engine.tokenizer.id_to_token(manifest.vision.image_token_id)}\n" for _ in images) if images else ""
+    placeholder = "".join(f"{placeholder_text(manifest.vision, engine.tokenizer)}\n" for _ in images) if images else ""
     interactive = stdin.isatty()
     if interactive:
         stdout.write(f"{HELP}\n")

@@ -44,12 +44,12 @@ class ServedModel:
     def image_placeholder(self) -> str | None:
         """The text of a vision-language model's image token (where an image part goes in the chat template), else None;
         between Qwen2-VL's vision start and end tokens, as its template writes an image."""
+        from ortinf.worker.image_prompt import placeholder_text
+
         vision, tokenizer = self.manifest.vision, self.tokenizer
         if vision is None or tokenizer is None:
             return None
-        marker = vision.placeholder_id if vision.placeholder_id is not None else vision.image_token_id  # Gemma 3: <start_of_image>
-        ids = [i for i in (vision.image_start_id, marker, vision.image_end_id) if i is not None]
-        return "".join(tokenizer.id_to_token(i) for i in ids)
+        return placeholder_text(vision, tokenizer)
 
     def token_text(self, token_id: int) -> str:
         """How a token is shown in logprobs: its text, or `token_id:N` without a tokenizer."""

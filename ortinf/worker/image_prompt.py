@@ -62,4 +62,11 @@ def place_images(ids: list[int], images: Sequence[object], vision: VisionSpec, s
     return ids, placed
 
 
-__all__ = ["place_images"]
+def placeholder_text(vision: VisionSpec, tokenizer) -> str:  # noqa: ANN001 - a tokenizers.Tokenizer
+    """The text that marks an image in a prompt (chat templates, `ortinf chat`): the placeholder token's, between
+    Qwen2-VL's vision start and end tokens (as its template writes an image); Gemma 3's is <start_of_image>."""
+    marker = vision.placeholder_id if vision.placeholder_id is not None else vision.image_token_id
+    return "".join(tokenizer.id_to_token(i) for i in (vision.image_start_id, marker, vision.image_end_id) if i is not None)
+
+
+__all__ = ["place_images", "placeholder_text"]

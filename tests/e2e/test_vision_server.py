@@ -245,6 +245,22 @@ def test_ortinf_chat_with_an_image(llava_package, chat_package, tmp_path):
     assert text.returncode == 2 and "reads text: --image needs a vision-language package" in text.stderr
 
 
+def test_ortinf_chat_with_an_image_on_qwen(qwen_package, tmp_path):
+    """`ortinf chat --image` on Qwen2.5-VL: the image goes in as its template writes one, between the vision tokens."""
+    import subprocess
+
+    from test_cli_export import ORTINF
+
+    (tmp_path / "cat.png").write_bytes(png(3, (60, 80, 3)))
+    result = subprocess.run([*ORTINF, "chat", str(qwen_package), "--image", str(tmp_path / "cat.png"), "-t", "0", "-n", "5",
+                             "--provider", "cpu"], input="hello\n", capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    prompt = "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>\nhello<|im_end|>\n<|im_start|>assistant\n"
+    expected = LLM(qwen_package).generate({"prompt": prompt, "multi_modal_data": {"image": png(3, (60, 80, 3))}},
+                                          SamplingParams(temperature=0, max_tokens=5))[0].outputs[0].text
+    assert result.stdout == f"{expected}\n"
+
+
 def test_a_photo_sized_image_passes_the_body_limit(client):
     """A vision-language model's chat route takes bodies up to the audio routes' limit (26 MiB): a ~3.5 MB data URL,
     over the JSON routes' 2 MiB, is read (the text model behind the same server keeps its own limit)."""
