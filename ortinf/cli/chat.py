@@ -21,7 +21,6 @@ from ortinf.errors import ConfigError, OrtinfError
 if TYPE_CHECKING:  # imported where used: `ortinf --help` does not load the engine
     from ortinf.engine.llm_engine import LLMEngine
     from ortinf.serve.chat_template import ChatTemplate
-    from ortinf.worker.image_prompt import placeholder_text
 
 COMMANDS = {
     "/help": "this list",
@@ -45,6 +44,7 @@ def run_chat(package: Path, system: str | None, engine_options: dict, params: di
     from ortinf.engine.llm_engine import LLMEngine
     from ortinf.manifest import Manifest
     from ortinf.serve.chat_template import ChatTemplate
+    from ortinf.worker.image_prompt import placeholder_text
 
     manifest = Manifest.load(package)  # a missing folder, a GGUF file, not a package: say that, not "no chat template"
     if images and manifest.vision is None:

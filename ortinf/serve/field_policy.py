@@ -119,8 +119,9 @@ POLICY: dict[str, dict[str, Rule]] = {
     },
     "/v1/chat/completions": {
         **_SAMPLING,
-        "messages": _implemented("system, developer, user, assistant, tool; text content parts; image_url parts "
-                                 "(base64 data URLs) on vision-language models"),
+        "messages": _implemented("system, developer, user, assistant, tool; text content parts; image_url parts on "
+                                 "vision-language models (base64 data URLs; http(s) URLs from --allowed-media-domains hosts; at "
+                                 "most --limit-mm-per-prompt images)"),
         "max_tokens": _implemented("the older name of max_completion_tokens"),
         "max_completion_tokens": _implemented("default: what the context length leaves"),
         "logprobs": _implemented("logprobs of the chosen tokens"),
