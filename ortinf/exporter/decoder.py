@@ -273,9 +273,9 @@ def trace_decoder(model: PreTrainedModel, spec: DecoderSpec, path: Path, dtype: 
     if spec.mrope_section:
         dynamic_axes[MROPE_DELTAS] = {1: "num_tokens"}
     if spec.image_spans:
-        if attention != PORTABLE:
-            raise ExportError(f"{model.config.model_type}'s image tokens attend both ways, which only the portable kernel "
-                              "draws: export with --kernel portable")
+        if attention not in (PORTABLE, CPU_PAGED):
+            raise ExportError(f"{model.config.model_type}'s image tokens attend both ways, which the portable kernel and "
+                              "ortinf's CPU kernel draw: export with --kernel portable")
         dynamic_axes[ATTEND_UNTIL] = {0: "num_tokens"}
     wrapper = PagedDecoder(model, attention, spec.lora_targets).eval()
     with paged_attention_enabled(model, attention), torch.no_grad(), quiet_tracing(), no_graph_shape_inference():
@@ -291,4 +291,23 @@ def trace_decoder(model: PreTrainedModel, spec: DecoderSpec, path: Path, dtype: 
             do_constant_folding=True,
             custom_opsets={cpu_paged.DOMAIN: 1} if attention == CPU_PAGED else None,
         )
+    if spec.image_spans and attention == CPU_PAGED:
+        give_spans_to_cpu_op(path)
     return inputs, outputs
+
+
+def give_spans_to_cpu_op(path: Path) -> None:
+    """The CPU graph's image spans: `attend_until` (dropped by the trace, which the op's Python stand-in does not
+    read) as the graph input and each ortinf.PagedAttention node's input 11 (omitted optional inputs before it
+    left empty, as ONNX writes them)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    model = onnx.load(str(path), load_external_data=False)
+    graph = model.graph
+    if ATTEND_UNTIL not in {i.name for i in graph.input}:
+        graph.input.append(helper.make_tensor_value_info(ATTEND_UNTIL, TensorProto.INT64, ["num_tokens"]))
+    for node in graph.node:
+        if node.domain == cpu_paged.DOMAIN and node.op_type == cpu_paged.OP:
+            node.input.extend([""] * (11 - len(node.input)) + [ATTEND_UNTIL])
+    onnx.save_model(model, str(path))

@@ -182,10 +182,9 @@ def export_vision_language(source, out_path: Path, export_text, overwrite: bool,
         raise ExportError(f"cannot load {source.name}: {str(exc).strip().splitlines()[0] if str(exc).strip() else exc}") from exc
     config = model.config
     hidden = config.text_config.hidden_size
-    if config.model_type == "gemma3":  # bidirectional image attention: drawn by the portable kernel only
-        if options.get("kernel", PORTABLE) != PORTABLE:
-            raise ExportError("Gemma 3's image tokens attend both ways, which only the portable kernel draws: drop --kernel")
-        options = {**options, "cpu_kernel": False}
+    if config.model_type == "gemma3" and options.get("kernel", PORTABLE) != PORTABLE:  # bidirectional image attention
+        raise ExportError("Gemma 3's image tokens attend both ways, which the portable kernel and ortinf's CPU kernel draw: "
+                          "drop --kernel")
     with tempfile.TemporaryDirectory(prefix="ortinf-vlm-") as tmp, qwen_vl.quiet_mrope_keys():
         text = text_folder(model, Path(source.path), Path(tmp) / "text")
         manifest = export_text(text, Path(tmp) / "pkg", task="text-generation", overwrite=True, tolerance=tolerance, progress=progress,

@@ -72,6 +72,8 @@ struct Step {
   float* out;              // [T, num_heads * head_dim]
   const float* sinks;      // [num_heads] or null: gpt-oss's attention sinks, one more logit per head whose
                            // probability weighs nothing (the softmax starts at max = sink, sum = 1)
+  const int64_t* until;    // [T] or null: the last position each token sees when past its own (Gemma 3's image
+                           // tokens see their whole image at prefill; within this step's tokens)
   bool cross;              // cross-attention (Whisper): every query sees exactly the cached keys 0 ..
                            // context_lens[s] - 1 (an encoder's K/V in blocks of their own), no causal cut,
                            // and not the step's own keys

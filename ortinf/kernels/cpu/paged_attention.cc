@@ -14,6 +14,8 @@
 //   block_tables [S, max_blocks] i64, context_lens [S] i64, query_lens [S] i64
 //   cos, sin [T, R] f32 (optional, both or neither)                  RoPE of each token, R <= D, even
 //   sinks [H] f32 (optional)                                         gpt-oss's attention sinks per head
+//   attend_until [T] i64 (optional)                                  the last position each token sees, from
+//     its own up to the step's last (Gemma 3's image tokens see their whole image at prefill)
 //   num_heads, kv_num_heads (int), scale (float), sliding_window (int, 0 none), softcap (float, 0 none),
 //   cross (int, 0 none): cross-attention, each query over exactly the cached keys (Whisper's encoder
 //   K/V in the sequence's cross blocks; key and value are then ignored)
@@ -101,7 +103,7 @@ void run_one(void* data, size_t index) {
   g_run_job(call->step, call->jobs[index]);
 }
 
-constexpr size_t kInputs = 11, kRequiredInputs = 8;
+constexpr size_t kInputs = 12, kRequiredInputs = 8;
 
 template <typename T>
 OrtStatus* output_data(OrtKernelContext* context, size_t index, int64_t rows, int64_t cols, T** data) {
@@ -208,6 +210,19 @@ OrtStatus* compute(const Kernel& k, OrtKernelContext* context) {
                                 sinks.shape[0] != k.num_heads))
     return fail("PagedAttention: sinks must be float32 [num_heads]");
 
+  const Tensor& until = t[11];
+  const int64_t* until_data = static_cast<const int64_t*>(until.data);
+  if (until_data != nullptr) {
+    if (until.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64 || until.shape.size() != 1 || until.shape[0] != num_tokens)
+      return fail("PagedAttention: attend_until must be int64 [num_tokens]");
+    for (int64_t s = 0; s < num_seqs; ++s)
+      for (int64_t i = 0; i < qlen[s]; ++i) {
+        const int64_t last = until_data[starts[s] + i];
+        if (last < ctx[s] + i || last >= ctx[s] + qlen[s])
+          return fail("PagedAttention: attend_until must lie between a token's own position and its step's last");
+      }
+  }
+
   OrtValue* output = nullptr;
   const int64_t out_shape[2] = {num_tokens, k.num_heads * dim};
   RETURN_IF_ERROR(g_api->KernelContext_GetOutput(context, 0, out_shape, 2, &output));
@@ -275,7 +290,7 @@ OrtStatus* compute(const Kernel& k, OrtKernelContext* context) {
           rotate ? static_cast<const float*>(cos.data) : nullptr, rotate ? static_cast<const float*>(sin.data) : nullptr,
           rotary_dim, values, rows[0], rows[1], key_cache.data, value_cache.data, kind, table, ctx, starts.data(), max_blocks, pool_blocks,
           block_size, k.num_heads, kv_heads, dim, k.scale, k.sliding_window, k.softcap, out,
-          static_cast<const float*>(sinks.data), k.cross != 0};
+          static_cast<const float*>(sinks.data), until_data, k.cross != 0};
   if (call.jobs.size() == 1) {
     run_one(&call, 0);
     return nullptr;
@@ -311,6 +326,7 @@ const char* ORT_API_CALL op_name(const OrtCustomOp*) { return "PagedAttention"; 
 size_t ORT_API_CALL input_count(const OrtCustomOp*) { return kInputs; }
 size_t ORT_API_CALL output_count(const OrtCustomOp*) { return 4; }
 ONNXTensorElementDataType ORT_API_CALL input_type(const OrtCustomOp*, size_t index) {
+  if (index == 11) return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;  // attend_until
   if (index < 3 || index >= kRequiredInputs) return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
   if (index < 5) return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;  // the pool: float or float16, checked in compute
   return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
