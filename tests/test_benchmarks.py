@@ -40,9 +40,11 @@ SCRIPTS = {
     "one_engine.py": [],  # issue 30's before/after: a worktree of the base revision beside this tree
     "beam_search.py": [],
     "gguf_parity.py": [],
-    "vision.py": [],  # without benchmarks/peers/install_llama_cpp.sh: rows saying llama.cpp is not installed
+    "vision.py": [],
 }
-SLOW = {"ray_serve.py"}  # starts Ray clusters: minutes
+# ray_serve.py starts Ray clusters (minutes); compare.py and moe.py take ~40 s each in tiny mode (peer subprocesses,
+# MoE exports): in the slow run, which keeps the default suite near 20 minutes on 2 cores
+SLOW = {"ray_serve.py", "compare.py", "moe.py"}
 
 
 def test_every_script_is_covered():

@@ -208,6 +208,7 @@ def test_webgpu_paged_attention_needs_prefill_chunks_of_31(webgpu, tmp_path):
     assert paged_attention_error(session, 32) > 5e-2
 
 
+@pytest.mark.slow  # 100 s on 2 cores (Mesa's software Vulkan): in the slow run, with the other long checks
 def test_whisper_on_webgpu(webgpu, tmp_path):
     """Speech on a device pool: the encoder graph writes each window's cross K/V into its blocks on the
     device (encoder.pool-write.onnx), the decoder reads them there; greedy tokens equal the CPU's, for
