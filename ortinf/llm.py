@@ -45,6 +45,7 @@ class LLM:
         if spec is not None and spec.model is not None:  # so is a draft model's
             options["speculative_config"] = replace(spec, model=str(resolve_package(spec.model)))
         self.manifest = Manifest.load(package_dir)
+        self.package_dir = Path(package_dir)
         # generate() drives the engine's steps itself: calls from several threads take turns
         self._lock = threading.Lock()
         self.engine = None
@@ -91,6 +92,53 @@ class LLM:
             raise ConfigError(f"this package is a {self.manifest.task} model: use embed(), not generate()")
         with self._lock:
             return self._generate(prompts, sampling_params, use_tqdm, lora)
+
+    def chat(
+        self,
+        messages: Sequence[dict] | Sequence[Sequence[dict]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+        chat_template_kwargs: dict | None = None,
+        use_tqdm: bool = False,
+        lora: str | Sequence[str | None] | None = None,
+    ) -> list[RequestOutput]:
+        """vLLM's LLM.chat: one conversation (OpenAI-style messages) or a list of them, each rendered by the package's
+        chat template and generated, all batched together; outputs in conversation order. A vision-language
+        package takes `image_url` parts (base64 data URLs, as the server does) where its template puts images.
+        An invalid conversation raises RequestError before anything runs."""
+        from pydantic import ValidationError
+
+        from ortinf.serve.chat_template import ChatTemplate
+        from ortinf.serve.media import message_images
+        from ortinf.serve.protocol import ChatMessage
+        from ortinf.serve.tools import template_messages
+        from ortinf.tokenizer import check_unicode
+        from ortinf.worker.image_prompt import placeholder_text
+
+        if self.engine is None:
+            raise ConfigError(f"this package is a {self.manifest.task} model: use embed(), not chat()")
+        template = ChatTemplate.load(self.package_dir)
+        tokenizer = self.engine.tokenizer
+        if template is None or tokenizer is None:
+            raise ConfigError(f"{self.package_dir} has no chat template (or no tokenizer): use generate() for plain continuation")
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        vision = self.manifest.vision
+        placeholder = placeholder_text(vision, tokenizer) if vision is not None else None
+        prompts: list = []
+        for conversation in conversations:
+            try:
+                parsed = [ChatMessage.model_validate(m) for m in conversation]
+            except ValidationError as exc:
+                error = exc.errors()[0]
+                raise RequestError(f"a message is not valid: {'.'.join(str(x) for x in error['loc'])}: {error['msg']}",
+                                   param="messages") from exc
+            text = template.render(template_messages(parsed, placeholder), add_generation_prompt=add_generation_prompt,
+                                   extra=chat_template_kwargs)
+            ids = tokenizer.encode(check_unicode(text, "messages"), add_special_tokens=False).ids  # the template writes them
+            images = message_images(parsed) if placeholder is not None else []
+            prompts.append({"prompt_token_ids": ids, "multi_modal_data": {"image": images}} if images else ids)
+        return self.generate(prompts, sampling_params, use_tqdm, lora)
 
     def _generate(self, prompts: Prompt | Sequence[Prompt], sampling_params: SamplingParams | Sequence[SamplingParams] | None,
                   use_tqdm: bool, lora: str | Sequence[str | None] | None) -> list[RequestOutput]:

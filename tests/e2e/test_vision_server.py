@@ -268,3 +268,22 @@ def test_a_photo_sized_image_passes_the_body_limit(client):
     assert len(big) > 2 << 20
     reply = client.chat.completions.create(model="llava", messages=[{"role": "user", "content": [part(big)]}], max_tokens=2)
     assert reply.usage.prompt_tokens > 16
+
+
+def test_llm_chat_with_images_equals_the_server(client, qwen_package, chat_package):
+    """LLM.chat (vLLM's offline chat): OpenAI-style messages with image_url parts give the chat route's answer; two
+    conversations batch; a text package chats too; a bad message is a RequestError naming it."""
+    from ortinf.errors import RequestError
+
+    messages = [{"role": "user", "content": [part(png(6, (60, 80, 3))), {"type": "text", "text": "what is this?"}]}]
+    reply = client.chat.completions.create(model="qwen", messages=messages, max_tokens=6, temperature=0)
+    llm = LLM(qwen_package)
+    greedy = SamplingParams(temperature=0, max_tokens=6)
+    other = [{"role": "user", "content": "hello there"}]
+    both = llm.chat([messages, other], greedy)
+    assert both[0].outputs[0].text == reply.choices[0].message.content
+    assert len(both[0].prompt_token_ids) == reply.usage.prompt_tokens
+    assert both[1].outputs[0].text == llm.chat(other, greedy)[0].outputs[0].text
+    assert LLM(chat_package).chat([{"role": "user", "content": "hi"}], greedy)[0].outputs[0].token_ids
+    with pytest.raises(RequestError, match="role"):
+        llm.chat([{"role": "robot", "content": "hi"}], greedy)
