@@ -107,6 +107,7 @@ def test_bad_images_are_request_errors_and_the_engine_goes_on(llava):
     cases = {
         "truncated": good.getvalue()[: len(good.getvalue()) // 2],
         "a 30000x30000 header": _png_header(30000, 30000),
+        "a 0x0 header": _png_header(0, 0),
         "an SVG": b'<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"/>',
         "a decompression bomb": bomb.getvalue(),
         "not bytes": 3.5,
