@@ -85,7 +85,7 @@ class _HeldRedirects(urllib.request.HTTPRedirectHandler):
 
 
 def fetch(url: str, policy: MediaPolicy) -> bytes:
-    """An image from an http(s) URL on an allowed host: at most max_bytes, within fetch_timeout per read."""
+    """An image from an http(s) URL on an allowed host: at most max_bytes, within fetch_timeout in all."""
     host = urllib.parse.urlsplit(url).hostname
     if not policy.allowed_domains:
         raise RequestError("fetching image URLs is off on this server: send the image inline as a data URL "
@@ -115,7 +115,10 @@ def fetch(url: str, policy: MediaPolicy) -> bytes:
         raise RequestError(f"the image URL answered HTTP {exc.code}", param="messages") from exc
     except (urllib.error.URLError, OSError, ValueError) as exc:  # refused, unresolvable, timed out
         reason = getattr(exc, "reason", exc)
-        raise RequestError(f"the image URL could not be fetched within {policy.fetch_timeout:g} s: {reason}", param="messages") from exc
+        if isinstance(reason, TimeoutError):
+            raise RequestError(f"the image URL did not answer within {policy.fetch_timeout:g} s (--media-fetch-timeout)",
+                               param="messages") from exc
+        raise RequestError(f"the image URL could not be fetched: {reason}", param="messages") from exc
     if len(data) > policy.max_bytes:
         raise RequestError(f"the image at the URL is larger than {policy.max_bytes >> 20} MiB", param="messages")
     return bytes(data)

@@ -124,9 +124,14 @@ def clip_pixels(image, processor: dict) -> np.ndarray:  # noqa: ANN001 - a PIL i
         pixels = pixels[:, :, None]
     if processor.get("do_center_crop", True):
         pixels = center_crop(pixels, processor["crop_height"], processor["crop_width"])
+    return np.ascontiguousarray(normalized(pixels, processor).transpose(2, 0, 1))
+
+
+def normalized(pixels: np.ndarray, processor: dict) -> np.ndarray:
+    """[H, W, C] uint8 -> float32: rescaled, then normalised by the processor's mean and std (transformers' order)."""
     values = pixels.astype(np.float32) * np.float32(processor.get("rescale_factor", 1 / 255))
     mean, std = np.asarray(processor["image_mean"], np.float32), np.asarray(processor["image_std"], np.float32)
-    return np.ascontiguousarray(((values - mean) / std).transpose(2, 0, 1).astype(np.float32))
+    return ((values - mean) / std).astype(np.float32)
 
 
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
@@ -155,9 +160,7 @@ def qwen_patches(image, processor: dict) -> tuple[np.ndarray, tuple[int, int]]: 
     pixels = np.asarray(image, dtype=np.uint8)
     if pixels.ndim == 2:
         pixels = pixels[:, :, None]
-    values = pixels.astype(np.float32) * np.float32(processor.get("rescale_factor", 1 / 255))
-    mean, std = np.asarray(processor["image_mean"], np.float32), np.asarray(processor["image_std"], np.float32)
-    frame = ((values - mean) / std).transpose(2, 0, 1).astype(np.float32)  # [C, H, W]
+    frame = normalized(pixels, processor).transpose(2, 0, 1)  # [C, H, W]
     rows, cols = height // patch, width // patch
     frames = np.broadcast_to(frame, (temporal, *frame.shape))
     grid = frames.reshape(1, temporal, frame.shape[0], rows // merge, merge, patch, cols // merge, merge, patch)
@@ -264,10 +267,7 @@ def idefics_tiles(image, processor: dict) -> tuple[np.ndarray, int, int]:  # noq
         frames.append(np.asarray(image))
     else:
         frames = [np.asarray(image.resize((tile, tile), resample=resample))]
-    mean, std = np.asarray(processor["image_mean"], np.float32), np.asarray(processor["image_std"], np.float32)
-    scale = np.float32(processor.get("rescale_factor", 1 / 255))
-    tiles = np.stack([((f.astype(np.float32) * scale - mean) / std).transpose(2, 0, 1) for f in frames]).astype(np.float32)
-    return np.ascontiguousarray(tiles), rows, cols
+    return np.ascontiguousarray(np.stack([normalized(f, processor).transpose(2, 0, 1) for f in frames])), rows, cols
 
 
 def center_crop(pixels: np.ndarray, height: int, width: int) -> np.ndarray:

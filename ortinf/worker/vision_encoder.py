@@ -55,14 +55,11 @@ class VisionEncoder:
             self.num_calls += 1
             if self.spec.family == "llava":
                 (embeds,) = self.session.run(None, {"pixel_values": np.ascontiguousarray(np.stack([p.image.data for p in batch]))})
-            elif self.spec.family == "llava_next":  # each image's tiles packed into its grid of tokens with newlines
-                tiles, newline = self.session.run(None, {"pixel_values": np.ascontiguousarray(np.concatenate([p.image.data for p in batch]))})
+            elif self.spec.family in ("llava_next", "idefics3"):  # each image is tiles: one call over all, then per image
+                tiles, *newline = self.session.run(None, {"pixel_values": np.ascontiguousarray(np.concatenate([p.image.data for p in batch]))})
                 bounds = np.cumsum([0] + [len(p.image.data) for p in batch])
-                embeds = [pack_anyres(tiles[a:b], newline, p.grid, self.spec.processor) for a, b, p in zip(bounds[:-1], bounds[1:], batch)]
-            elif self.spec.family == "idefics3":  # each image is tiles: [tiles, seq, hidden] back to each image's rows
-                (flat,) = self.session.run(None, {"pixel_values": np.ascontiguousarray(np.concatenate([p.image.data for p in batch]))})
-                bounds = np.cumsum([0] + [len(p.image.data) for p in batch])
-                embeds = [flat[a:b].reshape(-1, flat.shape[-1]) for a, b in zip(bounds[:-1], bounds[1:])]
+                embeds = [pack_anyres(tiles[a:b], newline[0], p.grid, self.spec.processor) if newline  # LLaVA-NeXT's grid with newlines
+                          else tiles[a:b].reshape(-1, tiles.shape[-1]) for a, b, p in zip(bounds[:-1], bounds[1:], batch)]
             else:
                 feeds, orders = qwen_vision_feeds([(p.image.data, p.grid) for p in batch], self.spec.merge_size,
                                                   int(self.spec.processor.get("window_units", 0)))

@@ -180,7 +180,7 @@ def test_image_urls_from_allowed_hosts(client, image_host):
     fetched = ask(f"{image_host}/cat.png")
     assert fetched.choices[0].message.content == inline.choices[0].message.content
     assert fetched.usage.prompt_tokens == inline.usage.prompt_tokens
-    for path, fragment in (("/big.png", "larger than 20 MiB"), ("/slow.png", "within 1 s"), ("/missing.png", "HTTP 404"),
+    for path, fragment in (("/big.png", "larger than 20 MiB"), ("/slow.png", "within 1 s (--media-fetch-timeout)"), ("/missing.png", "HTTP 404"),
                            ("/moved.png", "redirects to localhost")):
         with pytest.raises(openai.BadRequestError) as caught:
             ask(image_host + path)
