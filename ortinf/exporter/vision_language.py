@@ -337,54 +337,51 @@ def random_vision_feeds(model: torch.nn.Module, vision: VisionSpec, rng: np.rand
 
 def check_image_path(model: torch.nn.Module, package: Path, vision: VisionSpec) -> float:
     """The package's logits (host-write graph, one prefill of a prompt holding an image, then one decode step)
-    against transformers' LLaVA on the same ids and pixels: the max abs difference."""
+    against transformers' model on the same ids and pixels: the max abs difference. The image's embeddings come from
+    the runtime's own VisionEncoder (its batching, window order, tile packing and placement), so the check covers them."""
     import onnxruntime
 
+    from ortinf.providers.registry import resolve
     from ortinf.worker.encoder_input import EncoderInput, PlacedImage
     from ortinf.worker.image_spans import attend_until
     from ortinf.worker.images import anyres_layout, prompt_tokens
     from ortinf.worker.model_input import SequenceChunk, build_model_input
     from ortinf.worker.mrope import rope_deltas
-    from ortinf.worker.vision_encoder import pack_anyres, qwen_vision_feeds
+    from ortinf.worker.vision_encoder import VisionEncoder
 
-    manifest = Manifest.load(package)
+    manifest = dataclasses.replace(Manifest.load(package), vision=vision)
     spec = manifest.decoder
     rng = np.random.default_rng(5)
-    vision_session = onnxruntime.InferenceSession(str(package / VISION_MODEL_NAME), providers=["CPUExecutionProvider"])
-    image_id, placed = vision.image_token_id, None
+    encoder = VisionEncoder(package, manifest, resolve("cpu"), 0, np.dtype(np.float32))
+    image_id, size = vision.image_token_id, vision.image_size
     if vision.family == "idefics3":  # an image of one tile: <fake><global-img> its tokens <fake>
-        pixels = rng.standard_normal((1, 3, vision.image_size, vision.image_size)).astype(np.float32)
-        (embeds,) = vision_session.run(None, {"pixel_values": pixels})
-        embeds, inputs = embeds.reshape(-1, embeds.shape[-1]), {"pixel_values": torch.from_numpy(pixels[None])}
-        tokens, _ = prompt_tokens(0, 0, image_id, vision.processor["expansion"])
+        pixels = rng.standard_normal((1, 3, size, size)).astype(np.float32)
+        inputs = {"pixel_values": torch.from_numpy(pixels[None])}
+        tokens, rows = prompt_tokens(0, 0, image_id, vision.processor["expansion"])
         ids = [5, 7, *tokens, 9, 11]
+        placed = PlacedImage(2 + rows[0], EncoderInput.of(pixels, len(rows), "image"), rows=tuple(r - rows[0] for r in rows),
+                             span=len(tokens) - rows[0])
     elif vision.family == "llava_next":  # an image twice as high as wide: its whole and its tiles, packed with newlines
-        size = (2 * vision.image_size, vision.image_size)
-        rows, cols, _, _ = anyres_layout(size[0], size[1], vision.processor)
-        pixels = rng.standard_normal((1 + rows * cols, 3, vision.image_size, vision.image_size)).astype(np.float32)
-        tiles, newline = vision_session.run(None, {"pixel_values": pixels})
-        embeds = pack_anyres(tiles, newline, size, vision.processor)
-        inputs = {"pixel_values": torch.from_numpy(pixels[None]), "image_sizes": torch.tensor([size])}
-        ids = [5, 7] + [image_id] * len(embeds) + [9, 11, 13]
-    elif vision.family == "llava":
-        pixels = rng.standard_normal((1, 3, vision.image_size, vision.image_size)).astype(np.float32)
-        (embeds,) = vision_session.run(None, {"pixel_values": pixels})
-        embeds, inputs = embeds[0], {"pixel_values": torch.from_numpy(pixels)}
+        rows, cols, keep_rows, keep_cols = anyres_layout(2 * size, size, vision.processor)
+        pixels = rng.standard_normal((1 + rows * cols, 3, size, size)).astype(np.float32)
+        inputs = {"pixel_values": torch.from_numpy(pixels[None]), "image_sizes": torch.tensor([[2 * size, size]])}
+        count = vision.tokens_per_image + (keep_rows.stop - keep_rows.start) * (keep_cols.stop - keep_cols.start + 1)
+        ids = [5, 7] + [image_id] * count + [9, 11, 13]
+        placed = PlacedImage(2, EncoderInput.of(pixels, count, "image"), (2 * size, size))
+    elif vision.family == "llava":  # LLaVA, and Gemma 3 with its text around the image and its span
+        pixels = rng.standard_normal((1, 3, size, size)).astype(np.float32)
+        inputs = {"pixel_values": torch.from_numpy(pixels)}
         ids = [5, 7, *vision.image_prefix_ids] + [image_id] * vision.tokens_per_image + [*vision.image_suffix_ids, 9, 11, 13]
-        if vision.whole_images:
-            placed = PlacedImage(ids.index(image_id), EncoderInput.of(pixels[0], vision.tokens_per_image, "image"), whole=True)
+        placed = PlacedImage(ids.index(image_id), EncoderInput.of(pixels[0], vision.tokens_per_image, "image"), whole=vision.whole_images)
     else:  # a 2 x 3-token image (rows x columns of merged patches) between Qwen2-VL's vision start and end tokens
         merge, config = vision.merge_size, model.config
         grid = (2, 3)
         width = config.vision_config.in_channels * config.vision_config.temporal_patch_size * config.vision_config.patch_size ** 2
         patches = rng.standard_normal((grid[0] * grid[1] * merge * merge, width)).astype(np.float32)
-        feeds, (order,) = qwen_vision_feeds([(patches, grid)], merge, int(vision.processor.get("window_units", 0)))
-        (flat,) = vision_session.run(None, {k.name: feeds[k.name] for k in vision_session.get_inputs()})
-        embeds = np.empty_like(flat)
-        embeds[order] = flat
         inputs = {"pixel_values": torch.from_numpy(patches), "image_grid_thw": torch.tensor([[1, grid[0] * merge, grid[1] * merge]])}
         ids = [5, config.vision_start_token_id] + [image_id] * (grid[0] * grid[1]) + [config.vision_end_token_id, 9, 11]
         placed = PlacedImage(2, EncoderInput.of(patches, grid[0] * grid[1], "image"), grid)
+    encoder.prepare([placed])
     specials = {image_id, getattr(model.config, "vision_start_token_id", None), getattr(model.config, "vision_end_token_id", None),
                 *vision.image_prefix_ids, *vision.image_suffix_ids}
     ids = [t if t in specials else t % spec.vocab_size for t in ids]
@@ -400,12 +397,10 @@ def check_image_path(model: torch.nn.Module, package: Path, vision: VisionSpec) 
     for _ in range(2):
         step = build_model_input([SequenceChunk(tokens[done:], done, table)], block_size)
         feeds = {k: v for k, v in step.feeds().items() if k != "slot_mapping"}
-        rows = [i - done for i, t in enumerate(tokens) if i >= done and t == image_id]
-        feeds[IMAGE_EMBEDS] = embeds[[i + done - ids.index(image_id) for i in rows]].reshape(-1, embeds.shape[-1])
-        feeds[IMAGE_ROWS] = np.array(rows, np.int64)
-        if placed is not None and placed.grid is not None:
+        feeds[IMAGE_EMBEDS], feeds[IMAGE_ROWS] = encoder.chunk([placed], done, len(tokens))
+        if spec.mrope_section:
             feeds[MROPE_DELTAS] = rope_deltas([placed], done, len(tokens))
-        if placed is not None and placed.whole:
+        if spec.image_spans:
             feeds[ATTEND_UNTIL] = attend_until([placed], done, len(tokens))
         feeds.update({f"{kind}_cache.{i}": pools[2 * i + (kind == "value")] for i in range(spec.num_layers) for kind in ("key", "value")})
         logits, *new_kv = session.run(None, feeds)
