@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import base64
 import io
-import json
 
 import numpy as np
 import openai
 import pytest
 from support.server_helpers import running_server
-from support.tiny_models import add_tokenizer, build_llava
+from support.tiny_models import add_special_tokens, build_llava
 
 import ortinf
 from ortinf import LLM, SamplingParams
@@ -25,18 +24,8 @@ TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endf
 
 @pytest.fixture(scope="module")
 def llava_package(tmp_path_factory):
-    from tokenizers import Tokenizer
-
     root = tmp_path_factory.mktemp("llava-server")
-    (root / "hf").mkdir()
-    add_tokenizer(root / "hf", 290)
-    tokenizer = Tokenizer.from_file(str(root / "hf" / "tokenizer.json"))
-    tokenizer.add_special_tokens(["<image>"])
-    tokenizer.save(str(root / "hf" / "tokenizer.json"))
-    image_token = tokenizer.token_to_id("<image>")
-    config = json.loads((root / "hf" / "tokenizer_config.json").read_text())
-    (root / "hf" / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": TEMPLATE}))
-    build_llava(root / "hf", image_token)
+    build_llava(root / "hf", add_special_tokens(root / "hf", 290, ["<image>"], TEMPLATE)["<image>"])
     ortinf.export(root / "hf", root / "pkg", progress=False)
     return root / "pkg"
 
@@ -49,19 +38,12 @@ QWEN_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['cont
 def qwen_package(tmp_path_factory):
     """A tiny Qwen2.5-VL whose tokenizer has Qwen's vision tokens as special tokens."""
     from support.tiny_models import build_qwen_vl
-    from tokenizers import Tokenizer
 
     root = tmp_path_factory.mktemp("qwen-vl-server")
-    (root / "hf").mkdir()
-    add_tokenizer(root / "hf", 280)
-    tokenizer = Tokenizer.from_file(str(root / "hf" / "tokenizer.json"))
     names = {"vision_start_token_id": "<|vision_start|>", "vision_end_token_id": "<|vision_end|>", "image_token_id": "<|image_pad|>",
              "video_token_id": "<|video_pad|>"}
-    tokenizer.add_special_tokens([*names.values(), "<|im_start|>", "<|im_end|>"])
-    tokenizer.save(str(root / "hf" / "tokenizer.json"))
-    config = json.loads((root / "hf" / "tokenizer_config.json").read_text())
-    (root / "hf" / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": QWEN_TEMPLATE}))
-    build_qwen_vl(root / "hf", tokens={key: tokenizer.token_to_id(name) for key, name in names.items()})
+    ids = add_special_tokens(root / "hf", 280, [*names.values(), "<|im_start|>", "<|im_end|>"], QWEN_TEMPLATE)
+    build_qwen_vl(root / "hf", tokens={key: ids[name] for key, name in names.items()})
     ortinf.export(root / "hf", root / "pkg", progress=False)
     return root / "pkg"
 

@@ -109,13 +109,7 @@ def build_llava_next(folder: Path, seed: int = 0) -> transformers.PreTrainedMode
     """Saves a tiny random LLaVA-NeXT with its tokenizer (add_tokenizer's plus <image>) and image processor: a CLIP tower
     over 28-px tiles in 7-px patches (16 tokens a tile), grid resolutions 28x56, 56x28 and 56x56, a llama of vocabulary
     300 and a random newline embedding."""
-    from tokenizers import Tokenizer
-
-    folder.mkdir(parents=True, exist_ok=True)
-    add_tokenizer(folder, 290)
-    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    tokenizer.add_special_tokens(["<image>"])
-    tokenizer.save(str(folder / "tokenizer.json"))
+    image = add_special_tokens(folder, 290, ["<image>"])["<image>"]
     vision = transformers.CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                                            image_size=28, patch_size=7, projection_dim=32)
     text = transformers.LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -123,7 +117,7 @@ def build_llava_next(folder: Path, seed: int = 0) -> transformers.PreTrainedMode
     pinpoints = [[28, 56], [56, 28], [56, 56]]
     torch.manual_seed(seed)
     model = transformers.LlavaNextForConditionalGeneration(transformers.LlavaNextConfig(
-        vision_config=vision, text_config=text, image_token_index=tokenizer.token_to_id("<image>"), image_grid_pinpoints=pinpoints,
+        vision_config=vision, text_config=text, image_token_index=image, image_grid_pinpoints=pinpoints,
         vision_feature_layer=-2, vision_feature_select_strategy="default")).eval()
     with torch.no_grad():
         model.model.image_newline.normal_(0.0, 0.5)
@@ -181,14 +175,8 @@ def build_idefics3(folder: Path, seed: int = 0, family: str = "idefics3") -> tra
     """Saves a tiny random Idefics3 with its tokenizer (add_tokenizer's, plus Idefics3's special tokens) and image
     processor: a SigLIP tower over 28-px tiles in 7-px patches, pixel shuffle 2 (4 tokens a tile), images up to
     56 px on the longest edge (2 x 2 tiles and the whole), a llama of vocabulary 300."""
-    from tokenizers import Tokenizer
-
-    folder.mkdir(parents=True, exist_ok=True)
-    add_tokenizer(folder, 250)
-    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    tokenizer.add_special_tokens(["<fake_token_around_image>", "<global-img>", "<image>"]
-                                 + [f"<row_{r}_col_{c}>" for r in range(1, 3) for c in range(1, 3)])
-    tokenizer.save(str(folder / "tokenizer.json"))
+    ids = add_special_tokens(folder, 250, ["<fake_token_around_image>", "<global-img>", "<image>"]
+                             + [f"<row_{r}_col_{c}>" for r in range(1, 3) for c in range(1, 3)])
     text = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                 max_position_embeddings=1024)
     vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, image_size=28, patch_size=7)
@@ -197,7 +185,7 @@ def build_idefics3(folder: Path, seed: int = 0, family: str = "idefics3") -> tra
                                                    transformers.Idefics3ImageProcessor) if family == "idefics3" else
                                                   (transformers.SmolVLMConfig, transformers.SmolVLMForConditionalGeneration,
                                                    transformers.SmolVLMImageProcessor))
-    config = config_class(text_config=text, vision_config=vision, scale_factor=2, image_token_id=tokenizer.token_to_id("<image>"))
+    config = config_class(text_config=text, vision_config=vision, scale_factor=2, image_token_id=ids["<image>"])
     model = model_class(config).eval()
     model.save_pretrained(folder)
     processor_class(size={"longest_edge": 56}, max_image_size={"longest_edge": 28}).save_pretrained(folder)
@@ -242,6 +230,24 @@ def add_tokenizer(folder: Path, vocab_size: int = 256) -> None:
     (folder / "tokenizer_config.json").write_text(
         '{"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}'
     )
+
+
+def add_special_tokens(folder: Path, vocab_size: int, names: list[str], chat_template: str | None = None) -> dict[str, int]:
+    """add_tokenizer's tokenizer in `folder` (created) with `names` as special tokens after its vocabulary (and a chat
+    template in tokenizer_config.json); returns their ids."""
+    import json
+
+    from tokenizers import Tokenizer
+
+    folder.mkdir(parents=True, exist_ok=True)
+    add_tokenizer(folder, vocab_size)
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokenizer.add_special_tokens(names)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    if chat_template is not None:
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+        (folder / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": chat_template}))
+    return {name: tokenizer.token_to_id(name) for name in names}
 
 
 BYTE_TOKENIZER_TEXT = (
