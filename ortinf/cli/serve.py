@@ -95,6 +95,7 @@ def serve(packages: tuple[Path, ...], host: str, port: int, served_model_names: 
     from ortinf.serve.server import run
     from ortinf.serve.state import ServerConfig
 
+    images_per_prompt = parse_limit_mm_per_prompt(limit_mm_per_prompt)  # a bad value fails now, before models load
     engine = engine_values(engine_given)  # the engine's options, as EngineConfig takes them (generated from its fields)
     if not use_ray:
         check_port(host, port)  # before minutes of loading (or exporting) models, not after
@@ -144,7 +145,7 @@ def serve(packages: tuple[Path, ...], host: str, port: int, served_model_names: 
         packages=tuple(packages), host=host, port=port, served_model_names=served_model_names, api_key=api_key,
         max_queued_requests=max_queued_requests, shutdown_timeout=shutdown_timeout, max_body_size=parse_size(max_body_size),
         max_audio_body_size=parse_size(max_audio_body_size), tool_call_parser=tool_call_parser, reasoning_parser=reasoning_parser,
-        metrics_prefix=metrics_prefix, limit_mm_per_prompt=parse_limit_mm_per_prompt(limit_mm_per_prompt),
+        metrics_prefix=metrics_prefix, limit_mm_per_prompt=images_per_prompt,
         allowed_media_domains=tuple(d.strip() for given in allowed_media_domains for d in given.split(",") if d.strip()),
         media_fetch_timeout=media_fetch_timeout,
         allow_runtime_lora_updates=allow_runtime_lora_updates, transcription_fallback=transcription_fallback, engine_options=engine,
