@@ -120,3 +120,21 @@ def test_an_image_longer_than_a_step_is_a_request_error(gemma):
     with pytest.raises(RequestError, match="--max-num-batched-tokens 16"):
         llm.generate({"prompt_token_ids": [2, 5, BOI], "multi_modal_data": {"image": images()[0]}}, GREEDY)
     assert llm.generate([[2, 5, 6]], GREEDY)[0].outputs[0].token_ids  # the engine goes on
+
+
+@pytest.mark.parametrize("isa", ["avx2", "generic"])
+def test_every_build_the_machine_runs(isa):
+    """The image spans again under the kernel library's narrower builds (each reads attend_until in its own job code)."""
+    import importlib.util
+    from pathlib import Path
+
+    from ortinf.kernels import library
+
+    if library.load() is None:
+        pytest.skip("ortinf's CPU kernel library is not built here")
+    if isa == "avx2" and "avx2" not in open("/proc/cpuinfo").read():
+        pytest.skip("this CPU has no AVX2")
+    spec = importlib.util.spec_from_file_location("builds", Path(__file__).parents[1] / "kernels" / "builds.py")
+    builds = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(builds)
+    builds.rerun_under(isa, __file__, "library.load().isa")
