@@ -184,3 +184,21 @@ def test_the_step_budgets_image_work(llava):
     again = [{"prompt_token_ids": [6, IMAGE_TOKEN, 8], "multi_modal_data": {"image": picture}} for picture in (a, b, c)]
     budgeted.generate(again, GREEDY)  # all three kept: one step may take them all, and no call runs
     assert budgeted.engine.runner.vision.num_calls == 3
+
+
+def test_beam_search_over_an_image_equals_transformers(llava):
+    """Beam search (one step request per beam, ortinf/engine/beams.py) carries the prompt's image into every step:
+    the hypotheses equal transformers' generate(num_beams=3) with the same pixels."""
+    model, processor, package = llava
+    ids = [5, 7, IMAGE_TOKEN, 9, 11]
+    picture = images()[0]
+    expanded = [t for token in ids for t in ([IMAGE_TOKEN] * TOKENS_PER_IMAGE if token == IMAGE_TOKEN else [token])]
+    pixels = torch.from_numpy(processor(picture, return_tensors="np")["pixel_values"])
+    with torch.no_grad():
+        out = model.generate(torch.tensor([expanded]), attention_mask=torch.ones(1, len(expanded), dtype=torch.long), pixel_values=pixels,
+                             num_beams=3, num_return_sequences=3, max_new_tokens=6, min_new_tokens=6, do_sample=False, pad_token_id=0,
+                             early_stopping=True)
+    expected = [row[len(expanded):].tolist() for row in out]
+    beams = SamplingParams(num_beams=3, n=3, max_tokens=6, ignore_eos=True, early_stopping=True)
+    got = LLM(package).generate({"prompt_token_ids": ids, "multi_modal_data": {"image": picture}}, beams)[0]
+    assert [o.token_ids for o in got.outputs] == expected
