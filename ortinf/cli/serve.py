@@ -24,7 +24,7 @@ from ortinf.serve.tool_parsers import PARSERS
               help="Port to listen on (1-65535).")
 @click.option("--served-model-name", "served_model_names", multiple=True, envvar="ORTINF_SERVED_MODEL_NAME",
               help="Name clients use in `model` (one per package) [default: the package folder's name].")
-@click.option("--api-key", envvar="ORTINF_API_KEY", help="Require `Authorization: Bearer KEY` on /v1 routes.")
+@click.option("--api-key", envvar="ORTINF_API_KEY", help="Require `Authorization: Bearer KEY` on every route but /health, /version, /load and /metrics.")
 @click.option("--max-queued-requests", type=click.IntRange(min=0), default=256, show_default=True, envvar="ORTINF_MAX_QUEUED_REQUESTS",
               help="Requests that may wait beyond the running batch; past that the server answers 429.")
 @click.option("--shutdown-timeout", type=click.FloatRange(min=0.0), default=30.0, show_default=True, envvar="ORTINF_SHUTDOWN_TIMEOUT",
@@ -34,6 +34,9 @@ from ortinf.serve.tool_parsers import PARSERS
 @click.option("--max-audio-body-size", default="26MiB", show_default=True, envvar="ORTINF_MAX_AUDIO_BODY_SIZE",
               help="Largest body of /v1/audio/transcriptions and /v1/audio/translations (413 beyond): the audio file "
                    "(OpenAI's limit is 25 MiB) and its form fields.")
+@click.option("--responses-store-size", default="256MiB", show_default=True, envvar="ORTINF_RESPONSES_STORE_SIZE",
+              help="Memory for stored /v1/responses responses (GET and previous_response_id): the newest that fit stay, the "
+                   "oldest go first; 0 stores none.")
 @click.option("--limit-mm-per-prompt", default="image=8", show_default=True, envvar="ORTINF_LIMIT_MM_PER_PROMPT",
               help="Images a conversation may hold on a vision-language model: image=N (vLLM's form; JSON {\"image\": N} too); "
                    "more is a 400.")
@@ -77,7 +80,7 @@ from ortinf.serve.tool_parsers import PARSERS
                    "skip silent ones (OpenAI's and openai-whisper's behaviour); off: the request's temperature alone.")
 @engine_options()
 def serve(packages: tuple[Path, ...], host: str, port: int, served_model_names: tuple[str, ...], api_key: str | None,
-          max_queued_requests: int, shutdown_timeout: float, max_body_size: str, max_audio_body_size: str, limit_mm_per_prompt: str,
+          max_queued_requests: int, shutdown_timeout: float, max_body_size: str, max_audio_body_size: str, responses_store_size: str, limit_mm_per_prompt: str,
           allowed_media_domains: tuple[str, ...], media_fetch_timeout: float, tool_call_parser: str, reasoning_parser: str,
           metrics_prefix: str, use_ray: bool, num_replicas: int, min_replicas: int | None, max_replicas: int | None,
           target_ongoing_requests: float | None, cpus_per_replica: float, gpus_per_replica: float, prefix_routing: bool,
@@ -144,7 +147,8 @@ def serve(packages: tuple[Path, ...], host: str, port: int, served_model_names: 
     config = ServerConfig(
         packages=tuple(packages), host=host, port=port, served_model_names=served_model_names, api_key=api_key,
         max_queued_requests=max_queued_requests, shutdown_timeout=shutdown_timeout, max_body_size=parse_size(max_body_size),
-        max_audio_body_size=parse_size(max_audio_body_size), tool_call_parser=tool_call_parser, reasoning_parser=reasoning_parser,
+        max_audio_body_size=parse_size(max_audio_body_size), responses_store_size=parse_size(responses_store_size),
+        tool_call_parser=tool_call_parser, reasoning_parser=reasoning_parser,
         metrics_prefix=metrics_prefix, limit_mm_per_prompt=images_per_prompt,
         allowed_media_domains=tuple(d.strip() for given in allowed_media_domains for d in given.split(",") if d.strip()),
         media_fetch_timeout=media_fetch_timeout,

@@ -147,9 +147,18 @@ class ClientGone:
                 cycle.disconnected = True
 
 
+OPEN_PATHS = frozenset({"/health", "/version", "/load", "/metrics"})  # what a supervisor, router or scraper reads
+
+
 class Gate:
-    """Pure ASGI middleware (BaseHTTPMiddleware would hide client disconnects from the routes):
-    the API key on /v1 routes, compared in constant time, and 503 while the models load."""
+    """Pure ASGI middleware (BaseHTTPMiddleware would hide client disconnects from the routes): with
+    --api-key, every path but OPEN_PATHS needs the key, compared in constant time, and those paths
+    answer 503 while the models load.
+
+    The rule is by exclusion, not by prefix: every route that runs a model or reads served state sits
+    behind the key, including the ones outside /v1 (/rerank, /score, /classify, /tokenize, the docs)
+    and any route added later; a path that matches no route gets 401 before 404, so the routes are
+    not listed to a client without the key (tests/e2e/test_api_key.py walks every route of the app)."""
 
     def __init__(self, app: ASGIApp, state: ServerState) -> None:
         self.app, self.state = app, state
@@ -157,7 +166,7 @@ class Gate:
         self.expected = f"Bearer {key}".encode() if key else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and (scope["path"].startswith("/v1/") or scope["path"] in ("/tokenize", "/detokenize")):
+        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
             if self.expected is not None:
                 given = dict(scope.get("headers") or []).get(b"authorization", b"")
                 if not hmac.compare_digest(given, self.expected):
