@@ -24,7 +24,8 @@ from ortinf.serve.tool_parsers import PARSERS
               help="Port to listen on (1-65535).")
 @click.option("--served-model-name", "served_model_names", multiple=True, envvar="ORTINF_SERVED_MODEL_NAME",
               help="Name clients use in `model` (one per package) [default: the package folder's name].")
-@click.option("--api-key", envvar="ORTINF_API_KEY", help="Require `Authorization: Bearer KEY` on every route but /health, /version, /load and /metrics.")
+@click.option("--api-key", envvar="ORTINF_API_KEY",
+              help="Require `Authorization: Bearer KEY` on every route but /health, /version, /load and /metrics.")
 @click.option("--max-queued-requests", type=click.IntRange(min=0), default=256, show_default=True, envvar="ORTINF_MAX_QUEUED_REQUESTS",
               help="Requests that may wait beyond the running batch; past that the server answers 429.")
 @click.option("--shutdown-timeout", type=click.FloatRange(min=0.0), default=30.0, show_default=True, envvar="ORTINF_SHUTDOWN_TIMEOUT",
@@ -80,7 +81,8 @@ from ortinf.serve.tool_parsers import PARSERS
                    "skip silent ones (OpenAI's and openai-whisper's behaviour); off: the request's temperature alone.")
 @engine_options()
 def serve(packages: tuple[Path, ...], host: str, port: int, served_model_names: tuple[str, ...], api_key: str | None,
-          max_queued_requests: int, shutdown_timeout: float, max_body_size: str, max_audio_body_size: str, responses_store_size: str, limit_mm_per_prompt: str,
+          max_queued_requests: int, shutdown_timeout: float, max_body_size: str, max_audio_body_size: str, responses_store_size: str,
+          limit_mm_per_prompt: str,
           allowed_media_domains: tuple[str, ...], media_fetch_timeout: float, tool_call_parser: str, reasoning_parser: str,
           metrics_prefix: str, use_ray: bool, num_replicas: int, min_replicas: int | None, max_replicas: int | None,
           target_ongoing_requests: float | None, cpus_per_replica: float, gpus_per_replica: float, prefix_routing: bool,

@@ -25,14 +25,15 @@ router = APIRouter()
 
 
 def prepare_samples(model: ServedModel, prompts: list, body_params, n: int, stream: bool, body: SamplingFields | None = None,
-                    add_special_tokens: bool = True, images: list | None = None) -> list[PreparedRequest]:
+                    add_special_tokens: bool = True, images: list | None = None, cache_salt: str | None = None) -> list[PreparedRequest]:
     """One PreparedRequest per prompt x sample (prompt-major); validation happens here, before any runs.
     A stream's engine outputs are deltas (each only what is new), which the route frames; a
     non-streamed request's is one final output per sample (no per-step wake-up, no text rebuilt).
-    `body`: the request, for its priority and cache_salt; `images`: a chat's images (one prompt), in order."""
+    `body`: the request, for its priority and cache_salt (`cache_salt`: a route's salt without such a body, the
+    Responses API's); `images`: a chat's images (one prompt), in order."""
     engine = model.require_engine().engine
     body_params = replace(body_params, output_kind="delta" if stream else "final_only")
-    priority, salt = (body.priority, body.cache_salt) if body is not None else (0, None)
+    priority, salt = (body.priority, body.cache_salt) if body is not None else (0, cache_salt)
     prepared = []
     for prompt in prompts:
         if not prompt:

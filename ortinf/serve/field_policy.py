@@ -167,11 +167,14 @@ POLICY: dict[str, dict[str, Rule]] = {
         "top_p": _implemented("nucleus sampling"),
         "max_output_tokens": _implemented("status incomplete when reached"),
         "stream": _implemented("the Responses events"),
-        "previous_response_id": _implemented("continues a stored response (in memory, the newest 1024)"),
-        "store": _implemented("default true: kept for GET and previous_response_id"),
-        "metadata": _implemented("returned with the response"),
+        "previous_response_id": _implemented("continues a stored response (in memory, the newest that fit in "
+                                             "--responses-store-size)"),
+        "store": _implemented("default true: kept (an immutable copy) for GET and previous_response_id"),
+        "metadata": _implemented("returned with the response; OpenAI's limits: 16 keys of at most 64 characters, values "
+                                 "of at most 512"),
         "user": _implemented("accepted as OpenAI defines it; no effect"),
         "structured_outputs": _implemented("vLLM's, as on chat completions"),
+        "cache_salt": _implemented("vLLM's: prefix-cache blocks are shared only between requests with the same salt"),
         **{name: Rule(MAPPED, f"structured_outputs.{target}") for name, target in GUIDED.items()},
         "include": _ignored("no extra output data (logprobs, encrypted reasoning)"),
         "reasoning": _ignored("no reasoning controls"),

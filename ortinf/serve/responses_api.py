@@ -7,9 +7,10 @@ their outputs) and `instructions` become a chat conversation, `tools` and `tool_
 a chat completion (the template, the tool-call parser, the engine). The reply's text and calls
 become output items; streamed, they are the Responses events (`response.output_text.delta`, ...).
 
-Stored responses (`store`, default true as OpenAI's) live in a bounded in-memory store: the newest
-MAX_STORED, oldest evicted first, gone when the server stops. `previous_response_id` continues a
-stored one's conversation (its input and output items; its instructions are not carried, as OpenAI's).
+Stored responses (`store`, default true as OpenAI's) live in an in-memory store bounded in bytes
+(ortinf/serve/response_store.py: immutable JSON snapshots, oldest evicted first, gone when the server
+stops). `previous_response_id` continues a stored one's conversation (its input and output items; its
+instructions are not carried, as OpenAI's).
 """
 
 from __future__ import annotations
@@ -17,14 +18,13 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ortinf.serve import field_policy
 from ortinf.serve.chat import chat_params, render_prompt, split_reasoning, tool_plan
@@ -33,14 +33,15 @@ from ortinf.serve.errors import APIError, from_exception
 from ortinf.serve.media import message_images
 from ortinf.serve.models import ServedModel
 from ortinf.serve.protocol import OPEN, ChatCompletionRequest, Finite, read_guided
+from ortinf.serve.response_store import ResponseStore
 from ortinf.serve.state import ServerState
 from ortinf.serve.streaming import AdmittedStream, final_outputs, merged, sse, until_disconnected
 from ortinf.serve.tools import ToolCall, ToolPlan, held_back
 
 router = APIRouter()
 
-MAX_STORED = 1024  # responses kept for previous_response_id and GET (oldest evicted first)
 MAX_ITEMS = 2048  # input items in one request
+MAX_METADATA_KEY, MAX_METADATA_VALUE = 64, 512  # OpenAI's limits on metadata
 
 
 class TextFormat(BaseModel):
@@ -88,45 +89,24 @@ class ResponsesRequest(BaseModel):
     metadata: Annotated[dict[str, str], Field(max_length=16)] | None = None
     user: str | None = None
     structured_outputs: dict | None = Field(None, description="vLLM's, as on chat completions (json, regex, choice, grammar)")
+    cache_salt: Annotated[str, Field(min_length=1, max_length=256)] | None = Field(
+        None, description="vLLM's: prefix-cache blocks are shared only between requests with the same salt")
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata_limits(cls, metadata: dict[str, str] | None) -> dict[str, str] | None:
+        """OpenAI's: keys up to 64 characters, values up to 512."""
+        for key, value in (metadata or {}).items():
+            if len(key) > MAX_METADATA_KEY or len(value) > MAX_METADATA_VALUE:
+                raise ValueError(f"metadata keys are at most {MAX_METADATA_KEY} characters and values at most "
+                                 f"{MAX_METADATA_VALUE} (OpenAI's limits)")
+        return metadata
 
     @model_validator(mode="before")
     @classmethod
     def _guided(cls, data):
         """vLLM's guided_* fields, read as structured_outputs (as on chat completions)."""
         return read_guided(data)
-
-
-@dataclass(slots=True)
-class Stored:
-    body: dict  # the response as returned
-    messages: list[dict]  # the conversation so far, as chat messages (input and output, no instructions)
-
-
-class ResponseStore:
-    """The newest MAX_STORED responses, in memory."""
-
-    def __init__(self, capacity: int = MAX_STORED) -> None:
-        self.capacity = capacity
-        self.items: OrderedDict[str, Stored] = OrderedDict()
-
-    def put(self, response_id: str, stored: Stored) -> None:
-        self.items[response_id] = stored
-        while len(self.items) > self.capacity:
-            self.items.popitem(last=False)
-
-    def get(self, response_id: str, param: str | None = None) -> Stored:
-        stored = self.items.get(response_id)
-        if stored is None:
-            raise APIError(404, f"no stored response with id '{response_id[:80]}' (responses live in memory: the newest "
-                                f"{self.capacity}, while the server runs)", param=param)
-        return stored
-
-
-def _store(request: Request) -> ResponseStore:
-    app_state = request.app.state
-    if getattr(app_state, "responses", None) is None:
-        app_state.responses = ResponseStore()
-    return app_state.responses
 
 
 def _text(content, where: str) -> str | list[dict]:
@@ -156,7 +136,8 @@ def _text(content, where: str) -> str | list[dict]:
 
 
 def conversation(body: ResponsesRequest, previous: list[dict]) -> list[dict]:
-    """The chat messages of a request: the previous response's conversation, then the input items."""
+    """The chat messages of a request: the previous response's conversation, then the input items.
+    `previous` is not changed (a stored conversation is read as a fresh copy anyway)."""
     messages = list(previous)
     items = [{"role": "user", "content": body.input}] if isinstance(body.input, str) else body.input
     for index, item in enumerate(items):
@@ -176,7 +157,7 @@ def conversation(body: ResponsesRequest, previous: list[dict]) -> list[dict]:
                     "function": {"name": item["name"], "arguments": str(item.get("arguments") or "{}")}}
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant":  # a reply's message and calls are one assistant turn
-                last.setdefault("tool_calls", []).append(call)
+                messages[-1] = {**last, "tool_calls": [*(last.get("tool_calls") or []), call]}
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output":
@@ -287,11 +268,17 @@ class Run:
             "service_tier": "default",
         }
 
-    def finish(self, store: ResponseStore, text: str, finish_reason: str | None, usage: dict) -> dict:
+    def finish(self, store: ResponseStore, text: str, finish_reason: str | None, usage: dict,
+               item_ids: dict[str, str] | None = None) -> dict:
+        """The final response, stored (a snapshot) when the request asked. `item_ids`: the ids a stream
+        announced for its reasoning and message items, by item type."""
         reasoning, answer = split_reasoning(self.model, text)
         content, calls = self.tools.parse(answer, self.model.tool_parser) if answer is not None else (None, [])
         incomplete = "max_output_tokens" if finish_reason == "length" else None
-        body = self.response("incomplete" if incomplete else "completed", _outputs(reasoning, content, calls), usage, incomplete)
+        output = _outputs(reasoning, content, calls)
+        for item in output:
+            item["id"] = (item_ids or {}).get(item["type"], item["id"])
+        body = self.response("incomplete" if incomplete else "completed", output, usage, incomplete)
         if self.body.store:
             reply = {"role": "assistant", "content": content}
             if calls:
@@ -299,7 +286,7 @@ class Run:
                                        for c in calls]
             # the stored conversation leaves the instructions out (they are not carried to the next response)
             kept = self.messages[1:] if self.body.instructions is not None else self.messages
-            store.put(self.response_id, Stored(body, [*kept, reply]))
+            store.put(self.response_id, body, [*kept, reply])
         return body
 
 
@@ -315,8 +302,8 @@ async def create_response(body: ResponsesRequest, request: Request):
     ignored = field_policy.apply("/v1/responses", body)
     model = state.registry.get(body.model)
     engine = model.require_engine()
-    store = _store(request)
-    previous = store.get(body.previous_response_id, "previous_response_id").messages if body.previous_response_id else []
+    store = state.responses
+    previous = store.get(body.previous_response_id, "previous_response_id").conversation() if body.previous_response_id else []
     messages = conversation(body, previous)
     if body.instructions is not None:
         messages.insert(0, {"role": "system", "content": body.instructions})
@@ -327,7 +314,8 @@ async def create_response(body: ResponsesRequest, request: Request):
     params = chat_params(model, chat, tools, None)
     def prepare() -> list:  # rendering, tokenising and decoding images are CPU work: off the event loop
         images = message_images(chat.messages, state.config.media_policy) if model.image_placeholder is not None else []
-        return prepare_samples(model, [render_prompt(model, chat, tools)], params, 1, body.stream, images=images)
+        return prepare_samples(model, [render_prompt(model, chat, tools)], params, 1, body.stream, images=images,
+                               cache_salt=body.cache_salt)
 
     prepared = await asyncio.to_thread(prepare)
     run = Run(body, tools, model, prepared, f"resp_{uuid.uuid4().hex}", int(time.time()), messages)
@@ -387,10 +375,9 @@ async def _events(run: Run, store: ResponseStore, engine) -> AsyncIterator[str]:
                 yield event("response.output_item.done", output_index=0, item=thinking)
             answer = answer or ""
             if finished:
-                response = run.finish(store, text, delta.finish_reason, _usage(run, output.num_output_tokens, output.num_cached_tokens or 0))
+                response = run.finish(store, text, delta.finish_reason, _usage(run, output.num_output_tokens, output.num_cached_tokens or 0),
+                                      item_ids={"reasoning": thinking["id"], "message": message["id"]})  # the ids the stream announced
                 items = response["output"]
-                for item in items:  # the ids the stream announced
-                    item["id"] = {"reasoning": thinking["id"], "message": message["id"]}.get(item["type"], item["id"])
                 final = next((item for item in items if item["type"] == "message"), None)
                 visible = len(final["content"][0]["text"]) if final is not None else sent
                 answer = final["content"][0]["text"] if final is not None else answer
@@ -439,13 +426,12 @@ def _json(data: dict) -> str:
 
 @router.get("/v1/responses/{response_id}")
 async def get_response(response_id: str, request: Request):
-    return JSONResponse(_store(request).get(response_id).body)
+    return JSONResponse(request.app.state.ortinf.responses.get(response_id).response())
 
 
 @router.delete("/v1/responses/{response_id}")
 async def delete_response(response_id: str, request: Request):
-    store = _store(request)
-    store.get(response_id)
-    del store.items[response_id]
+    store: ResponseStore = request.app.state.ortinf.responses
+    store.get(response_id)  # 404 when absent
+    store.delete(response_id)
     return JSONResponse({"id": response_id, "object": "response", "deleted": True})
-

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ortinf.serve.metrics import EngineMetrics
 from ortinf.serve.models import ModelRegistry
+from ortinf.serve.response_store import DEFAULT_CAPACITY, ResponseStore
 from ortinf.serve.streaming import Admission
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,7 @@ class ServerConfig:
     limit_mm_per_prompt: int = 8  # images per conversation (vLLM's --limit-mm-per-prompt image=N)
     allowed_media_domains: tuple[str, ...] = ()  # hosts image URLs may be fetched from (none: data URLs only)
     media_fetch_timeout: float = 5.0
+    responses_store_size: int = DEFAULT_CAPACITY  # bytes of stored Responses API responses (ortinf/serve/response_store.py)
     transcription_fallback: bool = True  # OpenAI's temperature 0: hotter retries, silent windows skipped (ortinf/tasks/speech/longform.py)
     engine_options: dict = field(default_factory=dict)  # EngineConfig's keyword arguments (but package_dir)
 
@@ -67,6 +69,7 @@ class ServerState:
     registry: ModelRegistry = field(default_factory=ModelRegistry)
     metrics: EngineMetrics = field(default_factory=EngineMetrics)
     admission: Admission | None = None
+    responses: ResponseStore | None = None  # the Responses API's stored responses
     ready: bool = False
     load_error: str | None = None
     fatal_error: str | None = None  # an engine died: the process exits non-zero (ortinf/serve/server.py)
@@ -75,6 +78,7 @@ class ServerState:
     def __post_init__(self) -> None:
         self.admission = Admission(self.config.max_num_seqs, self.config.max_queued_requests)
         self.metrics = EngineMetrics(self.config.metrics_prefix)
+        self.responses = ResponseStore(self.config.responses_store_size)
 
     def fatal(self, what: str, exc: BaseException) -> None:
         """A model failed to load or its engine died (called from any thread): the server stops
