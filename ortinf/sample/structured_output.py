@@ -27,6 +27,7 @@ from tokenizers import Tokenizer
 
 from ortinf import json_text
 from ortinf.errors import RequestError
+from ortinf.sample.json_schema import closed as closed_objects
 
 Kind = Literal["json", "regex", "choice", "grammar"]
 CACHE_SIZE = 256  # compiled grammars kept (least recently used dropped first)
@@ -55,8 +56,10 @@ class StructuredOutput:
             raise RequestError("the JSON schema `false` allows no output at all", param=param)
         if not isinstance(schema, dict):
             raise RequestError("a JSON schema must be an object", param=param)
-        try:
-            return cls("json", json_text.dumps(schema, sort_keys=True), param)
+        try:  # objects closed unless the schema opens them, as vLLM's default backend does (ortinf/sample/json_schema.py)
+            return cls("json", json_text.dumps(closed_objects(schema), sort_keys=True), param)
+        except RecursionError:
+            raise RequestError(f"the JSON schema is {json_text.MAX_DEPTH_MESSAGE}", param=param) from None
         except ValueError as exc:
             raise RequestError(f"the JSON schema is {exc}", param=param) from exc
 
