@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 
 from ortinf.errors import ExportError
 from ortinf.exporter import attention_cpu as cpu_paged
+from ortinf.exporter import streaming
 from ortinf.exporter.architectures import resolve_task
 from ortinf.exporter.decoder import CPU_PAGED, decoder_spec, trace_decoder
 from ortinf.exporter.encoder import TracedEncoder, encoder_inputs, encoder_spec, read_pooling, trace_encoder
@@ -72,6 +73,7 @@ def export(
     enable_lora: bool = False,
     quality_gate: str = "enforce",
     vision_dtype: str = "fp32",
+    in_memory: bool = False,
 ) -> Manifest:
     """Exports MODEL (a local folder or a cached hub id) to the package folder OUT and verifies it.
 
@@ -83,6 +85,8 @@ def export(
     are recorded in the manifest with a warning ("record": random-weight benchmark models, whose flat
     next-token distributions flip argmaxes under any rounding, or a user who has measured otherwise).
     `vision_dtype`: a vision-language model's vision tower weights (fp32, int8, int4); `dtype` is its language model's.
+    `in_memory`: export a decoder the way models that the streaming exporter does not cover are exported (the whole
+    model loaded and traced; ortinf/exporter/streaming.py): for comparisons.
 
     MODEL may also be a GGUF file (llama.cpp's, Ollama's): it is read into a temporary Hugging Face folder
     first (ortinf/exporter/gguf_source.py); `dtype` None exports it at the file's own precision (Q8_0 and
@@ -170,17 +174,44 @@ def export(
     elif kernel == CONTRIB_PAGED:
         check_contrib_paged(source.config)
 
+    not_streamed = "asked for (in_memory)" if in_memory else streaming.streamable(source, task, enable_lora, kernel)
+    if task == TEXT_GENERATION and not_streamed is not None:
+        log.info("%s exports in memory (the whole model loaded): %s", source.name, not_streamed)
     bar = tqdm(total=len(STAGES), desc=STAGES[0], disable=not progress, bar_format="{desc:<10} {bar} {n}/{total} [{elapsed}]")
     with staging(out_path, overwrite) as stage, bar:
         # the tokenizer first: one that does not fit the vocabulary is refused before the slow part
         has_tokenizer, has_template = write_tokenizer(source, stage, source.config.get("vocab_size"))
-        hf_model = _load(source, task)
+        skel = None
+        if not_streamed is None:
+            try:  # the weights stay in the checkpoint: the reference model loads one module's at a time
+                skel = streaming.skeleton(source)
+            except streaming.NotStreamable as exc:
+                log.info("%s exports in memory (the whole model loaded): %s", source.name, exc)
+        if skel is not None:
+            streaming.check_shapes(skel)
+            hf_model = streaming.reference_model(skel)
+        else:
+            hf_model = _load(source, task)
         bar.update()
         bar.set_description_str(STAGES[1])
         trace_dir = stage / ".trace"
         trace_dir.mkdir()
         cpu_traced = None
-        if task == TEXT_GENERATION:
+        if skel is not None:
+            spec = decoder_spec(hf_model, kv_dtype, kernel, enable_lora)
+            wants_cpu = cpu_kernel and cpu_paged.wants_cpu_graph(kernel, dtype, cpu_kv_dtype)
+            traced = streaming.trace(source, spec, trace_dir, DTYPES[dtype],
+                                     replace(spec, kv_dtype=cpu_kv_dtype or spec.kv_dtype) if wants_cpu else None)
+            cpu_traced = traced.cpu
+            kind = {"decoder": spec}
+            bar.update()
+            bar.set_description_str(STAGES[2])
+            if dtype in QUANTIZED:
+                kind["quantization"] = Quantization(BITS[dtype], quant_block_size, accuracy_level)
+            inputs, outputs = streaming.place(traced, stage, spec, dtype,
+                                              (quant_block_size, accuracy_level) if dtype in QUANTIZED else None, progress)
+            shutil.rmtree(trace_dir)
+        elif task == TEXT_GENERATION:
             spec = decoder_spec(hf_model, kv_dtype, kernel, enable_lora)
             if enable_lora and not spec.lora_targets:
                 raise ExportError(f"--enable-lora: {source.model_type} has no nn.Linear projections under self_attn/mlp "
@@ -199,19 +230,20 @@ def export(
             encoder = TracedEncoder(hf_model, task, kind["encoder"].pooling or "", kind["encoder"].normalize, input_names)
             inputs, outputs = trace_encoder(encoder.to(DTYPES[dtype]), trace_dir / MODEL_NAME, hf_model.config.vocab_size)
             encoder.float()
-        bar.update()
-        bar.set_description_str(STAGES[2])
-        if task == TEXT_GENERATION:  # two graphs sharing model.onnx.data, whatever the threshold
-            transform = cpu_transform = None
-            if dtype in QUANTIZED:
-                kind["quantization"] = Quantization(BITS[dtype], quant_block_size, accuracy_level)
-                rounded: dict = {}  # both graphs round each weight once
-                transform = lambda graph: quantize(graph, dtype, quant_block_size, accuracy_level, cache=rounded)  # noqa: E731
-                cpu_transform = lambda graph: quantize(graph, dtype, quant_block_size, cpu=True, cache=rounded)  # noqa: E731
-            inputs, outputs = place_decoder(trace_dir / MODEL_NAME, stage, spec, transform, cpu_traced, cpu_transform)
-            shutil.rmtree(trace_dir)
-        else:
-            _place_graph(trace_dir, stage, external_data_threshold)
+        if skel is None:  # the in-memory path: the traced graphs' weights are loaded, transformed and saved
+            bar.update()
+            bar.set_description_str(STAGES[2])
+            if task == TEXT_GENERATION:  # two graphs sharing model.onnx.data, whatever the threshold
+                transform = cpu_transform = None
+                if dtype in QUANTIZED:
+                    kind["quantization"] = Quantization(BITS[dtype], quant_block_size, accuracy_level)
+                    rounded: dict = {}  # both graphs round each weight once
+                    transform = lambda graph: quantize(graph, dtype, quant_block_size, accuracy_level, cache=rounded)  # noqa: E731
+                    cpu_transform = lambda graph: quantize(graph, dtype, quant_block_size, cpu=True, cache=rounded)  # noqa: E731
+                inputs, outputs = place_decoder(trace_dir / MODEL_NAME, stage, spec, transform, cpu_traced, cpu_transform)
+                shutil.rmtree(trace_dir)
+            else:
+                _place_graph(trace_dir, stage, external_data_threshold)
         generation = write_generation_config(source, stage)
         manifest = Manifest(
             task=task,

@@ -32,11 +32,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
+
+from ortinf.exporter.lazy import Derived, LazyWeights
 
 log = logging.getLogger(__name__)
 
@@ -119,13 +121,14 @@ def qmatmul_tensors(qw: Quantized) -> tuple[np.ndarray, np.ndarray]:
 
 def quantize(model: onnx.ModelProto, dtype: str, block_size: int | None = None,
              accuracy_level: int = DEFAULT_ACCURACY_LEVEL, cpu: bool = False,
-             cache: dict | None = None) -> onnx.ModelProto:
+             cache: dict | None = None, lazy: LazyWeights | None = None) -> onnx.ModelProto:
     """The model with its constant-weight MatMuls quantized to `dtype`: MatMulNBits (cpu=False) or
     ortinf.QMatMul (cpu=True, the kernel library's graph). `cache` (weight digest -> Quantized) lets
-    the second graph reuse the first graph's rounding."""
+    the second graph reuse the first graph's rounding. `lazy`: the streaming exporter's placeholder
+    weights, whose quantized forms become placeholders too (computed when written: derive_form)."""
     bits, block_size = BITS[dtype], block_size or DEFAULT_BLOCK_SIZES[dtype]
     keep = routers(model.graph)
-    model = gemm_to_matmul(model)
+    model = gemm_to_matmul(model, lazy)
     graph = model.graph
     weights = {t.name: t for t in graph.initializer}
     users: dict[str, int] = {}
@@ -146,6 +149,15 @@ def quantize(model: onnx.ModelProto, dtype: str, block_size: int | None = None,
         if weight is None or len(weight.dims) != 2 or weight.data_type != onnx.TensorProto.FLOAT:
             nodes.append(node)
             continue
+        if lazy is not None and lazy.is_lazy(weight):
+            base = f"{weight.name}.q{bits}" + (".cpu" if cpu else "")  # the graphs share one registry: names differ by form
+            added += _lazy_forms(lazy, weight, base, bits, block_size, cpu)
+            nodes.append(_quantized_node(node, base, *weight.dims, bits, block_size, accuracy_level, cpu))
+            users[weight.name] -= 1
+            if users[weight.name] == 0:
+                dropped.add(weight.name)
+            count += 1
+            continue
         array = numpy_helper.to_array(weight)
         key = (hashlib.blake2b(array.tobytes(), digest_size=20).digest(), array.shape, bits, block_size)
         qw = cache.get(key)
@@ -157,14 +169,10 @@ def quantize(model: onnx.ModelProto, dtype: str, block_size: int | None = None,
         if cpu:
             packed, scales = qmatmul_tensors(qw)
             added += [numpy_helper.from_array(packed, base + ".packed"), numpy_helper.from_array(scales, base + ".scales")]
-            nodes.append(helper.make_node(CPU_OP, [node.input[0], base + ".packed", base + ".scales"], list(node.output),
-                                          name=node.name + ".q", domain=CPU_DOMAIN, K=k, N=n, bits=bits, block_size=block_size))
         else:
             b, scales = matmul_nbits_tensors(qw)
             added += [numpy_helper.from_array(b, base + ".B"), numpy_helper.from_array(scales.reshape(-1), base + ".scales")]
-            nodes.append(helper.make_node("MatMulNBits", [node.input[0], base + ".B", base + ".scales"], list(node.output),
-                                          name=node.name + ".q", domain="com.microsoft", K=k, N=n, bits=bits,
-                                          block_size=block_size, accuracy_level=accuracy_level))
+        nodes.append(_quantized_node(node, base, k, n, bits, block_size, accuracy_level, cpu))
         users[weight.name] -= 1
         if users[weight.name] == 0:
             dropped.add(weight.name)
@@ -181,6 +189,47 @@ def quantize(model: onnx.ModelProto, dtype: str, block_size: int | None = None,
              "as a Q8_0/Q4_0 GGUF's are)", count, dtype, block_size, "ortinf.QMatMul" if cpu else f"MatMulNBits accuracy level {accuracy_level}",
              exact)
     return model
+
+
+def _quantized_node(node: onnx.NodeProto, base: str, k: int, n: int, bits: int, block_size: int, accuracy_level: int,
+                    cpu: bool) -> onnx.NodeProto:
+    """The MatMul `node` as QMatMul (cpu) or MatMulNBits over the tensors named `base`.*."""
+    if cpu:
+        return helper.make_node(CPU_OP, [node.input[0], base + ".packed", base + ".scales"], list(node.output),
+                                name=node.name + ".q", domain=CPU_DOMAIN, K=k, N=n, bits=bits, block_size=block_size)
+    return helper.make_node("MatMulNBits", [node.input[0], base + ".B", base + ".scales"], list(node.output),
+                            name=node.name + ".q", domain="com.microsoft", K=k, N=n, bits=bits,
+                            block_size=block_size, accuracy_level=accuracy_level)
+
+
+def _lazy_forms(lazy: LazyWeights, weight: onnx.TensorProto, base: str, bits: int, block_size: int,
+                cpu: bool) -> list[onnx.TensorProto]:
+    """Placeholders of a lazy weight's quantized forms (named `base`.*), their shapes computed as the eager path's are."""
+    k, n = weight.dims
+    source = lazy.recipes[weight.name]
+    blocks = -(-k // block_size)
+    uint8, float32 = onnx.TensorProto.UINT8, onnx.TensorProto.FLOAT
+    if cpu:
+        tiles = -(-n // TILE)
+        return [lazy.placeholder(base + ".packed", Derived(source, "qmm.packed", bits, block_size),
+                                 [tiles * blocks * block_size * TILE * bits // 8], uint8),
+                lazy.placeholder(base + ".scales", Derived(source, "qmm.scales", bits, block_size), [tiles, blocks, TILE], float32)]
+    return [lazy.placeholder(base + ".B", Derived(source, "nbits.B", bits, block_size), [n, blocks, block_size * bits // 8], uint8),
+            lazy.placeholder(base + ".scales", Derived(source, "nbits.scales", bits, block_size), [n * blocks], float32)]
+
+
+def derive_form(array: np.ndarray, recipe: Derived, memo: dict) -> np.ndarray:
+    """A quantized form of a weight [K, N] (the writer of ortinf/exporter/lazy.py calls it); `memo` keeps the
+    rounding while one weight's forms are written, so both forms come from one rounding."""
+    key = (recipe.bits, recipe.block_size)
+    qw = memo.get(key)
+    if qw is None:
+        qw = memo[key] = quantize_weight(array.astype(np.float32, copy=False), recipe.bits, recipe.block_size)
+    if recipe.form.startswith("qmm."):
+        packed, scales = qmatmul_tensors(qw)
+        return packed if recipe.form == "qmm.packed" else scales
+    b, scales = matmul_nbits_tensors(qw)
+    return b if recipe.form == "nbits.B" else scales.reshape(-1)
 
 
 def pack_experts(node: onnx.NodeProto, weights: dict, bits: int, block_size: int, cache: dict, users: dict,
@@ -246,9 +295,9 @@ def routers(graph: onnx.GraphProto) -> set[str]:
     return found
 
 
-def gemm_to_matmul(model: onnx.ModelProto) -> onnx.ModelProto:
+def gemm_to_matmul(model: onnx.ModelProto, lazy: LazyWeights | None = None) -> onnx.ModelProto:
     """Gemm nodes with a constant weight (GPT-2's Conv1D layers trace to Gemm) as MatMul + Add, which
-    the quantizer handles (it rewrites MatMul only)."""
+    the quantizer handles (it rewrites MatMul only). A lazy weight's transpose goes into its recipe."""
     graph = model.graph
     weights = {t.name: t for t in graph.initializer}
     nodes = []
@@ -259,7 +308,15 @@ def gemm_to_matmul(model: onnx.ModelProto) -> onnx.ModelProto:
             nodes.append(node)
             continue
         weight = weights[node.input[1]]
-        if attrs.get("transB", 0):
+        if attrs.get("transB", 0) and lazy is not None and lazy.is_lazy(weight):  # a new placeholder: the recipe's transpose
+            source = lazy.recipes[weight.name]
+            flipped = lazy.placeholder(weight.name + ".T", replace(source, transpose=not source.transpose),
+                                       list(weight.dims)[::-1], weight.data_type)
+            if flipped.name not in weights:
+                graph.initializer.append(flipped)
+                weights[flipped.name] = flipped
+            node.input[1] = flipped.name
+        elif attrs.get("transB", 0):
             transposed = numpy_helper.from_array(numpy_helper.to_array(weight).T.copy(), weight.name)
             weight.CopyFrom(transposed)
         if len(node.input) > 2 and node.input[2]:

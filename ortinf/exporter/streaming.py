@@ -1,0 +1,416 @@
+"""The streaming decoder export: memory that does not grow with the model's depth or vocabulary.
+
+Tracing a whole model holds its weights three times (the PyTorch model, the tracer's constants, the
+ONNX protobuf): a 1.5B int4 export peaked at 17.6 GB. Here nothing of the checkpoint is loaded to trace:
+
+1. The model is built empty (parameters on the meta device). Layer 0 gets random stand-in weights and
+   every other layer is handed the *same* parameter objects; the embedding and LM head get stand-ins of
+   a few rows. Values do not matter to the trace, only shapes; each parameter gets distinct random
+   values so that the tracer's deduplication of equal initializers merges only what is truly shared.
+2. The wrapper (ortinf/exporter/decoder.py) is traced as always, at full depth, without constant
+   folding: every parameter stays an initializer under its own name, and each layer's nodes carry the
+   layer's scope (`/model/layers.7/...`). The graph is the same graph as a full trace's, but its
+   initializers are one layer's.
+3. The graph is rebound: each node that reads a shared parameter reads its own layer's instead
+   (a placeholder named for that layer's parameter, with the checkpoint tensor as its recipe:
+   ortinf/exporter/lazy.py); a Transpose of a weight folds into the recipe; the embedding and LM head
+   placeholders get the real vocabulary. The quantizer rewrites placeholders into placeholders.
+4. `lazy.write` fills the placeholders reading the checkpoint one tensor at a time (memory-mapped
+   safetensors), quantizing on the fly, straight into the package's weights files.
+
+Verification (ortinf/exporter/verify.py, unchanged) runs against `reference_model`: the same empty
+model whose modules load their own parameters from the checkpoint just before they run and drop them
+after, so the PyTorch side of the parity check holds one module's weights at a time too. Families this
+does not cover (mixture-of-experts blocks, whose fused op packs its experts while tracing; LoRA inputs;
+vision-language models) export through the in-memory path (api.py), which says so in the log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+
+from ortinf.errors import ExportError
+from ortinf.exporter.checkpoint import Checkpoint, resolve
+from ortinf.exporter.lazy import LazyWeights, Source
+from ortinf.exporter.source import ModelSource
+
+log = logging.getLogger(__name__)
+
+STAND_IN_ROWS = 64  # rows of the embedding and LM head while tracing (the real vocabulary is bound after)
+TORCH_TO_ONNX = {torch.float32: onnx.TensorProto.FLOAT, torch.float16: onnx.TensorProto.FLOAT16}
+NUMPY = {"float32": np.float32, "float16": np.float16}
+
+
+class NotStreamable(Exception):  # noqa: N818 - a reason, not an error: the caller falls back to the in-memory path
+    """Why a model takes the in-memory path."""
+
+
+@dataclass(slots=True)
+class Skeleton:
+    """An empty model (parameters on the meta device) and what the streaming export knows of it."""
+
+    model: torch.nn.Module
+    layers: torch.nn.ModuleList
+    layers_name: str  # the ModuleList's attribute name, as node scopes spell it ("layers", "h")
+    layers_prefix: str  # its parameters' prefix ("model.layers")
+    checkpoint: Checkpoint
+    sources: dict[str, str]  # parameter name -> checkpoint tensor name
+
+
+def streamable(source: ModelSource, task_model: str, enable_lora: bool, kernel: str) -> str | None:
+    """None when `source` exports through this module; else the reason it does not."""
+    from ortinf.manifest import PORTABLE
+
+    if not Checkpoint.available(source.path):
+        return "its weights are not in safetensors files"
+    if enable_lora:
+        return "--enable-lora adds inputs per layer"
+    if kernel != PORTABLE:
+        return f"the {kernel} kernel"
+    config = source.config
+    if any(key in config for key in ("num_experts", "num_local_experts", "n_routed_experts")):
+        return "mixture-of-experts blocks are packed while tracing"
+    if task_model != "text-generation":
+        return f"a {task_model} model"
+    return None
+
+
+def skeleton(source: ModelSource) -> Skeleton:
+    """The model built without weights, its decoder layers found and every parameter mapped to a checkpoint tensor."""
+    import transformers
+    from accelerate import init_empty_weights
+
+    config = transformers.AutoConfig.from_pretrained(source.path)
+    try:
+        with init_empty_weights(include_buffers=False):
+            model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32)
+    except Exception as exc:  # noqa: BLE001 - an architecture transformers cannot build from its config
+        raise NotStreamable(f"transformers cannot build it empty ({exc})") from exc
+    model.eval()
+    output, embedding = model.get_output_embeddings(), model.get_input_embeddings()
+    if getattr(model.config.get_text_config(), "tie_word_embeddings", False) and output is not None and embedding is not None:
+        output.weight = embedding.weight  # init_empty_weights makes a new meta parameter per registration: tie it again
+    base = model.base_model if model.base_model is not model else model.model
+    layers_name = next((name for name, child in base.named_children()
+                        if isinstance(child, torch.nn.ModuleList) and len(child) == config.num_hidden_layers), None)
+    if layers_name is None:
+        raise NotStreamable("no list of decoder layers found")
+    layers = getattr(base, layers_name)
+    prefix = next(name for name, module in model.named_modules() if module is layers)
+    checkpoint = Checkpoint(source.path)
+    renames = getattr(model, "_checkpoint_conversion_mapping", None) or {}
+    ties = _ties(model)
+    sources = {}
+    for name, _ in model.named_parameters(remove_duplicate=False):
+        found = resolve(name, checkpoint, renames, ties)
+        if found is None:
+            raise NotStreamable(f"the checkpoint has no tensor for the parameter {name}")
+        sources[name] = found
+    return Skeleton(model, layers, layers_name, prefix, checkpoint, sources)
+
+
+def _ties(model: torch.nn.Module) -> dict[str, str]:
+    """parameter name -> the first name of the same parameter (tied LM heads)."""
+    first: dict[int, str] = {}
+    ties = {}
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        owner = first.setdefault(id(parameter), name)
+        if owner != name:
+            ties[name] = owner
+    return ties
+
+
+def trace_model(skel: Skeleton, dtype: torch.dtype) -> torch.nn.Module:
+    """The skeleton made traceable: layer 0 and the rest stand-ins of distinct random values, every layer
+    sharing layer 0's parameters, the embedding and LM head of STAND_IN_ROWS rows."""
+    model = skel.model
+    generator = torch.Generator().manual_seed(0)
+    stand_ins: dict[int, torch.nn.Parameter] = {}  # id of a meta parameter -> its stand-in (tied ones stay tied)
+    embedding_ids = {id(m.weight) for m in (model.get_input_embeddings(), model.get_output_embeddings()) if m is not None}
+
+    def stand_in(parameter: torch.nn.Parameter) -> torch.nn.Parameter:
+        made = stand_ins.get(id(parameter))
+        if made is None:
+            shape = list(parameter.shape)
+            if id(parameter) in embedding_ids:
+                shape[0] = min(shape[0], STAND_IN_ROWS)
+            values = torch.rand(shape, generator=generator, dtype=torch.float32) + 0.5  # distinct, away from 0
+            made = stand_ins[id(parameter)] = torch.nn.Parameter(values.to(dtype), requires_grad=False)
+        return made
+
+    shared = {name: stand_in(p) for name, p in skel.layers[0].named_parameters()}
+    for index, layer in enumerate(skel.layers):
+        for name, parameter in shared.items():
+            _set_parameter(layer, name, parameter)
+        assert index == 0 or all(p is shared[n] for n, p in layer.named_parameters())
+    layer_ids = {id(m) for layer in skel.layers for m in layer.modules()}
+    for module in model.modules():
+        if id(module) in layer_ids:
+            continue
+        for name, parameter in list(module._parameters.items()):
+            if parameter is not None:
+                module._parameters[name] = stand_in(parameter)
+    for module in (model.get_input_embeddings(), model.get_output_embeddings()):
+        if module is not None and hasattr(module, "num_embeddings"):
+            module.num_embeddings = module.weight.shape[0]
+    if any(p.is_meta for p in model.parameters()):
+        raise NotStreamable("a parameter was left without a stand-in")
+    return model
+
+
+def _set_parameter(module: torch.nn.Module, dotted: str, parameter: torch.nn.Parameter) -> None:
+    owner, _, leaf = dotted.rpartition(".")
+    target = module.get_submodule(owner) if owner else module
+    target._parameters[leaf] = parameter
+
+
+@contextlib.contextmanager
+def unfolded() -> Iterator[None]:
+    """torch.onnx.export without constant folding: parameters stay initializers under their own names
+    (folding would merge a shared weight's transpose into one nameless constant). ONNX Runtime folds
+    what is left when it loads the graph."""
+    export = torch.onnx.export
+
+    def patched(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        kwargs["do_constant_folding"] = False
+        return export(*args, **kwargs)
+
+    torch.onnx.export = patched
+    try:
+        yield
+    finally:
+        torch.onnx.export = export
+
+
+def rebind(model: onnx.ModelProto, skel: Skeleton, traced_names: dict[str, str], lazy: LazyWeights, dtype: str) -> None:
+    """Turns the traced graph's parameters into placeholders: per layer for the shared layer parameters,
+    transposes folded into their recipes, the real vocabulary for the embedding and LM head.
+    `traced_names`: initializer name in the graph -> the model's parameter name."""
+    graph = model.graph
+    _drop_identities(graph)
+    scope = re.compile(rf"/{re.escape(skel.layers_name)}\.(\d+)/")
+    layer0 = f"{skel.layers_prefix}.0."
+    initializers = {t.name: t for t in graph.initializer}
+    shapes = {name: skel.checkpoint.shape(found) for name, found in skel.sources.items()}
+    data_type = onnx.TensorProto.FLOAT16 if dtype == "float16" else onnx.TensorProto.FLOAT
+    kept, made = [], {}
+
+    def placeholder(parameter: str) -> str:
+        if parameter not in made:
+            made[parameter] = lazy.placeholder(parameter, Source(skel.sources[parameter], dtype), shapes[parameter], data_type)
+        return parameter
+
+    for tensor in graph.initializer:
+        parameter = traced_names.get(tensor.name)
+        if parameter is None:
+            kept.append(tensor)  # a constant of the graph's own (shapes, indices, scalars)
+    for node in graph.node:
+        for position, name in enumerate(node.input):
+            parameter = traced_names.get(name)
+            if parameter is None or name not in initializers:
+                continue
+            if parameter.startswith(layer0):
+                match = scope.search(node.name)
+                if match is None:
+                    raise NotStreamable(f"the node {node.name or node.op_type} reads a layer's weight outside any layer")
+                parameter = f"{skel.layers_prefix}.{match.group(1)}.{parameter[len(layer0):]}"
+            node.input[position] = placeholder(parameter)
+    del graph.initializer[:]
+    graph.initializer.extend(kept + list(made.values()))
+    _fold_transposes(graph, lazy)
+    _fix_vocab_outputs(graph, skel)
+
+
+def _drop_identities(graph: onnx.GraphProto) -> None:
+    """Identity nodes over initializers (the tracer's, for a weight used twice) read the weight itself."""
+    initializers = {t.name for t in graph.initializer}
+    alias = {n.output[0]: n.input[0] for n in graph.node if n.op_type == "Identity" and n.input[0] in initializers}
+    if not alias:
+        return
+    graph_outputs = {o.name for o in graph.output}
+    kept = [n for n in graph.node if not (n.op_type == "Identity" and n.output[0] in alias and n.output[0] not in graph_outputs)]
+    for node in kept:
+        for position, name in enumerate(node.input):
+            if name in alias and name not in graph_outputs:
+                node.input[position] = alias[name]
+    del graph.node[:]
+    graph.node.extend(kept)
+
+
+def _fold_transposes(graph: onnx.GraphProto, lazy: LazyWeights) -> None:
+    """Transpose(weight) nodes become placeholders of the transposed weight (as constant folding would)."""
+    tensors = {t.name: t for t in graph.initializer}
+    kept = []
+    for node in graph.node:
+        weight = tensors.get(node.input[0]) if node.op_type == "Transpose" else None
+        perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), [1, 0])
+        if weight is None or not lazy.is_lazy(weight) or len(weight.dims) != 2 or perm != [1, 0]:
+            kept.append(node)
+            continue
+        source = lazy.recipes[weight.name]
+        folded = lazy.placeholder(node.output[0], Source(source.name, source.dtype, not source.transpose),
+                                  list(weight.dims)[::-1], weight.data_type)
+        graph.initializer.append(folded)
+        tensors[folded.name] = folded
+    del graph.node[:]
+    graph.node.extend(kept)
+    used = {name for node in graph.node for name in node.input}
+    unused = [t for t in graph.initializer if lazy.is_lazy(t) and t.name not in used]
+    for tensor in unused:
+        graph.initializer.remove(tensor)
+
+
+def _fix_vocab_outputs(graph: onnx.GraphProto, skel: Skeleton) -> None:
+    """The logits output's declared vocabulary (the trace saw STAND_IN_ROWS)."""
+    vocab = skel.model.config.vocab_size
+    for value in [*graph.output, *graph.value_info]:
+        dims = value.type.tensor_type.shape.dim
+        if len(dims) and dims[-1].HasField("dim_value") and dims[-1].dim_value == min(vocab, STAND_IN_ROWS):
+            dims[-1].dim_value = vocab
+
+
+def traced_parameter_names(wrapper: torch.nn.Module, model: torch.nn.Module) -> dict[str, str]:
+    """The names a trace of `wrapper` gives the model's parameters (the wrapper's first name of each
+    parameter object) -> the model's parameter name for that object."""
+    by_id = {}
+    for name, parameter in model.named_parameters():
+        by_id.setdefault(id(parameter), name)
+    names = {}
+    for name, parameter in wrapper.named_parameters():
+        if id(parameter) in by_id:
+            names[name] = by_id[id(parameter)]
+    return names
+
+
+def load(checkpoint: Checkpoint, source: Source) -> np.ndarray:
+    """A checkpoint tensor as the graph holds it (the recipe's dtype, transposed when asked)."""
+    tensor = checkpoint.tensor(source.name)
+    array = tensor.to(torch.float32 if source.dtype == "float32" else torch.float16).numpy()
+    return np.ascontiguousarray(array.T) if source.transpose else array
+
+
+class _Loaded:
+    """Forward hooks that give a module its own parameters from the checkpoint while it runs."""
+
+    def __init__(self, skel: Skeleton) -> None:
+        self.skel = skel
+        self.names = {id(m): name for name, m in skel.model.named_modules()}
+
+    def before(self, module: torch.nn.Module, *_: object) -> None:
+        prefix = self.names[id(module)]
+        for leaf, parameter in list(module._parameters.items()):
+            if parameter is None:
+                continue
+            name = f"{prefix}.{leaf}" if prefix else leaf
+            values = self.skel.checkpoint.tensor(self.skel.sources[name]).to(torch.float32)
+            module._parameters[leaf] = torch.nn.Parameter(values, requires_grad=False)
+            module._ortinf_meta = getattr(module, "_ortinf_meta", {})
+            module._ortinf_meta[leaf] = parameter
+
+    def after(self, module: torch.nn.Module, *_: object) -> None:
+        for leaf, parameter in getattr(module, "_ortinf_meta", {}).items():
+            module._parameters[leaf] = parameter
+        module._ortinf_meta = {}
+
+
+def reference_model(skel: Skeleton) -> torch.nn.Module:
+    """The PyTorch model for verification, holding one module's weights at a time (fp32, from the checkpoint)."""
+    loaded = _Loaded(skel)
+    for module in skel.model.modules():
+        if any(p is not None for p in module._parameters.values()):
+            module.register_forward_pre_hook(loaded.before)
+            module.register_forward_hook(loaded.after)
+    return skel.model
+
+
+def check_shapes(skel: Skeleton) -> None:
+    """Every checkpoint tensor has its parameter's shape (a wrong one fails now, in one line)."""
+    for name, parameter in skel.model.named_parameters(remove_duplicate=False):
+        shape = skel.checkpoint.shape(skel.sources[name])
+        if list(shape) != list(parameter.shape):
+            raise ExportError(f"the checkpoint's {skel.sources[name]} has shape {list(shape)} where the config makes "
+                              f"{name} {list(parameter.shape)}: the weights do not belong to this config.json")
+
+
+
+@dataclass(slots=True)
+class Traced:
+    """The streaming export's traces: the graphs (weights as placeholders) and the skeleton they came from."""
+
+    skel: Skeleton
+    portable: Path
+    cpu: Path | None
+    names: dict[str, str]  # traced initializer name -> parameter name
+
+
+def trace(source: ModelSource, spec, trace_dir: Path, dtype: torch.dtype, cpu_spec=None) -> Traced:  # noqa: ANN001 - DecoderSpecs
+    """Traces the portable graph (and with `cpu_spec` the CPU kernel library's) of a model that shares one layer's weights."""
+    from ortinf.exporter.decoder import CPU_PAGED, PagedDecoder, trace_decoder
+    from ortinf.manifest import MODEL_NAME
+
+    skel = skeleton(source)
+    model = trace_model(skel, dtype)
+    names = traced_parameter_names(PagedDecoder(model), model)
+    portable = trace_dir / MODEL_NAME
+    cpu = None
+    with unfolded():
+        trace_decoder(model, spec, portable, dtype)
+        if cpu_spec is not None:
+            cpu = trace_dir / "cpu" / MODEL_NAME
+            cpu.parent.mkdir()
+            trace_decoder(model, cpu_spec, cpu, dtype, attention=CPU_PAGED)
+    return Traced(skel, portable, cpu, names)
+
+
+def place(traced: Traced, stage: Path, spec, dtype: str, quantization: tuple[int, int] | None,  # noqa: ANN001 - a DecoderSpec
+          progress: bool) -> tuple[list[str], list[str]]:
+    """Writes the package's decoder graphs and their weights, reading the checkpoint one tensor at a time:
+    model.host-write.onnx and model.onnx (with the KV write) over model.onnx.data, and model.cpu.onnx over
+    the same file, or its own for the kernel library's packed quantized weights. `quantization`: (block size,
+    accuracy level) of an int8/int4 export. Returns model.onnx's input and output names."""
+    from tqdm.auto import tqdm
+
+    from ortinf.exporter import lazy as lazy_weights
+    from ortinf.exporter.kv_write import add_kv_write, constants_to_initializers
+    from ortinf.exporter.quantize import derive_form, quantize
+    from ortinf.manifest import CPU_MODEL_NAME, HOST_WRITE_MODEL_NAME, MODEL_NAME, WEIGHTS_NAME
+
+    store = "float16" if dtype == "fp16" else "float32"  # the weights' dtype: the traced model's
+    lazy = LazyWeights()
+    portable = onnx.load(str(traced.portable), load_external_data=False)
+    rebind(portable, traced.skel, traced.names, lazy, store)
+    if quantization is not None:
+        portable = quantize(portable, dtype, quantization[0], quantization[1], lazy=lazy)
+    host = onnx.ModelProto()
+    host.CopyFrom(portable)
+    add_kv_write(portable, spec.num_layers, spec.num_kv_heads)
+    graphs = [(host, stage / WEIGHTS_NAME), (portable, stage / WEIGHTS_NAME)]
+    cpu = None
+    if traced.cpu is not None:
+        cpu = onnx.load(str(traced.cpu), load_external_data=False)
+        rebind(cpu, traced.skel, traced.names, lazy, store)
+        constants_to_initializers(cpu)
+        if quantization is not None:
+            cpu = quantize(cpu, dtype, quantization[0], cpu=True, lazy=lazy)
+        add_kv_write(cpu, spec.num_layers, spec.num_kv_heads)
+        graphs.append((cpu, stage / (CPU_MODEL_NAME + ".data" if quantization is not None else WEIGHTS_NAME)))
+    checkpoint = traced.skel.checkpoint
+    total = lazy_weights.num_groups([g for g, _ in graphs], lazy)
+    with tqdm(total=total, desc="writing", unit="tensor", disable=not progress, leave=False, position=1) as bar:
+        lazy_weights.write(graphs, lazy, lambda source: load(checkpoint, source), derive_form, bar.update)
+    checkpoint.close()
+    onnx.save_model(host, str(stage / HOST_WRITE_MODEL_NAME))
+    onnx.save_model(portable, str(stage / MODEL_NAME))
+    if cpu is not None:
+        onnx.save_model(cpu, str(stage / CPU_MODEL_NAME))
+    initializers = {t.name for t in portable.graph.initializer}
+    return [i.name for i in portable.graph.input if i.name not in initializers], [o.name for o in portable.graph.output]
