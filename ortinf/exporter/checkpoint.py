@@ -69,6 +69,21 @@ class Checkpoint:
             raise ExportError(f"cannot read {name} from {path.name}: {str(exc).splitlines()[0] if str(exc) else exc}; "
                               "the file is damaged or incomplete: re-download it") from exc
 
+    def rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        """Rows start:stop of the tensor `name` (all of a 0-d or 1-d one), reading only their bytes."""
+        path = self.files.get(name)
+        if path is None:
+            raise ExportError(f"the checkpoint in {self.folder} has no tensor {name}")
+        handle = self._open.get(path)
+        if handle is None:
+            handle = self._open[path] = _safe_open(path)
+        try:
+            part = handle.get_slice(name)
+            return part[start:stop] if len(part.get_shape()) >= 2 else part[:]
+        except Exception as exc:  # noqa: BLE001 - a truncated or corrupt shard fails in the reader
+            raise ExportError(f"cannot read {name} from {path.name}: {str(exc).splitlines()[0] if str(exc) else exc}; "
+                              "the file is damaged or incomplete: re-download it") from exc
+
     def shape(self, name: str) -> list[int]:
         path = self.files[name]
         handle = self._open.get(path)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import onnx
@@ -72,41 +73,53 @@ def source_of(recipe: Recipe) -> Source:
     return recipe.source if isinstance(recipe, Derived) else recipe
 
 
-def write(graphs: list[tuple[onnx.ModelProto, Path]], lazy: LazyWeights, load: Callable[[Source], np.ndarray],
+CHUNK_BYTES = 64 << 20  # checkpoint rows read at once: an LM head of 152k x 3584 is written in pieces of this size
+
+
+class Reader(Protocol):
+    """Where placeholders' sources come from (the checkpoint, ortinf/exporter/streaming.py)."""
+
+    def shape(self, source: Source) -> list[int]:
+        """The stored tensor's shape (before the recipe's transpose)."""
+
+    def read(self, source: Source, start: int, stop: int) -> np.ndarray:
+        """Rows start:stop of the stored tensor, in the recipe's dtype, not transposed."""
+
+
+def _nbytes(tensor: TensorProto) -> int:
+    return int(np.prod(list(tensor.dims), dtype=np.int64)) * onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+
+
+def write(graphs: list[tuple[onnx.ModelProto, Path]], lazy: LazyWeights, reader: Reader,
           derive: Callable[[np.ndarray, Derived, dict], np.ndarray], progress: Callable[[int], None] | None = None) -> None:
     """Fills every placeholder of `graphs` (each with the weights file its new tensors go to), reading each
-    checkpoint tensor once. A tensor both graphs hold (same name) is written once, into the first graph's
-    file, and the second graph points there. `derive(array, recipe, memo)` computes a derived form (`memo`
-    lives while one source is being written: the quantized weights both forms come from)."""
+    checkpoint tensor once, in pieces of about CHUNK_BYTES: rows of the stored tensor, which are the output
+    columns N of a weight the graph multiplies by its transpose, so a piece's quantized forms (per column
+    and block of K, QMatMul's tiles of 16 columns) are contiguous in the file. A tensor both graphs hold
+    (same name) is written once, into the first graph's file. `derive(array, recipe, memo)` computes a
+    quantized form of a piece (`memo` lives while one piece is written: the rounding both forms share)."""
     wanted: dict[str, Path] = {}  # tensor name -> file it is written to
+    sizes: dict[str, int] = {}
     for model, data in graphs:
         for tensor in model.graph.initializer:
-            if lazy.is_lazy(tensor):
-                wanted.setdefault(tensor.name, data)
+            if lazy.is_lazy(tensor) and tensor.name not in wanted:
+                wanted[tensor.name], sizes[tensor.name] = data, _nbytes(tensor)
+    placed: dict[str, tuple[Path, int, int]] = {}
+    ends: dict[Path, int] = {}
+    for name, path in wanted.items():  # the layout first: every tensor's region, page-aligned
+        start = -(-ends.get(path, 0) // ALIGN) * ALIGN
+        placed[name] = (path, start, sizes[name])
+        ends[path] = start + sizes[name]
     groups: dict[Source, list[str]] = {}  # one checkpoint read -> the tensors made from it
     for name in wanted:
         groups.setdefault(source_of(lazy.recipes[name]), []).append(name)
-    files: dict[Path, object] = {}
-    placed: dict[str, tuple[Path, int, int]] = {}
+    files = {}
     try:
-        for names in groups.values():
-            array = load(source_of(lazy.recipes[names[0]]))
-            memo: dict = {}
-            for name in names:
-                recipe = lazy.recipes[name]
-                value = array if isinstance(recipe, Source) else derive(array, recipe, memo)
-                path = wanted[name]
-                handle = files.get(path)
-                if handle is None:
-                    handle = files[path] = open(path, "wb")  # noqa: SIM115 - closed below, after every group
-                offset = -handle.tell() % ALIGN
-                handle.write(b"\0" * offset)
-                start = handle.tell()
-                data = np.ascontiguousarray(value).tobytes()
-                handle.write(data)
-                placed[name] = (path, start, len(data))
-                del value, data
-            del array, memo
+        for path, end in ends.items():
+            files[path] = open(path, "w+b")  # noqa: SIM115 - closed below
+            files[path].truncate(end)
+        for source, names in groups.items():
+            _write_group(source, names, lazy, reader, derive, placed, files)
             if progress is not None:
                 progress(1)
     finally:
@@ -120,6 +133,44 @@ def write(graphs: list[tuple[onnx.ModelProto, Path]], lazy: LazyWeights, load: C
                 for key, value in (("location", path.name), ("offset", str(offset)), ("length", str(length))):
                     entry = tensor.external_data.add()
                     entry.key, entry.value = key, value
+
+
+def _write_group(source: Source, names: list[str], lazy: LazyWeights, reader: Reader,
+                 derive: Callable[[np.ndarray, Derived, dict], np.ndarray], placed: dict, files: dict) -> None:
+    """Writes the tensors made from one checkpoint tensor, piece by piece."""
+    shape = reader.shape(source)
+    rows = shape[0] if shape else 1
+    row_bytes = max(1, int(np.prod(shape[1:], dtype=np.int64)) * np.dtype(source.dtype).itemsize)
+    recipes = [lazy.recipes[name] for name in names]
+    # quantized forms of a weight stored [K, N] (not transposed) need whole columns: one piece
+    whole = len(shape) != 2 or any(isinstance(r, Derived) and not r.source.transpose for r in recipes)
+    step = rows if whole else max(16, CHUNK_BYTES // row_bytes // 16 * 16)  # whole tiles of QMatMul's 16 columns
+    cursors = {name: placed[name][1] for name in names}
+    for first in range(0, rows, step):
+        piece = reader.read(source, first, min(rows, first + step))
+        memo: dict = {}
+        for name, recipe in zip(names, recipes):
+            path, start, length = placed[name]
+            handle = files[path]
+            if isinstance(recipe, Source) and recipe.transpose and step < rows:  # columns of the stored [N, K]^T: strided
+                view = np.memmap(handle, dtype=np.dtype(source.dtype), mode="r+", offset=start, shape=(shape[1], rows))
+                view[:, first:first + len(piece)] = piece.T
+                view.flush()
+                del view
+                continue
+            if isinstance(recipe, Source):
+                value = piece.T if recipe.transpose else piece
+            else:
+                value = derive(piece.T if recipe.source.transpose else piece, recipe, memo)
+            data = np.ascontiguousarray(value).tobytes()
+            handle.seek(cursors[name])
+            handle.write(data)
+            cursors[name] += len(data)
+            del value, data
+        del piece, memo
+    for name in names:
+        if not (isinstance(lazy.recipes[name], Source) and lazy.recipes[name].transpose and step < rows):
+            assert cursors[name] == placed[name][1] + placed[name][2], f"{name}: wrote {cursors[name] - placed[name][1]} bytes of {placed[name][2]}"
 
 
 def num_groups(graphs: list[onnx.ModelProto], lazy: LazyWeights) -> int:

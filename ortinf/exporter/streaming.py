@@ -291,11 +291,18 @@ def traced_parameter_names(wrapper: torch.nn.Module, model: torch.nn.Module) -> 
     return names
 
 
-def load(checkpoint: Checkpoint, source: Source) -> np.ndarray:
-    """A checkpoint tensor as the graph holds it (the recipe's dtype, transposed when asked)."""
-    tensor = checkpoint.tensor(source.name)
-    array = tensor.to(torch.float32 if source.dtype == "float32" else torch.float16).numpy()
-    return np.ascontiguousarray(array.T) if source.transpose else array
+class CheckpointReader:
+    """lazy.write's reader: pieces of checkpoint tensors in a recipe's dtype (bf16 widened here, by torch)."""
+
+    def __init__(self, checkpoint: Checkpoint) -> None:
+        self.checkpoint = checkpoint
+
+    def shape(self, source: Source) -> list[int]:
+        return self.checkpoint.shape(source.name)
+
+    def read(self, source: Source, start: int, stop: int) -> np.ndarray:
+        tensor = self.checkpoint.rows(source.name, start, stop)
+        return tensor.to(torch.float32 if source.dtype == "float32" else torch.float16).numpy()
 
 
 class _Loaded:
@@ -406,7 +413,7 @@ def place(traced: Traced, stage: Path, spec, dtype: str, quantization: tuple[int
     checkpoint = traced.skel.checkpoint
     total = lazy_weights.num_groups([g for g, _ in graphs], lazy)
     with tqdm(total=total, desc="writing", unit="tensor", disable=not progress, leave=False, position=1) as bar:
-        lazy_weights.write(graphs, lazy, lambda source: load(checkpoint, source), derive_form, bar.update)
+        lazy_weights.write(graphs, lazy, CheckpointReader(checkpoint), derive_form, bar.update)
     checkpoint.close()
     onnx.save_model(host, str(stage / HOST_WRITE_MODEL_NAME))
     onnx.save_model(portable, str(stage / MODEL_NAME))
