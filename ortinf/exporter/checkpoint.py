@@ -33,12 +33,12 @@ class Checkpoint:
             try:
                 weight_map = json.loads(index.read_text())["weight_map"]
             except (OSError, ValueError, KeyError) as exc:
-                raise ExportError(f"cannot read {index}: {exc}; fix or re-download the checkpoint") from exc
+                raise ExportError(f"cannot load the weights in {folder}: {INDEX} is unreadable ({exc}); re-download it") from exc
             for name, shard in weight_map.items():
                 self.files[name] = folder / shard
             missing = sorted({p.name for p in self.files.values() if not p.is_file()})
             if missing:
-                raise ExportError(f"{folder} lacks the shard {missing[0]} that {INDEX} names"
+                raise ExportError(f"cannot load the weights in {folder}: the shard {missing[0]} that {INDEX} names is missing"
                                   f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}: re-download the model")
         elif (folder / SINGLE).is_file():
             for name in _keys(folder / SINGLE):
@@ -66,8 +66,8 @@ class Checkpoint:
         try:
             return handle.get_tensor(name)
         except Exception as exc:  # noqa: BLE001 - a truncated or corrupt shard fails in the reader
-            raise ExportError(f"cannot read {name} from {path.name}: {str(exc).splitlines()[0] if str(exc) else exc}; "
-                              "the file is damaged or incomplete: re-download it") from exc
+            raise ExportError(f"cannot load the weights in {path.parent}: {name} in {path.name} is damaged or incomplete "
+                              f"({str(exc).splitlines()[0] if str(exc) else exc}): re-download it") from exc
 
     def rows(self, name: str, start: int, stop: int) -> torch.Tensor:
         """Rows start:stop of the tensor `name` (all of a 0-d or 1-d one), reading only their bytes."""
@@ -81,8 +81,8 @@ class Checkpoint:
             part = handle.get_slice(name)
             return part[start:stop] if len(part.get_shape()) >= 2 else part[:]
         except Exception as exc:  # noqa: BLE001 - a truncated or corrupt shard fails in the reader
-            raise ExportError(f"cannot read {name} from {path.name}: {str(exc).splitlines()[0] if str(exc) else exc}; "
-                              "the file is damaged or incomplete: re-download it") from exc
+            raise ExportError(f"cannot load the weights in {path.parent}: {name} in {path.name} is damaged or incomplete "
+                              f"({str(exc).splitlines()[0] if str(exc) else exc}): re-download it") from exc
 
     def shape(self, name: str) -> list[int]:
         path = self.files[name]
@@ -101,8 +101,8 @@ def _safe_open(path: Path):  # noqa: ANN202 - safetensors' handle
     try:
         return safe_open(str(path), framework="pt")
     except Exception as exc:  # noqa: BLE001 - a truncated header, a missing file
-        raise ExportError(f"cannot open {path}: {str(exc).splitlines()[0] if str(exc) else exc}; the file is damaged or "
-                          "incomplete: re-download it") from exc
+        raise ExportError(f"cannot load the weights in {path.parent}: {path.name} is damaged or incomplete "
+                          f"({str(exc).splitlines()[0] if str(exc) else exc}): re-download it") from exc
 
 
 def _keys(path: Path) -> list[str]:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -412,7 +413,9 @@ def place(traced: Traced, stage: Path, spec, dtype: str, quantization: tuple[int
         graphs.append((cpu, stage / (CPU_MODEL_NAME + ".data" if quantization is not None else WEIGHTS_NAME)))
     checkpoint = traced.skel.checkpoint
     total = lazy_weights.num_groups([g for g, _ in graphs], lazy)
-    with tqdm(total=total, desc="writing", unit="tensor", disable=not progress, leave=False, position=1) as bar:
+    # nested under export's bar: only on a terminal (in a log, a second bar's cursor moves print as "[A")
+    with tqdm(total=total, desc="writing", unit="tensor", disable=not progress or not sys.stderr.isatty(), leave=False,
+              position=1) as bar:
         lazy_weights.write(graphs, lazy, CheckpointReader(checkpoint), derive_form, bar.update)
     checkpoint.close()
     onnx.save_model(host, str(stage / HOST_WRITE_MODEL_NAME))
