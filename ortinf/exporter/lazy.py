@@ -117,9 +117,17 @@ def write(graphs: list[tuple[onnx.ModelProto, Path]], lazy: LazyWeights, reader:
     try:
         for path, end in ends.items():
             files[path] = open(path, "w+b")  # noqa: SIM115 - closed below
-            files[path].truncate(end)
+            try:
+                files[path].truncate(end)  # sparse: the space is taken as pieces are written
+            except OSError as exc:
+                raise OSError(exc.errno, exc.strerror, str(path)) from exc
         for source, names in groups.items():
-            _write_group(source, names, lazy, reader, derive, placed, files)
+            try:
+                _write_group(source, names, lazy, reader, derive, placed, files)
+            except OSError as exc:  # a full disk: the CLI's one line names the file (ortinf/cli/exit_codes.py)
+                if exc.filename is not None:
+                    raise
+                raise OSError(exc.errno, exc.strerror, str(placed[names[0]][0])) from exc
             if progress is not None:
                 progress(1)
     finally:

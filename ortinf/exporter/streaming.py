@@ -176,13 +176,15 @@ def _set_parameter(module: torch.nn.Module, dotted: str, parameter: torch.nn.Par
 
 @contextlib.contextmanager
 def unfolded() -> Iterator[None]:
-    """torch.onnx.export without constant folding: parameters stay initializers under their own names
-    (folding would merge a shared weight's transpose into one nameless constant). ONNX Runtime folds
-    what is left when it loads the graph."""
+    """torch.onnx.export without constant folding and without the parameters' values: each parameter is a
+    graph input under its own name (folding would merge a shared weight's transpose into one nameless
+    constant; values would put the stand-ins in the protobuf). ONNX Runtime folds what constant
+    subgraphs are left when it loads the graph."""
     export = torch.onnx.export
 
     def patched(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
         kwargs["do_constant_folding"] = False
+        kwargs["export_params"] = False
         return export(*args, **kwargs)
 
     torch.onnx.export = patched
@@ -197,10 +199,14 @@ def rebind(model: onnx.ModelProto, skel: Skeleton, traced_names: dict[str, str],
     transposes folded into their recipes, the real vocabulary for the embedding and LM head.
     `traced_names`: initializer name in the graph -> the model's parameter name."""
     graph = model.graph
-    _drop_identities(graph)
+    parameters = {i.name for i in graph.input if i.name in traced_names}  # the trace's parameters are inputs (unfolded())
+    kept_inputs = [i for i in graph.input if i.name not in parameters]
+    del graph.input[:]
+    graph.input.extend(kept_inputs)
+    parameters |= {t.name for t in graph.initializer if t.name in traced_names}
+    _drop_identities(graph, parameters)
     scope = re.compile(rf"/{re.escape(skel.layers_name)}\.(\d+)/")
     layer0 = f"{skel.layers_prefix}.0."
-    initializers = {t.name: t for t in graph.initializer}
     shapes = {name: skel.checkpoint.shape(found) for name, found in skel.sources.items()}
     data_type = onnx.TensorProto.FLOAT16 if dtype == "float16" else onnx.TensorProto.FLOAT
     kept, made = [], {}
@@ -217,7 +223,7 @@ def rebind(model: onnx.ModelProto, skel: Skeleton, traced_names: dict[str, str],
     for node in graph.node:
         for position, name in enumerate(node.input):
             parameter = traced_names.get(name)
-            if parameter is None or name not in initializers:
+            if parameter is None or name not in parameters:
                 continue
             if parameter.startswith(layer0):
                 match = scope.search(node.name)
@@ -231,9 +237,9 @@ def rebind(model: onnx.ModelProto, skel: Skeleton, traced_names: dict[str, str],
     _fix_vocab_outputs(graph, skel)
 
 
-def _drop_identities(graph: onnx.GraphProto) -> None:
-    """Identity nodes over initializers (the tracer's, for a weight used twice) read the weight itself."""
-    initializers = {t.name for t in graph.initializer}
+def _drop_identities(graph: onnx.GraphProto, parameters: set[str]) -> None:
+    """Identity nodes over parameters (the tracer's, for a weight used twice) read the weight itself."""
+    initializers = {t.name for t in graph.initializer} | parameters
     alias = {n.output[0]: n.input[0] for n in graph.node if n.op_type == "Identity" and n.input[0] in initializers}
     if not alias:
         return
@@ -417,7 +423,6 @@ def place(traced: Traced, stage: Path, spec, dtype: str, quantization: tuple[int
     with tqdm(total=total, desc="writing", unit="tensor", disable=not progress or not sys.stderr.isatty(), leave=False,
               position=1) as bar:
         lazy_weights.write(graphs, lazy, CheckpointReader(checkpoint), derive_form, bar.update)
-    checkpoint.close()
     onnx.save_model(host, str(stage / HOST_WRITE_MODEL_NAME))
     onnx.save_model(portable, str(stage / MODEL_NAME))
     if cpu is not None:

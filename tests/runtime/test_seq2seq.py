@@ -42,7 +42,9 @@ def seq2seq(request, tmp_path_factory):
     model = cls(config()).eval()
     model.save_pretrained(root / "hf")
     manifest = ortinf.export(root / "hf", root / "pkg", progress=False)
-    assert manifest.task == "text2text-generation" and manifest.parity.max_abs_diff < 1e-4
+    # t5's initializer_factor 2 makes its logits ~10x the others': fp32 rounding that differs by CPU (2.8e-4 on an
+    # AVX-512 VNNI EPYC, whose ONNX Runtime MatMul sums in another order than AVX2's) is the export's tolerance's business
+    assert manifest.task == "text2text-generation" and manifest.parity.max_abs_diff < (1e-3 if request.param == "t5" else 1e-4)
     return request.param, model, root / "pkg"
 
 

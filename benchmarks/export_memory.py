@@ -1,0 +1,163 @@
+"""Export memory and time at the sizes people run: the streaming exporter beside the in-memory one.
+
+usage: .venv/bin/python benchmarks/export_memory.py [--size 1.5b|3b|7b] [--dtypes int4 int8 ...] [--in-memory]
+                                                    [--record] [--tiny]
+
+The source is written once under /tmp/ortinf-bench/<size>-bf16 (never in the repository) as real
+checkpoints are: bf16 safetensors in shards of at most 4 GiB with an index, random weights (std 0.02), and
+a word-level placeholder tokenizer. Shapes: 1.5b is Qwen2.5-1.5B (hidden 1536, 28 layers, 12 heads / 2 KV,
+intermediate 8960, vocab 151936, tied embeddings), 3b Llama-3.2-3B (3072, 28, 24 / 8, 8192, 128256, tied),
+7b Qwen2.5-7B (3584, 28, 28 / 4, 18944, 152064).
+
+Each export is `ortinf export SRC -o OUT --dtype D --quality-gate record` in its own process (a random
+model's flat distributions miss any quality gate); its peak RSS is the process's ru_maxrss (wait4), its
+time the wall clock, with the stages' share from the export's log. `--in-memory` adds the in-memory path's
+row (ortinf.export(..., in_memory=True): the whole model loaded and traced) in the same run, where it fits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from record import finish
+
+SOURCES = Path("/tmp/ortinf-bench")
+SHARD_BYTES = 4 << 30
+SHAPES = {
+    "tiny": ("qwen2", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+                           vocab_size=512, tie_word_embeddings=True)),
+    "1.5b": ("qwen2", dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
+                           intermediate_size=8960, vocab_size=151936, tie_word_embeddings=True)),
+    "3b": ("llama", dict(hidden_size=3072, num_hidden_layers=28, num_attention_heads=24, num_key_value_heads=8,
+                         intermediate_size=8192, vocab_size=128256, tie_word_embeddings=True)),
+    "7b": ("qwen2", dict(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
+                         intermediate_size=18944, vocab_size=152064, tie_word_embeddings=False)),
+}
+
+
+def build_source(folder: Path, size: str) -> int:
+    """Writes the bf16 checkpoint (shard by shard: one shard in memory at a time); returns its bytes."""
+    import torch
+    import transformers
+    from safetensors.torch import save_file
+
+    if (folder / "config.json").is_file():
+        return sum(p.stat().st_size for p in folder.glob("*.safetensors"))
+    model_type, shape = SHAPES[size]
+    config_class = transformers.Qwen2Config if model_type == "qwen2" else transformers.LlamaConfig
+    config = config_class(**shape, max_position_embeddings=4096, torch_dtype="bfloat16", bos_token_id=1, eos_token_id=2)
+    partial = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    with torch.device("meta"):
+        skeleton = transformers.AutoModelForCausalLM.from_config(config)
+    names = {name: list(p.shape) for name, p in skeleton.state_dict().items()}
+    if config.tie_word_embeddings:
+        names.pop("lm_head.weight", None)
+    generator = torch.Generator().manual_seed(0)
+    shards: list[list[str]] = [[]]  # tensor names per shard, each under SHARD_BYTES
+    filled, total = 0, 0
+    for name, dims in names.items():
+        nbytes = 2 * int(torch.Size(dims).numel())
+        if filled + nbytes > SHARD_BYTES and shards[-1]:
+            shards.append([])
+            filled = 0
+        shards[-1].append(name)
+        filled += nbytes
+        total += nbytes
+    weight_map = {}
+    for index, shard in enumerate(shards):  # one shard's tensors in memory at a time
+        file = f"model-{index + 1:05d}-of-{len(shards):05d}.safetensors"
+        tensors = {name: torch.ones(names[name], dtype=torch.bfloat16) if name.endswith("norm.weight")
+                   else (torch.randn(names[name], generator=generator) * 0.02).to(torch.bfloat16) for name in shard}
+        save_file(tensors, str(partial / file), metadata={"format": "pt"})
+        del tensors
+        weight_map.update({name: file for name in shard})
+    (partial / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}))
+    config.save_pretrained(partial)
+    _tokenizer(partial, config.vocab_size)
+    partial.rename(folder)
+    return total
+
+
+def _tokenizer(folder: Path, vocab_size: int) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"t{i}": i for i in range(3, vocab_size)}}
+    raw = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    raw.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="<unk>").save_pretrained(folder)
+
+
+def measure(command: list[str], log: Path) -> tuple[float, float]:
+    """(wall seconds, peak RSS in GiB) of one export process (its ru_maxrss, from wait4)."""
+    start = time.perf_counter()
+    with log.open("w") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(process.pid, 0)
+    wall = time.perf_counter() - start
+    if status != 0:
+        raise SystemExit(f"export failed (status {status}):\n{log.read_text()[-3000:]}")
+    return wall, usage.ru_maxrss / 2**20
+
+
+def package_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
+
+
+def cpu_flags() -> str:
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")).split()
+    except (OSError, StopIteration):
+        return platform.processor()
+    return " ".join(f for f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile") if f in flags)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", choices=[s for s in SHAPES if s != "tiny"], default="1.5b", help="the source's shape")
+    parser.add_argument("--dtypes", nargs="+", default=["int4", "int8"], help="export precisions (int4 int8 fp32 fp16)")
+    parser.add_argument("--in-memory", action="store_true", help="also the in-memory path (the whole model loaded), same run")
+    parser.add_argument("--record", action="store_true", help="append the table to benchmarks/RESULTS.md")
+    parser.add_argument("--tiny", action="store_true", help="a 2-layer model (the smoke test)")
+    args = parser.parse_args()
+    size = "tiny" if args.tiny else args.size
+    source = SOURCES / f"{size}-bf16"
+    started = time.perf_counter()
+    source_bytes = build_source(source, size)
+    print(f"source: {source} ({source_bytes / 2**30:.2f} GiB bf16; built or found in {time.perf_counter() - started:.0f} s)", flush=True)
+    ortinf = str(Path(sys.executable).with_name("ortinf"))
+    rows = []
+    for dtype in args.dtypes:
+        paths = [("streaming", [ortinf, "export", str(source), "-o"])]
+        if args.in_memory:
+            paths.append(("in memory", [sys.executable, "-c", "import sys, ortinf; ortinf.export(sys.argv[1], sys.argv[2], dtype=sys.argv[3], "
+                                        "overwrite=True, quality_gate='record', progress=False, in_memory=True)", str(source)]))
+        for label, command in paths:
+            out = SOURCES / f"{size}-{dtype}-{label.replace(' ', '-')}"
+            full = [*command, str(out), "--dtype", dtype, "--overwrite", "--quality-gate", "record"] if label == "streaming" \
+                else [*command, str(out), dtype]
+            wall, peak = measure(full, SOURCES / f"{out.name}.log")
+            rows.append((label, dtype, wall, peak, package_bytes(out) / 2**30))
+            print(f"  {label:<10} {dtype:<5} {wall:7.1f} s  peak RSS {peak:6.2f} GiB  package {rows[-1][4]:.2f} GiB", flush=True)
+            shutil.rmtree(out, ignore_errors=True)
+    model_type, shape = SHAPES[size]
+    lines = [f"### Export memory, {size} ({model_type}: hidden {shape['hidden_size']}, {shape['num_hidden_layers']} layers, vocab "
+             f"{shape['vocab_size']}; bf16 source {source_bytes / 2**30:.2f} GiB) ({time.strftime('%Y-%m-%d')}, {platform.machine()}, "
+             f"{os.cpu_count()} cores, {cpu_flags()})", "",
+             "| path | dtype | wall s | peak RSS GiB | package GiB |", "|---|---|---:|---:|---:|"]
+    lines += [f"| ortinf {label} | {dtype} | {wall:.1f} | {peak:.2f} | {package:.2f} |" for label, dtype, wall, peak, package in rows]
+    finish(lines, args.record)
+
+
+if __name__ == "__main__":
+    main()
