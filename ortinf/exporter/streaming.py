@@ -325,10 +325,22 @@ class _Loaded:
             if parameter is None:
                 continue
             name = f"{prefix}.{leaf}" if prefix else leaf
-            values = self.skel.checkpoint.tensor(self.skel.sources[name]).to(torch.float32)
+            values = self.read(self.skel.sources[name])
             module._parameters[leaf] = torch.nn.Parameter(values, requires_grad=False)
             module._ortinf_meta = getattr(module, "_ortinf_meta", {})
             module._ortinf_meta[leaf] = parameter
+
+    def read(self, name: str) -> torch.Tensor:
+        """A checkpoint tensor at fp32, widened piece by piece (never a whole bf16 copy beside the fp32 one)."""
+        checkpoint = self.skel.checkpoint
+        shape = checkpoint.shape(name)
+        if len(shape) < 2:
+            return checkpoint.tensor(name).to(torch.float32)
+        values = torch.empty(shape, dtype=torch.float32)
+        step = max(1, (64 << 20) // max(1, values[0].numel() * 4))
+        for first in range(0, shape[0], step):
+            values[first:first + step] = checkpoint.rows(name, first, first + step)
+        return values
 
     def after(self, module: torch.nn.Module, *_: object) -> None:
         for leaf, parameter in getattr(module, "_ortinf_meta", {}).items():
