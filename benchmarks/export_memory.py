@@ -98,16 +98,30 @@ def _tokenizer(folder: Path, vocab_size: int) -> None:
     PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="<unk>").save_pretrained(folder)
 
 
-def measure(command: list[str], log: Path) -> tuple[float, float]:
-    """(wall seconds, peak RSS in GiB) of one export process (its ru_maxrss, from wait4)."""
+def measure(command: list[str], log: Path) -> tuple[float, float, str]:
+    """(wall seconds, peak RSS in GiB, outcome) of one export process (its ru_maxrss, from wait4). The outcome
+    is "ok", or how it ended: the in-memory path is killed by the kernel's OOM killer where it does not fit."""
     start = time.perf_counter()
     with log.open("w") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
         _, status, usage = os.wait4(process.pid, 0)
     wall = time.perf_counter() - start
-    if status != 0:
-        raise SystemExit(f"export failed (status {status}):\n{log.read_text()[-3000:]}")
-    return wall, usage.ru_maxrss / 2**20
+    if os.WIFSIGNALED(status):
+        outcome = "killed (out of memory)" if os.WTERMSIG(status) == 9 else f"killed by signal {os.WTERMSIG(status)}"
+    elif os.WEXITSTATUS(status) != 0:
+        outcome = f"failed (exit {os.WEXITSTATUS(status)}: see {log})"
+    else:
+        outcome = "ok"
+    return wall, usage.ru_maxrss / 2**20, outcome
+
+
+def quality(package: Path) -> str:
+    """The export's own figures from its manifest (parity; top-1 / KL for int8 and int4)."""
+    manifest = json.loads((package / "ortinf.json").read_text())
+    figures = f"parity {manifest['parity']['max_abs_diff']:.3g}"
+    if manifest.get("quality"):
+        figures += f", top-1 {manifest['quality']['top1_agreement']:.3f}, KL {manifest['quality']['mean_kl']:.4f}"
+    return figures
 
 
 def package_bytes(folder: Path) -> int:
@@ -146,16 +160,20 @@ def main() -> None:
             out = SOURCES / f"{size}-{dtype}-{label.replace(' ', '-')}"
             full = [*command, str(out), "--dtype", dtype, "--overwrite", "--quality-gate", "record"] if label == "streaming" \
                 else [*command, str(out), dtype]
-            wall, peak = measure(full, SOURCES / f"{out.name}.log")
-            rows.append((label, dtype, wall, peak, package_bytes(out) / 2**30))
-            print(f"  {label:<10} {dtype:<5} {wall:7.1f} s  peak RSS {peak:6.2f} GiB  package {rows[-1][4]:.2f} GiB", flush=True)
+            wall, peak, outcome = measure(full, SOURCES / f"{out.name}.log")
+            if outcome == "ok" and label == "streaming":
+                outcome = f"ok: {quality(out)}"
+            rows.append((label, dtype, wall, peak, package_bytes(out) / 2**30 if out.exists() else 0.0, outcome))
+            print(f"  {label:<10} {dtype:<5} {wall:7.1f} s  peak RSS {peak:6.2f} GiB  package {rows[-1][4]:.2f} GiB  {outcome}",
+                  flush=True)
             shutil.rmtree(out, ignore_errors=True)
     model_type, shape = SHAPES[size]
     lines = [f"### Export memory, {size} ({model_type}: hidden {shape['hidden_size']}, {shape['num_hidden_layers']} layers, vocab "
              f"{shape['vocab_size']}; bf16 source {source_bytes / 2**30:.2f} GiB) ({time.strftime('%Y-%m-%d')}, {platform.machine()}, "
              f"{os.cpu_count()} cores, {cpu_flags()})", "",
-             "| path | dtype | wall s | peak RSS GiB | package GiB |", "|---|---|---:|---:|---:|"]
-    lines += [f"| ortinf {label} | {dtype} | {wall:.1f} | {peak:.2f} | {package:.2f} |" for label, dtype, wall, peak, package in rows]
+             "| path | dtype | wall s | peak RSS GiB | package GiB | outcome |", "|---|---|---:|---:|---:|---|"]
+    lines += [f"| ortinf {label} | {dtype} | {wall:.1f} | {peak:.2f} | {package:.2f} | {outcome} |"
+              for label, dtype, wall, peak, package, outcome in rows]
     finish(lines, args.record)
 
 
