@@ -88,18 +88,17 @@ def streamable(source: ModelSource, task_model: str, enable_lora: bool, kernel: 
 def skeleton(source: ModelSource) -> Skeleton:
     """The model built without weights, its decoder layers found and every parameter mapped to a checkpoint tensor."""
     import transformers
-    from accelerate import init_empty_weights
 
     config = transformers.AutoConfig.from_pretrained(source.path)
     try:
-        with init_empty_weights(include_buffers=False):
+        with parameters_on_meta():
             model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32)
     except Exception as exc:  # noqa: BLE001 - an architecture transformers cannot build from its config
         raise NotStreamable(f"transformers cannot build it empty ({exc})") from exc
     model.eval()
     output, embedding = model.get_output_embeddings(), model.get_input_embeddings()
     if getattr(model.config.get_text_config(), "tie_word_embeddings", False) and output is not None and embedding is not None:
-        output.weight = embedding.weight  # init_empty_weights makes a new meta parameter per registration: tie it again
+        output.weight = embedding.weight  # parameters_on_meta makes a new meta parameter per registration: tie it again
     base = model.base_model if model.base_model is not model else model.model
     layers_name = next((name for name, child in base.named_children()
                         if isinstance(child, torch.nn.ModuleList) and len(child) == config.num_hidden_layers), None)
@@ -117,6 +116,26 @@ def skeleton(source: ModelSource) -> Skeleton:
             raise NotStreamable(f"the checkpoint has no tensor for the parameter {name}")
         sources[name] = found
     return Skeleton(model, layers, layers_name, prefix, checkpoint, sources)
+
+
+@contextlib.contextmanager
+def parameters_on_meta() -> Iterator[None]:
+    """Modules built here register their parameters on the meta device (no memory) and their buffers as usual
+    (RoPE tables are computed, not loaded): accelerate's init_empty_weights(include_buffers=False), without
+    the dependency."""
+    register = torch.nn.Module.register_parameter
+
+    def on_meta(module: torch.nn.Module, name: str, parameter: torch.nn.Parameter | None) -> None:
+        register(module, name, parameter)
+        if parameter is not None and not parameter.is_meta:
+            kind = type(module._parameters[name])
+            module._parameters[name] = kind(module._parameters[name].to("meta"), requires_grad=False)
+
+    torch.nn.Module.register_parameter = on_meta
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter = register
 
 
 def _ties(model: torch.nn.Module) -> dict[str, str]:
