@@ -78,9 +78,17 @@ def decode_ms(graph: DecoderGraph, host_pool: list[np.ndarray] | None = None) ->
     return (time.perf_counter() - start) * 1e3
 
 
-def test_decode_time_does_not_grow_with_the_pool(webgpu, decoder_package, record_property):
-    """The same step with an 8x larger pool: the bound pool costs the same, the host-fed pool more."""
-    _, package = decoder_package("llama")
+def test_decode_time_does_not_grow_with_the_pool(webgpu, decoder_package, record_property, tmp_path):
+    """The same step with an 8x larger pool: the bound pool costs the same, the host-fed pool more.
+
+    On the in-memory export's graph (constants folded by the tracer): the streaming export's unfolded graph
+    runs this toy step ~25% slower and noisier on the software WebGPU adapter (10 vs 13 ms; issue 42's note),
+    which this test is not about."""
+    import ortinf
+
+    _, streamed = decoder_package("llama")
+    package = tmp_path / "folded"
+    ortinf.export(streamed.parent / "hf", package, progress=False, in_memory=True)
     graphs = {size: DecoderGraph(package, num_blocks=size, block_size=16, provider=webgpu) for size in (512, 4096)}
     hosts = {size: [np.zeros(graph.pool.shape, np.float32) for _ in graph.pool.input_names] for size, graph in graphs.items()}
     for size, graph in graphs.items():  # compile and warm both paths
