@@ -296,11 +296,14 @@ def _fold_transposes(graph: onnx.GraphProto, lazy: LazyWeights) -> None:
 
 
 def _fix_vocab_outputs(graph: onnx.GraphProto, skel: Skeleton) -> None:
-    """The logits output's declared vocabulary (the trace saw STAND_IN_ROWS)."""
+    """The logits output's declared vocabulary (the trace saw STAND_IN_ROWS). Only that output: a K/V output
+    whose head_dim equals the stand-in's row count must keep its size."""
+    from ortinf.manifest import LOGITS
+
     vocab = skel.model.config.vocab_size
-    for value in [*graph.output, *graph.value_info]:
+    for value in graph.output:
         dims = value.type.tensor_type.shape.dim
-        if len(dims) and dims[-1].HasField("dim_value") and dims[-1].dim_value == min(vocab, STAND_IN_ROWS):
+        if value.name == LOGITS and len(dims) and dims[-1].HasField("dim_value"):
             dims[-1].dim_value = vocab
 
 

@@ -165,3 +165,14 @@ def test_the_checkpoint_is_read_in_place(tmp_path):
     full = checkpoint.tensor("model.embed_tokens.weight")
     assert torch.equal(checkpoint.rows("model.embed_tokens.weight", 10, 20), full[10:20])
     assert checkpoint.shape("model.embed_tokens.weight") == list(full.shape)
+
+
+def test_outputs_keep_their_sizes_when_head_dim_equals_the_stand_in_rows(tmp_path):
+    """Only the logits output takes the real vocabulary: a new K/V output of head_dim 64 (the stand-in's row count) keeps 64."""
+    import onnx
+
+    source = _source(tmp_path / "hf", hidden_size=128, num_attention_heads=2, num_key_value_heads=1, intermediate_size=256)
+    ortinf.export(source, tmp_path / "pkg", progress=False, in_memory=False)
+    graph = onnx.load(str(tmp_path / "pkg" / "model.host-write.onnx"), load_external_data=False).graph
+    dims = {o.name: [d.dim_value for d in o.type.tensor_type.shape.dim] for o in graph.output}
+    assert dims["logits"][-1] == 256 and dims["new_value.0"][-1] == 64, dims
