@@ -125,7 +125,7 @@ def place_decoder(traced: Path, stage: Path, spec: DecoderSpec,
         if (cpu_transform or transform) is not None:
             cpu = (cpu_transform or transform)(cpu)
         add_kv_write(cpu, spec.num_layers, spec.num_kv_heads)
-        if share_weights(cpu, model, digests):  # the quantized CPU graph's packed weights: a file of their own
+        if share_weights(cpu, model, digests):  # ortinf.MoE's packed experts: a file of their own
             onnx.save_model(cpu, str(stage / CPU_MODEL_NAME), save_as_external_data=True, all_tensors_to_one_file=True,
                             location=CPU_MODEL_NAME + ".data", size_threshold=1024)
         else:
@@ -160,8 +160,9 @@ def digest(tensor: onnx.TensorProto) -> bytes:
 def share_weights(graph: onnx.ModelProto, saved: onnx.ModelProto, digests: dict[bytes, str]) -> int:
     """Points `graph`'s initializers at the bytes `saved` already wrote to the weights file (matched by
     content, since two traces name constant-folded weights differently). Returns the bytes of large
-    weights it cannot match: none at fp32 (both traces fold the same weights); a quantized package's
-    ortinf.QMatMul weights, packed for the CPU kernels, are not model.onnx's MatMulNBits bytes."""
+    weights it cannot match: none for a dense decoder (both traces fold the same weights, and a quantized
+    package's ortinf.QMatMul reads MatMulNBits' own B and scales); ortinf.MoE's packed experts are not
+    model.onnx's bytes, and go to a file of their own."""
     external = {t.name: list(t.external_data) for t in saved.graph.initializer if t.data_location == TensorProto.EXTERNAL}
     missing = 0
     for tensor in graph.graph.initializer:

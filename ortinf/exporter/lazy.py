@@ -38,7 +38,7 @@ class Derived:
     """A quantized form of a source (ortinf/exporter/quantize.py)."""
 
     source: Source
-    form: str  # "nbits.B", "nbits.scales", "qmm.packed", "qmm.scales"
+    form: str  # "nbits.B" or "nbits.scales"
     bits: int
     block_size: int
 

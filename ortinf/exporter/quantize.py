@@ -14,9 +14,11 @@ and written in two forms of the same numbers:
   block * bits / 8], no zero points: ORT's default zero point 2^(bits-1) is the offset), whose CPU
   kernel with `accuracy_level` 4 quantizes the activations to int8 as onnxruntime-genai's builder
   does on CPU; the level is recorded in the manifest.
-- model.cpu.onnx (ortinf's kernel library): `ortinf.QMatMul`, the weights packed in the layout its
-  VNNI/AVX2 dot products read (ortinf/kernels/cpu/qmatmul_impl.h), activations quantized per token and
-  block inside the op.
+- model.cpu.onnx (ortinf's kernel library): `ortinf.QMatMul` with `layout=1`, over the very same B and
+  scales initializers (one weight file: the op packs them into the layout its VNNI/AVX2 dot products
+  read, ortinf/kernels/cpu/qmatmul_impl.h, when the session creates it); activations quantized per token
+  and block inside the op. Packages before issue 42 stored that packed layout themselves (`layout` 0,
+  model.cpu.onnx.data), and still load; ortinf.MoE's stacked experts are still stored packed.
 
 Both dequantize to the same weights, so the two graphs differ only in how they round activations.
 The LM head is a MatMul too and is quantized with the rest; mixture-of-experts routers are not
@@ -49,6 +51,7 @@ TILE = 16  # columns per packed tile of ortinf.QMatMul
 CPU_OP = "QMatMul"
 MOE_OP = "MoE"  # ortinf.MoE (ortinf/kernels/cpu/moe.cc): its stacked expert weights are packed per expert
 CPU_DOMAIN = "ortinf"
+NBITS_LAYOUT = 1  # QMatMul's `layout` attribute: its weight inputs are MatMulNBits' B and scales (qmatmul.cc)
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,8 +153,8 @@ def quantize(model: onnx.ModelProto, dtype: str, block_size: int | None = None,
             nodes.append(node)
             continue
         if lazy is not None and lazy.is_lazy(weight):
-            base = f"{weight.name}.q{bits}" + (".cpu" if cpu else "")  # the graphs share one registry: names differ by form
-            added += _lazy_forms(lazy, weight, base, bits, block_size, cpu)
+            base = f"{weight.name}.q{bits}"  # both graphs name (and so share) the same B and scales
+            added += _lazy_forms(lazy, weight, base, bits, block_size)
             nodes.append(_quantized_node(node, base, *weight.dims, bits, block_size, accuracy_level, cpu))
             users[weight.name] -= 1
             if users[weight.name] == 0:
@@ -166,12 +169,8 @@ def quantize(model: onnx.ModelProto, dtype: str, block_size: int | None = None,
         exact += qw.exact
         k, n = array.shape
         base = f"{weight.name}.q{bits}"
-        if cpu:
-            packed, scales = qmatmul_tensors(qw)
-            added += [numpy_helper.from_array(packed, base + ".packed"), numpy_helper.from_array(scales, base + ".scales")]
-        else:
-            b, scales = matmul_nbits_tensors(qw)
-            added += [numpy_helper.from_array(b, base + ".B"), numpy_helper.from_array(scales.reshape(-1), base + ".scales")]
+        b, scales = matmul_nbits_tensors(qw)
+        added += [numpy_helper.from_array(b, base + ".B"), numpy_helper.from_array(scales.reshape(-1), base + ".scales")]
         nodes.append(_quantized_node(node, base, k, n, bits, block_size, accuracy_level, cpu))
         users[weight.name] -= 1
         if users[weight.name] == 0:
@@ -193,41 +192,33 @@ def quantize(model: onnx.ModelProto, dtype: str, block_size: int | None = None,
 
 def _quantized_node(node: onnx.NodeProto, base: str, k: int, n: int, bits: int, block_size: int, accuracy_level: int,
                     cpu: bool) -> onnx.NodeProto:
-    """The MatMul `node` as QMatMul (cpu) or MatMulNBits over the tensors named `base`.*."""
+    """The MatMul `node` as QMatMul (cpu) or MatMulNBits over the tensors named `base`.* (the same ones)."""
     if cpu:
-        return helper.make_node(CPU_OP, [node.input[0], base + ".packed", base + ".scales"], list(node.output),
-                                name=node.name + ".q", domain=CPU_DOMAIN, K=k, N=n, bits=bits, block_size=block_size)
+        return helper.make_node(CPU_OP, [node.input[0], base + ".B", base + ".scales"], list(node.output),
+                                name=node.name + ".q", domain=CPU_DOMAIN, K=k, N=n, bits=bits, block_size=block_size,
+                                layout=NBITS_LAYOUT)
     return helper.make_node("MatMulNBits", [node.input[0], base + ".B", base + ".scales"], list(node.output),
                             name=node.name + ".q", domain="com.microsoft", K=k, N=n, bits=bits,
                             block_size=block_size, accuracy_level=accuracy_level)
 
 
-def _lazy_forms(lazy: LazyWeights, weight: onnx.TensorProto, base: str, bits: int, block_size: int,
-                cpu: bool) -> list[onnx.TensorProto]:
-    """Placeholders of a lazy weight's quantized forms (named `base`.*), their shapes computed as the eager path's are."""
+def _lazy_forms(lazy: LazyWeights, weight: onnx.TensorProto, base: str, bits: int, block_size: int) -> list[onnx.TensorProto]:
+    """Placeholders of a lazy weight's quantized tensors (named `base`.*), their shapes computed as the eager path's are."""
     k, n = weight.dims
     source = lazy.recipes[weight.name]
     blocks = -(-k // block_size)
-    uint8, float32 = onnx.TensorProto.UINT8, onnx.TensorProto.FLOAT
-    if cpu:
-        tiles = -(-n // TILE)
-        return [lazy.placeholder(base + ".packed", Derived(source, "qmm.packed", bits, block_size),
-                                 [tiles * blocks * block_size * TILE * bits // 8], uint8),
-                lazy.placeholder(base + ".scales", Derived(source, "qmm.scales", bits, block_size), [tiles, blocks, TILE], float32)]
-    return [lazy.placeholder(base + ".B", Derived(source, "nbits.B", bits, block_size), [n, blocks, block_size * bits // 8], uint8),
-            lazy.placeholder(base + ".scales", Derived(source, "nbits.scales", bits, block_size), [n * blocks], float32)]
+    return [lazy.placeholder(base + ".B", Derived(source, "nbits.B", bits, block_size), [n, blocks, block_size * bits // 8],
+                             onnx.TensorProto.UINT8),
+            lazy.placeholder(base + ".scales", Derived(source, "nbits.scales", bits, block_size), [n * blocks], onnx.TensorProto.FLOAT)]
 
 
 def derive_form(array: np.ndarray, recipe: Derived, memo: dict) -> np.ndarray:
-    """A quantized form of a weight [K, N] (the writer of ortinf/exporter/lazy.py calls it); `memo` keeps the
-    rounding while one weight's forms are written, so both forms come from one rounding."""
+    """A quantized tensor of a weight [K, N] (the writer of ortinf/exporter/lazy.py calls it); `memo` keeps the
+    rounding while one weight's B and scales are written, so both come from one rounding."""
     key = (recipe.bits, recipe.block_size)
     qw = memo.get(key)
     if qw is None:
         qw = memo[key] = quantize_weight(array.astype(np.float32, copy=False), recipe.bits, recipe.block_size)
-    if recipe.form.startswith("qmm."):
-        packed, scales = qmatmul_tensors(qw)
-        return packed if recipe.form == "qmm.packed" else scales
     b, scales = matmul_nbits_tensors(qw)
     return b if recipe.form == "nbits.B" else scales.reshape(-1)
 

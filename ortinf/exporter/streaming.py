@@ -423,7 +423,7 @@ def place(traced: Traced, stage: Path, spec, dtype: str, quantization: tuple[int
           progress: bool) -> tuple[list[str], list[str]]:
     """Writes the package's decoder graphs and their weights, reading the checkpoint one tensor at a time:
     model.host-write.onnx and model.onnx (with the KV write) over model.onnx.data, and model.cpu.onnx over
-    the same file, or its own for the kernel library's packed quantized weights. `quantization`: (block size,
+    the same file. `quantization`: (block size,
     accuracy level) of an int8/int4 export. Returns model.onnx's input and output names."""
     from tqdm.auto import tqdm
 
@@ -450,7 +450,7 @@ def place(traced: Traced, stage: Path, spec, dtype: str, quantization: tuple[int
         if quantization is not None:
             cpu = quantize(cpu, dtype, quantization[0], cpu=True, lazy=lazy)
         add_kv_write(cpu, spec.num_layers, spec.num_kv_heads)
-        graphs.append((cpu, stage / (CPU_MODEL_NAME + ".data" if quantization is not None else WEIGHTS_NAME)))
+        graphs.append((cpu, stage / WEIGHTS_NAME))  # QMatMul reads MatMulNBits' tensors: one file (quantize.py)
     checkpoint = traced.skel.checkpoint
     total = lazy_weights.num_groups([g for g, _ in graphs], lazy)
     # nested under export's bar: only on a terminal (in a log, a second bar's cursor moves print as "[A")

@@ -2,9 +2,16 @@
 // (ortinf/exporter/quantize.py) and A quantized here per token and per block of K (qmatmul_impl.h has
 // the layout and the arithmetic).
 //
-//   A [..., K] f32, packed_weight [bytes] u8, scales [tiles, blocks, 16] f32, bias [N] f32 (optional)
-//   K, N, bits (8 or 4), block_size (int attributes)
+//   A [..., K] f32, weight u8, scales f32, bias [N] f32 (optional)
+//   K, N, bits (8 or 4), block_size, layout (int attributes)
 //   -> Y [..., N] f32
+//
+// `layout` says how the weight inputs are stored:
+//   0 (packages before issue 42): packed_weight [bytes] in this op's layout, scales [tiles, blocks, 16];
+//   1: MatMulNBits' tensors, B [N, blocks, block * bits / 8] offset binary and scales [N * blocks], the
+//      very initializers model.onnx's MatMulNBits reads, so a package holds its weights once
+//      (docs/exporter.md, "One weight file"). They must be constant: the kernel packs them into its
+//      own layout when it is created and hands the source pages back to the OS (release_mapped).
 //
 // Why an op of ortinf's own and not ORT's MatMulNBits: on the CPUs this runs on, MatMulNBits'
 // int8-activation path (accuracy level 4) leaves VNNI's integer throughput unused for int8 weights
@@ -26,6 +33,9 @@
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "ort_glue.h"
 #include "qmatmul_impl.h"
@@ -114,7 +124,109 @@ const Isa g_isa = checked_isa();
 struct Kernel {
   int64_t K = 0, N = 0, bits = 0, block = 0;
   int64_t Kp = 0, blocks = 0, tiles = 0;
+  // layout 1: the weights packed at creation (empty for layout 0, which reads its inputs at every call)
+  std::vector<uint8_t> packed;
+  std::vector<float> scales;
+
+  int64_t tile_bytes() const { return bits == 8 ? Kp * kTile : Kp * kTile / 2; }
 };
+
+// MatMulNBits' B (column n's Kp values as offset-binary bytes, int4: element 2j in byte j's low nibble,
+// 2j+1 in its high one) and scales [N, blocks] -> this op's tiles (qmatmul_impl.h). Both forms hold
+// the same offset-binary values, so this moves bytes and nibbles only. A padding column holds the
+// offset (a zero weight), as quantize.py's packing writes it.
+void pack_nbits(Kernel* k, const uint8_t* b, const float* s) {
+  const int64_t column_bytes = k->Kp * k->bits / 8, tile_bytes = k->tile_bytes();
+  k->packed.assign(static_cast<size_t>(k->tiles * tile_bytes), k->bits == 8 ? 128 : 0x88);
+  k->scales.assign(static_cast<size_t>(k->tiles * k->blocks * kTile), 0.f);
+  for (int64_t t = 0; t < k->tiles; ++t) {
+    uint8_t* tile = k->packed.data() + t * tile_bytes;
+    float* tile_scales = k->scales.data() + t * k->blocks * kTile;
+    for (int64_t c = 0; c < kTile && t * kTile + c < k->N; ++c) {
+      const int64_t n = t * kTile + c;
+      const uint8_t* col = b + n * column_bytes;
+      if (k->bits == 8) {  // group g (rows 4g..4g+3) of column c: bytes 64g + 4c .. +3, in K order
+        for (int64_t g = 0; g < k->Kp / 4; ++g) std::memcpy(tile + 64 * g + 4 * c, col + 4 * g, 4);
+      } else {  // rows 8p..8p+7 (bytes 4p..4p+3 of the column): byte 64p + 4c + i = row 8p+i | row 8p+4+i << 4
+        for (int64_t p = 0; p < k->Kp / 8; ++p) {
+          const uint8_t* in = col + 4 * p;
+          uint8_t* out = tile + 64 * p + 4 * c;
+          out[0] = static_cast<uint8_t>((in[0] & 0x0F) | (in[2] << 4));
+          out[1] = static_cast<uint8_t>((in[0] >> 4) | (in[2] & 0xF0));
+          out[2] = static_cast<uint8_t>((in[1] & 0x0F) | (in[3] << 4));
+          out[3] = static_cast<uint8_t>((in[1] >> 4) | (in[3] & 0xF0));
+        }
+      }
+      for (int64_t blk = 0; blk < k->blocks; ++blk) tile_scales[blk * kTile + c] = s[n * k->blocks + blk];
+    }
+  }
+}
+
+// Drops this process's pages of [data, data + bytes) when they lie in a private file mapping none of
+// whose pages was ever written (smaps' Anonymous: 0 kB), which is how ORT loads page-aligned external
+// data on Linux (mapped rw-p, never written): after packing, the kernel never reads them again, and were
+// anything to, the same bytes come back from the file. Anything else (a heap buffer, a mapping with
+// copied-on-write pages) is left alone. Without this, RSS after load would hold each weight twice: the
+// mapped source pages the packing touched, and the packed copy.
+void release_mapped(const void* data, size_t bytes) {
+  const long page = sysconf(_SC_PAGESIZE);
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(data), end = begin + bytes;
+  const uintptr_t first = (begin + page - 1) / page * page, last = end / page * page;
+  if (page <= 0 || last <= first) return;
+  FILE* smaps = std::fopen("/proc/self/smaps", "r");
+  if (smaps == nullptr) return;
+  char line[4096];
+  bool inside = false, clean_file = false;
+  while (std::fgets(line, sizeof line, smaps) != nullptr) {
+    unsigned long lo = 0, hi = 0, offset = 0, inode = 0;
+    char perms[5] = {0}, dev[32] = {0};
+    if (std::sscanf(line, "%lx-%lx %4s %lx %31s %lu", &lo, &hi, perms, &offset, dev, &inode) == 6) {  // a mapping's header
+      if (inside) break;
+      inside = lo <= begin && end <= hi;
+      clean_file = inside && inode != 0 && perms[0] == 'r' && perms[3] == 'p';
+      continue;
+    }
+    unsigned long anonymous = 0;
+    if (inside && std::sscanf(line, "Anonymous: %lu kB", &anonymous) == 1) {
+      clean_file = clean_file && anonymous == 0;
+      break;
+    }
+  }
+  std::fclose(smaps);
+  if (inside && clean_file) madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+}
+
+// Layout 1: reads the constant B and scales and packs them (see pack_nbits).
+OrtStatus* pack_constant_inputs(const OrtKernelInfo* info, Kernel* k) {
+  const OrtValue* values[2] = {nullptr, nullptr};
+  for (size_t i = 0; i < 2; ++i) {
+    int constant = 0;
+    RETURN_IF_ERROR(g_api->KernelInfoGetConstantInput_tensor(info, i + 1, &constant, &values[i]));
+    if (!constant || values[i] == nullptr)
+      return fail("QMatMul: with layout 1 the weight and scales must be constant initializers");
+  }
+  const int64_t want[2] = {k->N * k->Kp * k->bits / 8, k->N * k->blocks};
+  const ONNXTensorElementDataType types[2] = {ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT};
+  void* data[2] = {nullptr, nullptr};
+  for (size_t i = 0; i < 2; ++i) {
+    OrtTensorTypeAndShapeInfo* shape = nullptr;
+    RETURN_IF_ERROR(g_api->GetTensorTypeAndShape(values[i], &shape));
+    size_t count = 0;
+    ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+    OrtStatus* status = g_api->GetTensorShapeElementCount(shape, &count);
+    if (status == nullptr) status = g_api->GetTensorElementType(shape, &type);
+    g_api->ReleaseTensorTypeAndShapeInfo(shape);
+    RETURN_IF_ERROR(status);
+    if (type != types[i] || static_cast<int64_t>(count) != want[i])
+      return fail(i == 0 ? "QMatMul: B must be uint8 [N, blocks, block_size * bits / 8] (MatMulNBits' layout)"
+                         : "QMatMul: scales must be float32 [N * blocks] (MatMulNBits' layout)");
+    RETURN_IF_ERROR(g_api->GetTensorMutableData(const_cast<OrtValue*>(values[i]), &data[i]));
+  }
+  pack_nbits(k, static_cast<const uint8_t*>(data[0]), static_cast<const float*>(data[1]));
+  release_mapped(data[0], static_cast<size_t>(want[0]));
+  release_mapped(data[1], static_cast<size_t>(want[1]) * sizeof(float));
+  return nullptr;
+}
 
 struct Job {
   int64_t m0, m1, t0, t1;
@@ -152,14 +264,20 @@ OrtStatus* compute(const Kernel& k, OrtKernelContext* context) {
     }
     RETURN_IF_ERROR(read_input(context, i, &t[i]));
   }
-  const Tensor &a = t[0], &packed = t[1], &scales = t[2], &bias = t[3];
+  const Tensor &a = t[0], &bias = t[3];
   if (a.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || a.shape.empty() || a.shape.back() != k.K)
     return fail("QMatMul: A must be float32 [..., K] with K = " + std::to_string(k.K));
-  const int64_t tile_bytes = k.bits == 8 ? k.Kp * kTile : k.Kp * kTile / 2;
-  if (packed.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 || packed.size() != k.tiles * tile_bytes)
-    return fail("QMatMul: packed_weight must be uint8 with " + std::to_string(k.tiles * tile_bytes) + " bytes");
-  if (scales.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || scales.size() != k.tiles * k.blocks * kTile)
-    return fail("QMatMul: scales must be float32 [tiles, blocks, 16]");
+  const void* weights = k.packed.data();
+  const void* weight_scales = k.scales.data();
+  if (k.packed.empty()) {  // layout 0: the inputs are the packed form
+    const Tensor &packed = t[1], &scales = t[2];
+    if (packed.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 || packed.size() != k.tiles * k.tile_bytes())
+      return fail("QMatMul: packed_weight must be uint8 with " + std::to_string(k.tiles * k.tile_bytes()) + " bytes");
+    if (scales.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || scales.size() != k.tiles * k.blocks * kTile)
+      return fail("QMatMul: scales must be float32 [tiles, blocks, 16]");
+    weights = packed.data;
+    weight_scales = scales.data;
+  }
   if (bias.data != nullptr && (bias.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || bias.size() != k.N))
     return fail("QMatMul: bias must be float32 [N]");
 
@@ -175,8 +293,8 @@ OrtStatus* compute(const Kernel& k, OrtKernelContext* context) {
   std::vector<int8_t> xq(static_cast<size_t>(M * k.Kp));
   std::vector<float> xscale(static_cast<size_t>(M * k.blocks));
   std::vector<int32_t> xsum(static_cast<size_t>(M * k.blocks));
-  Call call{{xq.data(), xscale.data(), xsum.data(), static_cast<const uint8_t*>(packed.data),
-             static_cast<const float*>(scales.data), static_cast<const float*>(bias.data), out, M, k.N, k.Kp, k.blocks,
+  Call call{{xq.data(), xscale.data(), xsum.data(), static_cast<const uint8_t*>(weights),
+             static_cast<const float*>(weight_scales), static_cast<const float*>(bias.data), out, M, k.N, k.Kp, k.blocks,
              k.block, k.bits},
             static_cast<const float*>(a.data), k.K, {}};
   const int64_t quantize_jobs = (M + kQuantizeRows - 1) / kQuantizeRows;
@@ -201,13 +319,23 @@ OrtStatus* ORT_API_CALL create_kernel(const OrtCustomOp*, const OrtApi*, const O
   attr_int(info, "N", 0, &k->N);
   attr_int(info, "bits", 0, &k->bits);
   attr_int(info, "block_size", 0, &k->block);
-  if (k->K <= 0 || k->N <= 0 || (k->bits != 8 && k->bits != 4) || k->block < 8 || k->block % 8 != 0) {
+  int64_t layout = 0;
+  attr_int(info, "layout", 0, &layout);
+  if (k->K <= 0 || k->N <= 0 || (k->bits != 8 && k->bits != 4) || k->block < 8 || k->block % 8 != 0 ||
+      (layout != 0 && layout != 1)) {
     delete k;
-    return fail("QMatMul: K and N must be positive, bits 8 or 4, block_size a positive multiple of 8");
+    return fail("QMatMul: K and N must be positive, bits 8 or 4, block_size a positive multiple of 8, layout 0 or 1");
   }
   k->blocks = (k->K + k->block - 1) / k->block;
   k->Kp = k->blocks * k->block;
   k->tiles = (k->N + kTile - 1) / kTile;
+  if (layout == 1) {
+    OrtStatus* status = pack_constant_inputs(info, k);
+    if (status != nullptr) {
+      delete k;
+      return status;
+    }
+  }
   *kernel = k;
   return nullptr;
 }

@@ -1,0 +1,80 @@
+"""One weight file per package (docs/exporter.md, "One weight file"): a quantized package's CPU graph reads
+model.onnx.data's MatMulNBits tensors (ortinf.QMatMul layout 1) and computes what the two-file form packages
+had before issue 42 computes (the packed layout in model.cpu.onnx.data), bit for bit; that older form still loads."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+from support.tiny_models import add_tokenizer, build_decoder
+
+import ortinf
+from ortinf.exporter.quantize import CPU_OP, Quantized, qmatmul_tensors
+from ortinf.kernels import library
+from ortinf.manifest import CPU_MODEL_NAME, WEIGHTS_NAME
+from ortinf.worker.decoder_graph import DecoderGraph
+from ortinf.worker.model_input import SequenceChunk, build_model_input
+
+pytestmark = pytest.mark.skipif(library.load() is None, reason="the kernel library is not built (python -m ortinf.kernels.build)")
+
+
+def two_file_form(package: Path, out: Path) -> None:
+    """`package` as the exporter wrote it before issue 42: every QMatMul reads its own packed weights (no `layout`
+    attribute), stored in model.cpu.onnx.data, unpacked here from the MatMulNBits tensors it now shares."""
+    shutil.copytree(package, out)
+    cpu = onnx.load(str(out / CPU_MODEL_NAME), load_external_data=True)
+    weights = {t.name: t for t in cpu.graph.initializer}
+    added, used = [], set()
+    for node in cpu.graph.node:
+        if node.op_type != CPU_OP:
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        k, n, bits, block = attrs["K"], attrs["N"], attrs["bits"], attrs["block_size"]
+        b = numpy_helper.to_array(weights[node.input[1]]).reshape(n, -1)
+        if bits == 4:  # element 2j in byte j's low nibble, 2j+1 in its high one
+            b = np.stack([b & 0x0F, b >> 4], axis=-1).reshape(n, -1)
+        q = (b.astype(np.int16) - (1 << (bits - 1))).astype(np.int8).T
+        scales = numpy_helper.to_array(weights[node.input[2]]).reshape(n, -1).T
+        packed, packed_scales = qmatmul_tensors(Quantized(np.ascontiguousarray(q), np.ascontiguousarray(scales), bits, block, k))
+        base = node.input[1].removesuffix(".B")
+        added += [numpy_helper.from_array(packed, base + ".packed"), numpy_helper.from_array(packed_scales, base + ".old_scales")]
+        used.update(node.input[1:3])
+        node.input[1], node.input[2] = base + ".packed", base + ".old_scales"
+        kept = [a for a in node.attribute if a.name != "layout"]
+        del node.attribute[:]
+        node.attribute.extend(kept)
+    assert added, "the package has no QMatMul"
+    others = [t for t in cpu.graph.initializer if t.name not in used]
+    del cpu.graph.initializer[:]
+    cpu.graph.initializer.extend(others + added)
+    onnx.save_model(cpu, str(out / CPU_MODEL_NAME), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=CPU_MODEL_NAME + ".data", size_threshold=1024)
+
+
+def _logits(package: Path, tokens: list[int]) -> np.ndarray:
+    graph = DecoderGraph(package, num_blocks=16, block_size=16, provider="cpu", cpu_kernel=True)
+    return graph.run(build_model_input([SequenceChunk(tokens, 0, [3, 1, 4])], 16, [True]))
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int4"])
+@pytest.mark.parametrize("in_memory", [False, True])
+def test_one_file_equals_the_two_file_form(tmp_path, dtype, in_memory):
+    source = tmp_path / "hf"
+    build_decoder("llama", source)
+    add_tokenizer(source)
+    package = tmp_path / "pkg"
+    result = ortinf.export(source, package, dtype=dtype, progress=False, quality_gate="record", in_memory=in_memory)
+    assert result.cpu_kernel is not None
+    assert sorted(p.name for p in package.glob("*.data")) == [WEIGHTS_NAME]  # every graph over model.onnx.data
+    cpu = onnx.load(str(package / CPU_MODEL_NAME), load_external_data=False)
+    assert {e.value for t in cpu.graph.initializer for e in t.external_data if e.key == "location"} == {WEIGHTS_NAME}
+    old = tmp_path / "old"
+    two_file_form(package, old)
+    assert (old / (CPU_MODEL_NAME + ".data")).stat().st_size > 0
+    tokens = list(np.random.default_rng(1).integers(3, 250, 37))
+    assert np.array_equal(_logits(package, tokens), _logits(old, tokens))
