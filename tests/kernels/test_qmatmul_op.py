@@ -9,7 +9,6 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 import pytest
-from builds import rerun_under
 from onnx import TensorProto, helper, numpy_helper
 
 from ortinf.exporter.quantize import Quantized, matmul_nbits_tensors, qmatmul_tensors, quantize_weight
