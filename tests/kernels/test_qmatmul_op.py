@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 import pytest
+from builds import rerun_under
 from onnx import TensorProto, helper, numpy_helper
 
 from ortinf.exporter.quantize import Quantized, matmul_nbits_tensors, qmatmul_tensors, quantize_weight
@@ -236,3 +237,19 @@ def test_the_mapped_source_pages_are_given_back(tmp_path):
     packing = int(grown[1]) - int(grown[0])
     print(f"packing at load grew RSS by {packing / 2**20:.1f} MiB for {weight_bytes / 2**20:.1f} MiB of weights")
     assert 0.8 * weight_bytes < packing < 1.15 * weight_bytes  # without giving the mapped pages back: 2x
+
+
+NARROWER = {"avx512vnni": ["avxvnni", "avx2", "generic"], "avxvnni": ["avx2", "generic"], "avx2": ["generic"], "generic": []}
+
+
+@pytest.mark.parametrize("isa", ["avxvnni", "avx2", "generic"])
+def test_every_build_the_machine_runs(isa):
+    """The op tests again under each narrower build this CPU can run (ORTINF_KERNEL_ISA caps the pick),
+    so that an AVX-512 VNNI machine checks what an AVX2-only machine, or one without AVX2, computes."""
+    best = library.qmatmul_isa()
+    if isa not in NARROWER.get(best, []):
+        pytest.skip(f"this CPU's best build is {best}: {isa} is not a narrower one it runs")
+    flags = next((line for line in open("/proc/cpuinfo") if line.startswith("flags")), "").split()
+    if isa == "avxvnni" and "avx_vnni" not in flags:  # AVX-512 VNNI CPUs without the VEX form (Zen 4, Ice Lake)
+        pytest.skip("this CPU has no AVX-VNNI")
+    rerun_under(isa, __file__, "library.qmatmul_isa()")
