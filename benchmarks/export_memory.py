@@ -1,7 +1,7 @@
 """Export memory and time at the sizes people run: the streaming exporter beside the in-memory one.
 
-usage: .venv/bin/python benchmarks/export_memory.py [--size 1.5b|3b|7b] [--dtypes int4 int8 ...] [--in-memory]
-                                                    [--record] [--tiny]
+usage: .venv/bin/python benchmarks/export_memory.py [--size 1.5b|3b|7b] [--dtypes int4 int8 bf16 ...] [--in-memory]
+                                                    [--serve] [--record] [--tiny]
 
 The source is written once under /tmp/ortinf-bench/<size>-bf16 (never in the repository) as real
 checkpoints are: bf16 safetensors in shards of at most 4 GiB with an index, random weights (std 0.02), and
@@ -124,6 +124,58 @@ def quality(package: Path) -> str:
     return figures
 
 
+def tree_rss(pid: int) -> int:
+    """RSS bytes of a process and its descendants (from /proc)."""
+    total, pending = 0, [pid]
+    while pending:
+        current = pending.pop()
+        try:
+            status = Path(f"/proc/{current}/status").read_text()
+            total += int(next(line for line in status.splitlines() if line.startswith("VmRSS")).split()[1]) * 1024
+            pending += [int(c) for t in Path(f"/proc/{current}/task").iterdir() for c in (t / "children").read_text().split()]
+        except (OSError, StopIteration):
+            continue
+    return total
+
+
+SERVE_KV = "512MiB"  # the served package's KV pool (the default, 20% of free RAM, would dominate the RSS figure)
+
+
+def serve_figures(package: Path) -> tuple[float, float, float]:
+    """`ortinf serve` of the package with a SERVE_KV pool: (seconds until /health answers 200, RSS GiB then, RSS GiB
+    after one 16-token completion), the server started here on 127.0.0.1 and stopped after."""
+    import socket
+    import urllib.request
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    ortinf = str(Path(sys.executable).with_name("ortinf"))
+    start = time.perf_counter()
+    server = subprocess.Popen([ortinf, "serve", str(package), "--host", "127.0.0.1", "--port", str(port), "--kv-cache-memory", SERVE_KV],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        while True:
+            if server.poll() is not None:
+                raise RuntimeError(f"ortinf serve {package} exited with {server.returncode}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as answer:
+                    if answer.status == 200:
+                        break
+            except OSError:
+                pass
+            time.sleep(0.2)
+        ready = time.perf_counter() - start
+        at_ready = tree_rss(server.pid)
+        body = json.dumps({"model": package.name, "prompt": "Hello", "max_tokens": 16, "temperature": 0}).encode()
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"})
+        urllib.request.urlopen(request, timeout=600).read()
+        return ready, at_ready / 2**30, tree_rss(server.pid) / 2**30
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+
 def package_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
 
@@ -139,10 +191,11 @@ def cpu_flags() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", choices=[s for s in SHAPES if s != "tiny"], default="1.5b", help="the source's shape")
-    parser.add_argument("--dtypes", nargs="+", default=["int4", "int8"], help="export precisions (int4 int8 fp32 fp16)")
+    parser.add_argument("--dtypes", nargs="+", default=["int4", "int8"], help="export precisions (int4 int8 bf16 fp32 fp16)")
     parser.add_argument("--in-memory", action="store_true", help="also the in-memory path (the whole model loaded), same run")
     parser.add_argument("--record", action="store_true", help="append the table to benchmarks/RESULTS.md")
     parser.add_argument("--tiny", action="store_true", help="a 2-layer model (the smoke test)")
+    parser.add_argument("--serve", action="store_true", help="also serve each streamed package: /health time and RSS")
     args = parser.parse_args()
     size = "tiny" if args.tiny else args.size
     source = SOURCES / f"{size}-bf16"
@@ -161,19 +214,25 @@ def main() -> None:
             full = [*command, str(out), "--dtype", dtype, "--overwrite", "--quality-gate", "record"] if label == "streaming" \
                 else [*command, str(out), dtype]
             wall, peak, outcome = measure(full, SOURCES / f"{out.name}.log")
+            serving = "-"
             if outcome == "ok" and label == "streaming":
                 outcome = f"ok: {quality(out)}"
-            rows.append((label, dtype, wall, peak, package_bytes(out) / 2**30 if out.exists() else 0.0, outcome))
-            print(f"  {label:<10} {dtype:<5} {wall:7.1f} s  peak RSS {peak:6.2f} GiB  package {rows[-1][4]:.2f} GiB  {outcome}",
-                  flush=True)
+                if args.serve:
+                    ready, at_ready, after = serve_figures(out)
+                    serving = f"{ready:.1f} s, {at_ready:.2f} / {after:.2f} GiB"
+            rows.append((label, dtype, wall, peak, package_bytes(out) / 2**30 if out.exists() else 0.0, serving, outcome))
+            print(f"  {label:<10} {dtype:<5} {wall:7.1f} s  peak RSS {peak:6.2f} GiB  package {rows[-1][4]:.2f} GiB  serve {serving}  "
+                  f"{outcome}", flush=True)
             shutil.rmtree(out, ignore_errors=True)
     model_type, shape = SHAPES[size]
     lines = [f"### Export memory, {size} ({model_type}: hidden {shape['hidden_size']}, {shape['num_hidden_layers']} layers, vocab "
              f"{shape['vocab_size']}; bf16 source {source_bytes / 2**30:.2f} GiB) ({time.strftime('%Y-%m-%d')}, {platform.machine()}, "
              f"{os.cpu_count()} cores, {cpu_flags()})", "",
-             "| path | dtype | wall s | peak RSS GiB | package GiB | outcome |", "|---|---|---:|---:|---:|---|"]
-    lines += [f"| ortinf {label} | {dtype} | {wall:.1f} | {peak:.2f} | {package:.2f} | {outcome} |"
-              for label, dtype, wall, peak, package, outcome in rows]
+             f"| path | dtype | wall s | peak RSS GiB | package GiB | serve (KV pool {SERVE_KV}): /health after, RSS ready / after a "
+             "request | outcome |",
+             "|---|---|---:|---:|---:|---|---|"]
+    lines += [f"| ortinf {label} | {dtype} | {wall:.1f} | {peak:.2f} | {package:.2f} | {serving} | {outcome} |"
+              for label, dtype, wall, peak, package, serving, outcome in rows]
     finish(lines, args.record)
 
 

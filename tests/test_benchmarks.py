@@ -41,7 +41,7 @@ SCRIPTS = {
     "beam_search.py": [],
     "gguf_parity.py": [],
     "vision.py": [],
-    "export_memory.py": ["--in-memory"],
+    "export_memory.py": ["--in-memory", "--serve"],
 }
 # ray_serve.py starts Ray clusters (minutes); compare.py and moe.py take ~40 s each in tiny mode (peer subprocesses,
 # MoE exports): in the slow run, which keeps the default suite near 20 minutes on 2 cores

@@ -28,8 +28,10 @@ def _list_architectures(ctx: click.Context, _param: click.Parameter, value: bool
     show_default=True,
     help="What the package does; auto reads it from the model's config.",
 )
-@click.option("--dtype", type=click.Choice(["fp32", "fp16", "int8", "int4"]), default=None,
-              help="Precision: fp32/fp16 for weights, activations and KV cache; int8/int4 quantize the decoder's "
+@click.option("--dtype", type=click.Choice(["fp32", "bf16", "fp16", "int8", "int4"]), default=None,
+              help="Precision: fp32/fp16 for weights, activations and KV cache; bf16 stores a decoder's MatMul weights and "
+                   "embeddings in bf16 (a bf16 checkpoint's values exactly, half fp32's bytes; fp32 arithmetic and KV); "
+                   "int8/int4 quantize the decoder's "
                    "MatMul weights (MatMulNBits, and ortinf.QMatMul in the CPU kernel graph; fp16 KV cache by default), "
                    "gated by quality figures. [default: fp32; a GGUF file: its own (Q8_0 -> int8, Q4_0 -> int4 with the "
                    "file's values, K-quants re-quantized)]")

@@ -18,6 +18,8 @@ from ortinf.errors import ExportError
 from ortinf.exporter import attention_cpu as cpu_paged
 from ortinf.exporter import streaming
 from ortinf.exporter.architectures import resolve_task
+from ortinf.exporter.bf16 import CPU_OP as BF16_OP
+from ortinf.exporter.bf16 import to_bf16
 from ortinf.exporter.decoder import CPU_PAGED, decoder_spec, trace_decoder
 from ortinf.exporter.encoder import TracedEncoder, encoder_inputs, encoder_spec, read_pooling, trace_encoder
 from ortinf.exporter.kv_write import place_decoder
@@ -46,10 +48,13 @@ log = logging.getLogger(__name__)
 
 # Quantized dtypes trace at fp32, then their MatMul weights become MatMulNBits in model.onnx and
 # ortinf.QMatMul in model.cpu.onnx (ortinf/exporter/quantize.py).
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "int8": torch.float32, "int4": torch.float32}
+# bf16: traced in fp32, its MatMul weights and embeddings then stored in bf16 (ortinf/exporter/bf16.py)
+DTYPES = {"fp32": torch.float32, "bf16": torch.float32, "fp16": torch.float16, "int8": torch.float32, "int4": torch.float32}
 QUANTIZED = ("int8", "int4")
 # Quantized packages are gated by quality figures (verify_quality), not by a logit tolerance.
-DEFAULT_TOLERANCE = {"fp32": 1e-3, "fp16": 5e-2, "int8": float("inf"), "int4": float("inf")}
+# bf16: a bf16 checkpoint measures as fp32 does (the same weights, fp32 arithmetic); 5e-2 leaves room for a
+# wider checkpoint rounded to bf16
+DEFAULT_TOLERANCE = {"fp32": 1e-3, "bf16": 5e-2, "fp16": 5e-2, "int8": float("inf"), "int4": float("inf")}
 # Above this many bytes of weights the graph keeps them in model.onnx.data (protobuf stops at 2 GiB).
 EXTERNAL_DATA_THRESHOLD = 1 << 30
 STAGES = ("loading", "tracing", "saving", "verifying")
@@ -148,6 +153,9 @@ def export(
         return export_whisper(source, out_path, overwrite, tolerance, progress, dtype, quant_block_size, accuracy_level,
                               quality_gate)
     if task == IMAGE_TEXT_TO_TEXT:
+        if dtype == "bf16":
+            raise ExportError(f"--dtype bf16 is for text decoders so far; {source.name} is a vision-language model: "
+                              "export it at fp32, int8 or int4")
         if enable_lora:
             raise ExportError(f"--enable-lora is for text decoders; {source.name} is a vision-language model")
         from ortinf.exporter.vision_language import export_vision_language
@@ -163,7 +171,7 @@ def export(
         return export_seq2seq(source, out_path, overwrite, tolerance, progress)
     if task != TEXT_GENERATION:
         read_pooling(source)  # refuse unsupported sentence-transformers modules before loading weights
-        if dtype in QUANTIZED:
+        if dtype in (*QUANTIZED, "bf16"):
             raise ExportError(f"--dtype {dtype} is for decoders; {source.name} is a {task} model: export it at fp32 or fp16")
         if kernel != PORTABLE:
             raise ExportError(f"--kernel {kernel} is for decoders; {source.name} is a {task} model")
@@ -240,6 +248,9 @@ def export(
                     rounded: dict = {}  # both graphs round each weight once
                     transform = lambda graph: quantize(graph, dtype, quant_block_size, accuracy_level, cache=rounded)  # noqa: E731
                     cpu_transform = lambda graph: quantize(graph, dtype, quant_block_size, cpu=True, cache=rounded)  # noqa: E731
+                elif dtype == "bf16":
+                    transform = to_bf16
+                    cpu_transform = lambda graph: to_bf16(graph, cpu=True)  # noqa: E731
                 inputs, outputs = place_decoder(trace_dir / MODEL_NAME, stage, spec, transform, cpu_traced, cpu_transform)
                 shutil.rmtree(trace_dir)
             else:
@@ -298,11 +309,11 @@ def export(
 
 
 def library_ops(graph: Path) -> tuple[str, ...]:
-    """The kernel library's ops a graph uses, in the library's order (PagedAttention, QMatMul, MoE)."""
+    """The kernel library's ops a graph uses, in the library's order (PagedAttention, QMatMul, MoE, BMatMul)."""
     import onnx  # here, not at the top: a serving-only install's missing extra is named by torch's import
 
     used = {n.op_type for n in onnx.load(str(graph), load_external_data=False).graph.node if n.domain == cpu_paged.DOMAIN}
-    return tuple(op for op in (cpu_paged.OP, CPU_OP, MOE_OP) if op in used)
+    return tuple(op for op in (cpu_paged.OP, CPU_OP, MOE_OP, BF16_OP) if op in used)
 
 
 def kv_cache_dtype(dtype: str, kv_dtype: str, kernel: str) -> str:
@@ -314,7 +325,7 @@ def kv_cache_dtype(dtype: str, kv_dtype: str, kernel: str) -> str:
         raise ExportError(f"unknown KV cache dtype '{kv_dtype}': choose auto, fp32, fp16 or int8")
     if dtype in QUANTIZED and kv_dtype in ("auto", "fp32"):
         return "fp16" if kv_dtype == "auto" and kernel == PORTABLE else "fp32"
-    natural = dtype
+    natural = "fp32" if dtype == "bf16" else dtype  # bf16 weights compute in fp32
     if kv_dtype in ("auto", natural):
         return natural
     if kv_dtype == "fp32":

@@ -202,7 +202,7 @@ def wants_cpu_graph(kernel: str, dtype: str, cpu_kv_dtype: str = "") -> bool:
     from ortinf.kernels import library
     from ortinf.manifest import PORTABLE
 
-    if kernel != PORTABLE or dtype not in ("fp32", "int8", "int4"):  # the graph computes in fp32
+    if kernel != PORTABLE or dtype not in ("fp32", "bf16", "int8", "int4"):  # the graph computes in fp32
         if cpu_kv_dtype:
             raise ExportError(f"--kv-dtype int8 is read by ortinf's CPU kernel graph, which computes in fp32: not at --dtype {dtype}")
         return False

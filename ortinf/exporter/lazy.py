@@ -29,7 +29,7 @@ class Source:
     """A checkpoint tensor as a graph holds it."""
 
     name: str  # the checkpoint's tensor name
-    dtype: str  # "float32" or "float16"
+    dtype: str  # "float32", "float16" or "bfloat16" (numpy_dtype)
     transpose: bool = False
 
 
@@ -71,6 +71,15 @@ class LazyWeights:
 
 def source_of(recipe: Recipe) -> Source:
     return recipe.source if isinstance(recipe, Derived) else recipe
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    """A recipe's dtype as numpy holds it (bfloat16 is ml_dtypes', as onnx's numpy_helper reads it)."""
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
 
 
 CHUNK_BYTES = 64 << 20  # checkpoint rows read at once: an LM head of 152k x 3584 is written in pieces of this size
@@ -148,7 +157,7 @@ def _write_group(source: Source, names: list[str], lazy: LazyWeights, reader: Re
     """Writes the tensors made from one checkpoint tensor, piece by piece."""
     shape = reader.shape(source)
     rows = shape[0] if shape else 1
-    row_bytes = max(1, int(np.prod(shape[1:], dtype=np.int64)) * np.dtype(source.dtype).itemsize)
+    row_bytes = max(1, int(np.prod(shape[1:], dtype=np.int64)) * numpy_dtype(source.dtype).itemsize)
     recipes = [lazy.recipes[name] for name in names]
     # quantized forms of a weight stored [K, N] (not transposed) need whole columns: one piece
     whole = len(shape) != 2 or any(isinstance(r, Derived) and not r.source.transpose for r in recipes)
@@ -161,7 +170,7 @@ def _write_group(source: Source, names: list[str], lazy: LazyWeights, reader: Re
             path, start, length = placed[name]
             handle = files[path]
             if isinstance(recipe, Source) and recipe.transpose and step < rows:  # columns of the stored [N, K]^T: strided
-                view = np.memmap(handle, dtype=np.dtype(source.dtype), mode="r+", offset=start, shape=(shape[1], rows))
+                view = np.memmap(handle, dtype=numpy_dtype(source.dtype), mode="r+", offset=start, shape=(shape[1], rows))
                 view[:, first:first + len(piece)] = piece.T
                 view.flush()
                 del view

@@ -41,7 +41,7 @@ import torch
 
 from ortinf.errors import ExportError
 from ortinf.exporter.checkpoint import Checkpoint, resolve
-from ortinf.exporter.lazy import LazyWeights, Source
+from ortinf.exporter.lazy import LazyWeights, Source, numpy_dtype
 from ortinf.exporter.source import ModelSource
 
 log = logging.getLogger(__name__)
@@ -331,6 +331,8 @@ class CheckpointReader:
 
     def read(self, source: Source, start: int, stop: int) -> np.ndarray:
         tensor = self.checkpoint.rows(source.name, start, stop)
+        if source.dtype == "bfloat16":  # a bf16 checkpoint's bits as they are; wider ones rounded to nearest even
+            return tensor.to(torch.bfloat16).view(torch.int16).numpy().view(numpy_dtype("bfloat16"))
         return tensor.to(torch.float32 if source.dtype == "float32" else torch.float16).numpy()
 
 
@@ -428,6 +430,7 @@ def place(traced: Traced, stage: Path, spec, dtype: str, quantization: tuple[int
     from tqdm.auto import tqdm
 
     from ortinf.exporter import lazy as lazy_weights
+    from ortinf.exporter.bf16 import to_bf16
     from ortinf.exporter.kv_write import add_kv_write, constants_to_initializers
     from ortinf.exporter.quantize import derive_form, quantize
     from ortinf.manifest import CPU_MODEL_NAME, HOST_WRITE_MODEL_NAME, MODEL_NAME, WEIGHTS_NAME
@@ -438,6 +441,8 @@ def place(traced: Traced, stage: Path, spec, dtype: str, quantization: tuple[int
     rebind(portable, traced.skel, traced.names, lazy, store)
     if quantization is not None:
         portable = quantize(portable, dtype, quantization[0], quantization[1], lazy=lazy)
+    elif dtype == "bf16":
+        portable = to_bf16(portable, lazy)
     host = onnx.ModelProto()
     host.CopyFrom(portable)
     add_kv_write(portable, spec.num_layers, spec.num_kv_heads)
@@ -449,6 +454,8 @@ def place(traced: Traced, stage: Path, spec, dtype: str, quantization: tuple[int
         constants_to_initializers(cpu)
         if quantization is not None:
             cpu = quantize(cpu, dtype, quantization[0], cpu=True, lazy=lazy)
+        elif dtype == "bf16":
+            cpu = to_bf16(cpu, lazy, cpu=True)
         add_kv_write(cpu, spec.num_layers, spec.num_kv_heads)
         graphs.append((cpu, stage / WEIGHTS_NAME))  # QMatMul reads MatMulNBits' tensors: one file (quantize.py)
     checkpoint = traced.skel.checkpoint

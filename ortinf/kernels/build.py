@@ -122,10 +122,10 @@ def build(out_dir: Path = LIB_DIR, cache: Path | None = None, verbose: bool = Fa
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         objects = []
-        units = [(SOURCES / "paged_attention.cc", []), (SOURCES / "qmatmul.cc", []), (SOURCES / "moe.cc", [])]
+        units = [(SOURCES / f"{name}.cc", []) for name in ("paged_attention", "qmatmul", "moe", "bmatmul", "panel_gemm")]
         units += [(SOURCES / f"attention_{isa}.cc", MATH + ISA_FLAGS[isa]) for isa in isas]
-        # no reassociation in the expert GEMM: a row's sums must not depend on how many rows share its block
-        units += [(SOURCES / f"moe_{isa}.cc", ISA_FLAGS[isa]) for isa in isas]
+        # no reassociation in the panel GEMMs: a row's sums must not depend on how many rows share its block
+        units += [(SOURCES / f"panel_gemm_{isa}.cc", ISA_FLAGS[isa]) for isa in isas]
         units += [(SOURCES / f"qmatmul_{isa}.cc", MATH + QMATMUL_ISA_FLAGS[isa]) for isa in QMATMUL_ISA_FLAGS
                   if x86 or isa == "generic"]
         for source, flags in units:

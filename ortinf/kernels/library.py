@@ -68,14 +68,23 @@ def _isa(path: Path) -> str:
 
 def qmatmul_isa() -> str:
     """The instruction set ortinf.QMatMul runs with (avx512vnni, avxvnni, avx2 or generic); "" without the library."""
+    return _reported("ortinf_qmatmul_isa")
+
+
+def panel_gemm_isa() -> str:
+    """The instruction set ortinf.BMatMul and ortinf.MoE's fp32 experts run with (avx512, avx2 or generic); "" without the library."""
+    return _reported("ortinf_panel_gemm_isa")
+
+
+def _reported(symbol: str) -> str:
     library = load()
     if library is None:
         return ""
     lib = ctypes.CDLL(str(library.path))
-    if not hasattr(lib, "ortinf_qmatmul_isa"):
+    if not hasattr(lib, symbol):
         return "unknown"
-    lib.ortinf_qmatmul_isa.restype = ctypes.c_char_p
-    return lib.ortinf_qmatmul_isa().decode()
+    getattr(lib, symbol).restype = ctypes.c_char_p
+    return getattr(lib, symbol)().decode()
 
 
 def register(options: ort.SessionOptions) -> KernelLibrary | None:
@@ -91,4 +100,5 @@ def describe() -> str:
     library = load()
     if library is None:
         return "portable (ortinf's kernel library is not loaded)"
-    return f"ortinf.PagedAttention ({library.isa}), ortinf.QMatMul ({qmatmul_isa()}), {library.path.name}"
+    return (f"ortinf.PagedAttention ({library.isa}), ortinf.QMatMul ({qmatmul_isa()}), ortinf.BMatMul ({panel_gemm_isa()}), "
+            f"{library.path.name}")

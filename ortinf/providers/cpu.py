@@ -8,5 +8,5 @@ PROVIDER = Provider(
     ort_name="CPUExecutionProvider",
     package="onnxruntime",
     memory=HOST,
-    dtypes=("fp32", "fp16", "int8", "int4"),  # int8/int4: MatMulNBits weights
+    dtypes=("fp32", "bf16", "fp16", "int8", "int4"),  # int8/int4: MatMulNBits weights; bf16: Cast to fp32 at load
 )

@@ -4,7 +4,7 @@
 //   hidden [T, H] f32, router_logits [T, E] f32,
 //   gate_up: f32 panels [E, 2I / 16, H, 16] or packed u8 [E, bytes], gate_up_scales: f32 [0] or [E, tiles, blocks, 16],
 //   down:    f32 panels [E, H / 16, I, 16]  or packed u8 [E, bytes], down_scales:    f32 [0] or [E, tiles, blocks, 16],
-//   (fp32 panels: moe_impl.h; N not a multiple of 16 is zero-padded to one)
+//   (fp32 panels: panel_gemm.h; N not a multiple of 16 is zero-padded to one)
 //   gate_up_bias [E, 2I] f32 (optional), down_bias [E, H] f32 (optional)
 //   attributes: top_k, normalize (renormalise the k weights), activation (0: silu(gate) * up with the
 //   columns [gate | up]; 1: gpt-oss's interleaved gate/up, clamped at `limit`, (up + 1) * gate *
@@ -20,7 +20,7 @@
 // token chose, ScatterND) become one node, which is what a one-sequence decode step pays for.
 //
 // Threads: the GEMMs run as jobs of (expert, up to 64 rows, 64 columns) on ORT's intra-op pool. A
-// row's result never depends on the rows beside it (moe_impl.h, qmatmul_impl.h), so neither the batch
+// row's result never depends on the rows beside it (panel_gemm.h, qmatmul_impl.h), so neither the batch
 // nor the thread count changes a token.
 
 #include <algorithm>
@@ -31,7 +31,7 @@
 #include <string>
 #include <vector>
 
-#include "moe_impl.h"
+#include "panel_gemm.h"
 #include "ort_glue.h"
 #include "qmatmul_impl.h"
 
@@ -40,27 +40,6 @@ namespace {
 
 constexpr int64_t kJobRows = 64, kJobCols = 64;
 constexpr size_t kInputs = 8;
-
-// The widest fp32 GEMM build this CPU runs, capped by ORTINF_KERNEL_ISA as the attention's is.
-SgemmFn pick_sgemm() {
-  const char* cap = std::getenv("ORTINF_KERNEL_ISA");
-  const auto capped = [cap](const char* name) { return cap != nullptr && std::strcmp(cap, name) == 0; };
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  __builtin_cpu_init();
-  if (!capped("avx2") && !capped("avxvnni") && !capped("generic") && __builtin_cpu_supports("avx512f") &&
-      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
-    return sgemm_avx512;
-  if (!capped("generic") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return sgemm_avx2;
-#else
-  (void)capped;
-#endif
-  return sgemm_generic;
-}
-
-SgemmFn sgemm() {
-  static const SgemmFn fn = pick_sgemm();  // after every library's static initialisation
-  return fn;
-}
 
 struct Kernel {
   int64_t top_k = 0, normalize = 0, activation = 0, bits = 0, block = 0, H = 0, I = 0;
@@ -107,7 +86,7 @@ void run_job(void* data, size_t index) {
   if (call->k->bits == 0) {
     const SGemm s{g.x, g.w + job.expert * g.tiles * g.K * kPanel, g.bias != nullptr ? g.bias + job.expert * g.N : nullptr, g.out, rows,
                   g.K, g.N};
-    sgemm()(s, job.m0, job.m1, job.n0, job.n1);
+    panel_kernels().sgemm(s, job.m0, job.m1, job.n0, job.n1);
   } else {
     qmatmul_kernels().gemm(qgemm_of(*call->k, g, job.expert, rows), job.m0, job.m1, job.n0 / kTile, (job.n1 + kTile - 1) / kTile);
   }

@@ -118,5 +118,6 @@ inline OrtCustomOp make_op(const OpCallbacks& f) {
 // The quantized MatMul op (qmatmul.cc), added to the domain next to PagedAttention.
 OrtCustomOp* qmatmul_op();
 OrtCustomOp* moe_op();
+OrtCustomOp* bmatmul_op();
 
 }  // namespace ortinf

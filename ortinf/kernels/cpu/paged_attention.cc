@@ -358,6 +358,7 @@ __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps
   RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, &g_paged_attention));
   RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, ortinf::qmatmul_op()));
   RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, ortinf::moe_op()));
+  RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, ortinf::bmatmul_op()));
   return g_api->AddCustomOpDomain(options, domain);
 }
 

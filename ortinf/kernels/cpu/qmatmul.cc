@@ -34,9 +34,7 @@
 #include <string>
 #include <vector>
 
-#include <sys/mman.h>
-#include <unistd.h>
-
+#include "mapped_pages.h"
 #include "ort_glue.h"
 #include "qmatmul_impl.h"
 
@@ -160,40 +158,6 @@ void pack_nbits(Kernel* k, const uint8_t* b, const float* s) {
       for (int64_t blk = 0; blk < k->blocks; ++blk) tile_scales[blk * kTile + c] = s[n * k->blocks + blk];
     }
   }
-}
-
-// Drops this process's pages of [data, data + bytes) when they lie in a private file mapping none of
-// whose pages was ever written (smaps' Anonymous: 0 kB), which is how ORT loads page-aligned external
-// data on Linux (mapped rw-p, never written): after packing, the kernel never reads them again, and were
-// anything to, the same bytes come back from the file. Anything else (a heap buffer, a mapping with
-// copied-on-write pages) is left alone. Without this, RSS after load would hold each weight twice: the
-// mapped source pages the packing touched, and the packed copy.
-void release_mapped(const void* data, size_t bytes) {
-  const long page = sysconf(_SC_PAGESIZE);
-  const uintptr_t begin = reinterpret_cast<uintptr_t>(data), end = begin + bytes;
-  const uintptr_t first = (begin + page - 1) / page * page, last = end / page * page;
-  if (page <= 0 || last <= first) return;
-  FILE* smaps = std::fopen("/proc/self/smaps", "r");
-  if (smaps == nullptr) return;
-  char line[4096];
-  bool inside = false, clean_file = false;
-  while (std::fgets(line, sizeof line, smaps) != nullptr) {
-    unsigned long lo = 0, hi = 0, offset = 0, inode = 0;
-    char perms[5] = {0}, dev[32] = {0};
-    if (std::sscanf(line, "%lx-%lx %4s %lx %31s %lu", &lo, &hi, perms, &offset, dev, &inode) == 6) {  // a mapping's header
-      if (inside) break;
-      inside = lo <= begin && end <= hi;
-      clean_file = inside && inode != 0 && perms[0] == 'r' && perms[3] == 'p';
-      continue;
-    }
-    unsigned long anonymous = 0;
-    if (inside && std::sscanf(line, "Anonymous: %lu kB", &anonymous) == 1) {
-      clean_file = clean_file && anonymous == 0;
-      break;
-    }
-  }
-  std::fclose(smaps);
-  if (inside && clean_file) madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
 }
 
 // Layout 1: reads the constant B and scales and packs them (see pack_nbits).

@@ -1,0 +1,85 @@
+"""bf16 weights (`--dtype bf16`): a bf16 checkpoint's values kept exactly, at half fp32's bytes.
+
+A traced fp32 decoder becomes a bf16 one by storing its large weights in bf16: every 2-D weight a MatMul
+multiplies by (the projections, the LM head) and the embedding table a Gather reads. Each is followed by
+one Cast to float32 that keeps the weight's original name, so every node after it is the fp32 graph's.
+Norm weights and biases stay fp32 (a bf16 value widens to fp32 exactly, and they are small), and so does
+the arithmetic: activations and accumulation are fp32, as llama.cpp's bf16 path accumulates in fp32.
+A bf16 checkpoint's weights are therefore the same numbers as the fp32 export's, and the package
+computes what transformers computes on those weights in fp32 (the parity check's reference); a wider
+checkpoint's weights are rounded to nearest even, once.
+
+How each graph runs the Casts:
+- model.onnx (every provider): ORT folds Cast(initializer) into an fp32 initializer when the session is
+  made, so the portable graph holds fp32 weights in memory (disk and download stay half).
+- model.cpu.onnx (the kernel library): `ortinf.BMatMul` reads the bf16 weight itself and widens it in
+  registers (ortinf/kernels/cpu/bmatmul.cc), so memory holds bf16 bytes and one token reads half of
+  fp32's; the embedding Gather + Cast stays (a Gather touches a few rows, and Cast is folded only
+  when its input is constant: a Gather's output is not).
+
+Both graphs point at the same bf16 tensors in model.onnx.data (one weight file).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from ortinf.exporter.lazy import LazyWeights, numpy_dtype
+
+log = logging.getLogger(__name__)
+
+SUFFIX = ".bf16"
+CPU_OP = "BMatMul"  # ortinf.BMatMul: Y = A x W with W bf16 [K, N], A and Y float32
+CPU_DOMAIN = "ortinf"
+
+
+def to_bf16(model: onnx.ModelProto, lazy: LazyWeights | None = None, cpu: bool = False) -> onnx.ModelProto:
+    """`model` with its MatMul weights and embedding tables stored in bf16 (module docstring). `lazy`: the
+    streaming exporter's placeholders, whose bf16 forms become placeholders too. `cpu`: MatMuls over a bf16
+    weight become ortinf.BMatMul nodes instead of Cast + MatMul."""
+    graph = model.graph
+    weights = {t.name: t for t in graph.initializer}
+    targets: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        position = {"MatMul": 1, "Gather": 0}.get(node.op_type)
+        if position is None or len(node.input) <= position:
+            continue
+        weight = weights.get(node.input[position])
+        if weight is not None and weight.data_type == TensorProto.FLOAT and len(weight.dims) == 2:
+            targets.setdefault(weight.name, []).append(node)
+    replaced: dict[str, onnx.TensorProto] = {}
+    for name in targets:
+        weight = weights[name]
+        if lazy is not None and lazy.is_lazy(weight):
+            replaced[name] = lazy.placeholder(name + SUFFIX, replace(lazy.recipes[name], dtype="bfloat16"), weight.dims,
+                                              TensorProto.BFLOAT16)
+        else:
+            values = numpy_helper.to_array(weight).astype(numpy_dtype("bfloat16"))
+            replaced[name] = numpy_helper.from_array(values, name + SUFFIX)
+    nodes, casts, fused = [], {}, 0
+    for node in graph.node:
+        if cpu and node.op_type == "MatMul" and node.input[1] in replaced:
+            k, n = weights[node.input[1]].dims
+            nodes.append(helper.make_node(CPU_OP, [node.input[0], replaced[node.input[1]].name], list(node.output),
+                                          name=node.name + SUFFIX, domain=CPU_DOMAIN, K=k, N=n))
+            fused += 1
+            continue
+        for name in node.input:
+            if name in replaced and name not in casts:  # one Cast per weight, before its first fp32 reader
+                casts[name] = helper.make_node("Cast", [replaced[name].name], [name], name=name + ".cast", to=TensorProto.FLOAT)
+                nodes.append(casts[name])
+        nodes.append(node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    kept = [t for t in graph.initializer if t.name not in replaced]
+    del graph.initializer[:]
+    graph.initializer.extend(kept + list(replaced.values()))
+    if fused and not any(o.domain == CPU_DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(CPU_DOMAIN, 1))
+    log.info("stored %d weights in bf16 (%d MatMuls as ortinf.BMatMul)", len(replaced), fused)
+    return model
+

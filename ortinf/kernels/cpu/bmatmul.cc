@@ -1,0 +1,148 @@
+// The custom op `ortinf.BMatMul`: Y = A x W with W in bf16 (a bf16 checkpoint's weights, exactly), A and Y float32.
+//
+//   A [..., K] f32, W [K, N] bf16 (a constant initializer: model.onnx's own, ortinf/exporter/bf16.py)
+//   K, N (int attributes)
+//   -> Y [..., N] f32
+//
+// Why an op: ORT's CPU provider has no bf16 MatMul, so the portable graph's Cast(W) -> MatMul is folded
+// into an fp32 weight when the session is made: twice the bytes in memory and twice the bytes each token
+// reads. Here the kernel packs W into 16-column panels when it is created (panel_gemm.h: a job streams
+// its panels front to back), gives the mapped source pages back (mapped_pages.h), and widens the bf16
+// values to float32 in registers: fp32 arithmetic on exactly the checkpoint's weights, at half the
+// bandwidth. A row's result does not depend on the rows beside it (the same loop order for each).
+//
+// Threads: jobs of up to 64 rows x 64 columns on ORT's intra-op pool (KernelContext_ParallelFor).
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "mapped_pages.h"
+#include "ort_glue.h"
+#include "panel_gemm.h"
+
+namespace ortinf {
+namespace {
+
+constexpr int64_t kJobRows = 64, kJobCols = 64;
+
+struct Kernel {
+  int64_t K = 0, N = 0;
+  std::vector<uint16_t> panels;  // [ceil(N / 16), K, 16]
+};
+
+struct Job {
+  int64_t m0, m1, n0, n1;
+};
+
+struct Call {
+  BGemm g;
+  std::vector<Job> jobs;
+};
+
+void run_job(void* data, size_t index) {
+  const Call* call = static_cast<const Call*>(data);
+  const Job& job = call->jobs[index];
+  panel_kernels().bgemm(call->g, job.m0, job.m1, job.n0, job.n1);
+}
+
+OrtStatus* compute(const Kernel& k, OrtKernelContext* context) {
+  Tensor a;
+  RETURN_IF_ERROR(read_input(context, 0, &a));
+  if (a.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || a.shape.empty() || a.shape.back() != k.K)
+    return fail("BMatMul: A must be float32 [..., K] with K = " + std::to_string(k.K));
+  std::vector<int64_t> out_shape = a.shape;
+  out_shape.back() = k.N;
+  OrtValue* output = nullptr;
+  RETURN_IF_ERROR(g_api->KernelContext_GetOutput(context, 0, out_shape.data(), out_shape.size(), &output));
+  float* out = nullptr;
+  RETURN_IF_ERROR(g_api->GetTensorMutableData(output, reinterpret_cast<void**>(&out)));
+  const int64_t M = a.size() / k.K;
+  if (M == 0) return nullptr;
+  Call call{{static_cast<const float*>(a.data), k.panels.data(), nullptr, out, M, k.K, k.N}, {}};
+  for (int64_t m0 = 0; m0 < M; m0 += kJobRows)
+    for (int64_t n0 = 0; n0 < k.N; n0 += kJobCols)
+      call.jobs.push_back({m0, std::min(M, m0 + kJobRows), n0, std::min(k.N, n0 + kJobCols)});
+  if (call.jobs.size() == 1) {
+    run_job(&call, 0);
+    return nullptr;
+  }
+  return g_api->KernelContext_ParallelFor(context, run_job, call.jobs.size(), 0, &call);
+}
+
+// W [K, N] row-major -> panels [ceil(N / 16), K, 16], zero-padded columns.
+void pack(Kernel* k, const uint16_t* w) {
+  const int64_t panels = (k->N + kPanel - 1) / kPanel;
+  k->panels.assign(static_cast<size_t>(panels * k->K * kPanel), 0);
+  for (int64_t p = 0; p < panels; ++p) {
+    const int64_t n = p * kPanel, count = std::min<int64_t>(kPanel, k->N - n);
+    uint16_t* panel = k->panels.data() + p * k->K * kPanel;
+    for (int64_t row = 0; row < k->K; ++row) std::memcpy(panel + row * kPanel, w + row * k->N + n, count * sizeof(uint16_t));
+  }
+}
+
+OrtStatus* pack_constant_weight(const OrtKernelInfo* info, Kernel* k) {
+  int constant = 0;
+  const OrtValue* value = nullptr;
+  RETURN_IF_ERROR(g_api->KernelInfoGetConstantInput_tensor(info, 1, &constant, &value));
+  if (!constant || value == nullptr) return fail("BMatMul: the weight must be a constant initializer");
+  OrtTensorTypeAndShapeInfo* shape = nullptr;
+  RETURN_IF_ERROR(g_api->GetTensorTypeAndShape(value, &shape));
+  size_t rank = 0;
+  int64_t dims[2] = {0, 0};
+  ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+  OrtStatus* status = g_api->GetDimensionsCount(shape, &rank);
+  if (status == nullptr && rank == 2) status = g_api->GetDimensions(shape, dims, 2);
+  if (status == nullptr) status = g_api->GetTensorElementType(shape, &type);
+  g_api->ReleaseTensorTypeAndShapeInfo(shape);
+  RETURN_IF_ERROR(status);
+  if (type != ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16 || rank != 2 || dims[0] != k->K || dims[1] != k->N)
+    return fail("BMatMul: the weight must be bfloat16 [K, N] = [" + std::to_string(k->K) + ", " + std::to_string(k->N) + "]");
+  void* data = nullptr;
+  RETURN_IF_ERROR(g_api->GetTensorMutableData(const_cast<OrtValue*>(value), &data));
+  pack(k, static_cast<const uint16_t*>(data));
+  release_mapped(data, static_cast<size_t>(k->K * k->N) * sizeof(uint16_t));
+  return nullptr;
+}
+
+OrtStatus* ORT_API_CALL create_kernel(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo* info, void** kernel) {
+  auto* k = new Kernel();
+  attr_int(info, "K", 0, &k->K);
+  attr_int(info, "N", 0, &k->N);
+  OrtStatus* status = k->K > 0 && k->N > 0 ? pack_constant_weight(info, k) : fail("BMatMul: K and N must be positive");
+  if (status != nullptr) {
+    delete k;
+    return status;
+  }
+  *kernel = k;
+  return nullptr;
+}
+
+OrtStatus* ORT_API_CALL kernel_compute(void* kernel, OrtKernelContext* context) {
+  return compute(*static_cast<const Kernel*>(kernel), context);
+}
+
+void ORT_API_CALL kernel_destroy(void* kernel) { delete static_cast<Kernel*>(kernel); }
+
+const char* ORT_API_CALL op_name(const OrtCustomOp*) { return "BMatMul"; }
+size_t ORT_API_CALL input_count(const OrtCustomOp*) { return 2; }
+size_t ORT_API_CALL output_count(const OrtCustomOp*) { return 1; }
+ONNXTensorElementDataType ORT_API_CALL input_type(const OrtCustomOp*, size_t index) {
+  return index == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+}
+ONNXTensorElementDataType ORT_API_CALL output_type(const OrtCustomOp*, size_t) { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
+OrtCustomOpInputOutputCharacteristic ORT_API_CALL required(const OrtCustomOp*, size_t) { return INPUT_OUTPUT_REQUIRED; }
+
+OrtCustomOp g_bmatmul = make_op({op_name, input_type, input_count, output_type, output_count, required, required, create_kernel,
+                                 kernel_compute, kernel_destroy});
+
+}  // namespace
+
+OrtCustomOp* bmatmul_op() { return &g_bmatmul; }
+
+}  // namespace ortinf
+
+// For `ortinf inspect` (read with ctypes): the instruction set the panel GEMMs (BMatMul, MoE's fp32 experts) run with.
+extern "C" __attribute__((visibility("default"))) const char* ortinf_panel_gemm_isa() { return ortinf::panel_kernels().name; }
