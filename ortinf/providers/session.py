@@ -47,7 +47,8 @@ class Placement:
 
 def create_session(model_path: Path, found: Found, intra_op_threads: int = 0, options: dict[str, str] | None = None,
                    allow_cpu_fallback: bool = False, custom_ops_library: Path | None = None,
-                   profile_prefix: str | None = None, spin: bool = True) -> tuple[ort.InferenceSession, Placement]:
+                   profile_prefix: str | None = None, spin: bool = True,
+                   fold_constants: bool = True) -> tuple[ort.InferenceSession, Placement]:
     """An InferenceSession on `found`'s provider (CPU for the nodes it lacks), and where its nodes run;
     `custom_ops_library` (ortinf's CPU kernels) is registered first when given.
 
@@ -58,6 +59,9 @@ def create_session(model_path: Path, found: Found, intra_op_threads: int = 0, op
     17.0 ms with MiniLM's spinning session beside it, 8.1 ms alone (benchmarks/two_models.py).
     One global ORT pool for every session would also fix it, but ORT then refuses every session
     in the process that has a pool of its own, the user's and other libraries' included.
+
+    `fold_constants`: False keeps ORT's ConstantFolding off, so that a bf16 weight's Cast to fp32 runs per call
+    (the weight stays bf16 in memory) instead of becoming an fp32 copy at load (ortinf/exporter/bf16.py).
 
     Raises ProviderUnavailableError when the provider does not run the graph, unless allow_cpu_fallback."""
     provider = found.provider
@@ -75,15 +79,16 @@ def create_session(model_path: Path, found: Found, intra_op_threads: int = 0, op
     if custom_ops_library is not None:
         session_options.register_custom_ops_library(str(custom_ops_library))
     provider_options = {**provider.options, **(options or {})}
+    disabled = {} if fold_constants else {"disabled_optimizers": ["ConstantFolding"]}
     try:
         if provider.plugin_module is not None:
             session_options.add_provider_for_devices(list(found.devices[:1]), provider_options)
-            session = ort.InferenceSession(str(model_path), sess_options=session_options)
+            session = ort.InferenceSession(str(model_path), sess_options=session_options, **disabled)
         else:
             providers: list = [(provider.ort_name, provider_options)]
             if provider.ort_name != CPU:
                 providers.append((CPU, {}))
-            session = ort.InferenceSession(str(model_path), sess_options=session_options, providers=providers)
+            session = ort.InferenceSession(str(model_path), sess_options=session_options, providers=providers, **disabled)
     except Exception as exc:  # noqa: BLE001 - ORT raises bare Fail/InvalidArgument for bad options
         if "No such file" in str(exc) or "Load model" in str(exc):
             raise

@@ -11,11 +11,13 @@ padded to shape buckets (ortinf/worker/model_input.py, pad_to_buckets).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
+from ortinf.config import available_memory
 from ortinf.errors import ConfigError
 from ortinf.kernels import library
 from ortinf.manifest import (
@@ -38,6 +40,8 @@ from ortinf.providers.session import create_session
 from ortinf.worker.kv_pool import KVPool
 from ortinf.worker.lora import LoraSlots
 from ortinf.worker.model_input import ModelInput, pad_to_buckets
+
+log = logging.getLogger(__name__)
 
 
 def cpu_kernels(manifest: Manifest, package_dir: str | Path, provider: str, wanted: bool | None) -> library.KernelLibrary | None:
@@ -62,6 +66,24 @@ def pool_spec(manifest: Manifest, kernels: library.KernelLibrary | None) -> Deco
     if kernels is not None and manifest.cpu_kernel.kv_dtype:
         return replace(spec, kv_dtype=manifest.cpu_kernel.kv_dtype)
     return spec
+
+
+WIDENED_SHARE = 0.6  # of the memory available now, what a bf16 package's weights may take once widened to fp32
+
+
+def fits_widened(manifest: Manifest, package_dir: Path) -> bool:
+    """Whether the portable graph may widen a bf16 package's weights to fp32 at load (ORT folds each weight's Cast):
+    twice the weight file's bytes within WIDENED_SHARE of the available memory. Otherwise the Casts run per call
+    (one weight widened at a time, slower steps), with a warning: a 7B bf16 package is 15 GB, 30 GB widened."""
+    if manifest.dtype != "bf16":
+        return True
+    weights = sum(p.stat().st_size for p in package_dir.glob("*.onnx.data"))
+    if 2 * weights <= WIDENED_SHARE * available_memory():
+        return True
+    log.warning("%s: its bf16 weights widened to fp32 (%.1f GiB) would not fit in memory: the portable graph widens them "
+                "per step instead (slower); ortinf's CPU kernel graph reads bf16 as it is (python -m ortinf.kernels.build)",
+                package_dir.name, 2 * weights / 2**30)
+    return False
 
 
 class DecoderGraph:
@@ -114,7 +136,8 @@ class DecoderGraph:
                                    if kernels is not None else self.spec.kernel)
         self.session, self.placement = create_session(
             Path(package_dir) / graph_file, self.found, intra_op_threads, provider_options, allow_cpu_fallback,
-            kernels.path if kernels is not None else None, profile_prefix, spin)
+            kernels.path if kernels is not None else None, profile_prefix, spin,
+            fold_constants=kernels is not None or fits_widened(self.manifest, Path(package_dir)))
         self.block_size = block_size
         self.pool = KVPool(self.spec, num_blocks, block_size, self.provider)
         self.binding = self.session.io_binding()

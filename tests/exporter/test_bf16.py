@@ -124,3 +124,19 @@ def test_the_bf16_values_are_read_not_rounded_again(tmp_path):
     embedding = model.model.embed_tokens.weight.detach()
     found = next(v for v in stored.values() if v.dtype == ml_dtypes.bfloat16 and v.shape == tuple(embedding.shape))
     assert np.array_equal(found.view(np.uint16), embedding.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16))
+
+
+def test_a_bf16_package_too_large_to_widen_keeps_its_casts(tmp_path, monkeypatch, caplog):
+    """The portable graph widens bf16 weights to fp32 at load only where that fits (WIDENED_SHARE of the available
+    memory); otherwise ORT's constant folding is off, the Casts run per step, and the logits are the same."""
+    from ortinf.worker import decoder_graph
+
+    bf16_checkpoint(tmp_path / "hf")
+    ortinf.export(tmp_path / "hf", tmp_path / "pkg", dtype="bf16", progress=False)
+    tokens = list(np.random.default_rng(2).integers(3, 250, 21))
+    folded = _logits(tmp_path / "pkg", tokens, False)
+    monkeypatch.setattr(decoder_graph, "available_memory", lambda: 0)  # no memory free: nothing widened fits
+    with caplog.at_level("WARNING"):
+        per_step = _logits(tmp_path / "pkg", tokens, False)
+    assert "widens them per step" in caplog.text
+    np.testing.assert_array_equal(per_step, folded)

@@ -61,8 +61,7 @@ def _logits(package: Path, tokens: list[int]) -> np.ndarray:
     return graph.run(build_model_input([SequenceChunk(tokens, 0, [3, 1, 4])], 16, [True]))
 
 
-@pytest.mark.parametrize("dtype", ["int8", "int4"])
-@pytest.mark.parametrize("in_memory", [False, True])
+@pytest.mark.parametrize("dtype,in_memory", [("int8", False), ("int4", False), ("int4", True)])
 def test_one_file_equals_the_two_file_form(tmp_path, dtype, in_memory):
     source = tmp_path / "hf"
     build_decoder("llama", source)
