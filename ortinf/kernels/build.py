@@ -37,7 +37,7 @@ HEADER = "onnxruntime_c_api.h"
 DEBIAN_SUITE = "deb http://deb.debian.org/debian trixie main"
 DEBIAN_PACKAGE = "libonnxruntime-dev"
 
-COMMON = ["-std=c++17", "-O3", "-fPIC", "-fvisibility=hidden", "-Wall"]
+COMMON = ["-std=c++17", "-O3", "-fPIC", "-fvisibility=hidden", "-Wall", "-pthread"]
 # The dot products must be allowed to reassociate to vectorise; only the attention files get this,
 # and not -ffast-math: the online softmax relies on -inf staying -inf.
 MATH = ["-fno-math-errno", "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros"]
@@ -139,7 +139,7 @@ def build(out_dir: Path = LIB_DIR, cache: Path | None = None, verbose: bool = Fa
             objects.append(str(obj))
         target = out_dir / LIB_NAME
         partial = out_dir / (LIB_NAME + ".partial")
-        run([cxx, "-shared", "-o", str(partial), *objects])
+        run([cxx, "-shared", "-pthread", "-o", str(partial), *objects])
         os.replace(partial, target)  # a reader never sees half a library
     return target
 

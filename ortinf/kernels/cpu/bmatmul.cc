@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -30,7 +31,7 @@ constexpr int64_t kJobRows = 64, kJobCols = 64;
 
 struct Kernel {
   int64_t K = 0, N = 0;
-  std::vector<uint16_t> panels;  // [ceil(N / 16), K, 16]
+  std::unique_ptr<uint16_t[]> panels;  // [ceil(N / 16), K, 16]
 };
 
 struct Job {
@@ -61,7 +62,7 @@ OrtStatus* compute(const Kernel& k, OrtKernelContext* context) {
   RETURN_IF_ERROR(g_api->GetTensorMutableData(output, reinterpret_cast<void**>(&out)));
   const int64_t M = a.size() / k.K;
   if (M == 0) return nullptr;
-  Call call{{static_cast<const float*>(a.data), k.panels.data(), nullptr, out, M, k.K, k.N}, {}};
+  Call call{{static_cast<const float*>(a.data), k.panels.get(), nullptr, out, M, k.K, k.N}, {}};
   for (int64_t m0 = 0; m0 < M; m0 += kJobRows)
     for (int64_t n0 = 0; n0 < k.N; n0 += kJobCols)
       call.jobs.push_back({m0, std::min(M, m0 + kJobRows), n0, std::min(k.N, n0 + kJobCols)});
@@ -75,12 +76,16 @@ OrtStatus* compute(const Kernel& k, OrtKernelContext* context) {
 // W [K, N] row-major -> panels [ceil(N / 16), K, 16], zero-padded columns.
 void pack(Kernel* k, const uint16_t* w) {
   const int64_t panels = (k->N + kPanel - 1) / kPanel;
-  k->panels.assign(static_cast<size_t>(panels * k->K * kPanel), 0);
-  for (int64_t p = 0; p < panels; ++p) {
-    const int64_t n = p * kPanel, count = std::min<int64_t>(kPanel, k->N - n);
-    uint16_t* panel = k->panels.data() + p * k->K * kPanel;
-    for (int64_t row = 0; row < k->K; ++row) std::memcpy(panel + row * kPanel, w + row * k->N + n, count * sizeof(uint16_t));
-  }
+  k->panels.reset(new uint16_t[static_cast<size_t>(panels * k->K * kPanel)]);  // uninitialised: every value is written below
+  if (k->N % kPanel != 0)  // the ragged last panel: zeros where no column is
+    std::memset(k->panels.get() + (panels - 1) * k->K * kPanel, 0, static_cast<size_t>(k->K * kPanel) * sizeof(uint16_t));
+  pack_in_parallel(panels, [&](int64_t first, int64_t last) {  // row by row: the mapped source is read front to back
+    for (int64_t row = 0; row < k->K; ++row)
+      for (int64_t p = first; p < last; ++p) {
+        const int64_t n = p * kPanel, count = std::min<int64_t>(kPanel, k->N - n);
+        std::memcpy(k->panels.get() + (p * k->K + row) * kPanel, w + row * k->N + n, count * sizeof(uint16_t));
+      }
+  });
 }
 
 OrtStatus* pack_constant_weight(const OrtKernelInfo* info, Kernel* k) {
@@ -120,12 +125,6 @@ OrtStatus* ORT_API_CALL create_kernel(const OrtCustomOp*, const OrtApi*, const O
   return nullptr;
 }
 
-OrtStatus* ORT_API_CALL kernel_compute(void* kernel, OrtKernelContext* context) {
-  return compute(*static_cast<const Kernel*>(kernel), context);
-}
-
-void ORT_API_CALL kernel_destroy(void* kernel) { delete static_cast<Kernel*>(kernel); }
-
 const char* ORT_API_CALL op_name(const OrtCustomOp*) { return "BMatMul"; }
 size_t ORT_API_CALL input_count(const OrtCustomOp*) { return 2; }
 size_t ORT_API_CALL output_count(const OrtCustomOp*) { return 1; }
@@ -136,7 +135,7 @@ ONNXTensorElementDataType ORT_API_CALL output_type(const OrtCustomOp*, size_t) {
 OrtCustomOpInputOutputCharacteristic ORT_API_CALL required(const OrtCustomOp*, size_t) { return INPUT_OUTPUT_REQUIRED; }
 
 OrtCustomOp g_bmatmul = make_op({op_name, input_type, input_count, output_type, output_count, required, required, create_kernel,
-                                 kernel_compute, kernel_destroy});
+                                 kernel_compute<Kernel>, kernel_destroy<Kernel>});
 
 }  // namespace
 

@@ -89,6 +89,17 @@ struct OpCallbacks {
   void(ORT_API_CALL* destroy)(void*);
 };
 
+// An op's compute and destroy callbacks for its kernel type K, whose compute(const K&, OrtKernelContext*) is found
+// by argument-dependent lookup in the op's own file.
+template <typename K>
+OrtStatus* ORT_API_CALL kernel_compute(void* kernel, OrtKernelContext* context) {
+  return compute(*static_cast<const K*>(kernel), context);
+}
+template <typename K>
+void ORT_API_CALL kernel_destroy(void* kernel) {
+  delete static_cast<K*>(kernel);
+}
+
 // An OrtCustomOp for the CPU provider from an op's callbacks, every other field as all ops here share it.
 inline OrtCustomOp make_op(const OpCallbacks& f) {
   OrtCustomOp op;

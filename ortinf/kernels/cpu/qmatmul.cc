@@ -31,6 +31,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -122,9 +123,9 @@ const Isa g_isa = checked_isa();
 struct Kernel {
   int64_t K = 0, N = 0, bits = 0, block = 0;
   int64_t Kp = 0, blocks = 0, tiles = 0;
-  // layout 1: the weights packed at creation (empty for layout 0, which reads its inputs at every call)
-  std::vector<uint8_t> packed;
-  std::vector<float> scales;
+  // layout 1: the weights packed at creation (null for layout 0, which reads its inputs at every call)
+  std::unique_ptr<uint8_t[]> packed;
+  std::unique_ptr<float[]> scales;
 
   int64_t tile_bytes() const { return bits == 8 ? Kp * kTile : Kp * kTile / 2; }
 };
@@ -135,11 +136,16 @@ struct Kernel {
 // offset (a zero weight), as quantize.py's packing writes it.
 void pack_nbits(Kernel* k, const uint8_t* b, const float* s) {
   const int64_t column_bytes = k->Kp * k->bits / 8, tile_bytes = k->tile_bytes();
-  k->packed.assign(static_cast<size_t>(k->tiles * tile_bytes), k->bits == 8 ? 128 : 0x88);
-  k->scales.assign(static_cast<size_t>(k->tiles * k->blocks * kTile), 0.f);
-  for (int64_t t = 0; t < k->tiles; ++t) {
-    uint8_t* tile = k->packed.data() + t * tile_bytes;
-    float* tile_scales = k->scales.data() + t * k->blocks * kTile;
+  k->packed.reset(new uint8_t[static_cast<size_t>(k->tiles * tile_bytes)]);  // uninitialised: every byte is written below
+  k->scales.reset(new float[static_cast<size_t>(k->tiles * k->blocks * kTile)]);
+  pack_in_parallel(k->tiles, [&](int64_t first, int64_t last) {
+  for (int64_t t = first; t < last; ++t) {
+    uint8_t* tile = k->packed.get() + t * tile_bytes;
+    float* tile_scales = k->scales.get() + t * k->blocks * kTile;
+    if ((t + 1) * kTile > k->N) {  // the ragged last tile: zero weights (the offset) and scales where no column is
+      std::memset(tile, k->bits == 8 ? 128 : 0x88, static_cast<size_t>(tile_bytes));
+      std::fill(tile_scales, tile_scales + k->blocks * kTile, 0.f);
+    }
     for (int64_t c = 0; c < kTile && t * kTile + c < k->N; ++c) {
       const int64_t n = t * kTile + c;
       const uint8_t* col = b + n * column_bytes;
@@ -158,6 +164,7 @@ void pack_nbits(Kernel* k, const uint8_t* b, const float* s) {
       for (int64_t blk = 0; blk < k->blocks; ++blk) tile_scales[blk * kTile + c] = s[n * k->blocks + blk];
     }
   }
+  });
 }
 
 // Layout 1: reads the constant B and scales and packs them (see pack_nbits).
@@ -231,9 +238,9 @@ OrtStatus* compute(const Kernel& k, OrtKernelContext* context) {
   const Tensor &a = t[0], &bias = t[3];
   if (a.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || a.shape.empty() || a.shape.back() != k.K)
     return fail("QMatMul: A must be float32 [..., K] with K = " + std::to_string(k.K));
-  const void* weights = k.packed.data();
-  const void* weight_scales = k.scales.data();
-  if (k.packed.empty()) {  // layout 0: the inputs are the packed form
+  const void* weights = k.packed.get();
+  const void* weight_scales = k.scales.get();
+  if (!k.packed) {  // layout 0: the inputs are the packed form
     const Tensor &packed = t[1], &scales = t[2];
     if (packed.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 || packed.size() != k.tiles * k.tile_bytes())
       return fail("QMatMul: packed_weight must be uint8 with " + std::to_string(k.tiles * k.tile_bytes()) + " bytes");
@@ -304,12 +311,6 @@ OrtStatus* ORT_API_CALL create_kernel(const OrtCustomOp*, const OrtApi*, const O
   return nullptr;
 }
 
-OrtStatus* ORT_API_CALL kernel_compute(void* kernel, OrtKernelContext* context) {
-  return compute(*static_cast<const Kernel*>(kernel), context);
-}
-
-void ORT_API_CALL kernel_destroy(void* kernel) { delete static_cast<Kernel*>(kernel); }
-
 const char* ORT_API_CALL op_name(const OrtCustomOp*) { return "QMatMul"; }
 size_t ORT_API_CALL input_count(const OrtCustomOp*) { return 4; }
 size_t ORT_API_CALL output_count(const OrtCustomOp*) { return 1; }
@@ -323,7 +324,7 @@ OrtCustomOpInputOutputCharacteristic ORT_API_CALL input_required(const OrtCustom
 OrtCustomOpInputOutputCharacteristic ORT_API_CALL output_required(const OrtCustomOp*, size_t) { return INPUT_OUTPUT_REQUIRED; }
 
 OrtCustomOp g_qmatmul = make_op({op_name, input_type, input_count, output_type, output_count, input_required,
-                                         output_required, create_kernel, kernel_compute, kernel_destroy});
+                                         output_required, create_kernel, kernel_compute<Kernel>, kernel_destroy<Kernel>});
 
 }  // namespace
 
