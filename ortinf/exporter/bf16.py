@@ -16,8 +16,10 @@ How each graph runs the Casts:
   step, one weight widened at a time (ortinf/worker/decoder_graph.py: fits_widened).
 - model.cpu.onnx (the kernel library): `ortinf.BMatMul` reads the bf16 weight itself and widens it in
   registers (ortinf/kernels/cpu/bmatmul.cc), so memory holds bf16 bytes and one token reads half of
-  fp32's; the embedding Gather + Cast stays (a Gather touches a few rows, and Cast is folded only
-  when its input is constant: a Gather's output is not).
+  fp32's.
+
+In both graphs the embedding table is gathered in bf16 and only the rows picked are widened (Gather, then Cast:
+a Cast of the table itself would be folded into an fp32 copy of it, 2.2 GB at 7B).
 
 Both graphs point at the same bf16 tensors in model.onnx.data (one weight file).
 """
@@ -64,6 +66,12 @@ def to_bf16(model: onnx.ModelProto, lazy: LazyWeights | None = None, cpu: bool =
             replaced[name] = numpy_helper.from_array(values, name + SUFFIX)
     nodes, casts, fused = [], {}, 0
     for node in graph.node:
+        if node.op_type == "Gather" and node.input[0] in replaced:  # the rows it picks, widened after: never the table
+            rows = node.output[0]
+            node.input[0] = replaced[node.input[0]].name
+            node.output[0] = rows + SUFFIX
+            nodes += [node, helper.make_node("Cast", [node.output[0]], [rows], name=node.name + ".cast", to=TensorProto.FLOAT)]
+            continue
         if cpu and node.op_type == "MatMul" and node.input[1] in replaced:
             k, n = weights[node.input[1]].dims
             nodes.append(helper.make_node(CPU_OP, [node.input[0], replaced[node.input[1]].name], list(node.output),

@@ -79,7 +79,11 @@ def create_session(model_path: Path, found: Found, intra_op_threads: int = 0, op
     if custom_ops_library is not None:
         session_options.register_custom_ops_library(str(custom_ops_library))
     provider_options = {**provider.options, **(options or {})}
-    disabled = {} if fold_constants else {"disabled_optimizers": ["ConstantFolding"]}
+    disabled = {}
+    if not fold_constants:  # and no arena or memory pattern, which would keep every widened weight's buffer for reuse
+        disabled = {"disabled_optimizers": ["ConstantFolding"]}
+        session_options.enable_cpu_mem_arena = False
+        session_options.enable_mem_pattern = False
     try:
         if provider.plugin_module is not None:
             session_options.add_provider_for_devices(list(found.devices[:1]), provider_options)
