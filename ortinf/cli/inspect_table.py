@@ -24,7 +24,11 @@ def cpu_kernel_row(manifest: Manifest) -> str:
     ops = "/".join(f"{kernel.domain}.{op}" for op in kernel.ops)
     if loaded is None:
         return f"portable: {kernel.graph} ({ops}) needs ortinf's kernel library, which is not loaded here"
-    isa = f"attention {loaded.isa}, QMatMul {library.qmatmul_isa()}" if "QMatMul" in kernel.ops else loaded.isa
+    isa = f"attention {loaded.isa}"
+    if "QMatMul" in kernel.ops:
+        isa += f", QMatMul {library.qmatmul_isa()}"
+    if "BMatMul" in kernel.ops:
+        isa += f", BMatMul {library.panel_gemm_isa()}"
     return f"{ops} ({isa}) in {kernel.graph}, max abs diff vs PyTorch {kernel.max_abs_diff:.2e}"
 
 
