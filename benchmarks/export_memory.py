@@ -144,12 +144,11 @@ SERVE_KV = "512MiB"  # the served package's KV pool (the default, 20% of free RA
 def serve_figures(package: Path) -> tuple[float, float, float]:
     """`ortinf serve` of the package with a SERVE_KV pool: (seconds until /health answers 200, RSS GiB then, RSS GiB
     after one 16-token completion), the server started here on 127.0.0.1 and stopped after."""
-    import socket
     import urllib.request
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    from serve import free_port
+
+    port = free_port()
     ortinf = str(Path(sys.executable).with_name("ortinf"))
     start = time.perf_counter()
     server = subprocess.Popen([ortinf, "serve", str(package), "--host", "127.0.0.1", "--port", str(port), "--kv-cache-memory", SERVE_KV],

@@ -10,10 +10,10 @@ computes what transformers computes on those weights in fp32 (the parity check's
 checkpoint's weights are rounded to nearest even, once.
 
 How each graph runs the Casts:
-- model.onnx (every provider): ORT folds Cast(initializer) into an fp32 initializer when the session is
-  made, so the portable graph holds fp32 weights in memory (disk and download stay half). Where twice the
-  weights would not fit (a 7B model: 30 GB), the runtime turns that folding off and each Cast runs per
-  step, one weight widened at a time (ortinf/worker/decoder_graph.py: fits_widened).
+- model.onnx (the portable graph; of the providers, only the CPU one lists bf16 packages so far): ORT
+  folds Cast(initializer) into an fp32 initializer when the session is made, so the portable graph holds
+  fp32 weights in memory (disk and download stay half). Where twice the weights would not fit (a 7B
+  model: 30 GB), the runtime turns that folding off and each Cast runs per step, one weight widened at a time (ortinf/worker/decoder_graph.py: fits_widened).
 - model.cpu.onnx (the kernel library): `ortinf.BMatMul` reads the bf16 weight itself and widens it in
   registers (ortinf/kernels/cpu/bmatmul.cc), so memory holds bf16 bytes and one token reads half of
   fp32's.
@@ -47,16 +47,16 @@ def to_bf16(model: onnx.ModelProto, lazy: LazyWeights | None = None, cpu: bool =
     weight become ortinf.BMatMul nodes instead of Cast + MatMul."""
     graph = model.graph
     weights = {t.name: t for t in graph.initializer}
-    targets: dict[str, list[onnx.NodeProto]] = {}
+    targets: set[str] = set()
     for node in graph.node:
         position = {"MatMul": 1, "Gather": 0}.get(node.op_type)
         if position is None or len(node.input) <= position:
             continue
         weight = weights.get(node.input[position])
         if weight is not None and weight.data_type == TensorProto.FLOAT and len(weight.dims) == 2:
-            targets.setdefault(weight.name, []).append(node)
+            targets.add(weight.name)
     replaced: dict[str, onnx.TensorProto] = {}
-    for name in targets:
+    for name in sorted(targets):
         weight = weights[name]
         if lazy is not None and lazy.is_lazy(weight):
             replaced[name] = lazy.placeholder(name + SUFFIX, replace(lazy.recipes[name], dtype="bfloat16"), weight.dims,

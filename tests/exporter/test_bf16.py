@@ -37,9 +37,21 @@ def bf16_checkpoint(folder: Path, model_type: str = "llama") -> transformers.Pre
     return model
 
 
-def _logits(package: Path, tokens: list[int], cpu_kernel: bool) -> np.ndarray:
-    graph = DecoderGraph(package, num_blocks=16, block_size=16, provider="cpu", cpu_kernel=cpu_kernel)
-    return graph.run(build_model_input([SequenceChunk(tokens, 0, [3, 1, 4])], 16, [True]))
+def _logits(package: Path, tokens: list[int], cpu_kernel: bool, profile: Path | None = None) -> np.ndarray:
+    """The package's logits over `tokens`; with `profile`, ORT's profile of the call is written there (JSON)."""
+    graph = DecoderGraph(package, num_blocks=16, block_size=16, provider="cpu", cpu_kernel=cpu_kernel,
+                         profile_prefix=str(profile) if profile is not None else None)
+    logits = graph.run(build_model_input([SequenceChunk(tokens, 0, [3, 1, 4])], 16, [True]))
+    if profile is not None:
+        Path(graph.session.end_profiling()).rename(profile)
+    return logits
+
+
+def _weight_casts_run(profile: Path) -> int:
+    """How many of a call's kernel runs were Casts of a weight (named `<weight>.cast` by bf16.py; a Gather's is `<node>.cast`)."""
+    events = json.loads(profile.read_text())
+    return sum(e.get("cat") == "Node" and e.get("args", {}).get("op_name") == "Cast" and e["name"].endswith(".cast_kernel_time")
+               and not e["name"].endswith("Gather.cast_kernel_time") for e in events)
 
 
 @pytest.mark.parametrize("in_memory", [False, True])
@@ -134,9 +146,11 @@ def test_a_bf16_package_too_large_to_widen_keeps_its_casts(tmp_path, monkeypatch
     bf16_checkpoint(tmp_path / "hf")
     ortinf.export(tmp_path / "hf", tmp_path / "pkg", dtype="bf16", progress=False)
     tokens = list(np.random.default_rng(2).integers(3, 250, 21))
-    folded = _logits(tmp_path / "pkg", tokens, False)
+    folded = _logits(tmp_path / "pkg", tokens, False, tmp_path / "folded.json")
+    assert _weight_casts_run(tmp_path / "folded.json") == 0  # folded into fp32 weights at load
     monkeypatch.setattr(decoder_graph, "available_memory", lambda: 0)  # no memory free: nothing widened fits
     with caplog.at_level("WARNING"):
-        per_step = _logits(tmp_path / "pkg", tokens, False)
+        per_step = _logits(tmp_path / "pkg", tokens, False, tmp_path / "per_step.json")
     assert "widens them per step" in caplog.text
+    assert _weight_casts_run(tmp_path / "per_step.json") >= 4 * 2  # every layer's projections widened in the call
     np.testing.assert_array_equal(per_step, folded)
