@@ -61,6 +61,10 @@ def _list_architectures(ctx: click.Context, _param: click.Parameter, value: bool
 @click.option("--enable-lora", is_flag=True,
               help="Decoders: give the graph LoRA inputs, so `ortinf serve --lora-modules` can serve adapters "
                    "(PEFT folders, any rank, a different one per request) on this package.")
+@click.option("--verify-memory", default="2GiB", show_default=True, metavar="SIZE",
+              help="Decoders: layer weights one verification session may load (e.g. 1GiB). A larger package is verified "
+                   "in windows of layers, each against the same layers in PyTorch, so the export's memory does not grow "
+                   "with depth; raise it to verify a large model end to end in one piece.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
 @click.option(
     "--list-architectures",
@@ -72,7 +76,7 @@ def _list_architectures(ctx: click.Context, _param: click.Parameter, value: bool
 )
 def export(model: str | None, out: Path | None, task: str, dtype: str, vision_dtype: str, quant_block_size: int | None, accuracy_level: int,
            quality_gate: str, kv_dtype: str, overwrite: bool, tolerance: float | None, kernel: str, cpu_kernel: bool, enable_lora: bool,
-           quiet: bool) -> None:
+           verify_memory: str, quiet: bool) -> None:
     """Export MODEL (a local Hugging Face folder, or a hub id already in the local HF cache) to an ONNX package.
 
     The export is verified against PyTorch before it is written; a failed export leaves nothing behind.
@@ -81,11 +85,13 @@ def export(model: str | None, out: Path | None, task: str, dtype: str, vision_dt
         raise click.UsageError("missing MODEL: pass a Hugging Face model folder (or see --list-architectures)")
     if out is None:
         raise click.UsageError("missing -o/--output: pass the package folder to write")
+    from ortinf.config import parse_size
     from ortinf.exporter.api import export as run_export
 
     manifest = run_export(model, out, task=task, dtype=dtype, overwrite=overwrite, tolerance=tolerance, progress=not quiet,
                           kernel=kernel, quant_block_size=quant_block_size, accuracy_level=accuracy_level, kv_dtype=kv_dtype,
-                          cpu_kernel=cpu_kernel, enable_lora=enable_lora, quality_gate=quality_gate, vision_dtype=vision_dtype)
+                          cpu_kernel=cpu_kernel, enable_lora=enable_lora, quality_gate=quality_gate, vision_dtype=vision_dtype,
+                          verify_memory=parse_size(verify_memory))
     parity = manifest.parity
     assert parity is not None
     click.echo(f"exported {manifest.architecture} ({manifest.task}, {manifest.dtype}) to {out}: max abs diff vs PyTorch {parity.max_abs_diff:.2e}")

@@ -27,6 +27,7 @@ from ortinf.exporter.package import staging, token_ids, versions, write_generati
 from ortinf.exporter.quantize import BITS, CPU_OP, DEFAULT_ACCURACY_LEVEL, DEFAULT_BLOCK_SIZES, MOE_OP, quantize
 from ortinf.exporter.source import ModelSource, resolve_model
 from ortinf.exporter.verify import gate, verify_decoder, verify_encoder, verify_quality
+from ortinf.exporter.windows import VERIFY_MEMORY
 from ortinf.manifest import (
     CONTRIB_PAGED,
     CPU_MODEL_NAME,
@@ -79,6 +80,7 @@ def export(
     quality_gate: str = "enforce",
     vision_dtype: str = "fp32",
     in_memory: bool = False,
+    verify_memory: int = VERIFY_MEMORY,
 ) -> Manifest:
     """Exports MODEL (a local folder or a cached hub id) to the package folder OUT and verifies it.
 
@@ -92,6 +94,8 @@ def export(
     `vision_dtype`: a vision-language model's vision tower weights (fp32, int8, int4); `dtype` is its language model's.
     `in_memory`: export a decoder the way models that the streaming exporter does not cover are exported (the whole
     model loaded and traced; ortinf/exporter/streaming.py): for comparisons.
+    `verify_memory`: a decoder whose layer weights exceed these bytes is verified in windows of layers, each
+    within them (ortinf/exporter/windows.py), so verification's memory does not grow with depth.
 
     MODEL may also be a GGUF file (llama.cpp's, Ollama's): it is read into a temporary Hugging Face folder
     first (ortinf/exporter/gguf_source.py); `dtype` None exports it at the file's own precision (Q8_0 and
@@ -112,7 +116,7 @@ def export(
         options = dict(task=task, dtype=dtype, overwrite=overwrite, tolerance=tolerance, progress=progress,
                        external_data_threshold=external_data_threshold, kernel=kernel, quant_block_size=quant_block_size,
                        accuracy_level=accuracy_level, kv_dtype=kv_dtype, cpu_kernel=cpu_kernel, enable_lora=enable_lora,
-                       quality_gate=quality_gate)
+                       quality_gate=quality_gate, verify_memory=verify_memory)
         with tempfile.TemporaryDirectory(prefix="ortinf-gguf-") as folder:
             return export(gguf_to_folder(Path(model).expanduser().resolve(), Path(folder)), out, **options)
     dtype = dtype or "fp32"
@@ -122,6 +126,8 @@ def export(
         raise ExportError(f"unknown dtype '{dtype}': choose {', '.join(DTYPES)}")
     if quality_gate not in QUALITY_GATES:
         raise ExportError(f"unknown quality gate '{quality_gate}': choose {' or '.join(QUALITY_GATES)}")
+    if not isinstance(verify_memory, int) or verify_memory < 1:
+        raise ExportError(f"verify_memory must be a positive number of bytes, got {verify_memory!r}")
     if kernel not in KERNELS:
         raise ExportError(f"unknown kernel '{kernel}': choose {', '.join(KERNELS)}")
     if kernel == CONTRIB_PAGED and dtype not in contrib_dtypes():
@@ -278,7 +284,7 @@ def export(
         bar.update()
         bar.set_description_str(STAGES[3])
         if task == TEXT_GENERATION:
-            parity = verify_decoder(hf_model, stage, tolerance, progress, cpu_kernel=False)
+            parity = verify_decoder(hf_model, stage, tolerance, progress, cpu_kernel=False, budget=verify_memory)
         else:
             parity = verify_encoder(encoder, stage, tolerance, hf_model.config.vocab_size)
         if not parity.max_abs_diff <= tolerance:
@@ -290,7 +296,7 @@ def export(
         if manifest.cpu_kernel is not None:
             # an int8 pool rounds every K/V: its figures are the quality gate's, as for int8 weights
             cpu_tolerance = float("inf") if cpu_kv_dtype else tolerance
-            fused = verify_decoder(hf_model, stage, cpu_tolerance, progress, cpu_kernel=True)
+            fused = verify_decoder(hf_model, stage, cpu_tolerance, progress, cpu_kernel=True, budget=verify_memory)
             if not fused.max_abs_diff <= cpu_tolerance:
                 raise ExportError(f"verification failed: the CPU kernel graph differs from PyTorch by "
                                   f"{fused.max_abs_diff:.3g}, above the tolerance {tolerance:g} ({fused.description}); "
@@ -299,7 +305,7 @@ def export(
                                                             description=fused.description))
         if dtype in QUANTIZED or cpu_kv_dtype:  # on the CPU graph where there is one: int8 KV and weights together
             hint = quality_hints(dtype, accuracy_level, quant_block_size) if dtype in QUANTIZED else "--kv-dtype fp16"
-            quality = gate(verify_quality(hf_model, stage, dtype if dtype in QUANTIZED else "int8"), quality_gate,
+            quality = gate(verify_quality(hf_model, stage, dtype if dtype in QUANTIZED else "int8", verify_memory), quality_gate,
                            f"Try {'--kv-dtype fp16, or ' if cpu_kv_dtype and dtype in QUANTIZED else ''}{hint}")
             manifest = replace(manifest, quality=quality)
         manifest.save(stage)

@@ -21,6 +21,7 @@ from transformers import PreTrainedModel
 from ortinf.errors import ExportError
 from ortinf.exporter.encoder import TracedEncoder, example_batch
 from ortinf.exporter.moe import lower_index_ties
+from ortinf.exporter.windows import VERIFY_MEMORY, Window, windows
 from ortinf.manifest import MODEL_NAME, Manifest, Parity, Quality, min_block_size
 from ortinf.providers.registry import AUTO_ORDER, PROVIDERS, find
 from ortinf.worker.decoder_graph import DecoderGraph
@@ -49,10 +50,26 @@ def reference_logits(model: PreTrainedModel, sequences: list[list[int]]) -> np.n
 
 
 def verify_decoder(model: PreTrainedModel, package: Path, tolerance: float, progress: bool = True,
-                   cpu_kernel: bool = False) -> Parity:
+                   cpu_kernel: bool = False, budget: int = VERIFY_MEMORY) -> Parity:
     """Prefill + 8 decode steps (each feeding the graph's own greedy token) through shuffled blocks; the max
     abs logit difference over all calls against the PyTorch model on the same tokens. `cpu_kernel`: verify
-    model.cpu.onnx (ortinf's CPU kernel library) instead of model.onnx."""
+    model.cpu.onnx (ortinf's CPU kernel library) instead of model.onnx. A package whose layer weights exceed
+    `budget` bytes is verified in windows of layers (ortinf/exporter/windows.py): the worst window's figure."""
+    parts = [(window, _verify_decoder(window.model, window.package, tolerance, progress, cpu_kernel))
+             for window in windows(model, package, budget)]
+    worst = max((parity for _, parity in parts), key=lambda parity: parity.max_abs_diff)
+    return replace(worst, description=worst.description + _windowed([window for window, _ in parts]))
+
+
+def _windowed(parts: list[Window]) -> str:
+    """The description's note of the windows a figure was measured in (nothing for a package verified whole)."""
+    if len(parts) == 1:
+        return ""
+    return (f"; in {len(parts)} windows of layers ({', '.join(f'{w.first}-{w.stop - 1}' for w in parts)}; "
+            "each: the embedding, those layers, the final norm and LM head), the worst window")
+
+
+def _verify_decoder(model: PreTrainedModel, package: Path, tolerance: float, progress: bool, cpu_kernel: bool) -> Parity:
     rng = np.random.default_rng(1234)
     vocab = model.config.vocab_size
     tokens = rng.integers(0, vocab, PROMPT_LEN).tolist()
@@ -107,9 +124,19 @@ THRESHOLDS = {  # (min top-1 agreement, max mean KL in nats, min greedy agreemen
 }
 
 
-def verify_quality(model: PreTrainedModel, package: Path, dtype: str) -> Quality:
+def verify_quality(model: PreTrainedModel, package: Path, dtype: str, budget: int = VERIFY_MEMORY) -> Quality:
     """Top-1 agreement and mean KL of next-token distributions over 4 x 48 positions, and greedy
-    agreement over 32 generated tokens, against the fp32 PyTorch model; on the CPU provider."""
+    agreement over 32 generated tokens, against the fp32 PyTorch model; on the CPU provider. In windows of
+    layers where the package's layer weights exceed `budget` (ortinf/exporter/windows.py): each figure is its
+    worst window's."""
+    parts = [(window, _verify_quality(window.model, window.package, dtype)) for window in windows(model, package, budget)]
+    found = [quality for _, quality in parts]
+    worst = replace(found[0], top1_agreement=min(q.top1_agreement for q in found), mean_kl=max(q.mean_kl for q in found),
+                    greedy_agreement=min(q.greedy_agreement for q in found))
+    return replace(worst, description=worst.description + _windowed([window for window, _ in parts]))
+
+
+def _verify_quality(model: PreTrainedModel, package: Path, dtype: str) -> Quality:
     rng = np.random.default_rng(4321)
     vocab = model.config.vocab_size
     graph = DecoderGraph(package, num_blocks=8, block_size=16, provider="cpu")
