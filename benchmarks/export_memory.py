@@ -43,15 +43,18 @@ SHAPES = {
 }
 
 
-def build_source(folder: Path, size: str) -> int:
-    """Writes the bf16 checkpoint (shard by shard: one shard in memory at a time); returns its bytes."""
+def build_source(folder: Path, size: str, model_type: str | None = None) -> int:
+    """Writes the bf16 checkpoint (shard by shard: one shard in memory at a time); returns its bytes. `model_type`
+    replaces the shape's architecture (compare.py writes llama-architecture models of these shapes: every peer's
+    converter takes llama)."""
     import torch
     import transformers
     from safetensors.torch import save_file
 
     if (folder / "config.json").is_file():
         return sum(p.stat().st_size for p in folder.glob("*.safetensors"))
-    model_type, shape = SHAPES[size]
+    natural, shape = SHAPES[size]
+    model_type = model_type or natural
     config_class = transformers.Qwen2Config if model_type == "qwen2" else transformers.LlamaConfig
     config = config_class(**shape, max_position_embeddings=4096, torch_dtype="bfloat16", bos_token_id=1, eos_token_id=2)
     partial = folder.with_name(folder.name + ".partial")

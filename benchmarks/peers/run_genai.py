@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from protocol import conversion, load_job, one_at_a_time, write_result
+from protocol import conversion, load_job, loading, one_at_a_time, write_result
 
 
 def model_dir(job: dict) -> Path:
@@ -27,7 +27,7 @@ def model_dir(job: dict) -> Path:
         out.with_name(out.name + ".conversion_seconds"), not (out / "genai_config.json").exists(),
         lambda: subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", job["hf_dir"], "-o", str(out),
                                 "-p", job["precision"], "-e", "cpu", "-c", str(Path(job["work_dir"]) / "cache")], check=True,
-                               stdout=subprocess.DEVNULL))
+                               stdout=subprocess.DEVNULL), job)
     config_file = out / "genai_config.json"
     config = json.loads(config_file.read_text())
     config["model"]["decoder"].setdefault("session_options", {})["intra_op_num_threads"] = job["threads"]
@@ -61,7 +61,8 @@ def main() -> None:
     import onnxruntime_genai as og
 
     job = load_job()
-    model = og.Model(str(model_dir(job)))
+    path = model_dir(job)
+    model = loading(job, lambda: og.Model(str(path)))
     new = job["new_tokens"]
     generate(og, model, job["prompts"][:2], 4)  # warm-up
     if job["mode"] == "batch":

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import torch
-from protocol import load_job, one_at_a_time, write_result
+from protocol import load_job, loading, one_at_a_time, write_result
 
 
 class StepClock:
@@ -61,7 +61,7 @@ def load(job: dict):
 def main() -> None:
     job = load_job()
     torch.set_num_threads(job["threads"])
-    model = load(job)
+    model = loading(job, lambda: load(job))
     new = job["new_tokens"]
     generate(model, job["prompts"][:2], 4)  # warm-up
     if job["mode"] == "batch":

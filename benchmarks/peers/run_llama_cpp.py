@@ -1,7 +1,8 @@
 """llama.cpp through llama-cpp-python's low-level API: one context, all sequences in llama_decode.
 
-Conversion: the Hugging Face llama, qwen3 or qwen3_moe is written to GGUF (F32) with the `gguf`
-package, as llama.cpp's convert_hf_to_gguf.py writes them (llama: q/k rows permuted to GGML's rotary
+Conversion: the Hugging Face llama, qwen3 or qwen3_moe is written to GGUF (F32; BF16 from a bf16 checkpoint for
+the bf16, Q8_0 and Q4_0 rows) with the `gguf` package, one tensor at a time from the memory-mapped shards, as
+llama.cpp's convert_hf_to_gguf.py writes them (llama: q/k rows permuted to GGML's rotary
 layout; qwen3: NEOX rotary, so no permutation, and q/k norms; qwen3_moe: the router as ffn_gate_inp
 and each layer's experts stacked into ffn_{gate,up,down}_exps [experts, ...]; a byte-fallback
 SentencePiece vocabulary of placeholder pieces, since the benchmark feeds token ids and the random
@@ -22,9 +23,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-from protocol import conversion, load_job, one_at_a_time, write_result
+from protocol import conversion, load_job, loading, one_at_a_time, write_result
 
-FILE_TYPES = {"fp32": 0, "q8_0": 7, "q4_0": 2}  # llama_ftype: ALL_F32, MOSTLY_Q8_0, MOSTLY_Q4_0
+FILE_TYPES = {"fp32": 0, "bf16": 32, "q8_0": 7, "q4_0": 2}  # llama_ftype: ALL_F32, MOSTLY_BF16, MOSTLY_Q8_0, MOSTLY_Q4_0
 
 
 def permute(w: np.ndarray, heads: int) -> np.ndarray:
@@ -32,12 +33,52 @@ def permute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(hf_dir: Path, out: Path) -> None:
+class Shards:
+    """A checkpoint's tensors read lazily from its safetensors files (one or an index of shards), memory-mapped:
+    numpy has no bf16, so bf16 tensors come as their uint16 bits (what a BF16 GGUF stores)."""
+
+    DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
+
+    def __init__(self, hf_dir: Path) -> None:
+        index = hf_dir / "model.safetensors.index.json"
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else ["model.safetensors"]
+        self.where: dict[str, tuple[Path, dict, int]] = {}
+        for file in files:
+            with open(hf_dir / file, "rb") as fh:
+                length = int.from_bytes(fh.read(8), "little")
+                header = json.loads(fh.read(length))
+            for name, info in header.items():
+                if name != "__metadata__":
+                    self.where[name] = (hf_dir / file, info, 8 + length)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.where
+
+    def dtype(self, name: str) -> str:
+        return self.where[name][1]["dtype"]
+
+    def raw(self, name: str) -> np.ndarray:
+        path, info, base = self.where[name]
+        begin, end = info["data_offsets"]
+        dtype = self.DTYPES[info["dtype"]]
+        return np.memmap(path, dtype=dtype, mode="r", offset=base + begin, shape=(end - begin) // np.dtype(dtype).itemsize).reshape(info["shape"])
+
+    def f32(self, name: str) -> np.ndarray:
+        values = self.raw(name)
+        if self.dtype(name) == "BF16":
+            return (values.astype(np.uint32) << 16).view(np.float32)
+        return values.astype(np.float32)
+
+
+def write_gguf(hf_dir: Path, out: Path, bf16: bool = False) -> None:
+    """The model as a GGUF file, one tensor at a time (header and tensor table first, then each tensor read from its
+    shard, converted and written: convert_hf_to_gguf.py's lazy tensors, so memory holds one tensor): F32, or with
+    `bf16` the matrices in BF16 (a bf16 checkpoint's bits, as `convert_hf_to_gguf.py --outtype bf16` writes them) and
+    the norms in F32 (ggml computes norms in f32)."""
     import gguf
-    from safetensors.numpy import load_file
 
     cfg = json.loads((hf_dir / "config.json").read_text())
-    weights = {name: w.astype(np.float32) for name, w in load_file(str(hf_dir / "model.safetensors")).items()}  # F32 file (fp16 norms abort ggml)
+    shards = Shards(hf_dir)
     heads, kv_heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
     model_type = cfg.get("model_type", "llama")
@@ -58,7 +99,7 @@ def write_gguf(hf_dir: Path, out: Path) -> None:
     writer.add_rope_dimension_count(head_dim)
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
-    writer.add_file_type(0)
+    writer.add_file_type(32 if bf16 else 0)  # LLAMA_FTYPE_MOSTLY_BF16 / ALL_F32
     vocab = cfg["vocab_size"]
     pieces = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
     pieces += [f"\u2581t{i}" for i in range(vocab - len(pieces))]
@@ -78,45 +119,65 @@ def write_gguf(hf_dir: Path, out: Path) -> None:
         names.update({"mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"})
     if model_type != "llama":
         names.update({"self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"})
-    writer.add_tensor("token_embd.weight", weights["model.embed_tokens.weight"])
+
+    def read(name: str, rows_of: int = 0) -> tuple[list[int], bool, object]:
+        """(shape, stored as BF16, a callable giving the tensor when its turn comes)."""
+        shape = shards.where[name][1]["shape"]
+        raw = bf16 and len(shape) > 1 and shards.dtype(name) == "BF16"
+
+        def tensor() -> np.ndarray:
+            w = shards.raw(name) if raw else shards.f32(name)
+            return np.ascontiguousarray(permute(w, rows_of) if rows_of else w)
+        return shape, raw, tensor
+
+    plan = [("token_embd.weight", read("model.embed_tokens.weight"))]
     for layer in range(cfg["num_hidden_layers"]):
         for hf, gg in names.items():
-            w = weights[f"model.layers.{layer}.{hf}.weight"]
-            if model_type == "llama" and hf == "self_attn.q_proj":
-                w = permute(w, heads)
-            elif model_type == "llama" and hf == "self_attn.k_proj":
-                w = permute(w, kv_heads)
-            writer.add_tensor(f"blk.{layer}.{gg}.weight", np.ascontiguousarray(w))
+            rows_of = heads if hf == "self_attn.q_proj" else kv_heads if hf == "self_attn.k_proj" else 0
+            plan.append((f"blk.{layer}.{gg}.weight", read(f"model.layers.{layer}.{hf}.weight", rows_of if model_type == "llama" else 0)))
         if model_type == "qwen3_moe":
             for hf, gg in (("gate_proj", "ffn_gate_exps"), ("up_proj", "ffn_up_exps"), ("down_proj", "ffn_down_exps")):
-                stacked = np.stack([weights[f"model.layers.{layer}.mlp.experts.{e}.{hf}.weight"] for e in range(cfg["num_experts"])])
-                writer.add_tensor(f"blk.{layer}.{gg}.weight", stacked)
-    writer.add_tensor("output_norm.weight", weights["model.norm.weight"])
-    lm_head = weights.get("lm_head.weight", weights["model.embed_tokens.weight"])
-    writer.add_tensor("output.weight", lm_head)
+                experts = [read(f"model.layers.{layer}.mlp.experts.{e}.{hf}.weight") for e in range(cfg["num_experts"])]
+                shape, raw, _ = experts[0]
+                plan.append((f"blk.{layer}.{gg}.weight",
+                             ([len(experts), *shape], raw, lambda experts=experts: np.stack([e[2]() for e in experts]))))
+    plan.append(("output_norm.weight", read("model.norm.weight")))
+    plan.append(("output.weight", read("lm_head.weight" if "lm_head.weight" in shards else "model.embed_tokens.weight")))
+    for name, (shape, raw, _) in plan:
+        count = int(np.prod(shape))
+        writer.add_tensor_info(name, shape, np.dtype(np.float16 if raw else np.float32), count * (2 if raw else 4),
+                               raw_dtype=gguf.GGMLQuantizationType.BF16 if raw else None)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
+    writer.write_ti_data_to_file()
+    for _, (_, _, make) in plan:
+        writer.write_tensor_data(make())
     writer.close()
 
 
 def model_file(job: dict, llama) -> Path:
+    """The GGUF file of the job's precision: the checkpoint written as F32 (fp32), or as BF16 where the checkpoint is
+    bf16 (bf16, and the base that Q8_0/Q4_0 are quantized from, as llama.cpp users convert then quantize)."""
     work = Path(job["work_dir"])
     work.mkdir(parents=True, exist_ok=True)
-    f32 = work / "model-f32.gguf"
-    to_gguf = conversion(work / "model-f32.conversion_seconds", not f32.exists(), lambda: write_gguf(Path(job["hf_dir"]), f32))
+    hf_dir = Path(job["hf_dir"])
+    kind = "bf16" if job["precision"] != "fp32" and Shards(hf_dir).dtype("model.embed_tokens.weight") == "BF16" else "f32"
+    base = work / f"model-{kind}.gguf"
+    to_gguf = conversion(work / f"model-{kind}.conversion_seconds", not base.exists(), lambda: write_gguf(hf_dir, base, kind == "bf16"), job)
     job["conversion_seconds"] = to_gguf
-    if job["precision"] == "fp32":
-        return f32
+    if job["precision"] in ("fp32", "bf16"):
+        if job["precision"] == "bf16" and kind != "bf16":
+            raise SystemExit("bf16 needs a bf16 checkpoint")
+        return base
     out = work / f"model-{job['precision']}.gguf"
 
     def quantize() -> None:
         params = llama.llama_model_quantize_default_params()
         params.ftype = FILE_TYPES[job["precision"]]
         params.nthread = job["threads"]
-        assert llama.llama_model_quantize(str(f32).encode(), str(out).encode(), ctypes.byref(params)) == 0
+        assert llama.llama_model_quantize(str(base).encode(), str(out).encode(), ctypes.byref(params)) == 0
 
-    quantized = conversion(work / f"model-{job['precision']}.conversion_seconds", not out.exists(), quantize)
+    quantized = conversion(work / f"model-{job['precision']}.conversion_seconds", not out.exists(), quantize, job)
     job["conversion_seconds"] = None if to_gguf is None or quantized is None else to_gguf + quantized  # GGUF, then quantize
     return out
 
@@ -184,7 +245,8 @@ def main() -> None:
     prompts, new = job["prompts"], job["new_tokens"]
     longest = max(len(p) for p in prompts) + new
     seqs = len(prompts) if job["mode"] == "batch" else 1
-    runner = Runner(llama, path, job["threads"], seqs, -(-longest // 256) * 256, job.get("kv") == "f32")
+    longest = max(longest, len(job.get("long_prompt") or []) + new)
+    runner = loading(job, lambda: Runner(llama, path, job["threads"], seqs, -(-longest // 256) * 256, job.get("kv") == "f32"))
     runner.generate(prompts[:seqs][:2], 4)  # warm-up
     if job["mode"] == "batch":
         start = time.monotonic()

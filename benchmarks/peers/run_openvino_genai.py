@@ -17,9 +17,9 @@ import sys
 import time
 from pathlib import Path
 
-from protocol import conversion, load_job, one_at_a_time, write_result
+from protocol import conversion, load_job, loading, one_at_a_time, write_result
 
-WEIGHT_FORMATS = {"fp32": ["--weight-format", "fp32"], "int8": ["--weight-format", "int8"],
+WEIGHT_FORMATS = {"fp32": ["--weight-format", "fp32"], "bf16": ["--weight-format", "fp16"], "int8": ["--weight-format", "int8"],
                   "int4": ["--weight-format", "int4", "--sym", "--group-size", "32", "--ratio", "1.0"]}
 
 
@@ -30,7 +30,7 @@ def model_dir(job: dict) -> Path:
         out.with_name(out.name + ".conversion_seconds"), not (out / "openvino_model.xml").exists(),
         lambda: subprocess.run([sys.executable, "-m", "optimum.commands.optimum_cli", "export", "openvino", "--model", job["hf_dir"],
                                 "--task", "text-generation-with-past", *WEIGHT_FORMATS[weights], str(out)], check=True,
-                               stdout=subprocess.DEVNULL))
+                               stdout=subprocess.DEVNULL), job)
     return out
 
 
@@ -80,7 +80,8 @@ def main() -> None:
     import openvino_genai as ov_genai
 
     job = load_job()
-    runner = Runner(ov_genai, model_dir(job), job)
+    path = model_dir(job)
+    runner = loading(job, lambda: Runner(ov_genai, path, job))
     new = job["new_tokens"]
     runner.generate(job["prompts"][:2], 4)  # warm-up
     if job["mode"] == "batch":

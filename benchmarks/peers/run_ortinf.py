@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from protocol import conversion, load_job, write_result
+from protocol import conversion, load_job, loading, write_result
 
 import ortinf
 from ortinf import LLM, SamplingParams
@@ -27,12 +27,15 @@ def main() -> None:
     gate = {"quality_gate": "record"} if job["precision"] in ("int8", "int4") else {}
     job["conversion_seconds"] = conversion(
         package.with_name(package.name + ".conversion_seconds"), stale,
-        lambda: ortinf.export(job["hf_dir"], package, dtype=job["precision"], progress=False, overwrite=True, **gate, **export))
-    llm = LLM(package, provider="cpu", intra_op_threads=job["threads"], max_num_seqs=64, enable_prefix_caching=False,
-              **job.get("options", {}))
+        lambda: ortinf.export(job["hf_dir"], package, dtype=job["precision"], progress=False, overwrite=True, **gate, **export), job)
+    llm = loading(job, lambda: LLM(package, provider="cpu", intra_op_threads=job["threads"], max_num_seqs=64, enable_prefix_caching=False,
+                                   **job.get("options", {})))
     new = job["new_tokens"]
     params = SamplingParams(temperature=0, max_tokens=new, ignore_eos=True)
     llm.generate(job["prompts"][:2], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))  # warm-up
+    if job["mode"] == "single" and job.get("long_prompt"):  # the 512-token prompt's first-token time, on its own
+        long = llm.generate([job["long_prompt"]], params)[0]
+        job["ttft_long"] = long.metrics.first_token_time - long.metrics.arrival_time
     groups = [job["prompts"]] if job["mode"] == "batch" else [[p] for p in job["prompts"]]
     outputs = []
     start = time.monotonic()
