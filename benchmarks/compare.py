@@ -218,7 +218,8 @@ def run(engine: Engine, mode: str, work: Path, hf_dir: Path, prompt_set: list[li
     job_file, result_file = work / "job.json", work / "result.json"
     job_file.write_text(json.dumps(job))
     result_file.unlink(missing_ok=True)
-    env = {**os.environ, "OMP_NUM_THREADS": str(THREADS), "PYTHONPATH": str(PEERS)}
+    # PYTHONPATH kept behind the peers' folder: a run from a git worktree imports that tree's ortinf
+    env = {**os.environ, "OMP_NUM_THREADS": str(THREADS), "PYTHONPATH": os.pathsep.join(filter(None, [str(PEERS), os.environ.get("PYTHONPATH")]))}
     try:
         proc = subprocess.run([str(python), str(PEERS / f"run_{engine.runner}.py"), str(job_file), str(result_file)],
                               capture_output=True, text=True, timeout=timeout, env=env)
