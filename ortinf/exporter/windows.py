@@ -62,7 +62,9 @@ class Window:
 
 def decoder_layers(model: torch.nn.Module) -> tuple[torch.nn.Module, str]:
     """The module holding the decoder layer list, and the list's attribute name."""
-    base = model.base_model if model.base_model is not model else model.model
+    base = model.base_model if model.base_model is not model else getattr(model, "model", None)
+    if not isinstance(base, torch.nn.Module):
+        raise NotWindowable("no decoder body found")
     count = model.config.get_text_config().num_hidden_layers
     for name, child in base.named_children():
         if isinstance(child, torch.nn.ModuleList) and len(child) == count:

@@ -104,7 +104,10 @@ def test_decode_time_does_not_grow_with_the_pool(webgpu, decoder_package, record
     f = {size: float(np.median(v)) for size, v in fed.items()}
     record_property("decode_ms", {"bound": b, "host_fed": f})
     print(f"decode step ms, pool 512 vs 4096 blocks: bound {b[512]:.2f} vs {b[4096]:.2f}; host-fed {f[512]:.2f} vs {f[4096]:.2f}")
-    assert b[4096] <= 1.15 * b[512] + 0.5, b
+    # bound: ~1.0x alone (1.0-1.08x measured on AMD EPYC and Intel Xeon); up to 1.24x inside the full suite on the software
+    # Vulkan adapter, whose step times wander with the machine's load. A pool fed per call grows ~2.5-3x; a pool that
+    # were copied per call despite the binding would fail both bounds.
+    assert b[4096] <= 1.35 * b[512] + 1.0, b
     assert f[4096] >= 1.5 * f[512], f
 
 
