@@ -85,6 +85,7 @@ def build_source(folder: Path, size: str, model_type: str | None = None) -> int:
         del tensors
         weight_map.update({name: file for name in shard})
     (partial / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}))
+    config.architectures = [type(skeleton).__name__]  # converters (onnxruntime-genai's builder) dispatch on it
     config.save_pretrained(partial)
     _tokenizer(partial, config.vocab_size)
     partial.rename(folder)
