@@ -95,8 +95,9 @@ def conversion(record: Path, needed: bool, convert: Callable[[], object], job: d
         if os.WIFSIGNALED(status):
             raise RuntimeError(f"conversion killed by signal {os.WTERMSIG(status)} (9: out of memory) at "
                                f"{usage.ru_maxrss / 2**20:.1f} GiB after {time.monotonic() - start:.0f} s")
-        if os.WEXITSTATUS(status) != 0:
-            raise RuntimeError(f"conversion failed (exit {os.WEXITSTATUS(status)})")
+        if os.WEXITSTATUS(status) != 0:  # a converter the OOM killer took shows as its caller's error: the peak says
+            raise RuntimeError(f"conversion failed (exit {os.WEXITSTATUS(status)}) at {usage.ru_maxrss / 2**20:.1f} GiB peak RSS "
+                               f"after {time.monotonic() - start:.0f} s")
         record.parent.mkdir(parents=True, exist_ok=True)
         record.write_text(json.dumps({"seconds": round(time.monotonic() - start, 1), "peak_gib": round(usage.ru_maxrss / 2**20, 2)}))
     if not record.exists():
