@@ -3,7 +3,10 @@ runs int8/int4 on CPU) on the same quantized numbers, one node per session, at t
 server sees: 1 (one request decoding), 8 and 32 (batched decode steps), 512 (a prefill chunk), for
 the projections of the 0.5b and 1.5b benchmark shapes (benchmarks/compare.py --size).
 
-usage: .venv/bin/python benchmarks/qmatmul.py [--record] [--tiny] [--repeats N]
+usage: .venv/bin/python benchmarks/qmatmul.py [--sizes 0.5b 1.5b 7b] [--rows 1 8 32 512] [--record] [--tiny] [--repeats N]
+
+Each cell also gives QMatMul's weight-read rate (the weight and scale bytes of one call over its time), the figure to
+hold against the machine's streaming bandwidth (benchmarks/bandwidth.py) at one row.
 
 Eight different weights per shape (one node each, in one graph) are run in turn so that the one-row case reads its weights from memory,
 not from a cache that holds them from the last call (the 0.5b MLP weights are 4.4 MB at int8). Also
@@ -25,7 +28,8 @@ from ortinf.exporter.quantize import matmul_nbits_tensors, qmatmul_tensors, quan
 from ortinf.kernels import library
 from ortinf.matrix import machine
 
-SHAPES = {"0.5b": [(896, 4864), (4864, 896), (896, 1152)], "1.5b": [(1536, 8960), (8960, 1536), (1536, 2048)]}
+SHAPES = {"0.5b": [(896, 4864), (4864, 896), (896, 1152)], "1.5b": [(1536, 8960), (8960, 1536), (1536, 2048)],
+          "7b": [(3584, 18944), (18944, 3584), (3584, 4608)]}  # Qwen2.5-7B: up/gate, down, fused q/k/v
 ROWS = (1, 8, 32, 512)
 WEIGHTS = 8
 
@@ -85,16 +89,19 @@ def main() -> None:
     parser.add_argument("--record", action="store_true", help="append the table to benchmarks/RESULTS.md")
     parser.add_argument("--tiny", action="store_true", help="one small shape, 2 weights (smoke test)")
     parser.add_argument("--repeats", type=int, default=5, help="timed rounds per cell (best is reported)")
+    parser.add_argument("--sizes", nargs="*", choices=sorted(SHAPES), default=["0.5b", "1.5b"], help="model shapes whose projections are timed")
+    parser.add_argument("--rows", nargs="*", type=int, default=list(ROWS), help="activation rows per call")
     args = parser.parse_args()
     if library.load() is None:
         raise SystemExit("the kernel library is not built: python -m ortinf.kernels.build")
-    shapes = {"tiny": [(128, 64)]} if args.tiny else SHAPES
-    rows = (1, 8) if args.tiny else ROWS
+    shapes = {"tiny": [(128, 64)]} if args.tiny else {size: SHAPES[size] for size in args.sizes}
+    rows = (1, 8) if args.tiny else tuple(args.rows)
     count = 2 if args.tiny else WEIGHTS
     rng = np.random.default_rng(0)
     lines = [f"### ortinf.QMatMul ({library.qmatmul_isa()}) vs MatMulNBits (accuracy level 4), ms per call, 2 threads "
              f"({time.strftime('%Y-%m-%d')})", "", f"Machine: {machine()}", "",
-             "| size | K x N | weights | " + " | ".join(f"{m} rows: QMatMul / MatMulNBits" for m in rows) + " |",
+             "| size | K x N | weights | " + " | ".join(f"{m} rows: QMatMul / MatMulNBits (ratio; QMatMul's weight GB/s)" for m in rows)
+             + " |",
              "|---|---|---|" + "---:|" * len(rows)]
     for size, dims in shapes.items():
         for k, n in dims:
@@ -105,7 +112,8 @@ def main() -> None:
                 for m in rows:
                     a = rng.standard_normal((m, k)).astype(np.float32)
                     q, o = best_ms(ours, a, args.repeats, count), best_ms(theirs, a, args.repeats, count)
-                    cells.append(f"{q:.3f} / {o:.3f} ({o / q:.2f}x)")
+                    rate = (k * n * bits / 8 + k // block * n * 4) / (q * 1e-3) / 1e9  # weight and scale bytes per second
+                    cells.append(f"{q:.3f} / {o:.3f} ({o / q:.2f}x; {rate:.0f} GB/s)")
                 lines.append(f"| {size} | {k} x {n} | int{bits}, block {block} | " + " | ".join(cells) + " |")
     lines += ["", "Activation quantization error of QMatMul (per token and block, int8 weights; relative L2 error against "
               "the exact product with the same quantized weights, 16 standard-normal rows, K = 896): "
