@@ -57,8 +57,14 @@ def verify_decoder(model: PreTrainedModel, package: Path, tolerance: float, prog
     `budget` bytes is verified in windows of layers (ortinf/exporter/windows.py): the worst window's figure."""
     parts = [(window, _verify_decoder(window.model, window.package, tolerance, progress, cpu_kernel))
              for window in windows(model, package, budget)]
-    worst = max((parity for _, parity in parts), key=lambda parity: parity.max_abs_diff)
+    # NaN (a window whose logits broke) is the worst of all: max() would keep whichever came first
+    worst = max((parity for _, parity in parts), key=lambda parity: _nan_high(parity.max_abs_diff))
     return replace(worst, description=worst.description + _windowed([window for window, _ in parts]))
+
+
+def _nan_high(value: float) -> float:
+    """`value`, with NaN ordered above everything: a broken window's figure becomes the worst one (inf KL, -inf agreement), so the gate fails."""
+    return float("inf") if np.isnan(value) else value
 
 
 def _windowed(parts: list[Window]) -> str:
@@ -131,8 +137,9 @@ def verify_quality(model: PreTrainedModel, package: Path, dtype: str, budget: in
     worst window's."""
     parts = [(window, _verify_quality(window.model, window.package, dtype)) for window in windows(model, package, budget)]
     found = [quality for _, quality in parts]
-    worst = replace(found[0], top1_agreement=min(q.top1_agreement for q in found), mean_kl=max(q.mean_kl for q in found),
-                    greedy_agreement=min(q.greedy_agreement for q in found))
+    worst = replace(found[0], top1_agreement=-max(_nan_high(-q.top1_agreement) for q in found),
+                    mean_kl=max(_nan_high(q.mean_kl) for q in found),
+                    greedy_agreement=-max(_nan_high(-q.greedy_agreement) for q in found))
     return replace(worst, description=worst.description + _windowed([window for window, _ in parts]))
 
 
