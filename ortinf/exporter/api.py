@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 
 from ortinf.errors import ExportError
 from ortinf.exporter import attention_cpu as cpu_paged
-from ortinf.exporter import streaming
+from ortinf.exporter import cpu_fusion, streaming
 from ortinf.exporter.architectures import resolve_task
 from ortinf.exporter.bf16 import CPU_OP as BF16_OP
 from ortinf.exporter.bf16 import to_bf16
@@ -261,6 +261,8 @@ def export(
                 shutil.rmtree(trace_dir)
             else:
                 _place_graph(trace_dir, stage, external_data_threshold)
+        if cpu_traced is not None and (stage / CPU_MODEL_NAME).is_file():
+            cpu_fusion.fuse_file(stage / CPU_MODEL_NAME)  # fewer nodes per one-token step (cpu_fusion.py)
         generation = write_generation_config(source, stage)
         manifest = Manifest(
             task=task,

@@ -172,6 +172,89 @@ def test_bad_inputs_are_errors_not_crashes():
         session(b, nbits_scales.reshape(-1), 2)
 
 
+def parts_session(parts: list[Quantized], biases: list, swiglu: bool = False, threads: int = 2) -> ort.InferenceSession:
+    """One QMatMul node computing 2-3 projections of the same A (attributes N1, N2; inputs 1-3 per part), or, with
+    swiglu, silu(gate) * up of two (activation 1, one output): the nodes ortinf/exporter/cpu_fusion.py writes."""
+    names, initializers = ["a"], []
+    for p, (qw, bias) in enumerate(zip(parts, biases, strict=True)):
+        b, s = matmul_nbits_tensors(qw)
+        initializers += [numpy_helper.from_array(b, f"w{p}"), numpy_helper.from_array(s.reshape(-1), f"s{p}")]
+        names += [f"w{p}", f"s{p}", f"bias{p}" if bias is not None else ""]
+        if bias is not None:
+            initializers.append(numpy_helper.from_array(bias, f"bias{p}"))
+    while names[-1] == "":
+        names.pop()
+    k = parts[0].k
+    widths = {f"N{p}": qw.n for p, qw in enumerate(parts) if p > 0}
+    outputs = ["y0"] if swiglu else [f"y{p}" for p in range(len(parts))]
+    node = helper.make_node("QMatMul", names, outputs, domain="ortinf", K=k, N=parts[0].n, bits=parts[0].bits,
+                            block_size=parts[0].block_size, layout=1, activation=int(swiglu), **widths)
+    graph = helper.make_graph([node], "op", [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["m", k])],
+                              [helper.make_tensor_value_info(y, TensorProto.FLOAT, None) for y in outputs], initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ortinf", 1)])
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    library.register(options)
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("bits,block,k,widths,m", [(8, 128, 200, (40, 17, 17), 7), (4, 32, 96, (64, 16, 16), 1),
+                                                   (4, 32, 130, (33, 70), 5), (8, 32, 64, (20, 20, 3), 13)])
+def test_parts_compute_what_one_node_per_part_computes(bits, block, k, widths, m):
+    """q, k and v in one node: each output is, bit for bit, what that projection's own QMatMul computes (the same
+    per-row quantization of A, the same sums), whatever the widths (ragged tiles in every part) and row count."""
+    rng = np.random.default_rng(k + m)
+    parts = [quantize_weight(rng.standard_normal((k, n)).astype(np.float32), bits, block) for n in widths]
+    biases = [rng.standard_normal(n).astype(np.float32) if p != 1 else None for p, n in enumerate(widths)]
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    got = parts_session(parts, biases).run(None, {"a": a})
+    for qw, bias, y in zip(parts, biases, got, strict=True):
+        alone = op_session(qw, bias).run(None, {"a": a})[0]
+        assert y.shape == (m, qw.n) and np.array_equal(y, alone)
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x.astype(np.float64)))
+
+
+@pytest.mark.parametrize("bits,block,k,n,m", [(8, 128, 200, 40, 7), (4, 32, 96, 33, 1), (4, 64, 130, 16, 9), (8, 32, 64, 100, 4)])
+def test_swiglu_is_silu_of_gate_times_up(bits, block, k, n, m):
+    """activation 1: one output, silu(gate(A)) * up(A), against the two projections run alone and silu in float64;
+    gates from -120 to 120 (silu's tails: ~0 below, the identity above)."""
+    rng = np.random.default_rng(k * n)
+    gate, up = (quantize_weight(rng.standard_normal((k, n)).astype(np.float32), bits, block) for _ in range(2))
+    biases = [rng.standard_normal(n).astype(np.float32) * 40, None]
+    a = rng.standard_normal((m, k)).astype(np.float32) * 3
+    got = parts_session([gate, up], biases, swiglu=True).run(None, {"a": a})
+    assert len(got) == 1 and got[0].shape == (m, n)
+    g = op_session(gate, biases[0]).run(None, {"a": a})[0]
+    u = op_session(up).run(None, {"a": a})[0]
+    assert np.abs(g).max() > 60 and g.min() < -60  # both tails are exercised
+    want = silu(g) * u
+    assert np.allclose(got[0], want, rtol=2e-6, atol=1e-30 + 1e-6 * np.abs(u).max())
+
+
+def test_parts_check_their_inputs():
+    rng = np.random.default_rng(17)
+    qa, qb = (quantize_weight(rng.standard_normal((64, 20)).astype(np.float32), 8, 32) for _ in range(2))
+    qc = quantize_weight(rng.standard_normal((64, 24)).astype(np.float32), 8, 32)
+    with pytest.raises(Exception, match="two parts of equal width"):
+        parts_session([qa, qc], [None, None], swiglu=True)
+    with pytest.raises(Exception, match="two parts of equal width"):
+        parts_session([qa, qb, qa], [None, None, None], swiglu=True)
+    with pytest.raises(Exception, match="B must be uint8"):  # part 1's weights do not match N1
+        b, s = matmul_nbits_tensors(qa)
+        node = helper.make_node("QMatMul", ["a", "w", "s", "", "w", "s"], ["y0", "y1"], domain="ortinf", K=64, N=20, N1=24,
+                                bits=8, block_size=32, layout=1)
+        graph = helper.make_graph([node], "op", [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["m", 64])],
+                                  [helper.make_tensor_value_info(y, TensorProto.FLOAT, None) for y in ("y0", "y1")],
+                                  [numpy_helper.from_array(b, "w"), numpy_helper.from_array(s.reshape(-1), "s")])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ortinf", 1)])
+        options = ort.SessionOptions()
+        library.register(options)
+        ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
 RSS_PROBE = """
 import sys, numpy as np, onnxruntime as ort
 from ortinf.kernels import library

@@ -6,6 +6,14 @@
 //   K, N, bits (8 or 4), block_size, layout (int attributes)
 //   -> Y [..., N] f32
 //
+// Parts (layout 1 only): one node computes up to 3 projections of the same A (a layer's q, k and v), so a
+// one-token step quantizes A once, runs one node instead of three and one parallel loop over all their
+// columns (the small k and v projections alone left a thread idle at their edges). Attributes N1, N2 give
+// parts 1 and 2 their widths, and inputs 4-6 and 7-9 their weight, scales and bias, as inputs 1-3 are part
+// 0's; output p is part p's [..., N_p]. `activation` 1 (swiglu) takes two parts of equal width, gate and
+// up, and has one output, silu(gate) * up (qmatmul_impl.h, QParts): an MLP's first half in one node.
+// ortinf/exporter/cpu_fusion.py writes these nodes.
+//
 // `layout` says how the weight inputs are stored:
 //   0 (packages before issue 42): packed_weight [bytes] in this op's layout, scales [tiles, blocks, 16];
 //   1: MatMulNBits' tensors, B [N, blocks, block * bits / 8] offset binary and scales [N * blocks], the
@@ -122,31 +130,42 @@ const Isa g_isa = checked_isa();
 
 struct Kernel {
   int64_t K = 0, N = 0, bits = 0, block = 0;
-  int64_t Kp = 0, blocks = 0, tiles = 0;
+  int64_t Kp = 0, blocks = 0, tiles = 0;  // tiles: of every part
   // layout 1: the weights packed at creation (null for layout 0, which reads its inputs at every call)
   std::unique_ptr<uint8_t[]> packed;
   std::unique_ptr<float[]> scales;
+  // parts (N[0] = N) and where each tile's columns go (QParts); one part and no activation: column order
+  int64_t parts = 1, widths[kMaxParts] = {0, 0, 0};
+  bool swiglu = false;
+  std::vector<int32_t> tile_part;
+  std::vector<int64_t> tile_col;
 
   int64_t tile_bytes() const { return bits == 8 ? Kp * kTile : Kp * kTile / 2; }
+  // the packed tile that holds part p's local tile j
+  int64_t tile_of(int64_t p, int64_t j) const {
+    if (swiglu) return 2 * j + p;
+    int64_t first = 0;
+    for (int64_t q = 0; q < p; ++q) first += (widths[q] + kTile - 1) / kTile;
+    return first + j;
+  }
 };
 
 // MatMulNBits' B (column n's Kp values as offset-binary bytes, int4: element 2j in byte j's low nibble,
 // 2j+1 in its high one) and scales [N, blocks] -> this op's tiles (qmatmul_impl.h). Both forms hold
 // the same offset-binary values, so this moves bytes and nibbles only. A padding column holds the
 // offset (a zero weight), as quantize.py's packing writes it.
-void pack_nbits(Kernel* k, const uint8_t* b, const float* s) {
-  const int64_t column_bytes = k->Kp * k->bits / 8, tile_bytes = k->tile_bytes();
-  k->packed.reset(new uint8_t[static_cast<size_t>(k->tiles * tile_bytes)]);  // uninitialised: every byte is written below
-  k->scales.reset(new float[static_cast<size_t>(k->tiles * k->blocks * kTile)]);
-  pack_in_parallel(k->tiles, [&](int64_t first, int64_t last) {
-  for (int64_t t = first; t < last; ++t) {
-    uint8_t* tile = k->packed.get() + t * tile_bytes;
-    float* tile_scales = k->scales.get() + t * k->blocks * kTile;
-    if ((t + 1) * kTile > k->N) {  // the ragged last tile: zero weights (the offset) and scales where no column is
+void pack_nbits(Kernel* k, int64_t part, const uint8_t* b, const float* s) {
+  const int64_t column_bytes = k->Kp * k->bits / 8, tile_bytes = k->tile_bytes(), N = k->widths[part];
+  pack_in_parallel((N + kTile - 1) / kTile, [&](int64_t first, int64_t last) {
+  for (int64_t j = first; j < last; ++j) {
+    const int64_t t = j;  // the part's own tile (columns 16j..); it lands in packed tile tile_of(part, j)
+    uint8_t* tile = k->packed.get() + k->tile_of(part, j) * tile_bytes;
+    float* tile_scales = k->scales.get() + k->tile_of(part, j) * k->blocks * kTile;
+    if ((t + 1) * kTile > N) {  // the ragged last tile: zero weights (the offset) and scales where no column is
       std::memset(tile, k->bits == 8 ? 128 : 0x88, static_cast<size_t>(tile_bytes));
       std::fill(tile_scales, tile_scales + k->blocks * kTile, 0.f);
     }
-    for (int64_t c = 0; c < kTile && t * kTile + c < k->N; ++c) {
+    for (int64_t c = 0; c < kTile && t * kTile + c < N; ++c) {
       const int64_t n = t * kTile + c;
       const uint8_t* col = b + n * column_bytes;
       if (k->bits == 8) {  // group g (rows 4g..4g+3) of column c: bytes 64g + 4c .. +3, in K order
@@ -167,16 +186,17 @@ void pack_nbits(Kernel* k, const uint8_t* b, const float* s) {
   });
 }
 
-// Layout 1: reads the constant B and scales and packs them (see pack_nbits).
-OrtStatus* pack_constant_inputs(const OrtKernelInfo* info, Kernel* k) {
+// Layout 1: reads part p's constant B and scales (inputs 1 + 3p, 2 + 3p) and packs them (see pack_nbits).
+OrtStatus* pack_constant_inputs(const OrtKernelInfo* info, Kernel* k, int64_t part) {
   const OrtValue* values[2] = {nullptr, nullptr};
   for (size_t i = 0; i < 2; ++i) {
     int constant = 0;
-    RETURN_IF_ERROR(g_api->KernelInfoGetConstantInput_tensor(info, i + 1, &constant, &values[i]));
+    RETURN_IF_ERROR(g_api->KernelInfoGetConstantInput_tensor(info, 3 * part + i + 1, &constant, &values[i]));
     if (!constant || values[i] == nullptr)
       return fail("QMatMul: with layout 1 the weight and scales must be constant initializers");
   }
-  const int64_t want[2] = {k->N * k->Kp * k->bits / 8, k->N * k->blocks};
+  const int64_t N = k->widths[part];
+  const int64_t want[2] = {N * k->Kp * k->bits / 8, N * k->blocks};
   const ONNXTensorElementDataType types[2] = {ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT};
   void* data[2] = {nullptr, nullptr};
   for (size_t i = 0; i < 2; ++i) {
@@ -193,7 +213,7 @@ OrtStatus* pack_constant_inputs(const OrtKernelInfo* info, Kernel* k) {
                          : "QMatMul: scales must be float32 [N * blocks] (MatMulNBits' layout)");
     RETURN_IF_ERROR(g_api->GetTensorMutableData(const_cast<OrtValue*>(values[i]), &data[i]));
   }
-  pack_nbits(k, static_cast<const uint8_t*>(data[0]), static_cast<const float*>(data[1]));
+  pack_nbits(k, part, static_cast<const uint8_t*>(data[0]), static_cast<const float*>(data[1]));
   release_mapped(data[0], static_cast<size_t>(want[0]));
   release_mapped(data[1], static_cast<size_t>(want[1]) * sizeof(float));
   return nullptr;
@@ -225,8 +245,9 @@ void gemm_one(void* data, size_t index) {
 OrtStatus* compute(const Kernel& k, OrtKernelContext* context) {
   size_t given = 0;
   RETURN_IF_ERROR(g_api->KernelContext_GetInputCount(context, &given));
-  Tensor t[4];
-  for (size_t i = 0; i < std::min<size_t>(given, 4); ++i) {
+  const size_t inputs = static_cast<size_t>(1 + 3 * k.parts);
+  Tensor t[1 + 3 * kMaxParts];
+  for (size_t i = 0; i < std::min(given, inputs); ++i) {
     const OrtValue* value = nullptr;
     RETURN_IF_ERROR(g_api->KernelContext_GetInput(context, i, &value));
     if (value == nullptr) {
@@ -235,7 +256,7 @@ OrtStatus* compute(const Kernel& k, OrtKernelContext* context) {
     }
     RETURN_IF_ERROR(read_input(context, i, &t[i]));
   }
-  const Tensor &a = t[0], &bias = t[3];
+  const Tensor& a = t[0];
   if (a.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || a.shape.empty() || a.shape.back() != k.K)
     return fail("QMatMul: A must be float32 [..., K] with K = " + std::to_string(k.K));
   const void* weights = k.packed.get();
@@ -249,24 +270,33 @@ OrtStatus* compute(const Kernel& k, OrtKernelContext* context) {
     weights = packed.data;
     weight_scales = scales.data;
   }
-  if (bias.data != nullptr && (bias.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || bias.size() != k.N))
-    return fail("QMatMul: bias must be float32 [N]");
-
-  std::vector<int64_t> out_shape = a.shape;
-  out_shape.back() = k.N;
-  OrtValue* output = nullptr;
-  RETURN_IF_ERROR(g_api->KernelContext_GetOutput(context, 0, out_shape.data(), out_shape.size(), &output));
-  float* out = nullptr;
-  RETURN_IF_ERROR(g_api->GetTensorMutableData(output, reinterpret_cast<void**>(&out)));
+  QParts parts{};
+  const int64_t outputs = k.swiglu ? 1 : k.parts;
+  for (int64_t p = 0; p < k.parts; ++p) {
+    const Tensor& bias = t[3 + 3 * p];
+    if (bias.data != nullptr && (bias.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || bias.size() != k.widths[p]))
+      return fail("QMatMul: bias " + std::to_string(p) + " must be float32 [" + std::to_string(k.widths[p]) + "]");
+    parts.bias[p] = static_cast<const float*>(bias.data);
+    parts.N[p] = k.widths[p];
+    if (p >= outputs) continue;
+    std::vector<int64_t> out_shape = a.shape;
+    out_shape.back() = k.widths[p];
+    OrtValue* output = nullptr;
+    RETURN_IF_ERROR(g_api->KernelContext_GetOutput(context, p, out_shape.data(), out_shape.size(), &output));
+    RETURN_IF_ERROR(g_api->GetTensorMutableData(output, reinterpret_cast<void**>(&parts.out[p])));
+  }
   const int64_t M = a.size() / k.K;
   if (M == 0) return nullptr;
+  parts.part = k.tile_part.data();
+  parts.col = k.tile_col.data();
+  parts.swiglu = k.swiglu;
 
   std::vector<int8_t> xq(static_cast<size_t>(M * k.Kp));
   std::vector<float> xscale(static_cast<size_t>(M * k.blocks));
   std::vector<int32_t> xsum(static_cast<size_t>(M * k.blocks));
   Call call{{xq.data(), xscale.data(), xsum.data(), static_cast<const uint8_t*>(weights),
-             static_cast<const float*>(weight_scales), static_cast<const float*>(bias.data), out, M, k.N, k.Kp, k.blocks,
-             k.block, k.bits},
+             static_cast<const float*>(weight_scales), parts.bias[0], parts.out[0], M, k.N, k.Kp, k.blocks,
+             k.block, k.bits, k.tile_part.empty() ? nullptr : &parts},
             static_cast<const float*>(a.data), k.K, {}};
   const int64_t quantize_jobs = (M + kQuantizeRows - 1) / kQuantizeRows;
   if (quantize_jobs > 1) {
@@ -274,6 +304,7 @@ OrtStatus* compute(const Kernel& k, OrtKernelContext* context) {
   } else {
     quantize_one(&call, 0);
   }
+  // kJobTiles is even: a swiglu pair (tiles 2j, 2j + 1) never straddles two jobs
   for (int64_t m0 = 0; m0 < M; m0 += kJobRows)
     for (int64_t t0 = 0; t0 < k.tiles; t0 += kJobTiles)
       call.jobs.push_back({m0, std::min(M, m0 + kJobRows), t0, std::min(k.tiles, t0 + kJobTiles)});
@@ -285,43 +316,64 @@ OrtStatus* compute(const Kernel& k, OrtKernelContext* context) {
 }
 
 OrtStatus* ORT_API_CALL create_kernel(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo* info, void** kernel) {
-  auto* k = new Kernel();
+  auto k = std::make_unique<Kernel>();
   attr_int(info, "K", 0, &k->K);
   attr_int(info, "N", 0, &k->N);
   attr_int(info, "bits", 0, &k->bits);
   attr_int(info, "block_size", 0, &k->block);
-  int64_t layout = 0;
+  int64_t layout = 0, activation = 0;
   attr_int(info, "layout", 0, &layout);
+  attr_int(info, "activation", 0, &activation);
+  k->widths[0] = k->N;
+  attr_int(info, "N1", 0, &k->widths[1]);
+  attr_int(info, "N2", 0, &k->widths[2]);
+  k->parts = k->widths[2] > 0 ? 3 : (k->widths[1] > 0 ? 2 : 1);
+  k->swiglu = activation == 1;
   if (k->K <= 0 || k->N <= 0 || (k->bits != 8 && k->bits != 4) || k->block < 8 || k->block % 8 != 0 ||
-      (layout != 0 && layout != 1)) {
-    delete k;
-    return fail("QMatMul: K and N must be positive, bits 8 or 4, block_size a positive multiple of 8, layout 0 or 1");
-  }
+      (layout != 0 && layout != 1) || (activation != 0 && activation != 1) || k->widths[1] < 0 || k->widths[2] < 0 ||
+      (k->widths[1] == 0 && k->widths[2] != 0))
+    return fail("QMatMul: K and N must be positive, bits 8 or 4, block_size a positive multiple of 8, layout 0 or 1, "
+                "activation 0 or 1, N1 and N2 absent or positive (N2 only with N1)");
+  if ((k->parts > 1 || k->swiglu) && layout != 1)
+    return fail("QMatMul: parts (N1, N2) and activation need layout 1 (MatMulNBits' tensors)");
+  if (k->swiglu && (k->parts != 2 || k->widths[1] != k->N))
+    return fail("QMatMul: activation 1 (swiglu) takes two parts of equal width: gate (N) and up (N1 = N)");
   k->blocks = (k->K + k->block - 1) / k->block;
   k->Kp = k->blocks * k->block;
-  k->tiles = (k->N + kTile - 1) / kTile;
-  if (layout == 1) {
-    OrtStatus* status = pack_constant_inputs(info, k);
-    if (status != nullptr) {
-      delete k;
-      return status;
-    }
+  k->tiles = 0;
+  for (int64_t p = 0; p < k->parts; ++p) k->tiles += (k->widths[p] + kTile - 1) / kTile;
+  if (k->parts > 1) {
+    k->tile_part.resize(static_cast<size_t>(k->tiles));
+    k->tile_col.resize(static_cast<size_t>(k->tiles));
+    for (int64_t p = 0; p < k->parts; ++p)
+      for (int64_t j = 0; j * kTile < k->widths[p]; ++j) {
+        k->tile_part[static_cast<size_t>(k->tile_of(p, j))] = static_cast<int32_t>(p);
+        k->tile_col[static_cast<size_t>(k->tile_of(p, j))] = j * kTile;
+      }
   }
-  *kernel = k;
+  if (layout == 1) {
+    const int64_t tile_bytes = k->tile_bytes();
+    k->packed.reset(new uint8_t[static_cast<size_t>(k->tiles * tile_bytes)]);  // uninitialised: every byte is packed
+    k->scales.reset(new float[static_cast<size_t>(k->tiles * k->blocks * kTile)]);
+    for (int64_t p = 0; p < k->parts; ++p) RETURN_IF_ERROR(pack_constant_inputs(info, k.get(), p));
+  }
+  *kernel = k.release();
   return nullptr;
 }
 
 const char* ORT_API_CALL op_name(const OrtCustomOp*) { return "QMatMul"; }
-size_t ORT_API_CALL input_count(const OrtCustomOp*) { return 4; }
-size_t ORT_API_CALL output_count(const OrtCustomOp*) { return 1; }
+size_t ORT_API_CALL input_count(const OrtCustomOp*) { return 1 + 3 * kMaxParts; }
+size_t ORT_API_CALL output_count(const OrtCustomOp*) { return kMaxParts; }
 ONNXTensorElementDataType ORT_API_CALL input_type(const OrtCustomOp*, size_t index) {
-  return index == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  return index % 3 == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
 }
 ONNXTensorElementDataType ORT_API_CALL output_type(const OrtCustomOp*, size_t) { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
 OrtCustomOpInputOutputCharacteristic ORT_API_CALL input_required(const OrtCustomOp*, size_t index) {
   return index < 3 ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;
 }
-OrtCustomOpInputOutputCharacteristic ORT_API_CALL output_required(const OrtCustomOp*, size_t) { return INPUT_OUTPUT_REQUIRED; }
+OrtCustomOpInputOutputCharacteristic ORT_API_CALL output_required(const OrtCustomOp*, size_t index) {
+  return index == 0 ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;
+}
 
 OrtCustomOp g_qmatmul = make_op({op_name, input_type, input_count, output_type, output_count, input_required,
                                          output_required, create_kernel, kernel_compute<Kernel>, kernel_destroy<Kernel>});

@@ -36,6 +36,21 @@
 namespace ortinf {
 
 constexpr int64_t kTile = 16;  // columns per packed tile
+constexpr int kMaxParts = 3;   // projections of one A in one call (q, k and v)
+
+// One call computing several projections of the same A (a layer's q, k and v; its gate and up): part p's
+// weights are packed as tiles of their own, one after another, and tile t's 16 columns go to part part[t]'s
+// output from its column col[t]. With `swiglu` there are two parts of equal N whose tiles alternate (tile 2j:
+// gate columns 16j.., tile 2j+1: up's), and the one output is silu(gate) * up: the MLP's activation is
+// applied while the pair's results are still in registers, and neither product is written to memory.
+struct QParts {
+  float* out[kMaxParts];
+  int64_t N[kMaxParts];
+  const float* bias[kMaxParts];  // each [N[p]] or null
+  const int32_t* part;           // [tiles]
+  const int64_t* col;            // [tiles]
+  bool swiglu;
+};
 
 struct QGemm {
   const int8_t* xq;      // [M, Kp] activations, quantized per row and block
@@ -46,6 +61,7 @@ struct QGemm {
   const float* bias;     // [N] or null
   float* out;            // [M, N]
   int64_t M, N, Kp, blocks, block, bits;
+  const QParts* parts = nullptr;  // null: one projection, out [M, N] (the tiles in column order)
 };
 
 // Quantizes rows [m0, m1) of a [M, K] (row stride lda) into g's xq/xscale/xsum (K padded to Kp with zeros).

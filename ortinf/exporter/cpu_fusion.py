@@ -1,0 +1,251 @@
+"""Rewrites of the CPU kernel graph (model.cpu.onnx) that cut the nodes a one-token step runs.
+
+A one-token step of a 1.5B decoder on two cores is ~55 ms, and ORT dispatches every node of it one after
+another: at ~42 nodes per layer after ORT's own optimizer (1,184 for Qwen2.5-1.5B's 28 layers), the nodes
+that are not the weights' GEMVs cost ~10 ms of it (issue 43's profile, docs/performance.md). The exporter
+traces the graph from the modeling code, which writes a projection as MatMul + Add, SiLU as x * Sigmoid(x),
+and each view of q/k/v as a Reshape of a Reshape; ORT fuses none of these around a custom op. Here, on
+the graph alone (the weights are not read):
+
+1. bias: Add(QMatMul(A), b) with b a constant [N] becomes QMatMul's own bias input (Qwen2's q/k/v biases);
+2. swiglu: QMatMul(A, gate) -> x * Sigmoid(x) -> * QMatMul(A, up) becomes one QMatMul with activation 1
+   (silu(gate) * up computed as the pair's columns leave the registers; qmatmul.cc);
+3. parts: the QMatMuls left that read the same A (q, k and v) become one node with several outputs: A is
+   quantized once and one parallel loop covers all their columns (k and v alone were too narrow to keep
+   two threads busy);
+4. reshapes: Reshape(Reshape(x, s1), s2) with s2 a constant holding no 0 is Reshape(x, s2), and the shape
+   arithmetic (Shape -> Gather -> Unsqueeze -> Concat) that only fed the dropped Reshapes goes with them.
+
+Every rewrite keeps the values bit for bit but the activation (silu is the kernel's own exp, ~1e-7 relative)
+and keeps node names inside their `/layers.N/` scope (verification windows cut the graph by them).
+Measured on the 1.5B int4 package: docs/performance.md, "Nodes per layer".
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import onnx
+from onnx import helper, numpy_helper
+
+log = logging.getLogger(__name__)
+
+DOMAIN = "ortinf"
+QMATMUL = "QMatMul"
+MAX_PARTS = 3  # qmatmul.cc's kMaxParts
+
+
+class _Graph:
+    """Producers, consumers and constants of a graph, rebuilt after each rewrite pass."""
+
+    def __init__(self, graph: onnx.GraphProto) -> None:
+        self.graph = graph
+        self.producer = {out: node for node in graph.node for out in node.output if out}
+        self.consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
+        for node in graph.node:
+            for name in node.input:
+                if name:
+                    self.consumers[name].append(node)
+        self.outputs = {o.name for o in graph.output}
+        self.initializers = {i.name: i for i in graph.initializer}
+
+    def only_consumer(self, name: str, node: onnx.NodeProto) -> bool:
+        users = self.consumers.get(name, [])
+        return name not in self.outputs and len(users) == 1 and users[0] is node
+
+    def constant(self, name: str):
+        """The value of an initializer or Constant node output held in the graph (None if it is not one)."""
+        if name in self.initializers:
+            tensor = self.initializers[name]
+            if tensor.data_location == onnx.TensorProto.EXTERNAL:
+                return None
+            return numpy_helper.to_array(tensor)
+        node = self.producer.get(name)
+        if node is not None and node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            for attribute in node.attribute:
+                if attribute.name == "value":
+                    return numpy_helper.to_array(attribute.t)
+        return None
+
+    def dims(self, name: str) -> list[int] | None:
+        tensor = self.initializers.get(name)
+        return list(tensor.dims) if tensor is not None else None
+
+
+def _attrs(node: onnx.NodeProto) -> dict:
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _plain_qmatmul(node: onnx.NodeProto) -> bool:
+    """A QMatMul of one projection over MatMulNBits' tensors (layout 1), no activation: what the exporter writes."""
+    if node.op_type != QMATMUL or node.domain != DOMAIN or len(node.output) != 1:
+        return False
+    a = _attrs(node)
+    return a.get("layout") == 1 and not a.get("activation") and not a.get("N1") and not a.get("N2")
+
+
+def _fold_bias(g: _Graph) -> int:
+    removed = []
+    for add in g.graph.node:
+        if add.op_type != "Add" or add.domain not in ("", "ai.onnx") or len(add.input) != 2:
+            continue
+        for side in (0, 1):
+            matmul, bias = g.producer.get(add.input[side]), add.input[1 - side]
+            if (matmul is None or not _plain_qmatmul(matmul) or len(matmul.input) > 3
+                    or not g.only_consumer(matmul.output[0], add)):
+                continue
+            tensor = g.initializers.get(bias)
+            if tensor is None or tensor.data_type != onnx.TensorProto.FLOAT or g.dims(bias) != [_attrs(matmul)["N"]]:
+                continue
+            matmul.input.append(bias)
+            matmul.output[0] = add.output[0]
+            removed.append(add)
+            break
+    _remove(g.graph, removed)
+    return len(removed)
+
+
+def _swiglu(g: _Graph) -> int:
+    plans: list[tuple[list[onnx.NodeProto], onnx.NodeProto]] = []
+    for mul in g.graph.node:
+        if mul.op_type != "Mul" or mul.domain not in ("", "ai.onnx") or len(mul.input) != 2:
+            continue
+        for side in (0, 1):
+            act, up = g.producer.get(mul.input[side]), g.producer.get(mul.input[1 - side])
+            if act is None or up is None or act.op_type != "Mul" or not _plain_qmatmul(up):
+                continue
+            gate, sigmoid = _silu_parts(g, act)
+            if gate is None or gate is up or gate.input[0] != up.input[0]:
+                continue
+            ga, ua = _attrs(gate), _attrs(up)
+            if any(ga[key] != ua.get(key) for key in ("K", "N", "bits", "block_size")):
+                continue
+            if not (g.only_consumer(act.output[0], mul) and g.only_consumer(up.output[0], mul)
+                    and g.only_consumer(sigmoid.output[0], act) and gate.output[0] not in g.outputs
+                    and {id(n) for n in g.consumers[gate.output[0]]} == {id(sigmoid), id(act)}):
+                continue
+            node = helper.make_node(QMATMUL, _part_inputs([gate, up]), [mul.output[0]], name=gate.name + ".swiglu",
+                                    domain=DOMAIN, K=ga["K"], N=ga["N"], N1=ga["N"], bits=ga["bits"],
+                                    block_size=ga["block_size"], layout=1, activation=1)
+            plans.append(([gate, sigmoid, act, up, mul], node))
+            break
+    _apply(g.graph, plans)
+    return len(plans)
+
+
+def _silu_parts(g: _Graph, act: onnx.NodeProto) -> tuple[onnx.NodeProto | None, onnx.NodeProto | None]:
+    """(gate QMatMul, Sigmoid) when `act` is gate * Sigmoid(gate)."""
+    for side in (0, 1):
+        sigmoid, gate = g.producer.get(act.input[side]), g.producer.get(act.input[1 - side])
+        if (sigmoid is not None and gate is not None and sigmoid.op_type == "Sigmoid" and sigmoid.domain in ("", "ai.onnx")
+                and sigmoid.input[0] == act.input[1 - side] and _plain_qmatmul(gate)):
+            return gate, sigmoid
+    return None, None
+
+
+def _part_inputs(parts: list[onnx.NodeProto]) -> list[str]:
+    inputs = [parts[0].input[0]]
+    for node in parts:
+        inputs += [node.input[1], node.input[2], node.input[3] if len(node.input) > 3 else ""]
+    while inputs[-1] == "":
+        inputs.pop()
+    return inputs
+
+
+def _merge_parts(g: _Graph) -> int:
+    groups: dict[tuple, list[onnx.NodeProto]] = defaultdict(list)
+    for node in g.graph.node:
+        if _plain_qmatmul(node):
+            a = _attrs(node)
+            groups[node.input[0], a["K"], a["bits"], a["block_size"]].append(node)
+    plans: list[tuple[list[onnx.NodeProto], onnx.NodeProto]] = []
+    for members in groups.values():
+        for start in range(0, len(members) - 1, MAX_PARTS):
+            chunk = members[start:start + MAX_PARTS]
+            if len(chunk) < 2:
+                continue
+            a = _attrs(chunk[0])
+            widths = {f"N{p}": _attrs(node)["N"] for p, node in enumerate(chunk) if p > 0}
+            node = helper.make_node(QMATMUL, _part_inputs(chunk), [m.output[0] for m in chunk], name=chunk[0].name + ".parts",
+                                    domain=DOMAIN, K=a["K"], N=a["N"], bits=a["bits"], block_size=a["block_size"], layout=1,
+                                    **widths)
+            plans.append((chunk, node))
+    _apply(g.graph, plans)
+    return sum(len(nodes) - 1 for nodes, _ in plans)
+
+
+def _fold_reshapes(g: _Graph) -> int:
+    folded = 0
+    for node in g.graph.node:
+        if node.op_type != "Reshape" or node.domain not in ("", "ai.onnx"):
+            continue
+        while True:
+            inner = g.producer.get(node.input[0])
+            if inner is None or inner.op_type != "Reshape" or inner.domain not in ("", "ai.onnx"):
+                break
+            shape = g.constant(node.input[1])
+            if shape is None or (shape == 0).any() and not _attrs(node).get("allowzero"):
+                break
+            node.input[0] = inner.input[0]
+            folded += 1
+    return folded
+
+
+def _dead_code(graph: onnx.GraphProto) -> int:
+    removed = 0
+    while True:
+        used = {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
+        dead = [node for node in graph.node if not any(out in used for out in node.output if out)]
+        if not dead:
+            return removed
+        _remove(graph, dead)
+        removed += len(dead)
+
+
+def _remove(graph: onnx.GraphProto, nodes: list[onnx.NodeProto]) -> None:
+    drop = {id(n) for n in nodes}
+    keep = [n for n in graph.node if id(n) not in drop]
+    del graph.node[:]
+    graph.node.extend(keep)
+
+
+def _apply(graph: onnx.GraphProto, plans: list[tuple[list[onnx.NodeProto], onnx.NodeProto]]) -> None:
+    """Each plan's new node in place of its nodes, at the earliest one's position: its inputs (A and initializers)
+    are there before any of them, and whatever read their outputs comes after it. The graph's node list is
+    rebuilt once (protobuf copies the nodes it is given: node objects held from before are stale after)."""
+    plan_of = {id(node): index for index, (nodes, _) in enumerate(plans) for node in nodes}
+    placed: set[int] = set()
+    keep: list[onnx.NodeProto] = []
+    for node in graph.node:
+        index = plan_of.get(id(node))
+        if index is None:
+            keep.append(node)
+        elif index not in placed:
+            keep.append(plans[index][1])
+            placed.add(index)
+    del graph.node[:]
+    graph.node.extend(keep)
+
+
+def fuse(model: onnx.ModelProto) -> Counter:
+    """Applies the rewrites to `model` in place; returns how many of each it made (and nodes removed as dead)."""
+    counts: Counter = Counter()
+    counts["bias"] = _fold_bias(_Graph(model.graph))
+    counts["swiglu"] = _swiglu(_Graph(model.graph))
+    counts["parts"] = _merge_parts(_Graph(model.graph))
+    counts["reshapes"] = _fold_reshapes(_Graph(model.graph))
+    counts["dead"] = _dead_code(model.graph)
+    return counts
+
+
+def fuse_file(path: Path) -> Counter:
+    """fuse() on a graph file whose weights stay where they are (external data is neither read nor rewritten)."""
+    model = onnx.load(str(path), load_external_data=False)
+    before = len(model.graph.node)
+    counts = fuse(model)
+    onnx.save_model(model, str(path))
+    log.info("%s: %d -> %d nodes (%s)", path.name, before, len(model.graph.node),
+             ", ".join(f"{key} {value}" for key, value in counts.items() if value))
+    return counts
