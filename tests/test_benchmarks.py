@@ -42,6 +42,7 @@ SCRIPTS = {
     "gguf_parity.py": [],
     "vision.py": [],
     "export_memory.py": ["--in-memory", "--serve"],
+    "graph_nodes.py": [],
 }
 # ray_serve.py starts Ray clusters (minutes); compare.py and moe.py take ~40 s each in tiny mode (peer subprocesses,
 # MoE exports): in the slow run, which keeps the default suite near 20 minutes on 2 cores

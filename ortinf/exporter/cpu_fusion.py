@@ -240,6 +240,34 @@ def fuse(model: onnx.ModelProto) -> Counter:
     return counts
 
 
+def unfuse(model: onnx.ModelProto) -> int:
+    """The inverse of rewrites 2 and 3, in place: one QMatMul per weight again (a node of several parts split, a
+    swiglu node as gate and up QMatMuls, Sigmoid, Mul, Mul), the graph as traced but for biases and Reshapes.
+    For measuring what the fusion gains (benchmarks/graph_nodes.py) and testing what it keeps; returns the nodes split."""
+    nodes, split = [], 0
+    for node in model.graph.node:
+        attrs = _attrs(node)
+        widths = [attrs["N"]] + [attrs[key] for key in ("N1", "N2") if attrs.get(key)] if node.op_type == QMATMUL else []
+        if len(widths) < 2:
+            nodes.append(node)
+            continue
+        split += 1
+        inputs = list(node.input) + [""] * (1 + 3 * len(widths) - len(node.input))
+        outputs = [f"{node.output[0]}.part{p}" for p in range(2)] if attrs.get("activation") else list(node.output)
+        for p, (n, y) in enumerate(zip(widths, outputs, strict=True)):
+            part = [inputs[0], *inputs[1 + 3 * p:3 + 3 * p]] + ([inputs[3 + 3 * p]] if inputs[3 + 3 * p] else [])
+            nodes.append(helper.make_node(QMATMUL, part, [y], name=f"{node.name}.{p}", domain=node.domain, K=attrs["K"], N=n,
+                                          bits=attrs["bits"], block_size=attrs["block_size"], layout=1))
+        if attrs.get("activation"):
+            gate, up = outputs
+            nodes += [helper.make_node("Sigmoid", [gate], [gate + ".sigmoid"], name=node.name + ".sigmoid"),
+                      helper.make_node("Mul", [gate, gate + ".sigmoid"], [gate + ".silu"], name=node.name + ".silu"),
+                      helper.make_node("Mul", [gate + ".silu", up], [node.output[0]], name=node.name + ".mul")]
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return split
+
+
 def fuse_file(path: Path) -> Counter:
     """fuse() on a graph file whose weights stay where they are (external data is neither read nor rewritten)."""
     model = onnx.load(str(path), load_external_data=False)

@@ -14,6 +14,7 @@ from onnx import helper, numpy_helper
 from support.tiny_models import add_tokenizer, build_decoder
 
 import ortinf
+from ortinf.exporter import cpu_fusion
 from ortinf.exporter.quantize import CPU_OP, Quantized, qmatmul_tensors
 from ortinf.kernels import library
 from ortinf.manifest import CPU_MODEL_NAME, WEIGHTS_NAME
@@ -57,32 +58,12 @@ def two_file_form(package: Path, out: Path) -> None:
 
 
 def unfused_form(package: Path, out: Path) -> None:
-    """`package` with its CPU graph as the exporter traced it, one QMatMul per weight: each node of several parts
-    (q/k/v) split into one per part, and each swiglu node into gate and up QMatMuls, Sigmoid, Mul, Mul
-    (ortinf/exporter/cpu_fusion.py undone)."""
+    """`package` with its CPU graph one QMatMul per weight (cpu_fusion.unfuse), its weights file hard-linked (ORT
+    refuses external data outside the package folder)."""
     shutil.copytree(package, out, ignore=shutil.ignore_patterns(WEIGHTS_NAME))
-    (out / WEIGHTS_NAME).hardlink_to(package / WEIGHTS_NAME)  # ORT refuses external data outside the folder
+    (out / WEIGHTS_NAME).hardlink_to(package / WEIGHTS_NAME)
     cpu = onnx.load(str(out / CPU_MODEL_NAME), load_external_data=False)
-    nodes = []
-    for node in cpu.graph.node:
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        widths = [attrs["N"]] + [attrs[key] for key in ("N1", "N2") if attrs.get(key)] if node.op_type == CPU_OP else []
-        if len(widths) < 2:
-            nodes.append(node)
-            continue
-        inputs = list(node.input) + [""] * (1 + 3 * len(widths) - len(node.input))
-        outputs = [f"{node.output[0]}.part{p}" for p in range(2)] if attrs.get("activation") else list(node.output)
-        for p, (n, y) in enumerate(zip(widths, outputs, strict=True)):
-            part = [inputs[0], *inputs[1 + 3 * p:3 + 3 * p]] + ([inputs[3 + 3 * p]] if inputs[3 + 3 * p] else [])
-            nodes.append(helper.make_node(CPU_OP, part, [y], name=f"{node.name}.{p}", domain=node.domain, K=attrs["K"], N=n,
-                                          bits=attrs["bits"], block_size=attrs["block_size"], layout=1))
-        if attrs.get("activation"):
-            gate, up = outputs
-            nodes += [helper.make_node("Sigmoid", [gate], [gate + ".sigmoid"]),
-                      helper.make_node("Mul", [gate, gate + ".sigmoid"], [gate + ".silu"]),
-                      helper.make_node("Mul", [gate + ".silu", up], [node.output[0]])]
-    del cpu.graph.node[:]
-    cpu.graph.node.extend(nodes)
+    assert cpu_fusion.unfuse(cpu) > 0
     onnx.save_model(cpu, str(out / CPU_MODEL_NAME))
 
 

@@ -1,0 +1,97 @@
+"""ortinf/exporter/cpu_fusion.py's rewrites, each on a small graph run by onnxruntime before and after: the same
+outputs (bit for bit but silu), fewer nodes, and no rewrite where it would change a value."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from ortinf.exporter import cpu_fusion
+from ortinf.exporter.quantize import matmul_nbits_tensors, quantize_weight
+from ortinf.kernels import library
+
+pytestmark = pytest.mark.skipif(library.load() is None, reason="the kernel library is not built (python -m ortinf.kernels.build)")
+
+K = 64
+
+
+def run(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
+    options = ort.SessionOptions()
+    library.register(options)
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def qmatmul(name: str, a: str, n: int, rng: np.random.Generator, initializers: list, k: int = K) -> onnx.NodeProto:
+    b, s = matmul_nbits_tensors(quantize_weight(rng.standard_normal((k, n)).astype(np.float32), 4, 32))
+    initializers += [numpy_helper.from_array(b, name + ".B"), numpy_helper.from_array(s.reshape(-1), name + ".scales")]
+    return helper.make_node("QMatMul", [a, name + ".B", name + ".scales"], [name + ".y"], name=f"/model/layers.0/{name}",
+                            domain="ortinf", K=k, N=n, bits=4, block_size=32, layout=1)
+
+
+def model(nodes: list, initializers: list, outputs: list[str]) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "t", K])],
+                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs], initializers)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ortinf", 1)])
+
+
+def attention_block(rng: np.random.Generator) -> onnx.ModelProto:
+    """A layer's shape: q/k/v with biases and Reshape chains (one Reshape target computed from Shape), an MLP
+    with gate, silu and up, and a Reshape whose target holds a 0 (copy a dimension: never folded)."""
+    inits: list = []
+    nodes = [qmatmul(name, "x", n, rng, inits) for name, n in (("q", 32), ("k", 16), ("v", 16))]
+    for name, n in (("q", 32), ("k", 16), ("v", 16)):
+        inits.append(numpy_helper.from_array(rng.standard_normal(n).astype(np.float32), name + ".bias"))
+        nodes.append(helper.make_node("Add", [name + ".bias", name + ".y"], [name + ".added"]))
+    inits += [numpy_helper.from_array(np.array([1, -1, 4, 4], np.int64), "s4"),
+              numpy_helper.from_array(np.array([-1, 4, 4], np.int64), "s3"),
+              numpy_helper.from_array(np.array([0, -1, 16], np.int64), "s_zero"),
+              numpy_helper.from_array(np.array([0], np.int64), "zero")]
+    nodes += [helper.make_node("Shape", ["x"], ["shape"]), helper.make_node("Gather", ["shape", "zero"], ["batch"]),
+              helper.make_node("Concat", ["batch", "s3"], ["dynamic"], axis=0),
+              helper.make_node("Reshape", ["k.added", "dynamic"], ["k.r1"]),
+              helper.make_node("Reshape", ["k.r1", "s3"], ["k.r2"]),
+              helper.make_node("Reshape", ["k.r2", "s4"], ["k.out"]),
+              helper.make_node("Reshape", ["v.added", "s4"], ["v.r1"]),
+              helper.make_node("Reshape", ["v.r1", "s_zero"], ["v.out"])]  # a 0 in the target: kept as it is
+    nodes += [qmatmul("gate", "q.added", 48, rng, inits, k=32), qmatmul("up", "q.added", 48, rng, inits, k=32)]
+    nodes += [helper.make_node("Sigmoid", ["gate.y"], ["sig"]), helper.make_node("Mul", ["gate.y", "sig"], ["silu"]),
+              helper.make_node("Mul", ["silu", "up.y"], ["mlp"])]
+    return model(nodes, inits, ["k.out", "v.out", "mlp"])
+
+
+def test_a_layer_keeps_its_values_in_fewer_nodes():
+    rng = np.random.default_rng(0)
+    original = attention_block(rng)
+    fused = onnx.ModelProto()
+    fused.CopyFrom(original)
+    counts = cpu_fusion.fuse(fused)
+    assert counts["bias"] == 3 and counts["swiglu"] == 1 and counts["parts"] == 2 and counts["reshapes"] == 2
+    ops = [n.op_type for n in fused.graph.node]
+    assert ops.count("QMatMul") == 2 and "Add" not in ops and "Sigmoid" not in ops and "Concat" not in ops
+    assert all("/layers.0/" in n.name for n in fused.graph.node if n.op_type == "QMatMul")
+    assert len(original.graph.node) == 19 and len(fused.graph.node) == 5  # q/k/v, 3 Reshapes (v's 0 kept), swiglu
+    x = rng.standard_normal((1, 5, K)).astype(np.float32)
+    want, got = run(original, {"x": x}), run(fused, {"x": x})
+    assert np.array_equal(want[0], got[0]) and np.array_equal(want[1], got[1])  # q/k/v: bit for bit
+    assert np.allclose(want[2], got[2], rtol=1e-5, atol=1e-6 * np.abs(want[2]).max())  # silu's exp
+
+
+def test_nothing_is_fused_that_a_graph_output_or_another_reader_needs():
+    rng = np.random.default_rng(1)
+    inits: list = []
+    nodes = [qmatmul("gate", "x", 16, rng, inits), qmatmul("up", "x", 16, rng, inits),
+             helper.make_node("Sigmoid", ["gate.y"], ["sig"]), helper.make_node("Mul", ["gate.y", "sig"], ["silu"]),
+             helper.make_node("Mul", ["silu", "up.y"], ["mlp"])]
+    inits.append(numpy_helper.from_array(rng.standard_normal(16).astype(np.float32), "bias"))
+    nodes.append(helper.make_node("Add", ["up.y", "bias"], ["up.biased"]))  # up's product has a second reader
+    original = model(nodes, inits, ["mlp", "up.biased", "gate.y"])  # and gate's is a graph output
+    fused = onnx.ModelProto()
+    fused.CopyFrom(original)
+    counts = cpu_fusion.fuse(fused)
+    assert counts["swiglu"] == 0 and counts["bias"] == 0 and counts["parts"] == 1  # still one node for both
+    x = rng.standard_normal((1, 3, K)).astype(np.float32)
+    for want, got in zip(run(original, {"x": x}), run(fused, {"x": x}), strict=True):
+        assert np.array_equal(want, got)
