@@ -56,6 +56,7 @@ struct Isa {
   const char* name;
   QuantizeFn quantize;
   GemmFn gemm;
+  int64_t group;  // tiles its micro kernel reads side by side: the group layout-1 weights are packed in
 };
 
 // The widest build this CPU runs. ORTINF_KERNEL_ISA caps it (never raises it): avx2 leaves out both
@@ -70,18 +71,18 @@ Isa pick_isa() {
   __builtin_cpu_init();
   if (!no512 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni"))
-    return {"avx512vnni", quantize_rows_avx512vnni, qgemm_avx512vnni};
+    return {"avx512vnni", quantize_rows_avx512vnni, qgemm_avx512vnni, qgemm_group_avx512vnni()};
   if (!no256 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
     unsigned a = 0, b = 0, c = 0, d = 0;
     // AVX-VNNI is CPUID leaf 7, sub-leaf 1, EAX bit 4 (GCC 12's __builtin_cpu_supports does not know it)
     __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(1));
-    if (!no_vnni256 && (a & (1u << 4))) return {"avxvnni", quantize_rows_avxvnni, qgemm_avxvnni};
-    return {"avx2", quantize_rows_avx2, qgemm_avx2};
+    if (!no_vnni256 && (a & (1u << 4))) return {"avxvnni", quantize_rows_avxvnni, qgemm_avxvnni, qgemm_group_avxvnni()};
+    return {"avx2", quantize_rows_avx2, qgemm_avx2, qgemm_group_avx2()};
   }
 #else
   (void)no512, (void)no_vnni256, (void)no256;
 #endif
-  return {"generic", quantize_rows_generic, qgemm_generic};
+  return {"generic", quantize_rows_generic, qgemm_generic, qgemm_group_generic()};
 }
 
 // Whether `isa` computes what the portable build computes, on a small problem with every feature a
@@ -96,7 +97,8 @@ bool agrees_with_generic(const Isa& isa) {
   float a[M * K], scales[kTiles * kBlocks * kTile], want[M * N], got[M * N];
   for (float& v : a) v = static_cast<float>(static_cast<int>(next() % 2001) - 1000) / 250.f;
   for (float& v : scales) v = static_cast<float>(next() % 1000 + 1) / 4096.f;
-  for (int64_t bits : {8, 4}) {
+  for (int64_t bits : {8, 4})
+  for (int64_t group : {1, 2}) {  // the tiles one after another, and side by side (qmatmul_impl.h)
     std::vector<uint8_t> w(static_cast<size_t>(kTiles * K * kTile * bits / 8));
     for (uint8_t& byte : w) byte = static_cast<uint8_t>(bits == 8 ? next() % 255 + 1 : next() % 256);  // int8 never -128
     for (const Isa* run : {&isa, static_cast<const Isa*>(nullptr)}) {
@@ -104,7 +106,8 @@ bool agrees_with_generic(const Isa& isa) {
       std::vector<float> xscale(M * kBlocks);
       std::vector<int32_t> xsum(M * kBlocks);
       float* out = run != nullptr ? got : want;
-      const QGemm g{xq.data(), xscale.data(), xsum.data(), w.data(), scales, nullptr, out, M, N, K, kBlocks, kBlock, bits};
+      const QGemm g{xq.data(), xscale.data(), xsum.data(), w.data(), scales, nullptr, out, M, N, K, kBlocks, kBlock, bits,
+                    nullptr, group};
       (run != nullptr ? run->quantize : quantize_rows_generic)(a, K, K, g, 0, M);
       (run != nullptr ? run->gemm : qgemm_generic)(g, 0, M, 0, kTiles);
     }
@@ -119,11 +122,11 @@ Isa checked_isa() {
   if (std::strcmp(isa.name, "generic") == 0 || agrees_with_generic(isa)) return isa;
   std::fprintf(stderr, "ortinf: the %s build of QMatMul disagrees with the portable one on this CPU; using avx2/generic "
                "instead (please report this)\n", isa.name);
-  Isa avx2{"avx2", quantize_rows_avx2, qgemm_avx2};
+  Isa avx2{"avx2", quantize_rows_avx2, qgemm_avx2, qgemm_group_avx2()};
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
   if (std::strcmp(isa.name, "avx2") != 0 && __builtin_cpu_supports("avx2") && agrees_with_generic(avx2)) return avx2;
 #endif
-  return {"generic", quantize_rows_generic, qgemm_generic};
+  return {"generic", quantize_rows_generic, qgemm_generic, qgemm_group_generic()};
 }
 
 const Isa g_isa = checked_isa();
@@ -140,7 +143,12 @@ struct Kernel {
   std::vector<int32_t> tile_part;
   std::vector<int64_t> tile_col;
 
+  int64_t group = 1;  // layout 1: g_isa.group (qmatmul_impl.h); the tile count is padded to whole groups
   int64_t tile_bytes() const { return bits == 8 ? Kp * kTile : Kp * kTile / 2; }
+  int64_t padded_tiles() const { return (tiles + group - 1) / group * group; }
+  // packed tile t's line L (64 bytes: 4 rows of K at int8, 8 at int4) and block b's 16 scales
+  uint8_t* line(int64_t t, int64_t L) const { return packed.get() + (t - t % group) * tile_bytes() + (L * group + t % group) * 64; }
+  float* block_scales(int64_t t, int64_t b) const { return scales.get() + ((t - t % group) * blocks + b * group + t % group) * kTile; }
   // the packed tile that holds part p's local tile j
   int64_t tile_of(int64_t p, int64_t j) const {
     if (swiglu) return 2 * j + p;
@@ -157,30 +165,28 @@ struct Kernel {
 void pack_nbits(Kernel* k, int64_t part, const uint8_t* b, const float* s) {
   const int64_t column_bytes = k->Kp * k->bits / 8, tile_bytes = k->tile_bytes(), N = k->widths[part];
   pack_in_parallel((N + kTile - 1) / kTile, [&](int64_t first, int64_t last) {
-  for (int64_t j = first; j < last; ++j) {
-    const int64_t t = j;  // the part's own tile (columns 16j..); it lands in packed tile tile_of(part, j)
-    uint8_t* tile = k->packed.get() + k->tile_of(part, j) * tile_bytes;
-    float* tile_scales = k->scales.get() + k->tile_of(part, j) * k->blocks * kTile;
-    if ((t + 1) * kTile > N) {  // the ragged last tile: zero weights (the offset) and scales where no column is
-      std::memset(tile, k->bits == 8 ? 128 : 0x88, static_cast<size_t>(tile_bytes));
-      std::fill(tile_scales, tile_scales + k->blocks * kTile, 0.f);
+  for (int64_t j = first; j < last; ++j) {  // the part's own tile j (columns 16j..) is packed tile t
+    const int64_t t = k->tile_of(part, j);
+    if ((j + 1) * kTile > N) {  // the ragged last tile: zero weights (the offset) and scales where no column is
+      for (int64_t L = 0; L < tile_bytes / 64; ++L) std::memset(k->line(t, L), k->bits == 8 ? 128 : 0x88, 64);
+      for (int64_t blk = 0; blk < k->blocks; ++blk) std::fill(k->block_scales(t, blk), k->block_scales(t, blk) + kTile, 0.f);
     }
-    for (int64_t c = 0; c < kTile && t * kTile + c < N; ++c) {
-      const int64_t n = t * kTile + c;
+    for (int64_t c = 0; c < kTile && j * kTile + c < N; ++c) {
+      const int64_t n = j * kTile + c;
       const uint8_t* col = b + n * column_bytes;
-      if (k->bits == 8) {  // group g (rows 4g..4g+3) of column c: bytes 64g + 4c .. +3, in K order
-        for (int64_t g = 0; g < k->Kp / 4; ++g) std::memcpy(tile + 64 * g + 4 * c, col + 4 * g, 4);
-      } else {  // rows 8p..8p+7 (bytes 4p..4p+3 of the column): byte 64p + 4c + i = row 8p+i | row 8p+4+i << 4
+      if (k->bits == 8) {  // line g (rows 4g..4g+3) of column c: bytes 4c .. 4c + 3, in K order
+        for (int64_t g = 0; g < k->Kp / 4; ++g) std::memcpy(k->line(t, g) + 4 * c, col + 4 * g, 4);
+      } else {  // rows 8p..8p+7 (bytes 4p..4p+3 of the column): line p, byte 4c + i = row 8p+i | row 8p+4+i << 4
         for (int64_t p = 0; p < k->Kp / 8; ++p) {
           const uint8_t* in = col + 4 * p;
-          uint8_t* out = tile + 64 * p + 4 * c;
+          uint8_t* out = k->line(t, p) + 4 * c;
           out[0] = static_cast<uint8_t>((in[0] & 0x0F) | (in[2] << 4));
           out[1] = static_cast<uint8_t>((in[0] >> 4) | (in[2] & 0xF0));
           out[2] = static_cast<uint8_t>((in[1] & 0x0F) | (in[3] << 4));
           out[3] = static_cast<uint8_t>((in[1] >> 4) | (in[3] & 0xF0));
         }
       }
-      for (int64_t blk = 0; blk < k->blocks; ++blk) tile_scales[blk * kTile + c] = s[n * k->blocks + blk];
+      for (int64_t blk = 0; blk < k->blocks; ++blk) k->block_scales(t, blk)[c] = s[n * k->blocks + blk];
     }
   }
   });
@@ -296,7 +302,7 @@ OrtStatus* compute(const Kernel& k, OrtKernelContext* context) {
   std::vector<int32_t> xsum(static_cast<size_t>(M * k.blocks));
   Call call{{xq.data(), xscale.data(), xsum.data(), static_cast<const uint8_t*>(weights),
              static_cast<const float*>(weight_scales), parts.bias[0], parts.out[0], M, k.N, k.Kp, k.blocks,
-             k.block, k.bits, k.tile_part.empty() ? nullptr : &parts},
+             k.block, k.bits, k.tile_part.empty() ? nullptr : &parts, k.packed ? k.group : 1},
             static_cast<const float*>(a.data), k.K, {}};
   const int64_t quantize_jobs = (M + kQuantizeRows - 1) / kQuantizeRows;
   if (quantize_jobs > 1) {
@@ -353,8 +359,12 @@ OrtStatus* ORT_API_CALL create_kernel(const OrtCustomOp*, const OrtApi*, const O
   }
   if (layout == 1) {
     const int64_t tile_bytes = k->tile_bytes();
-    k->packed.reset(new uint8_t[static_cast<size_t>(k->tiles * tile_bytes)]);  // uninitialised: every byte is packed
-    k->scales.reset(new float[static_cast<size_t>(k->tiles * k->blocks * kTile)]);
+    k->group = g_isa.group;
+    // uninitialised: every byte of a real tile is packed; a padding tile (completing the last group) is never read
+    k->packed.reset(new uint8_t[static_cast<size_t>(k->padded_tiles() * tile_bytes)]);
+    k->scales.reset(new float[static_cast<size_t>(k->padded_tiles() * k->blocks * kTile)]);
+    for (int64_t t = k->tiles; t < k->padded_tiles(); ++t)
+      for (int64_t L = 0; L < tile_bytes / 64; ++L) std::memset(k->line(t, L), 0, 64);
     for (int64_t p = 0; p < k->parts; ++p) RETURN_IF_ERROR(pack_constant_inputs(info, k.get(), p));
   }
   *kernel = k.release();
@@ -383,7 +393,7 @@ OrtCustomOp g_qmatmul = make_op({op_name, input_type, input_count, output_type, 
 OrtCustomOp* qmatmul_op() { return &g_qmatmul; }
 
 const QKernels& qmatmul_kernels() {
-  static const QKernels kernels{g_isa.name, g_isa.quantize, g_isa.gemm};
+  static const QKernels kernels{g_isa.name, g_isa.quantize, g_isa.gemm, g_isa.group};
   return kernels;
 }
 

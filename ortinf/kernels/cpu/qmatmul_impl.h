@@ -62,6 +62,12 @@ struct QGemm {
   float* out;            // [M, N]
   int64_t M, N, Kp, blocks, block, bits;
   const QParts* parts = nullptr;  // null: one projection, out [M, N] (the tiles in column order)
+  // Tiles side by side in memory: a group of `group` tiles stores its tiles' 64-byte lines in turn (line L of each,
+  // then line L + 1) and its scales block by block (block b of each, then b + 1), so a micro kernel reading the
+  // group's tiles together reads one stream of weights and one of scales. Two streams a tile apart (12 KB at
+  // K = 1,536) read ~25% slower than one on the EPYC (issue 43, docs/performance.md). 1: the tiles one after
+  // another (the layout above; packages before issue 43 store it, and the MoE op's experts).
+  int64_t group = 1;
 };
 
 // Quantizes rows [m0, m1) of a [M, K] (row stride lda) into g's xq/xscale/xsum (K padded to Kp with zeros).
@@ -71,13 +77,15 @@ using GemmFn = void (*)(const QGemm& g, int64_t m0, int64_t m1, int64_t t0, int6
 
 #define ORTINF_QMATMUL_DECLARE(isa)                                                              \
   void quantize_rows_##isa(const float* a, int64_t lda, int64_t K, const QGemm& g, int64_t m0, int64_t m1); \
-  void qgemm_##isa(const QGemm& g, int64_t m0, int64_t m1, int64_t t0, int64_t t1);
+  void qgemm_##isa(const QGemm& g, int64_t m0, int64_t m1, int64_t t0, int64_t t1); \
+  int64_t qgemm_group_##isa();
 
 // The build QMatMul runs with (picked and checked at load, qmatmul.cc); ortinf.MoE's quantized experts use it too.
 struct QKernels {
   const char* name;
   QuantizeFn quantize;
   GemmFn gemm;
+  int64_t group;  // the tiles a micro kernel reads side by side (its build's kCols): the packing's best group
 };
 const QKernels& qmatmul_kernels();
 
