@@ -31,7 +31,7 @@ constexpr int64_t kJobRows = 64, kJobCols = 64;
 
 struct Kernel {
   int64_t K = 0, N = 0;
-  std::unique_ptr<uint16_t[]> panels;  // [ceil(N / 16), K, 16]
+  PackedBuffer<uint16_t> panels;  // [ceil(N / 16), K, 16]
 };
 
 struct Job {
@@ -76,7 +76,7 @@ OrtStatus* compute(const Kernel& k, OrtKernelContext* context) {
 // W [K, N] row-major -> panels [ceil(N / 16), K, 16], zero-padded columns.
 void pack(Kernel* k, const uint16_t* w) {
   const int64_t panels = (k->N + kPanel - 1) / kPanel;
-  k->panels.reset(new uint16_t[static_cast<size_t>(panels * k->K * kPanel)]);  // uninitialised: every value is written below
+  k->panels = packed_buffer<uint16_t>(static_cast<size_t>(panels * k->K * kPanel));  // uninitialised: every value is written below
   if (k->N % kPanel != 0)  // the ragged last panel: zeros where no column is
     std::memset(k->panels.get() + (panels - 1) * k->K * kPanel, 0, static_cast<size_t>(k->K * kPanel) * sizeof(uint16_t));
   pack_in_parallel(panels, [&](int64_t first, int64_t last) {  // row by row: the mapped source is read front to back

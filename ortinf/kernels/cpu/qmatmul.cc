@@ -135,8 +135,8 @@ struct Kernel {
   int64_t K = 0, N = 0, bits = 0, block = 0;
   int64_t Kp = 0, blocks = 0, tiles = 0;  // tiles: of every part
   // layout 1: the weights packed at creation (null for layout 0, which reads its inputs at every call)
-  std::unique_ptr<uint8_t[]> packed;
-  std::unique_ptr<float[]> scales;
+  PackedBuffer<uint8_t> packed;
+  PackedBuffer<float> scales;
   // parts (N[0] = N) and where each tile's columns go (QParts); one part and no activation: column order
   int64_t parts = 1, widths[kMaxParts] = {0, 0, 0};
   bool swiglu = false;
@@ -361,8 +361,8 @@ OrtStatus* ORT_API_CALL create_kernel(const OrtCustomOp*, const OrtApi*, const O
     const int64_t tile_bytes = k->tile_bytes();
     k->group = g_isa.group;
     // uninitialised: every byte of a real tile is packed; a padding tile (completing the last group) is never read
-    k->packed.reset(new uint8_t[static_cast<size_t>(k->padded_tiles() * tile_bytes)]);
-    k->scales.reset(new float[static_cast<size_t>(k->padded_tiles() * k->blocks * kTile)]);
+    k->packed = packed_buffer<uint8_t>(static_cast<size_t>(k->padded_tiles() * tile_bytes));
+    k->scales = packed_buffer<float>(static_cast<size_t>(k->padded_tiles() * k->blocks * kTile));
     for (int64_t t = k->tiles; t < k->padded_tiles(); ++t)
       for (int64_t L = 0; L < tile_bytes / 64; ++L) std::memset(k->line(t, L), 0, 64);
     for (int64_t p = 0; p < k->parts; ++p) RETURN_IF_ERROR(pack_constant_inputs(info, k.get(), p));
