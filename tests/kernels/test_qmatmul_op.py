@@ -242,17 +242,23 @@ def test_parts_check_their_inputs():
         parts_session([qa, qc], [None, None], swiglu=True)
     with pytest.raises(Exception, match="two parts of equal width"):
         parts_session([qa, qb, qa], [None, None, None], swiglu=True)
-    with pytest.raises(Exception, match="B must be uint8"):  # part 1's weights do not match N1
-        b, s = matmul_nbits_tensors(qa)
-        node = helper.make_node("QMatMul", ["a", "w", "s", "", "w", "s"], ["y0", "y1"], domain="ortinf", K=64, N=20, N1=24,
-                                bits=8, block_size=32, layout=1)
-        graph = helper.make_graph([node], "op", [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["m", 64])],
-                                  [helper.make_tensor_value_info(y, TensorProto.FLOAT, None) for y in ("y0", "y1")],
-                                  [numpy_helper.from_array(b, "w"), numpy_helper.from_array(s.reshape(-1), "s")])
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ortinf", 1)])
-        options = ort.SessionOptions()
-        library.register(options)
-        ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    for n1 in (24, 10**12):  # part 1's weights do not match N1 (an absurd N1 too: checked before anything is allocated)
+        with pytest.raises(Exception, match="B must be uint8"):
+            parts_with_width(qa, n1)
+
+
+def parts_with_width(qa: Quantized, n1: int) -> ort.InferenceSession:
+    """Two parts over part 0's tensors twice, part 1 declared N1 wide."""
+    b, s = matmul_nbits_tensors(qa)
+    node = helper.make_node("QMatMul", ["a", "w", "s", "", "w", "s"], ["y0", "y1"], domain="ortinf", K=64, N=20, N1=n1,
+                            bits=8, block_size=32, layout=1)
+    graph = helper.make_graph([node], "op", [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["m", 64])],
+                              [helper.make_tensor_value_info(y, TensorProto.FLOAT, None) for y in ("y0", "y1")],
+                              [numpy_helper.from_array(b, "w"), numpy_helper.from_array(s.reshape(-1), "s")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ortinf", 1)])
+    options = ort.SessionOptions()
+    library.register(options)
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
 RSS_PROBE = """

@@ -192,8 +192,8 @@ void pack_nbits(Kernel* k, int64_t part, const uint8_t* b, const float* s) {
   });
 }
 
-// Layout 1: reads part p's constant B and scales (inputs 1 + 3p, 2 + 3p) and packs them (see pack_nbits).
-OrtStatus* pack_constant_inputs(const OrtKernelInfo* info, Kernel* k, int64_t part) {
+// Layout 1: part p's constant B and scales (inputs 1 + 3p, 2 + 3p), their types and sizes checked.
+OrtStatus* constant_inputs(const OrtKernelInfo* info, const Kernel* k, int64_t part, void* data[2]) {
   const OrtValue* values[2] = {nullptr, nullptr};
   for (size_t i = 0; i < 2; ++i) {
     int constant = 0;
@@ -204,7 +204,6 @@ OrtStatus* pack_constant_inputs(const OrtKernelInfo* info, Kernel* k, int64_t pa
   const int64_t N = k->widths[part];
   const int64_t want[2] = {N * k->Kp * k->bits / 8, N * k->blocks};
   const ONNXTensorElementDataType types[2] = {ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT};
-  void* data[2] = {nullptr, nullptr};
   for (size_t i = 0; i < 2; ++i) {
     OrtTensorTypeAndShapeInfo* shape = nullptr;
     RETURN_IF_ERROR(g_api->GetTensorTypeAndShape(values[i], &shape));
@@ -219,9 +218,6 @@ OrtStatus* pack_constant_inputs(const OrtKernelInfo* info, Kernel* k, int64_t pa
                          : "QMatMul: scales must be float32 [N * blocks] (MatMulNBits' layout)");
     RETURN_IF_ERROR(g_api->GetTensorMutableData(const_cast<OrtValue*>(values[i]), &data[i]));
   }
-  pack_nbits(k, part, static_cast<const uint8_t*>(data[0]), static_cast<const float*>(data[1]));
-  release_mapped(data[0], static_cast<size_t>(want[0]));
-  release_mapped(data[1], static_cast<size_t>(want[1]) * sizeof(float));
   return nullptr;
 }
 
@@ -348,6 +344,11 @@ OrtStatus* ORT_API_CALL create_kernel(const OrtCustomOp*, const OrtApi*, const O
   k->Kp = k->blocks * k->block;
   k->tiles = 0;
   for (int64_t p = 0; p < k->parts; ++p) k->tiles += (k->widths[p] + kTile - 1) / kTile;
+  // layout 1: every part's inputs checked before anything is allocated (an N1 that does not match its weights is
+  // an error, not a failed allocation), then packed part by part below
+  void* data[kMaxParts][2] = {};
+  if (layout == 1)
+    for (int64_t p = 0; p < k->parts; ++p) RETURN_IF_ERROR(constant_inputs(info, k.get(), p, data[p]));
   if (k->parts > 1) {
     k->tile_part.resize(static_cast<size_t>(k->tiles));
     k->tile_col.resize(static_cast<size_t>(k->tiles));
@@ -365,7 +366,11 @@ OrtStatus* ORT_API_CALL create_kernel(const OrtCustomOp*, const OrtApi*, const O
     k->scales = packed_buffer<float>(static_cast<size_t>(k->padded_tiles() * k->blocks * kTile));
     for (int64_t t = k->tiles; t < k->padded_tiles(); ++t)
       for (int64_t L = 0; L < tile_bytes / 64; ++L) std::memset(k->line(t, L), 0, 64);
-    for (int64_t p = 0; p < k->parts; ++p) RETURN_IF_ERROR(pack_constant_inputs(info, k.get(), p));
+    for (int64_t p = 0; p < k->parts; ++p) {
+      pack_nbits(k.get(), p, static_cast<const uint8_t*>(data[p][0]), static_cast<const float*>(data[p][1]));
+      release_mapped(data[p][0], static_cast<size_t>(k->widths[p] * k->Kp * k->bits / 8));
+      release_mapped(data[p][1], static_cast<size_t>(k->widths[p] * k->blocks) * sizeof(float));
+    }
   }
   *kernel = k.release();
   return nullptr;
