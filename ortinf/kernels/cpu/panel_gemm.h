@@ -15,7 +15,8 @@ namespace ortinf {
 // time strides N values per row: a new page every few rows, which the prefetchers do not follow; the
 // one-token step then ran at 2-3 GB/s). Rows go in groups of R against P panels side by side
 // (panel_gemm_body.inc: 4 x 4 on AVX-512, 6 x 1 on AVX2), so each weight vector loaded serves R rows and R x P
-// FMA chains run at once; a one-token step takes 4 panels at a time and reads each weight once (a GEMV at memory speed). A
+// FMA chains run at once; fewer rows than R (a decode step) take several panels side by side, all rows against
+// each loaded weight, so the weights are read once (a GEMV at memory speed). A
 // row's result does not depend on the rows beside it (the same loop order for each). bf16 weights
 // (the upper 16 bits of a float32) are widened to float32 in registers: exact, and half the bytes read.
 constexpr int64_t kPanel = 16;
