@@ -15,6 +15,13 @@ there like any other, at the `--dtype` asked for, or by default at the file's ow
   6-bit sub-scales, or a minimum) have no MatMulNBits form here; they are re-quantized by ortinf's rule to
   int4 (4-bit kinds) or int8 (5- and 6-bit kinds), through the quality gate.
 - F32, F16, BF16: fp32.
+
+Before transformers reads a file, its header and tensor index are checked here (`open_index`): a corrupt header
+(counts or lengths of 2^60, truncated tables) is one ExportError line, not numpy's IndexError; every tensor must lie
+inside the file; and the file must hold the weights its metadata declares (the token embedding, and attention and
+feed-forward weights for each of its `block_count` layers). transformers fills what a file lacks with fresh random
+weights and allocates the whole model the metadata describes: a 3 KB file that claims 64 layers of width 8192 would
+allocate gigabytes, and a file holding only `token_embd` exported as a random model with exit 0.
 """
 
 from __future__ import annotations
@@ -53,17 +60,58 @@ class FileQuantization:
         return f"its matrices are {mix}: exporting at {self.dtype} in blocks of {self.block_size}, {how}"
 
 
-def file_quantization(path: Path) -> FileQuantization:
-    """The quantization of a GGUF's transformer blocks (the embedding and output matrices aside), read from
-    its tensor index without loading the weights."""
+def open_index(path: Path):  # noqa: ANN201 - a gguf.GGUFReader
+    """The GGUF's reader (header and tensor index, the weights memory-mapped, not read), checked as the module
+    docstring says; ExportError naming the fault otherwise."""
     try:
         import gguf
     except ModuleNotFoundError as exc:
         raise ModuleNotFoundError("reading GGUF files needs the gguf package", name="gguf") from exc
     try:
         reader = gguf.GGUFReader(str(path))
-    except (ValueError, OSError) as exc:
-        raise ExportError(f"cannot read the GGUF file {path}: {exc}") from exc
+    except OSError as exc:
+        raise ExportError(f"cannot read the GGUF file {path}: {exc.strerror or exc}") from exc
+    except Exception as exc:  # noqa: BLE001 - a corrupt header raises whatever numpy and struct raise on it
+        raise ExportError(f"cannot read the GGUF file {path}: its header is corrupt or truncated ({type(exc).__name__}); "
+                          "download or convert it again") from exc
+    check_weights(reader, path)
+    return reader
+
+
+def _field(reader, key: str):  # noqa: ANN001, ANN202 - a GGUFReader; the field's value or None
+    field = reader.fields.get(key)
+    try:
+        return field.contents() if field is not None else None
+    except Exception:  # noqa: BLE001 - a malformed value reads as absent; the checks below then name what is missing
+        return None
+
+
+def check_weights(reader, path: Path) -> None:  # noqa: ANN001 - a GGUFReader
+    """ExportError unless every tensor lies inside the file and the file holds the weights its metadata declares."""
+    size = path.stat().st_size
+    names = set()
+    for tensor in reader.tensors:
+        if tensor.data_offset + tensor.n_bytes > size or tensor.data.nbytes != tensor.n_bytes:
+            raise ExportError(f"{path.name}: tensor {tensor.name} lies past the end of the file (truncated): download or convert it again")
+        names.add(tensor.name)
+    architecture = _field(reader, "general.architecture")
+    layers = _field(reader, f"{architecture}.block_count") if isinstance(architecture, str) else None
+    if not isinstance(layers, int) or not 0 < layers <= 1024:
+        raise ExportError(f"{path.name}: its metadata gives no layer count ({architecture}.block_count): not a model file ortinf reads")
+    if not any(n.startswith("token_embd.") for n in names):
+        raise ExportError(f"{path.name} holds no token embedding (token_embd.weight): the file is incomplete")
+    lacking = [i for i in range(layers) if not (any(n.startswith(f"blk.{i}.attn") for n in names)
+                                                and any(n.startswith(f"blk.{i}.ffn") for n in names))]
+    if lacking:
+        which = f"layers {lacking[0]}-{lacking[-1]}" if len(lacking) > 1 else f"layer {lacking[0]}"
+        raise ExportError(f"{path.name} declares {layers} layers but holds no attention or feed-forward weights for {which} "
+                          f"({len(lacking)} of {layers}): the file is incomplete")
+
+
+def file_quantization(path: Path) -> FileQuantization:
+    """The quantization of a GGUF's transformer blocks (the embedding and output matrices aside), read from
+    its tensor index without loading the weights."""
+    reader = open_index(path)
     kinds: Counter[str] = Counter()
     for tensor in reader.tensors:
         if tensor.name.startswith("blk.") and len(tensor.shape) == 2:
@@ -84,14 +132,11 @@ def gguf_to_folder(path: Path, folder: Path) -> Path:
     import torch
     import transformers
 
-    try:
-        import gguf  # noqa: F401 - transformers needs it to read the file
-    except ModuleNotFoundError as exc:
-        raise ModuleNotFoundError("reading GGUF files needs the gguf package", name="gguf") from exc
+    open_index(path)  # the header and the weights' presence checked before transformers allocates the model
     try:
         model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
         tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    except (ValueError, KeyError, RuntimeError, OSError, NotImplementedError) as exc:
+    except (ValueError, KeyError, RuntimeError, OSError, NotImplementedError, IndexError, TypeError, AttributeError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ExportError(f"cannot read the GGUF file {path}: {first[:200]} (transformers reads the GGUFs of llama, mistral, qwen2, "
                           "qwen3, phi3, gemma2/3, ... ; export the Hugging Face folder instead if it has one)") from exc

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -16,11 +15,11 @@ from ortinf.serve import field_policy, responses, tool_parsers
 from ortinf.serve.completions import cached_tokens, prepare_samples, request_ids, usage
 from ortinf.serve.errors import APIError
 from ortinf.serve.logprobs import chat_logprobs, prompt_logprobs
-from ortinf.serve.media import message_images
+from ortinf.serve.media import has_images, message_images
 from ortinf.serve.models import ServedModel
 from ortinf.serve.protocol import ChatCompletionRequest
 from ortinf.serve.state import ServerState
-from ortinf.serve.streaming import admit_and_run, merged, sse_stream
+from ortinf.serve.streaming import admit_and_run, merged, prepare_off_loop, sse_stream
 from ortinf.serve.tools import ToolPlan, held_back, plan, template_messages
 from ortinf.tokenizer import check_unicode
 
@@ -77,7 +76,8 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
         return prepare_samples(model, [render_prompt(model, body, tools, bool(body.add_special_tokens))], params, body.n, body.stream, body,
                                images=images)
 
-    prepared = await asyncio.to_thread(prepare)
+    images = model.image_placeholder is not None and has_images(body.messages)
+    prepared = await prepare_off_loop(state.admission, prepare, images, body.n)
     request_id, engine_id = request_ids("chatcmpl", body)
     created = int(time.time())
     stream = _stream(state, model, body, tools, prepared, request_id, engine_id, created) if body.stream else None

@@ -1,22 +1,39 @@
 """Images in chat messages: data URLs decoded here; http(s) URLs fetched only from the hosts `--allowed-media-domains`
-names (vLLM's option; none by default: fetching would let any client make the server reach any host), with a
-size limit, a time limit and every redirect held to the same hosts."""
+names (vLLM's option; none by default: fetching would let any client make the server reach any host), on their
+default ports unless an entry names one, with a size limit, one time limit for the whole fetch and every redirect
+held to the same rules.
+
+A request with images is prepared (fetched, decoded, preprocessed) on a pool of its own (`in_media_pool`, MEDIA_THREADS
+threads) after admission (ortinf/serve/streaming.py `prepare_off_loop`): a slow host or a huge image then costs a
+media thread and an admission slot, never the shared pool that tokenising, embeddings and rerank use (one outside
+attack held that pool with trickling hosts and 7000x7000 PNGs and made an unrelated /v1/rerank take 26-56 s)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import functools
+import http.client
+import logging
 import re
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
 from ortinf.errors import ConfigError, RequestError
 
 MAX_IMAGES_PER_PROMPT = 8  # default of --limit-mm-per-prompt
 MAX_IMAGE_BYTES = 20 << 20
+log = logging.getLogger("ortinf.serve")
+MAX_REDIRECTS = 5
+DEFAULT_PORTS = {"http": 80, "https": 443}  # an allowed host is fetched on these unless its entry names a port
+MEDIA_THREADS = 2  # image fetches and decodes at once, in their own pool (module docstring)
+T = TypeVar("T")
+_pool: ThreadPoolExecutor | None = None
 DATA_URL = re.compile(r"data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[\w.+-]+=[\w.+-]+)*)(?P<base64>;base64)?,(?P<data>.*)", re.S)
 
 
@@ -30,8 +47,21 @@ class MediaPolicy:
     max_bytes: int = MAX_IMAGE_BYTES
 
     def allows(self, url: str) -> bool:
-        host = (urllib.parse.urlsplit(url).hostname or "").lower()
-        return bool(host) and host in {d.lower() for d in self.allowed_domains}
+        """An http(s) URL whose host is named, on the scheme's default port unless the entry names another
+        (`host:8080`): any other port of an allowed host would let a client probe the host's services."""
+        try:
+            parts = urllib.parse.urlsplit(url)
+            port = parts.port or DEFAULT_PORTS.get(parts.scheme)
+        except ValueError:  # a port out of range or not a number
+            return False
+        host = (parts.hostname or "").lower()
+        if parts.scheme not in DEFAULT_PORTS or not host:
+            return False
+        for entry in self.allowed_domains:
+            name, _, named_port = entry.lower().rpartition(":") if entry.count(":") == 1 else (entry.lower(), "", "")
+            if name == host and (int(named_port) == port if named_port.isdigit() else port == DEFAULT_PORTS[parts.scheme]):
+                return True
+        return False
 
 
 def parse_limit_mm_per_prompt(value: str) -> int:
@@ -71,57 +101,89 @@ def image_bytes(url: str, policy: MediaPolicy = MediaPolicy()) -> bytes:
         raise RequestError(f"the image's base64 is not valid: {exc}", param="messages") from exc
 
 
-class _HeldRedirects(urllib.request.HTTPRedirectHandler):
-    """Follows a redirect only to an allowed host (else a fetch could be bounced anywhere)."""
-
-    def __init__(self, policy: MediaPolicy) -> None:
-        self.policy = policy
-
-    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ANN001, ANN201 - urllib's signature
-        if not self.policy.allows(newurl):
-            raise RequestError(f"the image URL redirects to {urllib.parse.urlsplit(newurl).hostname}, which "
-                               "--allowed-media-domains does not name", param="messages")
-        return super().redirect_request(req, fp, code, msg, headers, newurl)
-
-
 def fetch(url: str, policy: MediaPolicy) -> bytes:
-    """An image from an http(s) URL on an allowed host: at most max_bytes, within fetch_timeout in all."""
+    """An image from an http(s) URL on an allowed host: at most max_bytes, within fetch_timeout in all (connecting,
+    every redirect and every read count against one deadline: a sender trickling a byte at a time is cut off at it).
+    Each redirect is held to the same rules as the URL (http or https, an allowed host, its allowed port). Errors
+    say what the client can change, never why a connection failed (which would tell open ports from closed ones)."""
     host = urllib.parse.urlsplit(url).hostname
     if not policy.allowed_domains:
         raise RequestError("fetching image URLs is off on this server: send the image inline as a data URL "
                            "(data:image/png;base64,...), or start the server with --allowed-media-domains", param="messages")
     if not policy.allows(url):
-        raise RequestError(f"{host} is not in this server's --allowed-media-domains: send the image inline as a data URL",
-                           param="messages")
-    opener = urllib.request.build_opener(_HeldRedirects(policy))
-    request = urllib.request.Request(url, headers={"User-Agent": "ortinf"})
+        raise RequestError(f"{host} is not in this server's --allowed-media-domains (or not on an allowed port): send the "
+                           "image inline as a data URL", param="messages")
     deadline = time.monotonic() + policy.fetch_timeout
     try:
-        with opener.open(request, timeout=policy.fetch_timeout) as response:
-            declared = response.headers.get("Content-Length")
-            if declared is not None and declared.isdigit() and int(declared) > policy.max_bytes:
-                raise RequestError(f"the image at the URL is larger than {policy.max_bytes >> 20} MiB", param="messages")
-            data = bytearray()
-            while len(data) <= policy.max_bytes:  # in pieces, so that a slow sender cannot hold the request past the limit
-                piece = response.read(1 << 16)
-                if not piece:
-                    break
-                data += piece
-                if time.monotonic() > deadline:
-                    raise TimeoutError("too slow")
+        for _ in range(MAX_REDIRECTS + 1):
+            status, location, data = _get(url, policy, deadline)
+            if location is None:
+                break
+            target = urllib.parse.urljoin(url, location)
+            if not policy.allows(target):
+                parts = urllib.parse.urlsplit(target)
+                where = f"{parts.scheme}://{parts.hostname}" + (f":{parts.port}" if _port_of(parts) else "")
+                raise RequestError(f"the image URL redirects to {where}, which --allowed-media-domains "
+                                   "does not allow (an http(s) URL on a named host and port)", param="messages")
+            url = target
+        else:
+            raise RequestError(f"the image URL redirects more than {MAX_REDIRECTS} times", param="messages")
     except RequestError:
         raise
-    except urllib.error.HTTPError as exc:
-        raise RequestError(f"the image URL answered HTTP {exc.code}", param="messages") from exc
-    except (urllib.error.URLError, OSError, ValueError) as exc:  # refused, unresolvable, timed out
-        reason = getattr(exc, "reason", exc)
-        if isinstance(reason, TimeoutError):
-            raise RequestError(f"the image URL did not answer within {policy.fetch_timeout:g} s (--media-fetch-timeout)",
-                               param="messages") from exc
-        raise RequestError(f"the image URL could not be fetched: {reason}", param="messages") from exc
-    if len(data) > policy.max_bytes:
-        raise RequestError(f"the image at the URL is larger than {policy.max_bytes >> 20} MiB", param="messages")
-    return bytes(data)
+    except TimeoutError as exc:
+        raise RequestError(f"the image URL did not answer within {policy.fetch_timeout:g} s (--media-fetch-timeout)",
+                           param="messages") from exc
+    except (OSError, http.client.HTTPException, ValueError) as exc:  # refused, unresolvable, reset, malformed answer
+        log.info("fetching %s failed: %s", url, exc)
+        raise RequestError("the image URL could not be fetched", param="messages") from exc
+    if status != 200:
+        raise RequestError(f"the image URL answered HTTP {status}", param="messages")
+    return data
+
+
+def _port_of(parts: urllib.parse.SplitResult) -> int | None:
+    try:
+        return parts.port
+    except ValueError:
+        return None
+
+
+def _remaining(deadline: float) -> float:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("past the fetch deadline")
+    return left
+
+
+def _get(url: str, policy: MediaPolicy, deadline: float) -> tuple[int, str | None, bytes]:
+    """One GET: (status, the redirect's Location or None, the body of a 200)."""
+    parts = urllib.parse.urlsplit(url)
+    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    connection = kind(parts.hostname, parts.port or DEFAULT_PORTS[parts.scheme], timeout=_remaining(deadline))
+    try:
+        target = urllib.parse.urlunsplit(("", "", parts.path or "/", parts.query, ""))
+        connection.request("GET", target, headers={"User-Agent": "ortinf", "Accept": "image/*"})
+        sock = connection.sock  # the response reads through it; the connection lets go of it for a closing answer
+        sock.settimeout(_remaining(deadline))
+        response = connection.getresponse()
+        if response.status in (301, 302, 303, 307, 308):
+            return response.status, response.getheader("Location") or "", b""
+        if response.status != 200:
+            return response.status, None, b""
+        declared = response.getheader("Content-Length")
+        if declared is not None and declared.isdigit() and int(declared) > policy.max_bytes:
+            raise RequestError(f"the image at the URL is larger than {policy.max_bytes >> 20} MiB", param="messages")
+        data = bytearray()
+        while True:  # read1: whatever has arrived, so the deadline is checked between the sender's pieces
+            sock.settimeout(_remaining(deadline))
+            piece = response.read1(1 << 16)
+            if not piece:
+                return 200, None, bytes(data)
+            data += piece
+            if len(data) > policy.max_bytes:
+                raise RequestError(f"the image at the URL is larger than {policy.max_bytes >> 20} MiB", param="messages")
+    finally:
+        connection.close()
 
 
 def message_images(messages: list, policy: MediaPolicy = MediaPolicy()) -> list[bytes]:
@@ -133,4 +195,17 @@ def message_images(messages: list, policy: MediaPolicy = MediaPolicy()) -> list[
     return [image_bytes(url, policy) for url in urls]
 
 
-__all__ = ["MAX_IMAGES_PER_PROMPT", "MediaPolicy", "image_bytes", "message_images", "parse_limit_mm_per_prompt"]
+def has_images(messages: list) -> bool:
+    return any(m.image_urls() for m in messages)
+
+
+async def in_media_pool(work: Callable[[], T]) -> T:
+    """`work` (a request's image fetches, decodes and preprocessing) on the media pool: MEDIA_THREADS threads of
+    their own, so that slow hosts and huge images never hold the pool tokenising, embeddings and rerank run on."""
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(MEDIA_THREADS, thread_name_prefix="ortinf-media")
+    return await asyncio.get_running_loop().run_in_executor(_pool, functools.partial(work))
+
+
+__all__ = ["MAX_IMAGES_PER_PROMPT", "MediaPolicy", "has_images", "image_bytes", "in_media_pool", "message_images", "parse_limit_mm_per_prompt"]

@@ -15,7 +15,6 @@ instructions are not carried, as OpenAI's).
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -30,12 +29,12 @@ from ortinf.serve import field_policy
 from ortinf.serve.chat import chat_params, render_prompt, split_reasoning, tool_plan
 from ortinf.serve.completions import prepare_samples
 from ortinf.serve.errors import APIError, from_exception
-from ortinf.serve.media import message_images
+from ortinf.serve.media import has_images, message_images
 from ortinf.serve.models import ServedModel
 from ortinf.serve.protocol import OPEN, ChatCompletionRequest, Finite, read_guided
 from ortinf.serve.response_store import ResponseStore
 from ortinf.serve.state import ServerState
-from ortinf.serve.streaming import AdmittedStream, final_outputs, merged, sse, until_disconnected
+from ortinf.serve.streaming import AdmittedStream, final_outputs, merged, prepare_off_loop, sse, until_disconnected
 from ortinf.serve.tools import ToolCall, ToolPlan, held_back
 
 router = APIRouter()
@@ -317,7 +316,7 @@ async def create_response(body: ResponsesRequest, request: Request):
         return prepare_samples(model, [render_prompt(model, chat, tools)], params, 1, body.stream, images=images,
                                cache_salt=body.cache_salt)
 
-    prepared = await asyncio.to_thread(prepare)
+    prepared = await prepare_off_loop(state.admission, prepare, model.image_placeholder is not None and has_images(chat.messages), 1)
     run = Run(body, tools, model, prepared, f"resp_{uuid.uuid4().hex}", int(time.time()), messages)
     headers = field_policy.ignored_headers(ignored)
     if tools.warning:

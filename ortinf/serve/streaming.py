@@ -15,6 +15,7 @@ from ortinf.engine.async_engine import AsyncEngine
 from ortinf.engine.llm_engine import PreparedRequest
 from ortinf.engine.outputs import RequestOutput
 from ortinf.serve.errors import APIError, error_body, from_exception
+from ortinf.serve.media import in_media_pool
 
 T = TypeVar("T")
 
@@ -44,8 +45,8 @@ class Admission:
 
     def acquire(self, count: int) -> Ticket:
         if count > self.capacity:
-            raise APIError(400, f"the request asks for {count} sequences (prompts x n); this server runs at most "
-                                f"{self.capacity} at once: split it", param="n")
+            raise APIError(400, f"the request asks for {count} sequences (prompts x n, or its beams: best_of); this server runs "
+                                f"at most {self.capacity} at once: split it, or ask for fewer", param="n")
         if self.in_flight + count > self.capacity:
             raise APIError(429, f"the server is at capacity ({self.capacity} requests in flight); retry shortly",
                            code="server_overloaded", headers={"Retry-After": "1"})
@@ -113,11 +114,30 @@ async def _disconnect(request: Request) -> None:
         pass
 
 
+def sequences(prepared: Sequence[PreparedRequest]) -> int:
+    """The sequences `prepared` runs at once: one per sample, a beam search's beams (its n samples share one search)."""
+    searches = {id(p): p.params.num_beams for p in prepared if p.params.num_beams > 1}
+    return sum(1 for p in prepared if p.params.num_beams <= 1) + sum(searches.values())
+
+
+async def prepare_off_loop(admission: Admission, prepare: Callable[[], T], images: bool, count: int) -> T:
+    """`prepare()` (rendering, tokenising, a vision request's image fetches and decodes) off the event loop. With
+    images it holds `count` of the admission's capacity while it runs (past capacity: 429 before any image is
+    fetched or decoded) and runs on the media pool (ortinf/serve/media.py), never the shared one."""
+    if not images:
+        return await asyncio.to_thread(prepare)
+    ticket = admission.acquire(count)
+    try:
+        return await in_media_pool(prepare)
+    finally:
+        ticket.release()
+
+
 async def admit_and_run(request: Request, admission: Admission, engine: AsyncEngine, prepared: Sequence[PreparedRequest],
                         request_id: str, stream: AsyncIterator[str] | None) -> list[RequestOutput] | StreamingResponse:
-    """Admits the samples (429 past capacity), then returns a streaming response over `stream`
-    (which releases them however it ends) or runs them to the end and returns their final outputs."""
-    ticket = admission.acquire(len(prepared))
+    """Admits the samples (429 past capacity; a beam search counts as its beams), then returns a streaming response
+    over `stream` (which releases them however it ends) or runs them to the end and returns their final outputs."""
+    ticket = admission.acquire(sequences(prepared))
     if stream is not None:
         return AdmittedStream(stream, ticket)
     try:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Annotated
 
 from fastapi import APIRouter, Request
@@ -11,10 +10,11 @@ from pydantic import BaseModel, Field
 from ortinf.serve import responses
 from ortinf.serve.chat import render_prompt
 from ortinf.serve.errors import APIError
-from ortinf.serve.media import message_images
+from ortinf.serve.media import has_images, message_images
 from ortinf.serve.models import ServedModel
 from ortinf.serve.protocol import STRICT, ChatMessage, TokenId, Tool
 from ortinf.serve.state import ServerState
+from ortinf.serve.streaming import prepare_off_loop
 from ortinf.serve.tools import ToolPlan
 from ortinf.tokenizer import check_unicode
 
@@ -85,7 +85,8 @@ async def tokenize(body: TokenizeRequest, request: Request):
             return ids
         return tokenizer.encode(check_unicode(body.prompt, "prompt"), add_special_tokens=body.add_special_tokens).ids
 
-    ids = await asyncio.to_thread(run)
+    images = body.messages is not None and model.image_placeholder is not None and has_images(body.messages)
+    ids = await prepare_off_loop(state.admission, run, images, 1)
     strs = [tokenizer.id_to_token(i) for i in ids] if body.return_token_strs else None
     return responses.TokenizeResponse(count=len(ids), max_model_len=_max_model_len(model), tokens=ids, token_strs=strs)
 

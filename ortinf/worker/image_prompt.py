@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from ortinf.errors import RequestError
 from ortinf.manifest import VisionSpec
 from ortinf.worker.encoder_input import EncoderInput, PlacedImage
-from ortinf.worker.images import image_layout, preprocess_image
+from ortinf.worker.images import check_request_pixels, image_layout, preprocess_image
 
 
 def place_images(ids: list[int], images: Sequence[object], vision: VisionSpec, step: int) -> tuple[list[int], tuple[PlacedImage, ...]]:
@@ -17,6 +17,7 @@ def place_images(ids: list[int], images: Sequence[object], vision: VisionSpec, s
     `step`: the most tokens one step prefills (an image that must be prefilled whole may not be longer)."""
     marker = vision.image_token_id
     placeholder = vision.placeholder_id if vision.placeholder_id is not None else marker
+    check_request_pixels(list(images))
     pictures = [preprocess_image(image, vision) for image in images]
     counts = [count for _, count, _ in pictures]
     spans: list = [(None, 0)] * len(pictures)  # Idefics3's: each image's embedding rows among its tokens, and their span

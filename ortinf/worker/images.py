@@ -25,6 +25,7 @@ from ortinf.errors import RequestError
 
 MAX_PIXELS = 50_000_000  # width x height an image may declare (a 30000 x 30000 header is refused before decoding)
 MAX_SIDE = 16_384
+MAX_REQUEST_PIXELS = 64_000_000  # all of a request's images together: 8 images of 49M pixels decoded to 1.6 GB before
 
 
 def load_image(source: Any, param: str = "image"):  # noqa: ANN201 - a PIL image
@@ -64,6 +65,33 @@ def load_image(source: Any, param: str = "image"):  # noqa: ANN201 - a PIL image
     if image.size[0] < 1 or image.size[1] < 1:
         raise RequestError(f"the image is empty ({image.size[0]}x{image.size[1]})", param=param)
     return image
+
+
+def declared_pixels(source: Any) -> int:
+    """The pixels an image will decode to, read from its header only (0 where it cannot be read: load_image says why)."""
+    if isinstance(source, np.ndarray):
+        return int(source.shape[0] * source.shape[1]) if source.ndim >= 2 else 0
+    try:
+        from PIL import Image
+
+        if isinstance(source, Image.Image):
+            return source.size[0] * source.size[1]
+        data = Path(source).read_bytes() if isinstance(source, (str, Path)) else source
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            width, height = Image.open(io.BytesIO(data)).size
+        return width * height
+    except Exception:  # noqa: BLE001 - not an image, no Pillow: load_image names the fault
+        return 0
+
+
+def check_request_pixels(images: list, param: str = "images") -> None:
+    """A RequestError when a request's images together decode to more than MAX_REQUEST_PIXELS (checked on their
+    headers, before any is decoded)."""
+    total = sum(declared_pixels(image) for image in images)
+    if total > MAX_REQUEST_PIXELS:
+        raise RequestError(f"the request's images are {total:,} pixels together: at most {MAX_REQUEST_PIXELS:,} per request "
+                           "(send smaller images, or fewer)", param=param)
 
 
 def preprocess_image(source: Any, vision) -> tuple[np.ndarray, int, tuple[int, int] | None]:  # noqa: ANN001 - a VisionSpec
@@ -284,8 +312,10 @@ def center_crop(pixels: np.ndarray, height: int, width: int) -> np.ndarray:
 
 __all__ = [
     "MAX_PIXELS",
+    "MAX_REQUEST_PIXELS",
     "anyres_layout",
     "anyres_tiles",
+    "check_request_pixels",
     "clip_pixels",
     "idefics_tiles",
     "image_layout",

@@ -166,6 +166,33 @@ def test_admission_is_released_when_clients_vanish(chat_package, tmp_path, refer
         assert statuses == {200}
 
 
+def test_a_beam_search_is_admitted_as_its_beams(chat_package, tmp_path, reference):
+    """--max-num-seqs 4 and no queue: a search of 8 beams (n=1, best_of=8) is a 400 naming best_of; a search of 4
+    beams fills the server (another request meanwhile is a 429) and /metrics counts it as 4 admitted sequences.
+    (It took one slot per n before: four n=1, best_of=32 searches ran 128 sequences on a 4-sequence server.)"""
+    args = [str(chat_package), "--max-num-seqs", "4", "--max-queued-requests", "0"]
+    with running_server(args, tmp_path) as server:
+        search = {"prompt": "the quick", "max_tokens": 40, "ignore_eos": True, "use_beam_search": True, "n": 1}
+        assert_error(complete(server.url, {**search, "best_of": 8}), 400, "8 sequences", "best_of")
+        done: list = []
+        thread = threading.Thread(target=lambda: done.append(complete(server.url, {**search, "best_of": 4})))
+        thread.start()
+        admitted = 0.0
+        for _ in range(200):
+            metrics = httpx.get(f"{server.url}/metrics").text
+            line = next(x for x in metrics.splitlines() if x.startswith("ortinf:num_requests_admitted"))
+            admitted = float(line.rsplit(" ", 1)[1])
+            if admitted or done:
+                break
+            time.sleep(0.02)
+        busy = complete(server.url, GREEDY)
+        thread.join()
+        assert admitted == 4, admitted
+        assert busy.status_code == 429, busy.text
+        assert done[0].status_code == 200, done[0].text
+        assert_still_serving(server.url, reference)
+
+
 def test_a_poisoned_request_fails_alone(chat_package, tmp_path, reference):
     """A request that passes validation but fails inside a step (injected: a token id that makes the
     graph call raise) gets a 500 (or an error event when streaming); the requests batched with it in

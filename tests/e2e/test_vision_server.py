@@ -50,8 +50,8 @@ def qwen_package(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def image_host():
-    """A real HTTP server on 127.0.0.1 for image URLs: a PNG, a 21 MiB body, a slow answer, a 404 and a redirect to
-    another host name (localhost), which the allow list does not name."""
+    """A real HTTP server on 127.0.0.1 for image URLs: a PNG, a 21 MiB body, a slow answer, a body trickled a byte at a
+    time, a 404, and redirects to another host name (localhost), to ftp:// and to another port of the allowed host."""
     import http.server
     import threading
     import time
@@ -65,12 +65,26 @@ def image_host():
             elif self.path == "/slow.png":
                 time.sleep(3)
                 self._send(png(5))
-            elif self.path == "/moved.png":
+            elif self.path == "/trickle.png":  # a byte every 0.3 s: each read is quick, the whole is not
+                self.send_response(200)
+                self.send_header("Content-Length", "1000")
+                self.end_headers()
+                try:
+                    for _ in range(1000):
+                        self.wfile.write(b"x")
+                        self.wfile.flush()
+                        time.sleep(0.3)
+                except OSError:
+                    pass
+            elif self.path in self.moves:
                 self.send_response(302)
-                self.send_header("Location", f"http://localhost:{self.server.server_port}/cat.png")
+                self.send_header("Location", self.moves[self.path].format(port=self.server.server_port))
                 self.end_headers()
             else:
                 self.send_error(404)
+
+        moves = {"/moved.png": "http://localhost:{port}/cat.png", "/ftp.png": "ftp://127.0.0.1/cat.png",
+                 "/other-port.png": "http://127.0.0.1:1/cat.png"}
 
         def _send(self, data: bytes) -> None:
             self.send_response(200)
@@ -93,9 +107,10 @@ def image_host():
 
 
 @pytest.fixture(scope="module")
-def client(llava_package, chat_package, qwen_package, tmp_path_factory):
+def client(llava_package, chat_package, qwen_package, image_host, tmp_path_factory):
+    allowed = image_host.removeprefix("http://")  # 127.0.0.1:PORT: a bare host is fetched on ports 80 and 443 only
     args = [str(llava_package), str(chat_package), str(qwen_package), "--served-model-name", "llava", "--served-model-name", "text",
-            "--served-model-name", "qwen", "--kv-cache-memory", "32MiB", "--allowed-media-domains", "127.0.0.1",
+            "--served-model-name", "qwen", "--kv-cache-memory", "32MiB", "--allowed-media-domains", allowed,
             "--media-fetch-timeout", "1", "--limit-mm-per-prompt", "image=3"]
     with running_server(args, tmp_path_factory.mktemp("logs")) as server:
         yield openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
@@ -151,8 +166,10 @@ def test_qwen_vl_chat_with_images_equals_llm_generate(client, qwen_package):
 
 
 def test_image_urls_from_allowed_hosts(client, image_host):
-    """--allowed-media-domains 127.0.0.1: an image URL there is fetched and answers as the same image inline; a body
-    over 20 MiB, a fetch past --media-fetch-timeout, a 404 and a redirect to a host not named are 400s."""
+    """--allowed-media-domains 127.0.0.1:PORT: an image URL there is fetched and answers as the same image inline; a
+    body over 20 MiB, a fetch past --media-fetch-timeout (a slow answer, or a body trickled a byte at a time: the
+    timeout bounds the whole fetch), a 404, a redirect to a host not named, to ftp:// or to another port, and any other
+    port of the host are 400s, which never say why a connection failed."""
     def ask(url: str):  # noqa: ANN202
         return client.chat.completions.create(model="qwen", messages=[{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "hi"}]}], max_tokens=6, temperature=0)
@@ -162,12 +179,57 @@ def test_image_urls_from_allowed_hosts(client, image_host):
     fetched = ask(f"{image_host}/cat.png")
     assert fetched.choices[0].message.content == inline.choices[0].message.content
     assert fetched.usage.prompt_tokens == inline.usage.prompt_tokens
+    import time
+
     for path, fragment in (("/big.png", "larger than 20 MiB"), ("/slow.png", "within 1 s (--media-fetch-timeout)"), ("/missing.png", "HTTP 404"),
-                           ("/moved.png", "redirects to localhost")):
+                           ("/trickle.png", "within 1 s (--media-fetch-timeout)"), ("/moved.png", "redirects to http://localhost:"),
+                           ("/ftp.png", "redirects to ftp://127.0.0.1, which"), ("/other-port.png", "redirects to http://127.0.0.1:1, which")):
+        start = time.monotonic()
         with pytest.raises(openai.BadRequestError) as caught:
             ask(image_host + path)
         assert fragment in caught.value.body["message"], caught.value.body
+        assert time.monotonic() - start < 4, path  # the trickle held a fetch 80 s with a 3 s timeout before
+    for url in ("http://127.0.0.1/cat.png", "http://127.0.0.1:1/cat.png"):  # the allowed host on a port not named
+        with pytest.raises(openai.BadRequestError) as caught:
+            ask(url)
+        assert "not on an allowed port" in caught.value.body["message"], caught.value.body
     assert ask(f"{image_host}/cat.png").choices  # and the server goes on
+
+
+def test_slow_image_hosts_do_not_hold_other_routes(client, image_host):
+    """Eight chats whose image trickles in (each holds a fetch for the 1 s timeout): /tokenize of plain text answers
+    at once meanwhile, because fetches run on the media pool (2 threads), not the shared one (6 threads here, which
+    eight fetches filled: an unrelated /v1/rerank took 26 s in the attack)."""
+    import concurrent.futures
+    import time
+
+    import httpx
+
+    def ask() -> int:
+        body = {"model": "qwen", "max_tokens": 2, "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": f"{image_host}/trickle.png"}}, {"type": "text", "text": "hi"}]}]}
+        return httpx.post(f"{client.base_url}chat/completions", json=body, timeout=60).status_code
+
+    base = f"{client.base_url}".removesuffix("/v1/")
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        pending = [pool.submit(ask) for _ in range(8)]
+        time.sleep(0.3)  # the fetches under way
+        start = time.monotonic()
+        counted = httpx.post(f"{base}/tokenize", json={"model": "text", "prompt": "hello there"}, timeout=30)
+        took = time.monotonic() - start
+        codes = [p.result() for p in pending]
+    assert counted.status_code == 200 and took < 0.5, took
+    assert set(codes) <= {400, 429}, codes  # each a timeout's 400 (or a 429 past the admission's capacity)
+
+
+def test_a_request_s_images_are_bounded_in_pixels_before_decoding(client):
+    """Two 6000x6000 PNGs (each under the per-image limit, 72M pixels together): a 400 read from their headers."""
+    big = io.BytesIO()
+    Image.new("RGB", (6000, 6000)).save(big, format="PNG")
+    content = [part(big.getvalue()), part(big.getvalue()), {"type": "text", "text": "hi"}]
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="qwen", messages=[{"role": "user", "content": content}], max_tokens=2)
+    assert "72,000,000 pixels together: at most 64,000,000" in caught.value.body["message"], caught.value.body
 
 
 @pytest.mark.parametrize(("content", "fragment"), [

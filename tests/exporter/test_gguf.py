@@ -21,6 +21,7 @@ from support.tiny_models import add_byte_tokenizer, build_decoder
 
 import ortinf
 from ortinf import LLM, SamplingParams
+from ortinf.errors import ExportError
 
 PROMPTS = [[5, 17, 200, 33, 9], [120, 7, 7, 300, 45, 61, 2, 88]]
 pytest.importorskip("gguf")
@@ -123,3 +124,50 @@ def test_a_k_quant_file_is_requantized_through_the_gate(tmp_path):
     llm = LLM(tmp_path / "fp32", provider="cpu", num_blocks=64)
     tokens = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))]
     assert tokens == [greedy(reference, p) for p in PROMPTS]
+
+
+def _corrupt(source: Path, target: Path, offset: int, value: int) -> Path:
+    data = bytearray(source.read_bytes())
+    data[offset : offset + 8] = value.to_bytes(8, "little")
+    target.write_bytes(bytes(data))
+    return target
+
+
+@pytest.mark.parametrize(("offset", "value"), [(8, 1 << 62), (16, 1 << 62), (24, 1 << 60), (8, 0)],
+                         ids=["tensor-count", "kv-count", "key-length", "no-tensors"])
+def test_corrupt_gguf_headers_are_one_line_errors(hf, tmp_path, offset, value):
+    """Counts and lengths of 2^60 in a GGUF's header (tensors, metadata keys, a key's length), or no tensors at all:
+    one ExportError line before transformers allocates anything (an IndexError traceback before)."""
+    good = write_gguf(hf / "hf", hf / "tiny-corrupt-source.gguf", "F32")
+    bad = _corrupt(good, tmp_path / "bad.gguf", offset, value)
+    with pytest.raises(ExportError) as caught:
+        ortinf.export(bad, tmp_path / "pkg", progress=False)
+    assert len(str(caught.value).splitlines()) == 1 and "bad.gguf" in str(caught.value), caught.value
+    assert not (tmp_path / "pkg").exists()
+
+
+def test_a_gguf_without_its_layers_weights_is_refused(hf, tmp_path):
+    """A file whose metadata declares the model's layers but which holds only token_embd exported with exit 0 as a
+    freshly initialised model; a truncated file's tensors lie past its end. Both are errors naming the fault."""
+    import gguf
+
+    good = write_gguf(hf / "hf", hf / "tiny-partial-source.gguf", "F32")
+    reader = gguf.GGUFReader(str(good))
+    writer = gguf.GGUFWriter(str(tmp_path / "embedding-only.gguf"), "qwen2")
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF.") or field.name == "general.architecture":
+            continue
+        writer.add_key_value(field.name, field.contents(), field.types[0], field.types[-1] if len(field.types) > 1 else None)
+    embedding = next(t for t in reader.tensors if t.name == "token_embd.weight")
+    writer.add_tensor("token_embd.weight", np.array(embedding.data))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    layers = reader.fields["qwen2.block_count"].contents()
+    with pytest.raises(ExportError, match=f"declares {layers} layers but holds no attention or feed-forward weights"):
+        ortinf.export(tmp_path / "embedding-only.gguf", tmp_path / "pkg", progress=False)
+    truncated = tmp_path / "truncated.gguf"
+    truncated.write_bytes(good.read_bytes()[: good.stat().st_size - 4096])
+    with pytest.raises(ExportError, match="truncated"):
+        ortinf.export(truncated, tmp_path / "pkg", progress=False)
