@@ -14,7 +14,12 @@ the graph alone (the weights are not read):
    quantized once and one parallel loop covers all their columns (k and v alone were too narrow to keep
    two threads busy);
 4. reshapes: Reshape(Reshape(x, s1), s2) with s2 a constant holding no 0 is Reshape(x, s2), and the shape
-   arithmetic (Shape -> Gather -> Unsqueeze -> Concat) that only fed the dropped Reshapes goes with them.
+   arithmetic (Shape -> Gather -> Unsqueeze -> Concat) that only fed the dropped Reshapes goes with them;
+5. attention views: ortinf.PagedAttention takes q, k and v with their leading dims ([1, T, width], rows the
+   product of all dims but the last), so the Reshapes to [-1, width] between the projections and it go; and its
+   output [T, H*D] feeds the output projection directly (every weight op reads A as rows of K), without the two
+   Reshapes back to [1, T, hidden] and the Shape/Gather/Unsqueeze/Concat computing their target, when only Adds
+   read the projection (the residual's [1, T, hidden] restores the shape by broadcasting): 11 nodes per layer.
 
 Every rewrite keeps the values bit for bit but the activation (silu is the kernel's own exp, ~1e-7 relative)
 and keeps node names inside their `/layers.N/` scope (verification windows cut the graph by them).
@@ -193,6 +198,75 @@ def _fold_reshapes(g: _Graph) -> int:
     return folded
 
 
+PROJECTIONS = {("QMatMul", DOMAIN), ("BMatMul", DOMAIN), ("MatMul", "")}  # ops whose input 0 is A, read as rows of K
+
+
+def _is_projection(g: _Graph, node: onnx.NodeProto) -> bool:
+    if (node.op_type, node.domain if node.domain != "ai.onnx" else "") not in PROJECTIONS:
+        return False
+    return node.op_type != "MatMul" or (g.dims(node.input[1]) is not None and len(g.dims(node.input[1])) == 2)
+
+
+def _width(g: _Graph, name: str) -> int | None:
+    """The last dim of `name` when a projection (or a projection plus a constant bias) makes it: N, the part's N1 / N2,
+    or the weight's columns; None otherwise (a norm or a Reshape in between: its shape is not known here)."""
+    node = g.producer.get(name)
+    if node is None:
+        return None
+    if node.op_type == "Add" and node.domain in ("", "ai.onnx") and len(node.input) == 2:
+        for side in (0, 1):
+            width, bias = _width(g, node.input[side]), g.dims(node.input[1 - side])
+            if width is not None and bias == [width]:
+                return width
+        return None
+    if not _is_projection(g, node):
+        return None
+    if node.op_type == "MatMul":
+        return g.dims(node.input[1])[1]
+    attrs = _attrs(node)
+    if attrs.get("activation"):
+        return attrs["N"]
+    widths = [attrs["N"]] + [attrs[key] for key in ("N1", "N2") if attrs.get(key)]
+    index = list(node.output).index(name)
+    return widths[index] if index < len(widths) else None
+
+
+def _attention_views(g: _Graph) -> int:
+    removed = 0
+    for attention in g.graph.node:
+        if attention.op_type != "PagedAttention" or attention.domain != DOMAIN:
+            continue
+        for i in range(3):  # in front: q, k, v each viewed as [-1, width]
+            reshape = g.producer.get(attention.input[i])
+            if reshape is None or reshape.op_type != "Reshape" or not g.only_consumer(reshape.output[0], attention):
+                continue
+            shape = g.constant(reshape.input[1])
+            if shape is None or shape.shape != (2,) or shape[0] != -1 or _width(g, reshape.input[0]) != shape[1]:
+                continue
+            attention.input[i] = reshape.input[0]
+            removed += 1
+        chain, name = [], attention.output[0]  # behind: the output viewed back as [1, T, hidden] for the projection
+        while name not in g.outputs and len(g.consumers.get(name, [])) == 1:
+            user = g.consumers[name][0]
+            if user.op_type != "Reshape" or user.domain not in ("", "ai.onnx") or user.input[0] != name:
+                break
+            chain.append(user)
+            name = user.output[0]
+        users = g.consumers.get(name, [])
+        if not chain or name in g.outputs or len(users) != 1 or not _is_projection(g, users[0]) or users[0].input[0] != name:
+            continue
+        projection = users[0]
+        readers = g.consumers.get(projection.output[0], [])
+        if projection.output[0] in g.outputs or not readers or any(r.op_type != "Add" or r.domain not in ("", "ai.onnx") for r in readers):
+            continue
+        projection.input[0] = attention.output[0]
+        removed += len(chain)
+        kept = [v for v in g.graph.value_info if v.name != projection.output[0]]  # its rank is now A's: no stale shape
+        del g.graph.value_info[:]
+        g.graph.value_info.extend(kept)
+    return removed
+
+
 def _dead_code(graph: onnx.GraphProto) -> int:
     removed = 0
     while True:
@@ -236,6 +310,7 @@ def fuse(model: onnx.ModelProto) -> Counter:
     counts["swiglu"] = _swiglu(_Graph(model.graph))
     counts["parts"] = _merge_parts(_Graph(model.graph))
     counts["reshapes"] = _fold_reshapes(_Graph(model.graph))
+    counts["views"] = _attention_views(_Graph(model.graph))
     counts["dead"] = _dead_code(model.graph)
     return counts
 

@@ -95,3 +95,28 @@ def test_nothing_is_fused_that_a_graph_output_or_another_reader_needs():
     x = rng.standard_normal((1, 3, K)).astype(np.float32)
     for want, got in zip(run(original, {"x": x}), run(fused, {"x": x}), strict=True):
         assert np.array_equal(want, got)
+
+
+@pytest.mark.parametrize("dtype", ["int4", "fp32"])
+def test_attention_reads_the_projections_and_feeds_the_output_projection(tmp_path, dtype):
+    """Rewrite 5 on an exported Qwen2 (q/k/v biases): PagedAttention takes q, k and v as the projections give them
+    ([1, T, width], no Reshape in front) and the output projection reads its output directly (no Reshape back, no
+    Shape/Gather/Unsqueeze/Concat computing one). The package's tokens against transformers' are the parity tests'."""
+    from support.tiny_models import add_byte_tokenizer, build_decoder
+
+    import ortinf
+    from ortinf.manifest import CPU_MODEL_NAME
+
+    build_decoder("qwen2", tmp_path / "hf", vocab_size=384)
+    add_byte_tokenizer(tmp_path / "hf")
+    ortinf.export(tmp_path / "hf", tmp_path / "pkg", dtype=dtype, progress=False)
+    graph = onnx.load(str(tmp_path / "pkg" / CPU_MODEL_NAME), load_external_data=False).graph
+    producer = {out: node for node in graph.node for out in node.output}
+    projection = "QMatMul" if dtype == "int4" else "MatMul"
+    attentions = [n for n in graph.node if n.op_type == "PagedAttention"]
+    assert attentions
+    for attention in attentions:
+        assert [producer[name].op_type for name in attention.input[:3]] in ([projection] * 3, ["Add"] * 3)
+        readers = [n for n in graph.node if attention.output[0] in n.input]
+        assert [r.op_type for r in readers] == [projection]
+    assert not [n for n in graph.node if n.op_type in ("Shape", "Concat") and "/self_attn/" in n.name]

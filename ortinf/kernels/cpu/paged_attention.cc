@@ -8,7 +8,8 @@
 // KernelContext_ParallelFor, the last call it uses, is from 1.17.
 //
 // The op, per layer (inputs, then attributes):
-//   query [T, H*D] f32, key [T, KVH*D] f32, value [T, KVH*D] f32   this step's tokens
+//   query [T, H*D] f32, key [T, KVH*D] f32, value [T, KVH*D] f32   this step's tokens (or with leading dims
+//     whose product is T: [1, T, H*D] as the projections give them)
 //   key_cache, value_cache [KVH, blocks, block_size, D] f32 or f16,  the paged pool, read in place
 //     or [KVH, blocks, block_size, D + 4] int8 (rows of D int8 values and their float scale; attention_impl.h)
 //   block_tables [S, max_blocks] i64, context_lens [S] i64, query_lens [S] i64
@@ -165,12 +166,19 @@ OrtStatus* compute(const Kernel& k, OrtKernelContext* context) {
   if (kind == ortinf::kInt8 && k.cross) return fail("PagedAttention: cross-attention reads a float32 or float16 pool");
   if (kv_heads != k.kv_heads || k.num_heads % k.kv_heads != 0 || dim <= 0 || dim > ortinf::kMaxHeadDim || block_size <= 0)
     return fail("PagedAttention: the cache shape does not match kv_num_heads, or head_dim is outside 1..512");
-  if (query.shape.size() != 2 || key.shape.size() != 2 || value.shape != key.shape || tables.shape.size() != 2 ||
+  if (query.shape.size() < 2 || key.shape.size() < 2 || value.shape.size() < 2 || tables.shape.size() != 2 ||
       context_lens.shape.size() != 1 || query_lens.shape != context_lens.shape)
     return fail("PagedAttention: wrong input ranks");
-  const int64_t num_tokens = query.shape[0], num_seqs = context_lens.shape[0], max_blocks = tables.shape[1];
-  if (query.shape[1] != k.num_heads * dim || key.shape[0] != num_tokens || key.shape[1] != kv_heads * dim ||
-      tables.shape[0] != num_seqs)
+  // query, key and value may keep leading dims ([1, T, width] straight from the projections: the CPU graph has no
+  // Reshape in front, ortinf/exporter/cpu_fusion.py); their rows are the product of all dims but the last
+  const auto rows_of = [](const Tensor& x) {
+    int64_t rows = 1;
+    for (size_t i = 0; i + 1 < x.shape.size(); ++i) rows *= x.shape[i];
+    return rows;
+  };
+  const int64_t num_tokens = rows_of(query), num_seqs = context_lens.shape[0], max_blocks = tables.shape[1];
+  if (query.shape.back() != k.num_heads * dim || rows_of(key) != num_tokens || key.shape.back() != kv_heads * dim ||
+      rows_of(value) != num_tokens || value.shape.back() != kv_heads * dim || tables.shape[0] != num_seqs)
     return fail("PagedAttention: query/key/value/block_tables shapes disagree with the heads and sequences");
 
   Call call;
