@@ -19,7 +19,13 @@ the graph alone (the weights are not read):
    product of all dims but the last), so the Reshapes to [-1, width] between the projections and it go; and its
    output [T, H*D] feeds the output projection directly (every weight op reads A as rows of K), without the two
    Reshapes back to [1, T, hidden] and the Shape/Gather/Unsqueeze/Concat computing their target, when only Adds
-   read the projection (the residual's [1, T, hidden] restores the shape by broadcasting): 11 nodes per layer.
+   read the projection (the residual's [1, T, hidden] restores the shape by broadcasting): 11 nodes per layer;
+6. the KV write: the pool outputs `key_cache_out.{i}` / `value_cache_out.{i}` become PagedAttention's outputs 4 and 5
+   (with `slot_mapping` its input 12): the op writes the step's K and V into the pool it was given, in place (the
+   runtime binds those outputs to the pool's own buffers, as it did ScatterND's), instead of the graph's Reshape,
+   Cast, Transpose and ScatterND per tensor and the slot indices computed from slot_mapping (ortinf/exporter/kv_write.py):
+   8 nodes per layer. The bytes written are the same (float: the rotated keys and the values; float16: Cast's
+   rounding to nearest even; int8: the op's own rows).
 
 Every rewrite keeps the values bit for bit but the activation (silu is the kernel's own exp, ~1e-7 relative)
 and keeps node names inside their `/layers.N/` scope (verification windows cut the graph by them).
@@ -34,6 +40,8 @@ from pathlib import Path
 
 import onnx
 from onnx import helper, numpy_helper
+
+from ortinf.manifest import SLOT_MAPPING
 
 log = logging.getLogger(__name__)
 
@@ -267,6 +275,59 @@ def _attention_views(g: _Graph) -> int:
     return removed
 
 
+SLOT_INPUT, POOL_OUTPUTS = 12, 4  # PagedAttention's slot_mapping input, its key_cache_out / value_cache_out outputs
+
+
+def _write_source(g: _Graph, name: str, pool_type: int) -> str | None:
+    """What ScatterND's updates (through Transpose([1, 0, 2])) come from, past Reshapes and one Cast to the pool's
+    type: the tensor whose values the pool receives, or None when anything else stands between."""
+    transpose = g.producer.get(name)
+    if transpose is None or transpose.op_type != "Transpose" or list(_attrs(transpose).get("perm", [])) != [1, 0, 2]:
+        return None
+    name = transpose.input[0]
+    while (node := g.producer.get(name)) is not None and node.op_type in ("Reshape", "Cast"):
+        if node.op_type == "Cast" and _attrs(node)["to"] != pool_type:
+            return None
+        name = node.input[0]
+    return name
+
+
+def _kv_write(g: _Graph, slot_mapping: str = SLOT_MAPPING) -> int:
+    pool_types = {i.name: i.type.tensor_type.elem_type for i in g.graph.input}
+    writes = {}  # pool input -> (ScatterND, the tensor its values come from)
+    for node in g.graph.node:
+        if (node.op_type == "ScatterND" and node.domain in ("", "ai.onnx") and node.output[0] in g.outputs
+                and node.input[0] in pool_types and len(g.consumers.get(node.output[0], [])) == 0):
+            writes[node.input[0]] = (node, _write_source(g, node.input[2], pool_types[node.input[0]]))
+    removed: list[onnx.NodeProto] = []
+    for attention in g.graph.node:
+        if attention.op_type != "PagedAttention" or attention.domain != DOMAIN or len(attention.input) < 5 or _attrs(attention).get("cross"):
+            continue
+        key, value = writes.get(attention.input[3]), writes.get(attention.input[4])
+        outputs = list(attention.output) + [""] * (4 - len(attention.output))
+        if key is None or value is None or len(attention.input) > SLOT_INPUT or len(attention.output) > POOL_OUTPUTS:
+            continue
+        if key[1] not in (outputs[1], outputs[2], attention.input[1]) or value[1] not in (outputs[3], attention.input[2]):
+            continue
+        if (pool_types[attention.input[3]] == onnx.TensorProto.INT8) != (key[1] == outputs[2] and value[1] == outputs[3]):
+            continue  # an int8 pool gets the op's rows, a float one its keys and values
+        attention.input.extend([""] * (SLOT_INPUT - len(attention.input)) + [slot_mapping])
+        attention.output.extend([""] * (POOL_OUTPUTS - len(attention.output)) + [key[0].output[0], value[0].output[0]])
+        removed += [key[0], value[0]]
+    _remove(g.graph, removed)
+    return len(removed) // 2
+
+
+def _unused_outputs(graph: onnx.GraphProto) -> None:
+    """PagedAttention's optional outputs 1-3 that nothing reads any more: left out (the op then keeps them in scratch)."""
+    used = {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
+    for node in graph.node:
+        if node.op_type == "PagedAttention" and node.domain == DOMAIN:
+            for i in range(1, min(4, len(node.output))):
+                if node.output[i] not in used:
+                    node.output[i] = ""
+
+
 def _dead_code(graph: onnx.GraphProto) -> int:
     removed = 0
     while True:
@@ -311,7 +372,9 @@ def fuse(model: onnx.ModelProto) -> Counter:
     counts["parts"] = _merge_parts(_Graph(model.graph))
     counts["reshapes"] = _fold_reshapes(_Graph(model.graph))
     counts["views"] = _attention_views(_Graph(model.graph))
+    counts["kv_write"] = _kv_write(_Graph(model.graph))
     counts["dead"] = _dead_code(model.graph)
+    _unused_outputs(model.graph)
     return counts
 
 

@@ -176,9 +176,9 @@ def cut(model: onnx.ModelProto, first: int, stop: int, layers_name: str) -> onnx
     live = {o.name for o in outputs}
     alive = [False] * len(nodes)
     for index in range(len(nodes) - 1, -1, -1):  # the graph is topologically sorted
-        if any(name in live for name in nodes[index].output):
+        if any(name in live for name in nodes[index].output if name):  # "" is an optional output left out, not a tensor
             alive[index] = True
-            live.update(nodes[index].input)
+            live.update(name for name in nodes[index].input if name)
     kept_nodes = [node for node, keep in zip(nodes, alive) if keep]
     for node in kept_nodes:
         for position, name in enumerate(node.input):

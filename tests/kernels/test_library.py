@@ -49,7 +49,9 @@ def test_export_writes_a_verified_cpu_graph_that_shares_the_weights(decoder_pack
     graph = onnx.load(str(package / CPU_MODEL_NAME), load_external_data=False).graph
     ops = [n.op_type for n in graph.node]
     assert ops.count("PagedAttention") == manifest.decoder.num_layers
-    assert "Softmax" not in ops and ops.count("ScatterND") == 2 * manifest.decoder.num_layers  # no portable attention left
+    assert "Softmax" not in ops and "ScatterND" not in ops  # no portable attention left, and the op writes the pool
+    writes = sorted(out for n in graph.node if n.op_type == "PagedAttention" for out in n.output[4:6])
+    assert writes == sorted(o.name for o in graph.output if "cache_out" in o.name) and len(writes) == 2 * manifest.decoder.num_layers
     # every weight lives in the shared model.onnx.data, none is duplicated inside the graph file
     big = [t for t in graph.initializer if t.data_location != onnx.TensorProto.EXTERNAL and len(t.raw_data) >= 1024]
     assert not big and (package / CPU_MODEL_NAME).stat().st_size < (package / "model.onnx.data").stat().st_size / 4

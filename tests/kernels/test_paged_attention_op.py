@@ -327,6 +327,69 @@ def test_int8_pool_refusals():
         int8_session(4, 2, 0.125, pool=TensorProto.FLOAT).run(None, dict(zip(INPUTS, case)))
 
 
+def write_session(kv_heads: int, pool: int, rank: int = 2) -> ort.InferenceSession:
+    """The op writing the pool itself: slot_mapping (input 12) and the pool outputs 4 and 5, the others left out;
+    q/k/v of `rank` (3: [1, T, width], as the projections give them)."""
+    types = [TensorProto.FLOAT] * 3 + [pool] * 2 + [TensorProto.INT64] * 3
+    inputs = [helper.make_tensor_value_info(n, t, [None] * r) for n, t, r in zip(INPUTS, types, [rank] * 3 + [4, 4, 2, 1, 1])]
+    inputs.append(helper.make_tensor_value_info("slot_mapping", TensorProto.INT64, [None]))
+    node = helper.make_node("PagedAttention", [*INPUTS, "", "", "", "", "slot_mapping"], ["out", "", "", "", "key_out", "value_out"],
+                            domain="ortinf", num_heads=8, kv_num_heads=kv_heads, scale=0.125)
+    outputs = [helper.make_tensor_value_info("out", TensorProto.FLOAT, [None, None])]
+    outputs += [helper.make_tensor_value_info(n, pool, [None] * 4) for n in ("key_out", "value_out")]
+    graph = helper.make_graph([node], "op", inputs, outputs)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ortinf", 1)])
+    options = ort.SessionOptions()
+    library.register(options)
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("kind", ["float32", "float16", "int8"])
+def test_the_op_writes_the_pool_in_place(kind):
+    """With slot_mapping and the pool outputs, the op writes the step's K and V at their slots: the same bytes the
+    graph's Cast + Transpose + ScatterND wrote (float16 rounded to nearest even, as numpy and ORT's Cast round; the
+    int8 pool's rows as test_int8_pool checks them), in place when the outputs are bound to the pool's own buffers,
+    into a copy of the pool otherwise; the attention is the op's without the write, and q/k/v may come [1, T, width]."""
+    rng = np.random.default_rng(7)
+    dim, kv_heads = 64, 2
+    q, k, v, key_f, value_f, tables, ctx, qlens = random_case(rng, [0, 40, 100], [20, 1, 3], 8, kv_heads, dim, shared_prefix=1)
+    pool_type = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "int8": TensorProto.INT8}[kind]
+    if kind == "int8":
+        key_pool, value_pool = (quantize_rows(x, dim)[0].reshape(*x.shape[:3], dim + 4) for x in (key_f, value_f))
+        rows = [quantize_rows(x, dim)[0].reshape(len(x), kv_heads, dim + 4) for x in (k, v)]
+    else:
+        dtype = np.float16 if kind == "float16" else np.float32
+        key_pool, value_pool = key_f.astype(dtype), value_f.astype(dtype)
+        rows = [x.reshape(len(x), kv_heads, dim).astype(dtype) for x in (k, v)]
+    blocks, block_size = key_pool.shape[1], key_pool.shape[2]
+    free = np.setdiff1d(np.arange(blocks * block_size), (tables[:, :, None] * block_size + np.arange(block_size)).ravel())
+    slots = rng.choice(free, len(q), replace=False).astype(np.int64)
+    want_pools = [key_pool.copy(), value_pool.copy()]
+    for pool, new in zip(want_pools, rows):
+        pool.reshape(kv_heads, blocks * block_size, -1)[:, slots] = new.swapaxes(0, 1)
+    feeds = dict(zip(INPUTS, (q, k, v, key_pool, value_pool, tables, ctx, qlens)))
+    plain = write_session(kv_heads, pool_type).run(None, {**feeds, "slot_mapping": slots})  # outputs: fresh buffers
+    assert np.array_equal(plain[1], want_pools[0]) and np.array_equal(plain[2], want_pools[1])
+    assert np.array_equal(key_pool, feeds["key_cache"])  # the input pool untouched when the outputs are elsewhere
+    session = write_session(kv_heads, pool_type, rank=3)
+    binding = session.io_binding()
+    pools = [ort.OrtValue.ortvalue_from_numpy(key_pool), ort.OrtValue.ortvalue_from_numpy(value_pool)]
+    for name, value in {**feeds, "slot_mapping": slots, "query": q[None], "key": k[None], "value": v[None]}.items():
+        if name in ("key_cache", "value_cache"):
+            continue
+        binding.bind_cpu_input(name, np.ascontiguousarray(value))
+    binding.bind_ortvalue_input("key_cache", pools[0])
+    binding.bind_ortvalue_input("value_cache", pools[1])
+    binding.bind_output("out", "cpu")  # first bound: get_outputs()[0]
+    binding.bind_ortvalue_output("key_out", pools[0])
+    binding.bind_ortvalue_output("value_out", pools[1])
+    session.run_with_iobinding(binding)
+    assert np.array_equal(key_pool, want_pools[0]) and np.array_equal(value_pool, want_pools[1])  # in place
+    assert np.array_equal(binding.get_outputs()[0].numpy(), plain[0])
+    with pytest.raises(Exception, match="a slot lies outside the pool"):
+        write_session(kv_heads, pool_type).run(None, {**feeds, "slot_mapping": np.full(len(q), blocks * block_size, np.int64)})
+
+
 @pytest.mark.parametrize("isa", ["avx2", "generic"])
 def test_every_build_the_machine_runs(isa):
     """The op tests again under the narrower builds this CPU can run."""

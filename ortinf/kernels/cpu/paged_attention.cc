@@ -20,16 +20,21 @@
 //   num_heads, kv_num_heads (int), scale (float), sliding_window (int, 0 none), softcap (float, 0 none),
 //   cross (int, 0 none): cross-attention, each query over exactly the cached keys (Whisper's encoder
 //   K/V in the sequence's cross blocks; key and value are then ignored)
+//   slot_mapping [T] i64 (optional, input 12): each token's pool slot, for the write below
 //   -> output [T, H*D] f32, and (optional) rotated_key [T, KVH*D] f32 (the step's keys, rotated when cos/sin
 //      are given), key_rows and value_rows [T, KVH*(D + 4)] int8 (an int8 pool only: the step's K and V
-//      quantized as the pool holds them, for the graph's KV write)
+//      quantized as the pool holds them, for the graph's KV write), key_cache_out and value_cache_out (optional,
+//      outputs 4 and 5, both or neither, with slot_mapping): the pools with the step's K and V written at their slots
 // Without cos/sin, query and key come rotated already (graphs exported before RoPE moved here).
 // With them the op rotates the query rows as it loads them and the step's keys once, and returns
 // the rotated keys for the pool: the graph then has no RoPE nodes (14 elementwise nodes and a
 // shape chain per layer; the graph's node count, not its arithmetic, is what a one-sequence decode
-// step pays for). The step's new K/V are not written here: the graph's ScatterND writes them into
-// the pool (ortinf/exporter/kv_write.py), and this op reads them from its key/value inputs, so it never
-// depends on whether the write ran before it.
+// step pays for). With outputs 4 and 5 the op writes the step's K and V into the pool itself: the runtime binds
+// them to the very buffers it binds as the pool inputs, so the write is in place (a copy of the whole pool first if
+// they are other buffers); the exporter's CPU graph does this instead of a Reshape, Cast, Transpose and ScatterND per
+// tensor (ortinf/exporter/cpu_fusion.py, rewrite 6). Without them the graph's ScatterND writes the pool
+// (ortinf/exporter/kv_write.py). Either way the jobs read the step's own K/V from the key/value inputs, never from
+// the pool, so they never depend on whether the write ran first.
 //
 // Threads: the jobs (sequence x KV head x query tile) run on ORT's own intra-op pool through
 // KernelContext_ParallelFor, which hands them out one at a time (jobs differ in cost: contexts are
@@ -104,14 +109,17 @@ void run_one(void* data, size_t index) {
   g_run_job(call->step, call->jobs[index]);
 }
 
-constexpr size_t kInputs = 12, kRequiredInputs = 8;
+constexpr size_t kInputs = 13, kRequiredInputs = 8;
+constexpr size_t kSlotMapping = 12, kKeyCacheOut = 4;  // input 12; outputs 4 and 5
 
+// An optional output's buffer, or null where the node leaves the output out (an empty name).
 template <typename T>
 OrtStatus* output_data(OrtKernelContext* context, size_t index, int64_t rows, int64_t cols, T** data) {
   OrtValue* value = nullptr;
   const int64_t shape[2] = {rows, cols};
+  *data = nullptr;
   RETURN_IF_ERROR(g_api->KernelContext_GetOutput(context, index, shape, 2, &value));
-  return g_api->GetTensorMutableData(value, reinterpret_cast<void**>(data));
+  return value == nullptr ? nullptr : g_api->GetTensorMutableData(value, reinterpret_cast<void**>(data));
 }
 
 // The int8 pool's rows (attention_impl.h, kInt8) of n rows of `dim` floats. Plain scalar code compiled
@@ -129,6 +137,52 @@ void quantize_rows(const float* x, int64_t n, int64_t dim, int8_t* rows) {
     }
     std::memcpy(q + dim, &scale, sizeof(scale));
   }
+}
+
+// float32 -> IEEE half bits, rounded to nearest even (what ORT's Cast writes; F. Giesen's float_to_half_fast3_rtne)
+uint16_t to_half(float value) {
+  uint32_t x = 0;
+  std::memcpy(&x, &value, sizeof x);
+  const uint32_t sign = x & 0x80000000u;
+  x ^= sign;
+  uint16_t out = 0;
+  if (x >= (127u + 16u) << 23) {
+    out = x > 255u << 23 ? 0x7e00 : 0x7c00;  // NaN, or too large: infinity
+  } else if (x < 113u << 23) {  // a half subnormal (or zero): let float addition round it
+    const uint32_t magic_bits = ((127u - 15u) + (23u - 10u) + 1u) << 23;
+    float magic = 0.f, sum = 0.f;
+    std::memcpy(&magic, &magic_bits, sizeof magic);
+    std::memcpy(&sum, &x, sizeof sum);
+    sum += magic;
+    uint32_t bits = 0;
+    std::memcpy(&bits, &sum, sizeof bits);
+    out = static_cast<uint16_t>(bits - magic_bits);
+  } else {
+    const uint32_t odd = (x >> 13) & 1u;
+    x += ((15u - 127u) << 23) + 0xfffu + odd;
+    out = static_cast<uint16_t>(x >> 13);
+  }
+  return static_cast<uint16_t>(out | (sign >> 16));
+}
+
+// The step's K (or V) into the pool at each token's slot: `floats` for a float32 or float16 pool (float16: values
+// already rounded to half, so converting them is exact), `rows` (dim + 4 bytes each) for an int8 pool. What the
+// graph's Cast + Transpose + ScatterND wrote before (ortinf/exporter/cpu_fusion.py, rewrite 6), byte for byte.
+void write_pool(ortinf::CacheKind kind, void* pool, const float* floats, const int8_t* rows, const int64_t* slots, int64_t num_tokens,
+                int64_t kv_heads, int64_t pool_blocks, int64_t block_size, int64_t dim) {
+  const int64_t row = kind == ortinf::kInt8 ? dim + 4 : dim;
+  for (int64_t token = 0; token < num_tokens; ++token)
+    for (int64_t h = 0; h < kv_heads; ++h) {
+      const int64_t at = (h * pool_blocks * block_size + slots[token]) * row, from = (token * kv_heads + h);
+      if (kind == ortinf::kFloat) {
+        std::memcpy(static_cast<float*>(pool) + at, floats + from * dim, static_cast<size_t>(dim) * sizeof(float));
+      } else if (kind == ortinf::kHalf) {
+        uint16_t* out = static_cast<uint16_t*>(pool) + at;
+        for (int64_t d = 0; d < dim; ++d) out[d] = to_half(floats[from * dim + d]);
+      } else {
+        std::memcpy(static_cast<int8_t*>(pool) + at, rows + from * row, static_cast<size_t>(row));
+      }
+    }
 }
 
 OrtStatus* compute(const Kernel& k, OrtKernelContext* context) {
@@ -243,9 +297,8 @@ OrtStatus* compute(const Kernel& k, OrtKernelContext* context) {
   std::vector<float> rotated_scratch;
   if (rotate || outputs > 1) {  // the step's keys, rotated once: the jobs read them, the pool gets them (output 1)
     float* rotated = nullptr;
-    if (outputs > 1) {
-      RETURN_IF_ERROR(output_data(context, 1, num_tokens, kv_heads * dim, &rotated));
-    } else {
+    if (outputs > 1) RETURN_IF_ERROR(output_data(context, 1, num_tokens, kv_heads * dim, &rotated));
+    if (rotated == nullptr) {
       rotated_scratch.resize(static_cast<size_t>(step_floats));
       rotated = rotated_scratch.data();
     }
@@ -280,9 +333,8 @@ OrtStatus* compute(const Kernel& k, OrtKernelContext* context) {
     } else {
       const int64_t row = dim + 4, width = kv_heads * row;
       for (int i = 0; i < 2; ++i) {
-        if (outputs > 2 + static_cast<size_t>(i)) {
-          RETURN_IF_ERROR(output_data(context, 2 + i, num_tokens, width, &rows[i]));
-        } else {
+        if (outputs > 2 + static_cast<size_t>(i)) RETURN_IF_ERROR(output_data(context, 2 + i, num_tokens, width, &rows[i]));
+        if (rows[i] == nullptr) {
           row_scratch.resize(static_cast<size_t>(2 * num_tokens * width));
           rows[i] = row_scratch.data() + i * num_tokens * width;
         }
@@ -290,8 +342,32 @@ OrtStatus* compute(const Kernel& k, OrtKernelContext* context) {
       quantize_rows(keys, num_tokens * kv_heads, dim, rows[0]);
       quantize_rows(values, num_tokens * kv_heads, dim, rows[1]);
     }
-  } else if (outputs > 2) {
-    return fail("PagedAttention: the key_rows and value_rows outputs need an int8 pool");
+  } else {
+    for (size_t i = 2; i < std::min<size_t>(outputs, kKeyCacheOut); ++i) {
+      int8_t* asked = nullptr;
+      RETURN_IF_ERROR(output_data(context, i, num_tokens, kv_heads * (dim + 4), &asked));
+      if (asked != nullptr) return fail("PagedAttention: the key_rows and value_rows outputs need an int8 pool");
+    }
+  }
+
+  if (outputs > kKeyCacheOut) {  // the pool written here, in place (outputs 4, 5 are bound to the pool's own buffers)
+    const Tensor& slots = t[kSlotMapping];
+    if (k.cross || slots.data == nullptr || slots.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64 || slots.shape.size() != 1 ||
+        slots.shape[0] != num_tokens || outputs < kKeyCacheOut + 2)
+      return fail("PagedAttention: writing the pool needs slot_mapping int64 [num_tokens] and both pool outputs (not with cross)");
+    const int64_t* slot = static_cast<const int64_t*>(slots.data);
+    for (int64_t token = 0; token < num_tokens; ++token)
+      if (slot[token] < 0 || slot[token] >= pool_blocks * block_size) return fail("PagedAttention: a slot lies outside the pool");
+    const size_t bytes = static_cast<size_t>(key_cache.size()) * (kind == ortinf::kFloat ? 4 : kind == ortinf::kHalf ? 2 : 1);
+    for (int i = 0; i < 2; ++i) {
+      OrtValue* pool_out = nullptr;
+      const Tensor& pool_in = i == 0 ? key_cache : value_cache;
+      RETURN_IF_ERROR(g_api->KernelContext_GetOutput(context, kKeyCacheOut + i, pool_in.shape.data(), pool_in.shape.size(), &pool_out));
+      void* pool = nullptr;
+      RETURN_IF_ERROR(g_api->GetTensorMutableData(pool_out, &pool));
+      if (pool != pool_in.data) std::memcpy(pool, pool_in.data, bytes);  // not bound to the pool itself: a copy first
+      write_pool(kind, pool, i == 0 ? keys : values, rows[i], slot, num_tokens, kv_heads, pool_blocks, block_size, dim);
+    }
   }
 
   step = {static_cast<const float*>(query.data), keys,
@@ -332,14 +408,15 @@ void ORT_API_CALL kernel_destroy(void* kernel) { delete static_cast<Kernel*>(ker
 
 const char* ORT_API_CALL op_name(const OrtCustomOp*) { return "PagedAttention"; }
 size_t ORT_API_CALL input_count(const OrtCustomOp*) { return kInputs; }
-size_t ORT_API_CALL output_count(const OrtCustomOp*) { return 4; }
+size_t ORT_API_CALL output_count(const OrtCustomOp*) { return 6; }
 ONNXTensorElementDataType ORT_API_CALL input_type(const OrtCustomOp*, size_t index) {
-  if (index == 11) return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;  // attend_until
+  if (index == 11 || index == kSlotMapping) return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;  // attend_until, slot_mapping
   if (index < 3 || index >= kRequiredInputs) return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
   if (index < 5) return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;  // the pool: float or float16, checked in compute
   return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
 }
 ONNXTensorElementDataType ORT_API_CALL output_type(const OrtCustomOp*, size_t index) {
+  if (index >= kKeyCacheOut) return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;  // the pool's own type
   return index < 2 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8;
 }
 OrtCustomOpInputOutputCharacteristic ORT_API_CALL input_required(const OrtCustomOp*, size_t index) {
