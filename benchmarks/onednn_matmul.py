@@ -25,7 +25,6 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
-from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from qmatmul import SHAPES, session  # noqa: E402
@@ -48,19 +47,6 @@ def median_ms(graph: ort.InferenceSession, a: np.ndarray, repeats: int, nodes: i
         graph.run(None, {"a": a})
         times.append((time.perf_counter() - start) / nodes * 1e3)
     return statistics.median(times)
-
-
-def fp32_session(weights: list[np.ndarray]) -> ort.InferenceSession:
-    """ORT's MatMul (MLAS), one node per weight, as the fp32 graphs run."""
-    k, n = weights[0].shape
-    nodes = [helper.make_node("MatMul", ["a", f"w{i}"], [f"y{i}"]) for i in range(len(weights))]
-    graph = helper.make_graph(nodes, "f32", [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["m", k])],
-                              [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, ["m", n]) for i in range(len(weights))],
-                              [numpy_helper.from_array(w, f"w{i}") for i, w in enumerate(weights)])
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = THREADS
-    return ort.InferenceSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString(), options,
-                                providers=["CPUExecutionProvider"])
 
 
 def onednn(m: int, k: int, n: int, mode: str, group: int, repeats: int, count: int) -> tuple[str, str]:
@@ -109,10 +95,10 @@ def main() -> None:
     for size, dims in shapes.items():
         for k, n in dims:
             floats = [rng.standard_normal((k, n)).astype(np.float32) * 0.02 for _ in range(count)]
-            routes = [("MatMul (MLAS), fp32", fp32_session(floats), "f32", 32)]
+            routes = [("MatMul (MLAS), fp32", session(floats, "MatMul", k, n), "f32", 32)]
             for bits, block, mode in ((8, 128, "s8"), (8, 128, "s8s8"), (4, 32, "s4")):
                 routes.append((f"QMatMul int{bits}, block {block}",
-                               session([quantize_weight(w, bits, block) for w in floats], "QMatMul"), mode, block))
+                               session([quantize_weight(w, bits, block) for w in floats], "QMatMul", k, n), mode, block))
             for name, graph, mode, group in routes:
                 cells = []
                 for m in rows:

@@ -45,7 +45,8 @@ from ortinf.serve.tool_parsers import PARSERS
               help="Hosts whose http(s) image URLs the server fetches, on ports 80/443 unless written host:port (repeat, or "
                    "separate with commas; redirects are held to them) [default: none: images come inline as data URLs].")
 @click.option("--media-fetch-timeout", type=click.FloatRange(min=0.1), default=5.0, show_default=True,
-              envvar="ORTINF_MEDIA_FETCH_TIMEOUT", help="Seconds an image URL's fetch may take in all, redirects and a slow sender included (a 400 beyond).")
+              envvar="ORTINF_MEDIA_FETCH_TIMEOUT",
+              help="Seconds an image URL's fetch may take in all, redirects and a slow sender included (a 400 beyond).")
 @click.option("--tool-call-parser", type=click.Choice(["auto", *PARSERS, "none"]), default="auto", show_default=True,
               envvar="ORTINF_TOOL_CALL_PARSER",
               help="How tool calls are read from a model's text for tool_choice 'auto': hermes (<tool_call>{json}</tool_call>: "

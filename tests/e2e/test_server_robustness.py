@@ -172,7 +172,7 @@ def test_a_beam_search_is_admitted_as_its_beams(chat_package, tmp_path, referenc
     (It took one slot per n before: four n=1, best_of=32 searches ran 128 sequences on a 4-sequence server.)"""
     args = [str(chat_package), "--max-num-seqs", "4", "--max-queued-requests", "0"]
     with running_server(args, tmp_path) as server:
-        search = {"prompt": "the quick", "max_tokens": 40, "ignore_eos": True, "use_beam_search": True, "n": 1}
+        search = {"prompt": "the quick", "max_tokens": 200, "ignore_eos": True, "use_beam_search": True, "n": 1}  # long enough to watch
         assert_error(complete(server.url, {**search, "best_of": 8}), 400, "8 sequences", "best_of")
         done: list = []
         thread = threading.Thread(target=lambda: done.append(complete(server.url, {**search, "best_of": 4})))
