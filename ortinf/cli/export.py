@@ -86,12 +86,21 @@ def export(model: str | None, out: Path | None, task: str, dtype: str, vision_dt
     if out is None:
         raise click.UsageError("missing -o/--output: pass the package folder to write")
     from ortinf.config import parse_size
+    from ortinf.exporter.package import check_output
+    from ortinf.exporter.source import resolve_model
+    from ortinf.manifest import is_gguf
+
+    # MODEL and OUT checked before the exporter imports torch (seconds): a wrong folder is one line at once
+    size = parse_size(verify_memory)
+    check_output(out, overwrite)
+    if not is_gguf(Path(model).expanduser()):
+        resolve_model(model)
     from ortinf.exporter.api import export as run_export
 
     manifest = run_export(model, out, task=task, dtype=dtype, overwrite=overwrite, tolerance=tolerance, progress=not quiet,
                           kernel=kernel, quant_block_size=quant_block_size, accuracy_level=accuracy_level, kv_dtype=kv_dtype,
                           cpu_kernel=cpu_kernel, enable_lora=enable_lora, quality_gate=quality_gate, vision_dtype=vision_dtype,
-                          verify_memory=parse_size(verify_memory))
+                          verify_memory=size)
     parity = manifest.parity
     assert parity is not None
     click.echo(f"exported {manifest.architecture} ({manifest.task}, {manifest.dtype}) to {out}: max abs diff vs PyTorch {parity.max_abs_diff:.2e}")

@@ -168,9 +168,11 @@ class Gate:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
             if self.expected is not None:
-                given = dict(scope.get("headers") or []).get(b"authorization", b"")
-                if not hmac.compare_digest(given, self.expected):
-                    response = error_response(401, "missing or wrong API key: send `Authorization: Bearer <key>`", code="invalid_api_key")
+                given = [value for name, value in scope.get("headers") or [] if name == b"authorization"]
+                if len(given) != 1 or not hmac.compare_digest(given[0], self.expected):  # two headers: neither wins
+                    message = ("send one Authorization header, not several" if len(given) > 1 else
+                               "missing or wrong API key: send `Authorization: Bearer <key>`")
+                    response = error_response(401, message, code="invalid_api_key")
                     return await response(scope, receive, send)
             if not self.state.ready:
                 response = error_response(503, "the model is loading; retry shortly", code="model_loading", headers={"Retry-After": "1"})

@@ -82,3 +82,13 @@ def test_rerank_runs_only_with_the_key(keyed):
     score = {"model": "minilm", "text_1": "the quick fox", "text_2": "the fox"}
     assert httpx.post(f"{keyed.url}/score", json=score, timeout=30).status_code == 401
     assert httpx.post(f"{keyed.url}/score", json=score, headers={"authorization": f"Bearer {KEY}"}, timeout=30).status_code == 200
+
+
+def test_two_authorization_headers_are_refused(keyed):
+    """With two Authorization headers neither wins (the last one did: a proxy's header could be overridden)."""
+    body = {"model": "minilm", "prompt": "hello"}
+    for pair in ([f"Bearer {KEY}", "Bearer wrong"], ["Bearer wrong", f"Bearer {KEY}"], [f"Bearer {KEY}"] * 2):
+        answer = httpx.post(f"{keyed.url}/tokenize", json=body, headers=[("authorization", value) for value in pair], timeout=30)
+        assert answer.status_code == 401, (pair, answer.text)
+        assert "send one Authorization header" in answer.json()["error"]["message"]
+    assert httpx.post(f"{keyed.url}/tokenize", json=body, headers={"authorization": f"Bearer {KEY}"}, timeout=30).status_code == 200

@@ -50,3 +50,20 @@ def test_the_ignored_fields_header_is_printable_ascii():
     assert len(field_policy.ignored_headers(["z" * 5000])[field_policy.IGNORED_HEADER]) == 1000
     assert header.isascii() and header.isprintable()
     assert field_policy.ignored_headers([]) == {}
+
+
+def test_too_many_unknown_fields_are_one_400_before_any_is_read():
+    """150,000 unknown fields (the outside attack's request): refused by their count, at once, never sorted or escaped
+    for the log and the header on the event loop; up to the limit they are named as ignored, as before."""
+    import time
+
+    from ortinf.serve.errors import APIError
+
+    flood = CompletionRequest.model_validate({"model": "m", "prompt": "x", **{f"field{i}": i for i in range(150_000)}})
+    start = time.perf_counter()
+    with pytest.raises(APIError) as caught:
+        field_policy.apply("/v1/completions", flood)
+    assert time.perf_counter() - start < 0.05
+    assert caught.value.status == 400 and "150,000 fields this route does not define" in caught.value.message
+    some = CompletionRequest.model_validate({"model": "m", "prompt": "x", **{f"field{i}": i for i in range(field_policy.MAX_UNKNOWN_FIELDS)}})
+    assert len(field_policy.apply("/v1/completions", some)) == field_policy.MAX_UNKNOWN_FIELDS
