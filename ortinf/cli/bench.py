@@ -24,7 +24,7 @@ class BenchConfig:
     output_len: int
     max_concurrency: int
     request_rate: float = float("inf")
-    vocab_size: int = 1000
+    vocab_size: int | None = None  # None: prompts written in words and tokenized by the server (server_prompts)
     seed: int = 0
     api_key: str | None = None
 
@@ -81,6 +81,28 @@ async def _one(client: httpx.AsyncClient, config: BenchConfig, prompt: list[int]
     return result
 
 
+WORD_LETTERS = "etaoinshrdlucmfwypvbgkqjxz"
+
+
+async def server_prompts(client: httpx.AsyncClient, config: BenchConfig, rng: random.Random) -> list[list[int]]:
+    """`num_prompts` prompts of `input_len` token ids that the served model's own tokenizer wrote (random words sent
+    to /tokenize), so every id is in its vocabulary whatever its size (ids drawn below a fixed bound failed every
+    request on a smaller model). A server without /tokenize: an error naming --vocab-size."""
+    prompts = []
+    for _ in range(config.num_prompts):
+        words = " ".join("".join(rng.choice(WORD_LETTERS) for _ in range(rng.randint(2, 8))) for _ in range(config.input_len))
+        try:
+            response = await client.post("/tokenize", json={"model": config.model, "prompt": words, "add_special_tokens": False})
+            ids = response.json().get("tokens") if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            ids = None
+        if not ids or len(ids) < config.input_len:
+            raise click.ClickException(f"{config.url} did not tokenize the prompts (/tokenize): pass --vocab-size N to draw "
+                                       "token ids below N instead")
+        prompts.append(ids[: config.input_len])
+    return prompts
+
+
 async def pick_model(client: httpx.AsyncClient) -> str | None:
     """The served language model, for a server that serves several (ortinf's /v1/models says each
     model's task; elsewhere the first listed). None when the server lists none."""
@@ -98,13 +120,16 @@ async def run_bench(config: BenchConfig) -> dict:
     `request_rate` per second when finite) and returns the summary. Without a model, the server's
     language model is used (pick_model)."""
     rng = random.Random(config.seed)
-    prompts = [[rng.randrange(3, config.vocab_size) for _ in range(config.input_len)] for _ in range(config.num_prompts)]
     limit = asyncio.Semaphore(config.max_concurrency)
     headers = {"authorization": f"Bearer {config.api_key}"} if config.api_key else {}
     limits = httpx.Limits(max_connections=config.max_concurrency + 4)
     async with httpx.AsyncClient(base_url=config.url, timeout=600, headers=headers, limits=limits) as client:
         if config.model is None:
             config = replace(config, model=await pick_model(client))
+        if config.vocab_size is not None:
+            prompts = [[rng.randrange(3, config.vocab_size) for _ in range(config.input_len)] for _ in range(config.num_prompts)]
+        else:
+            prompts = await server_prompts(client, config, rng)
 
         async def limited(prompt: list[int]) -> RequestResult:
             async with limit:
@@ -166,12 +191,14 @@ def bench() -> None:
 @click.option("--max-concurrency", type=click.IntRange(min=1), default=8, show_default=True, help="Most requests in flight at once.")
 @click.option("--request-rate", type=click.FloatRange(min=0.0, min_open=True), default=float("inf"), show_default=True,
               help="Poisson arrivals per second (inf: all at once).")
-@click.option("--vocab-size", type=click.IntRange(min=4), default=1000, show_default=True, help="Prompt token ids are drawn below this.")
+@click.option("--vocab-size", type=click.IntRange(min=4), default=None,
+              help="Draw prompt token ids below this [default: random words tokenized by the server's /tokenize, so every id "
+                   "is in the model's vocabulary].")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random prompts and arrivals.")
 @click.option("--api-key", envvar="ORTINF_API_KEY", default=None, help="Bearer key, if the server wants one.")
 @click.option("--save-result", type=click.Path(path_type=Path, dir_okay=False), default=None, help="Write the summary as JSON here.")
 def bench_serve(url: str, model: str | None, num_prompts: int, input_len: int, output_len: int, max_concurrency: int,
-                request_rate: float, vocab_size: int, seed: int, api_key: str | None, save_result: Path | None) -> None:
+                request_rate: float, vocab_size: int | None, seed: int, api_key: str | None, save_result: Path | None) -> None:
     """Stream requests at a running server; report throughput and TTFT/TPOT/ITL/E2E latency (mean, median, p99)."""
     import asyncio
     import json
