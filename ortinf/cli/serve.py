@@ -141,6 +141,16 @@ def serve(packages: tuple[Path, ...], host: str, port: int, served_model_names: 
         Manifest.load(draft)
         spec = replace(spec, model=str(draft))
     engine["speculative_config"] = spec
+    from dataclasses import replace as with_fields
+
+    from ortinf.worker.kv_pool import check_budget
+
+    for package in packages:  # a context or KV budget a decoder can never run with: one line now, not after the URL
+        manifest = Manifest.load(package)
+        if manifest.decoder is not None and manifest.seq2seq is None and manifest.speech is None:
+            kinds = [manifest.decoder] + ([with_fields(manifest.decoder, kv_dtype=manifest.cpu_kernel.kv_dtype)]
+                                          if manifest.cpu_kernel is not None and manifest.cpu_kernel.kv_dtype else [])
+            check_budget(checked, kinds)
     if found.provider.memory == DEVICE and checked.kv_cache_memory is None and checked.num_blocks is None \
             and any(Manifest.load(p).decoder for p in packages):
         raise click.UsageError(f"the {found.provider.name} provider keeps the KV cache in device memory, whose free size ORT "

@@ -29,7 +29,7 @@ from ortinf.tokenizer import check_unicode, load_checked_tokenizer
 from ortinf.worker.cross_encoder import CrossEncoder
 from ortinf.worker.decoder_graph import DecoderGraph, cpu_kernels, pool_spec
 from ortinf.worker.encoder_input import EncoderInput, PlacedImage
-from ortinf.worker.kv_pool import resolve_num_blocks
+from ortinf.worker.kv_pool import check_context, resolve_num_blocks
 from ortinf.worker.lora import LoraAdapter, LoraSlots
 from ortinf.worker.model_runner import ModelRunner
 from ortinf.worker.scheduler_output import ModelRunnerOutput, SchedulerOutput
@@ -76,7 +76,7 @@ class LLMEngine:
             raise ConfigError("speculative decoding and LoRA adapters are for text-generation packages, not encoder-decoders")
         spec = manifest.decoder
         self.tokenizer = load_checked_tokenizer(config.package_dir, spec.vocab_size) if manifest.has_tokenizer else None
-        self.max_model_len = min(config.max_model_len or spec.max_model_len, spec.max_model_len)
+        self.max_model_len = check_context(config, spec)
         # Marian and BART packages have no encoder graph that writes a device pool (Whisper's do): "auto"
         # keeps them on the CPU, where the pool is host memory
         found = resolve("cpu" if self.seq2seq is not None and config.provider == "auto" else config.provider)

@@ -84,6 +84,31 @@ def resolve_num_blocks(config: EngineConfig, spec: DecoderSpec, max_model_len: i
     return num_blocks
 
 
+def check_context(config: EngineConfig, spec: DecoderSpec) -> int:
+    """The context length the engine runs: --max-model-len, which may not exceed the package's (it was cut to it
+    silently: a client then met a limit it had not asked for), else the package's."""
+    if config.max_model_len is not None and config.max_model_len > spec.max_model_len:
+        raise ConfigError(f"--max-model-len {config.max_model_len} is longer than this package's context ({spec.max_model_len} "
+                          f"tokens, the model's position limit): pass {spec.max_model_len} or less")
+    return config.max_model_len or spec.max_model_len
+
+
+def check_budget(config: EngineConfig, specs: list[DecoderSpec]) -> None:
+    """Before any model loads (ortinf serve runs it first): the context length (check_context), and a KV budget (--kv-cache-memory, --num-blocks) that cannot
+    hold one sequence at the context length in any pool the package may run (`specs`: the portable graph's, the CPU
+    kernel graph's) is the same error resolve_num_blocks gives at load, said before the server starts."""
+    max_model_len = check_context(config, specs[0])
+    if config.kv_cache_memory is None and config.num_blocks is None:
+        return
+    one = -(-max_model_len // config.block_size)
+    smallest = min(block_bytes(spec, config.block_size) for spec in specs)
+    num_blocks = config.num_blocks if config.num_blocks is not None else config.kv_cache_memory // smallest
+    if num_blocks < one:
+        raise ConfigError(f"the KV cache holds {num_blocks} blocks ({num_blocks * config.block_size} tokens), fewer than one "
+                          f"sequence of max_model_len {max_model_len} needs ({one}); raise kv_cache_memory/num_blocks or lower "
+                          "max_model_len")
+
+
 class KVPool:
     """The pool of one decoder session: allocated at construction, bound with `bind`."""
 

@@ -157,3 +157,17 @@ def test_export_checks_its_arguments_before_importing_torch(tmp_path):
         errors = [line for line in done.stderr.splitlines() if not line.startswith("import time:")]
         assert done.returncode == 2 and len(errors) == 1 and message in errors[0], done.stderr[-2000:]
         assert "torch" not in imported and "onnx" not in imported
+
+
+def test_a_context_or_kv_budget_a_package_cannot_run_is_refused_before_the_server_starts(chat_package):
+    """--max-model-len past the package's context was cut to it silently; --kv-cache-memory 1KiB announced the URL,
+    then exited 1. Both: one line, exit 2, before anything listens."""
+    context = ortinf.manifest.Manifest.load(chat_package).decoder.max_model_len
+    for args, message in ((["--max-model-len", "999999"], f"--max-model-len 999999 is longer than this package's context ({context} tokens"),
+                          (["--kv-cache-memory", "1KiB"], "the KV cache holds 0 blocks")):
+        done = subprocess.run([ORTINF, "serve", str(chat_package), "--port", "8797", *args], capture_output=True, text=True, timeout=300)
+        lines = [line for line in done.stderr.strip().splitlines() if not line.startswith("INFO")]
+        assert done.returncode == 2 and len(lines) == 1 and message in lines[0], done.stderr
+        assert "Uvicorn running" not in done.stderr
+    with pytest.raises(ConfigError, match="longer than this package's context"):
+        ortinf.LLM(chat_package, max_model_len=context + 1)
