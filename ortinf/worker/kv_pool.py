@@ -94,9 +94,10 @@ def check_context(config: EngineConfig, spec: DecoderSpec) -> int:
 
 
 def check_budget(config: EngineConfig, specs: list[DecoderSpec]) -> None:
-    """Before any model loads (ortinf serve runs it first): the context length (check_context), and a KV budget (--kv-cache-memory, --num-blocks) that cannot
-    hold one sequence at the context length in any pool the package may run (`specs`: the portable graph's, the CPU
-    kernel graph's) is the same error resolve_num_blocks gives at load, said before the server starts."""
+    """Before any model loads (ortinf serve runs it first): the context length (check_context), and a KV budget
+    (--kv-cache-memory, --num-blocks) that cannot hold one sequence at the context length in any pool the package
+    may run (`specs`: the portable graph's, the CPU kernel graph's): the error resolve_num_blocks gives at load,
+    said before the server starts."""
     max_model_len = check_context(config, specs[0])
     if config.kv_cache_memory is None and config.num_blocks is None:
         return
