@@ -103,7 +103,8 @@ def export(model: str | None, out: Path | None, task: str, dtype: str, vision_dt
                           verify_memory=size)
     parity = manifest.parity
     assert parity is not None
-    click.echo(f"exported {manifest.architecture} ({manifest.task}, {manifest.dtype}) to {out}: max abs diff vs PyTorch {parity.max_abs_diff:.2e}")
+    kind = f"{manifest.task} with images ({manifest.vision.family}), {manifest.dtype}" if manifest.vision else f"{manifest.task}, {manifest.dtype}"
+    click.echo(f"exported {manifest.architecture} ({kind}) to {out}: max abs diff vs PyTorch {parity.max_abs_diff:.2e}")
     if manifest.cpu_kernel is not None:
         click.echo(f"CPU kernel graph ({manifest.cpu_kernel.graph}): max abs diff vs PyTorch {manifest.cpu_kernel.max_abs_diff:.2e}")
     if manifest.quality is not None:

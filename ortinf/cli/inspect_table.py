@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from ortinf.manifest import Manifest
@@ -56,6 +57,14 @@ def manifest_rows(manifest: Manifest, folder: Path) -> list[tuple[str, str]]:
             ("cpu kernel", cpu_kernel_row(manifest)),
             ("lora", f"inputs on {', '.join(d.lora_targets)} (serve adapters with --lora-modules)" if d.lora_targets
              else "none (export with --enable-lora to serve adapters)"),
+        ]
+    if manifest.vision is not None:
+        v = manifest.vision
+        tokens = f"{v.tokens_per_image} tokens per image" if v.tokens_per_image else "tokens by each image's size"
+        rows += [
+            ("vision", f"{v.family} image encoder, {v.dtype} weights, {tokens}, image token {v.image_token_id}"
+                       + (f"; max abs diff vs transformers {v.max_abs_diff:.2e}" if not math.isnan(v.max_abs_diff) else "")),
+            ("run it with", "chat messages with image_url parts / LLM(package).chat / LLM.generate(multi_modal_data={'image': ...})"),
         ]
     if manifest.speech is not None:
         sp = manifest.speech

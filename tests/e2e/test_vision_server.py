@@ -331,3 +331,12 @@ def test_llm_chat_with_images_equals_the_server(client, qwen_package, chat_packa
     assert LLM(chat_package).chat([{"role": "user", "content": "hi"}], greedy)[0].outputs[0].token_ids
     with pytest.raises(RequestError, match="role"):
         llm.chat([{"role": "robot", "content": "hi"}], greedy)
+
+
+def test_inspect_says_a_package_reads_images(llava_package):
+    """`ortinf inspect` had no row saying a package takes images (export printed "(text-generation, fp32)")."""
+    from ortinf.cli.inspect_table import manifest_rows
+
+    rows = dict(manifest_rows(ortinf.manifest.Manifest.load(llava_package), llava_package))
+    assert rows["vision"].startswith("llava image encoder, fp32 weights, 16 tokens per image, image token "), rows["vision"]
+    assert "image_url" in rows["run it with"]
