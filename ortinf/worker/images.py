@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import math
+import re
 import warnings
 from pathlib import Path
 from typing import Any
@@ -60,7 +61,8 @@ def load_image(source: Any, param: str = "image"):  # noqa: ANN201 - a PIL image
         except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
             raise RequestError(f"the image is too large to decode: {exc}", param=param) from exc
         except (OSError, SyntaxError, ValueError, EOFError) as exc:  # not an image, truncated, corrupt
-            raise RequestError(f"the image cannot be decoded ({str(exc)[:120] or type(exc).__name__}): send a PNG, JPEG, WebP "
+            reason = re.sub(r"<[^<>]* at 0x[0-9a-fA-F]+>", "the data", str(exc))[:120]  # Pillow names the buffer's repr
+            raise RequestError(f"the image cannot be decoded ({reason or type(exc).__name__}): send a PNG, JPEG, WebP "
                                "or GIF", param=param) from exc
     if image.size[0] < 1 or image.size[1] < 1:
         raise RequestError(f"the image is empty ({image.size[0]}x{image.size[1]})", param=param)

@@ -245,6 +245,7 @@ def test_bad_images_are_400s(client, content, fragment):
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(model="llava", messages=[{"role": "user", "content": content}], max_tokens=2)
     assert fragment in caught.value.body["message"], caught.value.body
+    assert " at 0x" not in caught.value.body["message"]  # no Python object repr (Pillow's message names its buffer)
     assert client.chat.completions.create(model="llava", messages=[{"role": "user", "content": "hi"}], max_tokens=2).choices
 
 
