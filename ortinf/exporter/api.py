@@ -33,6 +33,7 @@ from ortinf.manifest import (
     CPU_MODEL_NAME,
     IMAGE_TEXT_TO_TEXT,
     KERNELS,
+    MANIFEST_NAME,
     MODEL_NAME,
     PORTABLE,
     SPEECH_RECOGNITION,
@@ -117,8 +118,12 @@ def export(
                        external_data_threshold=external_data_threshold, kernel=kernel, quant_block_size=quant_block_size,
                        accuracy_level=accuracy_level, kv_dtype=kv_dtype, cpu_kernel=cpu_kernel, enable_lora=enable_lora,
                        quality_gate=quality_gate, verify_memory=verify_memory)
+        gguf_path = Path(model).expanduser().resolve()
         with tempfile.TemporaryDirectory(prefix="ortinf-gguf-") as folder:
-            return export(gguf_to_folder(Path(model).expanduser().resolve(), Path(folder)), out, **options)
+            manifest = export(gguf_to_folder(gguf_path, Path(folder)), out, **options)
+        manifest = replace(manifest, source=str(gguf_path))  # the file, not the temporary folder it went through
+        (Path(out).expanduser() / MANIFEST_NAME).write_text(manifest.to_json(), encoding="utf-8")
+        return manifest
     dtype = dtype or "fp32"
     if task != "auto" and task not in TASKS:
         raise ExportError(f"unknown task '{task}': choose auto, {', '.join(TASKS)}")

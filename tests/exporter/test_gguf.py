@@ -46,6 +46,7 @@ def test_a_gguf_exports_and_decodes_as_transformers_reads_it(hf, quantization):
     path = write_gguf(hf / "hf", hf / f"tiny-{quantization}.gguf", quantization)
     manifest = ortinf.export(path, hf / f"pkg-{quantization}", progress=False)
     assert manifest.task == "text-generation" and manifest.has_tokenizer
+    assert manifest.source == str(path.resolve()) == ortinf.manifest.Manifest.load(hf / f"pkg-{quantization}").source  # not the temp folder
     reference = (transformers.AutoModelForCausalLM.from_pretrained(hf / "hf").eval() if quantization == "F32" else
                  transformers.AutoModelForCausalLM.from_pretrained(hf, gguf_file=path.name, dtype=torch.float32).eval())
     llm = LLM(hf / f"pkg-{quantization}", provider="cpu", num_blocks=64)
