@@ -218,7 +218,7 @@ def test_slow_image_hosts_do_not_hold_other_routes(client, image_host):
         counted = httpx.post(f"{base}/tokenize", json={"model": "text", "prompt": "hello there"}, timeout=30)
         took = time.monotonic() - start
         codes = [p.result() for p in pending]
-    assert counted.status_code == 200 and took < 1.5, took  # before: queued behind fetches held for minutes
+    assert counted.status_code == 200 and took < 1.5, took  # before the media pool: minutes
     assert set(codes) <= {400, 429}, codes  # each a timeout's 400 (or a 429 past the admission's capacity)
 
 
