@@ -198,7 +198,8 @@ def test_image_urls_from_allowed_hosts(client, image_host):
 
 def test_slow_image_hosts_do_not_hold_other_routes(client, image_host):
     """Eight chats whose image trickles in (each holds a fetch for the 1 s timeout): /tokenize of plain text answers
-    within 1.5 s meanwhile (a margin for slower CPUs; it waited for the trickle's 300 s before), because fetches run on the media pool (2 threads), not the shared one (6 threads here, which
+    within 1.5 s meanwhile (a margin for slower CPUs; it waited for the trickle's 300 s before),
+    because fetches run on the media pool (2 threads), not the shared one (6 threads here, which
     eight fetches filled: an unrelated /v1/rerank took 26 s in the attack)."""
     import concurrent.futures
     import time
