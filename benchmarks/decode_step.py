@@ -32,8 +32,8 @@ from export_llama import TINY, build  # noqa: E402
 from record import finish  # noqa: E402
 
 import ortinf  # noqa: E402
-from ortinf.worker.decoder_graph import DecoderGraph  # noqa: E402
-from ortinf.worker.model_input import SequenceChunk, build_model_input  # noqa: E402
+from ortinf.runtime.worker.decoder_graph import DecoderGraph  # noqa: E402
+from ortinf.runtime.worker.model_input import SequenceChunk, build_model_input  # noqa: E402
 
 BLOCK_SIZE, NUM_BLOCKS, THREADS = 16, 1024, 2
 KERNELS = {"portable": False, "cpu kernel": True}

@@ -33,8 +33,8 @@ import ortinf
 from ortinf.exporter import cpu_fusion
 from ortinf.kernels import library
 from ortinf.manifest import CPU_MODEL_NAME, WEIGHTS_NAME, Manifest
-from ortinf.worker.decoder_graph import DecoderGraph
-from ortinf.worker.model_input import build_model_input
+from ortinf.runtime.worker.decoder_graph import DecoderGraph
+from ortinf.runtime.worker.model_input import build_model_input
 
 BLOCK_SIZE, NUM_BLOCKS, THREADS, STEPS = 16, 1024, 2, 10
 WEIGHT_OPS = ("QMatMul", "BMatMul", "MatMul", "MoE")

@@ -32,8 +32,8 @@ import ortinf  # noqa: E402
 from ortinf.bundled import DEMO_LLAMA  # noqa: E402
 from ortinf.manifest import Manifest  # noqa: E402
 from ortinf.matrix import machine  # noqa: E402
-from ortinf.worker.decoder_graph import DecoderGraph  # noqa: E402
-from ortinf.worker.model_input import SequenceChunk, build_model_input  # noqa: E402
+from ortinf.runtime.worker.decoder_graph import DecoderGraph  # noqa: E402
+from ortinf.runtime.worker.model_input import SequenceChunk, build_model_input  # noqa: E402
 
 BLOCK_SIZE, THREADS = 16, 2
 POOLS = ("fp16", "int8")

@@ -43,7 +43,7 @@ class Stack(torch.nn.Module):
         for layer, weight in enumerate(self.weights):
             a, b, a_flat, b_flat = per_layer[4 * layer : 4 * layer + 4]  # one input each, as the runtime binds them
             y = x @ weight
-            if self.layout == "masked":  # as ortinf/exporter/lora.py and ortinf/worker/lora.py lay them out
+            if self.layout == "masked":  # as ortinf/exporter/lora.py and ortinf/runtime/worker/lora.py lay them out
                 y = y + ((x @ a_flat) * mask) @ b_flat
             elif self.layout == "gathered":
                 y = y + torch.matmul(torch.matmul(x[:, None, :], a[slots]), b[slots])[:, 0]

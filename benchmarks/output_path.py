@@ -30,8 +30,8 @@ from record import finish  # noqa: E402
 
 import ortinf  # noqa: E402
 from ortinf.config import EngineConfig  # noqa: E402
-from ortinf.engine.llm_engine import LLMEngine  # noqa: E402
-from ortinf.sample.sampling_params import SamplingParams  # noqa: E402
+from ortinf.runtime.engine.llm_engine import LLMEngine  # noqa: E402
+from ortinf.runtime.sample.sampling_params import SamplingParams  # noqa: E402
 
 KINDS = ("cumulative", "delta")
 

@@ -29,8 +29,8 @@ from export_llama import TINY, build  # noqa: E402
 from record import finish  # noqa: E402
 
 import ortinf  # noqa: E402
-from ortinf.worker.decoder_graph import DecoderGraph  # noqa: E402
-from ortinf.worker.model_input import build_model_input  # noqa: E402
+from ortinf.runtime.worker.decoder_graph import DecoderGraph  # noqa: E402
+from ortinf.runtime.worker.model_input import build_model_input  # noqa: E402
 
 DEFAULT_FORMS = ["fp32:0:fp32", "int8:32:fp32", "int8:128:fp32", "int8:128:fp16", "int4:32:fp32", "int4:32:fp16"]
 

@@ -24,9 +24,9 @@ from record import finish
 
 from ortinf.bundled import DEMO_LLAMA, ensure_exported
 from ortinf.config import EngineConfig
-from ortinf.engine.llm_engine import LLMEngine
 from ortinf.matrix import machine
-from ortinf.sample.sampling_params import SamplingParams
+from ortinf.runtime.engine.llm_engine import LLMEngine
+from ortinf.runtime.sample.sampling_params import SamplingParams
 
 PROMPTS = [
     "def read_config(path):\n", "class LRUCache:\n    def __init__(self, capacity):\n", "import os\n\ndef walk(root):\n",

@@ -28,10 +28,10 @@ from record import finish
 
 from ortinf.bundled import ensure_exported
 from ortinf.config import EngineConfig
-from ortinf.engine.llm_engine import LLMEngine
 from ortinf.matrix import machine
-from ortinf.sample.sampling_params import SamplingParams
-from ortinf.sample.structured_output import StructuredOutput
+from ortinf.runtime.engine.llm_engine import LLMEngine
+from ortinf.runtime.sample.sampling_params import SamplingParams
+from ortinf.runtime.sample.structured_output import StructuredOutput
 
 STRINGS = {"type": "object", "properties": {"items": {"type": "array", "items": {"type": "string"}, "minItems": 40}},
            "required": ["items"], "additionalProperties": False}

@@ -43,13 +43,13 @@ STEP = r"""
 import json, statistics, sys, time
 from pathlib import Path
 import numpy as np
-from ortinf.worker import encoder_graph
+from ortinf.runtime.worker import encoder_graph
 if sys.argv[3] == "spinning":  # the old behaviour: the encoder's threads spin too
     create = encoder_graph.create_session
     encoder_graph.create_session = lambda *a, spin=True, **k: create(*a, spin=True, **k)
-from ortinf.worker.decoder_graph import DecoderGraph
-from ortinf.worker.encoder_graph import EncoderGraph
-from ortinf.worker.model_input import SequenceChunk, build_model_input
+from ortinf.runtime.worker.decoder_graph import DecoderGraph
+from ortinf.runtime.worker.encoder_graph import EncoderGraph
+from ortinf.runtime.worker.model_input import SequenceChunk, build_model_input
 graph = DecoderGraph(Path(sys.argv[1]), num_blocks=512, block_size=16, provider="cpu", intra_op_threads=2)
 order = np.random.default_rng(0).permutation(500).tolist()
 step = build_model_input([SequenceChunk([5], 190, order[i * 12:(i + 1) * 12]) for i in range(32)], 16)

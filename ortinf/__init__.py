@@ -23,7 +23,7 @@ def __getattr__(name: str) -> Any:
 
         return LLM
     if name == "SamplingParams":
-        from ortinf.sample.sampling_params import SamplingParams
+        from ortinf.runtime.sample.sampling_params import SamplingParams
 
         return SamplingParams
     raise AttributeError(f"module 'ortinf' has no attribute {name!r}")

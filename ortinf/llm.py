@@ -12,11 +12,11 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ortinf.config import EngineConfig
-from ortinf.engine.beams import BeamRun
-from ortinf.engine.outputs import RequestOutput
 from ortinf.errors import ConfigError, RequestError
 from ortinf.manifest import TEXT2TEXT, TEXT_GENERATION, Manifest
-from ortinf.sample.sampling_params import SamplingParams
+from ortinf.runtime.engine.beams import BeamRun
+from ortinf.runtime.engine.outputs import RequestOutput
+from ortinf.runtime.sample.sampling_params import SamplingParams
 
 Prompt = str | Sequence[int] | dict  # a dict: {"prompt": text or ids, "multi_modal_data": {"image": one or a list}} (vLLM's)
 ENCODER_OPTIONS = {"intra_op_threads", "provider_options", "allow_cpu_fallback"}  # what an encoder package's LLM takes
@@ -38,7 +38,7 @@ class LLM:
 
     def __init__(self, package_dir: str | Path | None = None, provider: str = "auto", **options: Any) -> None:
         from ortinf.bundled import resolve_package
-        from ortinf.sample.speculative import SpeculativeConfig
+        from ortinf.runtime.sample.speculative import SpeculativeConfig
 
         package_dir = resolve_package(package_dir)  # a Hugging Face folder is exported into the package cache once
         spec = SpeculativeConfig.parse(options.get("speculative_config"))
@@ -56,7 +56,7 @@ class LLM:
 
             self.transcriber = Transcriber(package_dir, provider, **options)  # its engine takes every engine option
         elif self.manifest.task in (TEXT_GENERATION, TEXT2TEXT):  # decoders, and Marian/BART (the source is the encoder's)
-            from ortinf.engine.llm_engine import LLMEngine
+            from ortinf.runtime.engine.llm_engine import LLMEngine
 
             try:
                 config = EngineConfig(package_dir=Path(package_dir), provider=provider, **options)
@@ -64,7 +64,7 @@ class LLM:
                 raise ConfigError(f"unknown engine option: {exc}") from exc
             self.engine = LLMEngine(config)
         else:
-            from ortinf.worker.encoder_graph import EncoderGraph
+            from ortinf.runtime.worker.encoder_graph import EncoderGraph
 
             unused = sorted(set(options) - ENCODER_OPTIONS)
             if unused:  # never silently dropped
@@ -109,12 +109,12 @@ class LLM:
         An invalid conversation raises RequestError before anything runs."""
         from pydantic import ValidationError
 
+        from ortinf.runtime.worker.image_prompt import placeholder_text
         from ortinf.serve.chat_template import ChatTemplate
         from ortinf.serve.media import message_images
         from ortinf.serve.protocol import ChatMessage
         from ortinf.serve.tools import template_messages
         from ortinf.tokenizer import check_unicode
-        from ortinf.worker.image_prompt import placeholder_text
 
         if self.engine is None:
             raise ConfigError(f"this package is a {self.manifest.task} model: use embed(), not chat()")
@@ -156,7 +156,7 @@ class LLM:
         try:
             for i, (prompt, p, adapter) in enumerate(zip(batch, params, loras)):
                 prompt, images = _with_images(prompt)
-                if p.num_beams > 1:  # one search, its step requests added as it goes (ortinf/engine/beams.py)
+                if p.num_beams > 1:  # one search, its step requests added as it goes (ortinf/runtime/engine/beams.py)
                     beams[i] = BeamRun(engine.prepare(prompt, p, adapter, images=images), engine)
                     continue
                 prepared = engine.prepare(prompt, p, adapter, images=images)  # tokenised (and its images read) once

@@ -93,7 +93,7 @@ class DecoderSpec:
     # `--enable-lora`: {target linear: [in_features, out_features]}, each with LoRA inputs (ortinf/exporter/lora.py)
     lora_targets: dict[str, list[int]] = field(default_factory=dict)
     # Qwen2-VL's multimodal RoPE: the rotary dimensions' split over (temporal, height, width) positions; the graph
-    # then takes `rope_deltas` [3, num_tokens], added to `positions` per section (ortinf/worker/mrope.py)
+    # then takes `rope_deltas` [3, num_tokens], added to `positions` per section (ortinf/runtime/worker/mrope.py)
     mrope_section: tuple[int, ...] | None = None
     # Gemma 3's images: a prefill's image tokens attend to each other both ways; the graph then takes `attend_until`
     # [num_tokens], the last position each token may see (its own outside an image; the portable kernel only)

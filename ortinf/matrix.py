@@ -85,9 +85,9 @@ def measure_row(package: Path, provider: str, threads: int, reference: Path | No
     from ortinf.manifest import Manifest
     from ortinf.providers.base import DEVICE
     from ortinf.providers.registry import PROVIDERS
-    from ortinf.sample.sampling_params import SamplingParams
-    from ortinf.worker.decoder_graph import DecoderGraph
-    from ortinf.worker.model_input import SequenceChunk, build_model_input
+    from ortinf.runtime.sample.sampling_params import SamplingParams
+    from ortinf.runtime.worker.decoder_graph import DecoderGraph
+    from ortinf.runtime.worker.model_input import SequenceChunk, build_model_input
 
     manifest = Manifest.load(package)
     vocab = manifest.decoder.vocab_size

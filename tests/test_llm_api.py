@@ -72,7 +72,7 @@ def test_unknown_engine_option_is_a_config_error(decoder_package):
 
 def test_a_hugging_face_folder_is_exported_into_the_cache_once(decoder_package, tmp_path, monkeypatch):
     """LLM("./hf-model-dir") (and `ortinf serve ./hf-model-dir`) exports on first use and reuses it after."""
-    from ortinf.sample.sampling_params import SamplingParams
+    from ortinf.runtime.sample.sampling_params import SamplingParams
 
     _, package = decoder_package("llama")
     hf = package.parent / "hf"

@@ -19,7 +19,7 @@ from ortinf.cli.serve_options import SINGLE_STREAM_EXCLUDED, engine_options, eng
 from ortinf.errors import ConfigError, OrtinfError
 
 if TYPE_CHECKING:  # imported where used: `ortinf --help` does not load the engine
-    from ortinf.engine.llm_engine import LLMEngine
+    from ortinf.runtime.engine.llm_engine import LLMEngine
     from ortinf.serve.chat_template import ChatTemplate
 
 COMMANDS = {
@@ -41,10 +41,10 @@ def _help() -> str:
 def run_chat(package: Path, system: str | None, engine_options: dict, params: dict,
          stdin: TextIO = sys.stdin, stdout: TextIO = sys.stdout, images: tuple[Path, ...] = ()) -> None:
     from ortinf.config import EngineConfig
-    from ortinf.engine.llm_engine import LLMEngine
     from ortinf.manifest import Manifest
+    from ortinf.runtime.engine.llm_engine import LLMEngine
+    from ortinf.runtime.worker.image_prompt import placeholder_text
     from ortinf.serve.chat_template import ChatTemplate
-    from ortinf.worker.image_prompt import placeholder_text
 
     manifest = Manifest.load(package)  # a missing folder, a GGUF file, not a package: say that, not "no chat template"
     if images and manifest.vision is None:
@@ -108,7 +108,7 @@ def _start(system: str | None) -> list[dict]:
 
 def _reply(engine: LLMEngine, template: ChatTemplate, messages: list[dict], params: dict, stdout: TextIO,
            images: list[bytes] | None = None) -> str:
-    from ortinf.sample.sampling_params import SamplingParams
+    from ortinf.runtime.sample.sampling_params import SamplingParams
 
     prompt = engine.tokenizer.encode(template.render(messages), add_special_tokens=False).ids
     request_id = engine.add_request(engine.prepare(prompt, SamplingParams(**params, output_kind="delta"), images=images or ()))

@@ -16,8 +16,8 @@ def stream_generation(package: Path, prompt: str | list[int], engine_options: di
     """Prints the continuation as it is generated, then one line of figures on stderr. `engine_options`:
     EngineConfig's keyword arguments (one sequence: max_num_seqs 1)."""
     from ortinf.config import EngineConfig
-    from ortinf.engine.llm_engine import LLMEngine
-    from ortinf.sample.sampling_params import SamplingParams
+    from ortinf.runtime.engine.llm_engine import LLMEngine
+    from ortinf.runtime.sample.sampling_params import SamplingParams
 
     sampling = SamplingParams(**params, output_kind="delta")
     config = EngineConfig(package_dir=package, **{**engine_options, "max_num_seqs": 1})

@@ -143,7 +143,7 @@ def serve(packages: tuple[Path, ...], host: str, port: int, served_model_names: 
     engine["speculative_config"] = spec
     from dataclasses import replace as with_fields
 
-    from ortinf.worker.kv_pool import check_budget
+    from ortinf.runtime.worker.kv_pool import check_budget
 
     for package in packages:  # a context or KV budget a decoder can never run with: one line now, not after the URL
         manifest = Manifest.load(package)

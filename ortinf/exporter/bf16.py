@@ -14,7 +14,7 @@ How each graph runs the Casts:
   folds Cast(initializer) into an fp32 initializer when the session is made, so the portable graph holds
   fp32 weights in memory (disk and download stay half). Where twice the weights would not fit (a 7B
   model: 30 GB), the runtime turns that folding off and each Cast runs per step, one weight widened at a
-  time (ortinf/worker/decoder_graph.py: fits_widened).
+  time (ortinf/runtime/worker/decoder_graph.py: fits_widened).
 - model.cpu.onnx (the kernel library): `ortinf.BMatMul` reads the bf16 weight itself and widens it in
   registers (ortinf/kernels/cpu/bmatmul.cc), so memory holds bf16 bytes and one token reads half of
   fp32's.

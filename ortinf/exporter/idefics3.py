@@ -1,7 +1,7 @@
 """Idefics3 and SmolVLM (issue 33): the parts that differ from LLaVA's (ortinf/exporter/vision_language.py).
 
 The processor resizes an image (longest edge to `longest_edge`, then up to multiples of the tile size) and cuts it
-into tiles of the tower's size, row by row, plus the whole image at tile size (ortinf/worker/images.py
+into tiles of the tower's size, row by row, plus the whole image at tile size (ortinf/runtime/worker/images.py
 `idefics_tiles`). Every tile is full-size, so the tower's position ids are one constant vector and its patch mask is
 all ones: the graph here is transformers' vision model and connector (pixel shuffle, projection) for full tiles,
 batched over tiles, without its per-image Python loop (a trace would freeze the example's tile count).

@@ -6,7 +6,7 @@ gate/up/down, or Phi-3's fused qkv and gate_up) computes, in the graph,
 
     y = base(x) + ((x @ lora_a.{layer}.{target}) * lora_mask) @ lora_b.{layer}.{target}
 
-where the runtime (ortinf/worker/lora.py) lays the loaded adapters side by side in the width dimension W:
+where the runtime (ortinf/runtime/worker/lora.py) lays the loaded adapters side by side in the width dimension W:
 
     lora_a.{layer}.{target}  [in, W]    adapter s's A^T in its own columns (zeros where it has none)
     lora_b.{layer}.{target}  [W, out]   adapter s's B^T in the same rows

@@ -1,12 +1,12 @@
 """Qwen2-VL and Qwen2.5-VL (issue 33): the parts that differ from LLaVA's (ortinf/exporter/vision_language.py).
 
 The vision tower takes a variable number of 14-px patches per image (its processor resizes each image to a
-multiple of 28 px and keeps its aspect ratio: ortinf/worker/images.py), gives each patch a 2-D rotary position,
+multiple of 28 px and keeps its aspect ratio: ortinf/runtime/worker/images.py), gives each patch a 2-D rotary position,
 attends within the image (Qwen2.5-VL: within windows of 4x4 merged tokens in most layers, after reordering the
 patches window by window) and merges 2x2 patches into one token. transformers' forward builds the positions,
 the window order and the attention's sequence splits in Python loops over `grid_thw`, which a trace would freeze
 at the example's grid; the traced graph here takes them as inputs instead, computed on the host
-(ortinf/worker/vision_encoder.py `qwen_vision_feeds`):
+(ortinf/runtime/worker/vision_encoder.py `qwen_vision_feeds`):
 
     pixel_values  [N, C * T * P * P]  the processor's patches, in window order
     patch_positions [N, 2]            each patch's (row, column) in its image, for the 2-D rotary embedding

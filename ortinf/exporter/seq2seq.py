@@ -91,7 +91,7 @@ def check_text_pool(encoder: object, decoder: object, model: torch.nn.Module, so
     """Encoder on ragged sources (one padded batch), cross K/V written into shuffled pool blocks by
     numpy, then the decoder start and greedy steps of all sequences together through the host-write
     graph; the max abs logit difference against transformers over every call."""
-    from ortinf.worker.model_input import SequenceChunk, build_model_input
+    from ortinf.runtime.worker.model_input import SequenceChunk, build_model_input
 
     config = model.config
     layers, heads, head_dim = decoder_dims(config)

@@ -24,8 +24,8 @@ from ortinf.exporter.moe import lower_index_ties
 from ortinf.exporter.windows import VERIFY_MEMORY, Window, windows
 from ortinf.manifest import MODEL_NAME, Manifest, Parity, Quality, min_block_size
 from ortinf.providers.registry import AUTO_ORDER, PROVIDERS, find
-from ortinf.worker.decoder_graph import DecoderGraph
-from ortinf.worker.model_input import SequenceChunk, build_model_input
+from ortinf.runtime.worker.decoder_graph import DecoderGraph
+from ortinf.runtime.worker.model_input import SequenceChunk, build_model_input
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ QUALITY_PROMPTS, QUALITY_LEN, GREEDY_TOKENS = 4, 48, 32
 # and on an AVX-512 VNNI CPU phi3's tiny random model measured 0.195 where AVX2 gave >= 0.39, while
 # its top-1 agreement and KL (averages over 192 positions, not the first flip of one run) stayed
 # far inside their gates. Greedy agreement is a statement about trained weights: the trained demo
-# llama's int8 figure is tested (tests/runtime/test_quantized.py), and every export records it.
+# llama's int8 figure is tested (tests/runtime/worker/test_quantized.py), and every export records it.
 # int8 top-1 0.88 since the numpy quantizer (ortinf/exporter/quantize.py): the tiny random gpt-oss measured
 # 0.896 / KL 0.0053 / greedy 0.24 with it and 0.906 / 0.0066 / 0.16 with ORT's MatMulNBitsQuantizer,
 # on both of its graphs alike: the same distributions within noise (2 of 192 positions), better in KL.

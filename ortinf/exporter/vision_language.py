@@ -324,7 +324,7 @@ def quantize_vision(path: Path, vision: VisionSpec, dtype: str, model: torch.nn.
 
 def random_vision_feeds(model: torch.nn.Module, vision: VisionSpec, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """The vision graph's inputs for two random images (Qwen2-VL: of 4x6 and 6x4 patches)."""
-    from ortinf.worker.vision_encoder import qwen_vision_feeds
+    from ortinf.runtime.worker.vision_encoder import qwen_vision_feeds
 
     if vision.family == "qwen2_vl":
         config, merge = model.config.vision_config, vision.merge_size
@@ -342,12 +342,12 @@ def check_image_path(model: torch.nn.Module, package: Path, vision: VisionSpec) 
     import onnxruntime
 
     from ortinf.providers.registry import resolve
-    from ortinf.worker.encoder_input import EncoderInput, PlacedImage
-    from ortinf.worker.image_spans import attend_until
-    from ortinf.worker.images import anyres_layout, prompt_tokens
-    from ortinf.worker.model_input import SequenceChunk, build_model_input
-    from ortinf.worker.mrope import rope_deltas
-    from ortinf.worker.vision_encoder import VisionEncoder
+    from ortinf.runtime.worker.encoder_input import EncoderInput, PlacedImage
+    from ortinf.runtime.worker.image_spans import attend_until
+    from ortinf.runtime.worker.images import anyres_layout, prompt_tokens
+    from ortinf.runtime.worker.model_input import SequenceChunk, build_model_input
+    from ortinf.runtime.worker.mrope import rope_deltas
+    from ortinf.runtime.worker.vision_encoder import VisionEncoder
 
     manifest = dataclasses.replace(Manifest.load(package), vision=vision)
     spec = manifest.decoder

@@ -83,7 +83,7 @@ def step_through_pool(encoder: object, decoder: object, model: torch.nn.Module, 
     then prefill and greedy decode steps of all requests together through the host-write decoder
     graph; returns the max abs logit difference against transformers over every call. `encoder` and
     `decoder` are onnxruntime sessions."""
-    from ortinf.worker.model_input import SequenceChunk, build_model_input
+    from ortinf.runtime.worker.model_input import SequenceChunk, build_model_input
 
     config = model.config
     layers, heads = config.decoder_layers, config.decoder_attention_heads

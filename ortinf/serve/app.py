@@ -17,18 +17,18 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 import ortinf
 from ortinf import extras
 from ortinf.config import EngineConfig
-from ortinf.engine.async_engine import AsyncEngine
-from ortinf.engine.llm_engine import LLMEngine
 from ortinf.errors import ConfigError
 from ortinf.manifest import TEXT2TEXT, TEXT_GENERATION, Manifest
-from ortinf.sample.sampling_params import SamplingParams
+from ortinf.runtime.engine.async_engine import AsyncEngine
+from ortinf.runtime.engine.llm_engine import LLMEngine
+from ortinf.runtime.sample.sampling_params import SamplingParams
+from ortinf.runtime.worker.encoder_graph import EncoderGraph
 from ortinf.serve import chat, completions, embeddings, lora_routes, reasoning, responses, responses_api, scoring, tokens
 from ortinf.serve.chat_template import ChatTemplate
 from ortinf.serve.errors import error_body, error_response, from_exception, install_error_handlers
 from ortinf.serve.models import ServedModel
 from ortinf.serve.state import ServerConfig, ServerState
 from ortinf.serve.tools import resolve_parser
-from ortinf.worker.encoder_graph import EncoderGraph
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ from dataclasses import replace
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from ortinf.engine.llm_engine import PreparedRequest
-from ortinf.sample.sampling_params import SamplingParams
+from ortinf.runtime.engine.llm_engine import PreparedRequest
+from ortinf.runtime.sample.sampling_params import SamplingParams
 from ortinf.serve import field_policy, responses, tool_parsers
 from ortinf.serve.completions import cached_tokens, prepare_samples, request_ids, usage
 from ortinf.serve.errors import APIError

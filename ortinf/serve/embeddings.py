@@ -15,12 +15,12 @@ import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from ortinf.runtime.worker.encoder_graph import EncoderGraph
 from ortinf.serve import field_policy, responses
 from ortinf.serve.errors import APIError
 from ortinf.serve.protocol import EmbeddingRequest
 from ortinf.serve.state import ServerState
 from ortinf.serve.streaming import until_disconnected
-from ortinf.worker.encoder_graph import EncoderGraph
 
 router = APIRouter()
 

@@ -11,8 +11,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ortinf.engine.async_engine import EngineDeadError
 from ortinf.errors import ConfigError, OrtinfError, RequestError, ShuttingDownError, StepFailedError
+from ortinf.runtime.engine.async_engine import EngineDeadError
 
 log = logging.getLogger(__name__)
 

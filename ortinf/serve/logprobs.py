@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ortinf.runtime.worker.scheduler_output import TokenLogprobs
 from ortinf.serve.models import ServedModel
-from ortinf.worker.scheduler_output import TokenLogprobs
 
 
 def completion_logprobs(model: ServedModel, entries: Sequence[TokenLogprobs | None], start_offset: int = 0) -> dict:

@@ -10,11 +10,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, Field
 
+from ortinf.runtime.worker.lora import LoraAdapter
 from ortinf.serve.errors import APIError
 from ortinf.serve.models import ServedModel
 from ortinf.serve.protocol import STRICT
 from ortinf.serve.state import ServerState
-from ortinf.worker.lora import LoraAdapter
 
 router = APIRouter()
 

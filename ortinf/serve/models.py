@@ -7,13 +7,13 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from ortinf.engine.async_engine import AsyncEngine
 from ortinf.manifest import FEATURE_EXTRACTION, Manifest
+from ortinf.runtime.engine.async_engine import AsyncEngine
+from ortinf.runtime.worker.encoder_graph import EncoderGraph
 from ortinf.serve.chat_template import ChatTemplate
 from ortinf.serve.errors import APIError
 from ortinf.serve.reasoning import ReasoningParser
 from ortinf.tokenizer import TokenBytes
-from ortinf.worker.encoder_graph import EncoderGraph
 
 
 @dataclass(slots=True)
@@ -44,7 +44,7 @@ class ServedModel:
     def image_placeholder(self) -> str | None:
         """The text of a vision-language model's image token (where an image part goes in the chat template), else None;
         between Qwen2-VL's vision start and end tokens, as its template writes an image."""
-        from ortinf.worker.image_prompt import placeholder_text
+        from ortinf.runtime.worker.image_prompt import placeholder_text
 
         vision, tokenizer = self.manifest.vision, self.tokenizer
         if vision is None or tokenizer is None:

@@ -14,8 +14,8 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ortinf.errors import RequestError
-from ortinf.sample.sampling_params import MAX_BEAMS, MAX_LOGPROBS, SamplingParams
-from ortinf.sample.structured_output import StructuredOutput
+from ortinf.runtime.sample.sampling_params import MAX_BEAMS, MAX_LOGPROBS, SamplingParams
+from ortinf.runtime.sample.structured_output import StructuredOutput
 from ortinf.serve.field_policy import GUIDED
 
 MAX_N = 16

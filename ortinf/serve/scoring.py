@@ -26,13 +26,13 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from ortinf.manifest import FEATURE_EXTRACTION, TEXT_CLASSIFICATION
+from ortinf.runtime.worker.encoder_graph import EncoderGraph
 from ortinf.serve.embeddings import embed_in_chunks
 from ortinf.serve.errors import APIError
 from ortinf.serve.models import ServedModel
 from ortinf.serve.protocol import MAX_EMBEDDING_INPUTS
 from ortinf.serve.state import ServerState
 from ortinf.serve.streaming import until_disconnected
-from ortinf.worker.encoder_graph import EncoderGraph
 
 router = APIRouter()
 STRICT = ConfigDict(extra="forbid")

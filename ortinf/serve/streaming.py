@@ -10,10 +10,10 @@ from typing import Any, TypeVar
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
-from ortinf.engine import beams
-from ortinf.engine.async_engine import AsyncEngine
-from ortinf.engine.llm_engine import PreparedRequest
-from ortinf.engine.outputs import RequestOutput
+from ortinf.runtime.engine import beams
+from ortinf.runtime.engine.async_engine import AsyncEngine
+from ortinf.runtime.engine.llm_engine import PreparedRequest
+from ortinf.runtime.engine.outputs import RequestOutput
 from ortinf.serve.errors import APIError, error_body, from_exception
 from ortinf.serve.media import in_media_pool
 
@@ -75,7 +75,7 @@ def merged(engine: AsyncEngine, prepared: Sequence[PreparedRequest], request_id:
     """Yields (sample index, output) from all samples as they advance, through the engine's one
     mailbox per caller (the routes ask for deltas: what a slow consumer has not taken is joined);
     closing it aborts them all. Beam searches (params.num_beams > 1) yield each prompt's n best when
-    its search ends (ortinf/engine/beams.py)."""
+    its search ends (ortinf/runtime/engine/beams.py)."""
     if prepared and prepared[0].params.num_beams > 1:
         return beams.run_many(engine, prepared, request_id)
     return engine.generate_many(prepared, [f"{request_id}-{index}" for index in range(len(prepared))])

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from ortinf import json_text
 from ortinf.errors import RequestError
-from ortinf.sample.structured_output import StructuredOutput
+from ortinf.runtime.sample.structured_output import StructuredOutput
 from ortinf.serve import tool_parsers
 
 NO_PARSER = ("tool_choice auto: ortinf found no tool-call format it can read in this model's chat template, so the reply is "

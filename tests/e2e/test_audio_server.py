@@ -59,7 +59,7 @@ def test_transcriptions(whisper_package, chat_package, tmp_path):
         deltas = [e.delta for e in events if e.type == "transcript.text.delta"]
         assert len(deltas) == 2 and "".join(deltas) == expected
         assert events[-1].type == "transcript.text.done" and events[-1].text == expected
-        with wav.open("rb") as f:  # word timing from the alignment heads (its values: tests/runtime/test_transcriber.py)
+        with wav.open("rb") as f:  # word timing from the alignment heads (its values: tests/tasks/speech/test_transcriber.py)
             verbose = client.audio.transcriptions.create(model="whisper", file=f, response_format="verbose_json",
                                                          timestamp_granularities=["word", "segment"])
         assert verbose.text == expected and len(verbose.words) >= 2 and len(verbose.segments) == 2

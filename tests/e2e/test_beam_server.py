@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from ortinf import LLM
-from ortinf.sample.sampling_params import SamplingParams
+from ortinf.runtime.sample.sampling_params import SamplingParams
 
 PROMPT = "the quick brown fox"
 

@@ -15,7 +15,7 @@ import pytest
 from support.server_helpers import metric, running_server
 
 import ortinf
-from ortinf.sample.sampling_params import SamplingParams
+from ortinf.runtime.sample.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.slow
 PROMPTS = ["the quick brown fox", "paged attention keeps keys", "12, 345 and 6789", "a small cat watches"]

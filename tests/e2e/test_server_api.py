@@ -7,7 +7,7 @@ import openai
 import pytest
 
 from ortinf import LLM, SamplingParams
-from ortinf.worker.encoder_graph import EncoderGraph
+from ortinf.runtime.worker.encoder_graph import EncoderGraph
 
 PROMPTS = ["the quick brown fox", "a small cat watches", "numbers like 12"]
 

@@ -130,7 +130,7 @@ def test_cache_salt_request_id_add_special_tokens_and_priority(byte_server, clie
     chat = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "x"}], max_tokens=1,
                                           extra_body={"request_id": "job-17"})
     assert named.id == "cmpl-job-17" and chat.id == "chatcmpl-job-17"  # the same id twice: the engine's ids stay distinct
-    # add_special_tokens reaches the tokenizer (this byte tokenizer adds none: tests/runtime/test_engine_features.py
+    # add_special_tokens reaches the tokenizer (this byte tokenizer adds none: tests/runtime/engine/test_engine_features.py
     # checks the BOS one adds); the field is accepted on both routes
     assert client.completions.create(model=model, prompt="x", max_tokens=1, extra_body={"add_special_tokens": False}).choices
     assert client.completions.create(model=model, prompt="x", max_tokens=1, extra_body={"priority": 0}).choices

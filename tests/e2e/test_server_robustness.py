@@ -240,7 +240,7 @@ def test_an_engine_that_keeps_failing_exits_non_zero(chat_package, tmp_path):
 
 
 def test_embeddings_beyond_the_context_are_400_unless_truncated(embed_server, minilm_package):
-    from ortinf.worker.encoder_graph import EncoderGraph
+    from ortinf.runtime.worker.encoder_graph import EncoderGraph
 
     url = f"{embed_server.url}/v1/embeddings"
     long_text = "the quick brown fox jumps over the lazy dog " * 60  # ~540 tokens; the model takes 256
@@ -260,7 +260,7 @@ def test_embeddings_beyond_the_context_are_400_unless_truncated(embed_server, mi
 
 def test_many_embedding_inputs_run_in_chunks(embed_server, minilm_package):
     """2,048 inputs, one of them long: answered in input order, equal to one-at-a-time embeddings."""
-    from ortinf.worker.encoder_graph import EncoderGraph
+    from ortinf.runtime.worker.encoder_graph import EncoderGraph
 
     texts = [f"sentence number {i} about {'cats' if i % 2 else 'dogs'}" for i in range(2047)] + ["a long one " * 40]
     response = httpx.post(f"{embed_server.url}/v1/embeddings", json={"input": texts}, timeout=300)

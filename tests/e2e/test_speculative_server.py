@@ -8,7 +8,7 @@ import openai
 from support.server_helpers import metric, running_server
 
 import ortinf
-from ortinf.sample.sampling_params import SamplingParams
+from ortinf.runtime.sample.sampling_params import SamplingParams
 
 PROMPTS = ["the quick brown fox the quick brown fox the", "paged attention keeps keys and values; paged attention keeps", "12, 345 and 6789"]
 

@@ -23,9 +23,9 @@ import ortinf
 from ortinf.errors import ExportError
 from ortinf.kernels import library
 from ortinf.manifest import CPU_MODEL_NAME, MODEL_NAME, WEIGHTS_NAME
-from ortinf.sample.sampling_params import SamplingParams
-from ortinf.worker.decoder_graph import DecoderGraph
-from ortinf.worker.model_input import SequenceChunk, build_model_input
+from ortinf.runtime.sample.sampling_params import SamplingParams
+from ortinf.runtime.worker.decoder_graph import DecoderGraph
+from ortinf.runtime.worker.model_input import SequenceChunk, build_model_input
 
 DEMO = Path(ortinf.__file__).parent / "assets" / "demo-llama"
 
@@ -141,7 +141,7 @@ def test_the_bf16_values_are_read_not_rounded_again(tmp_path):
 def test_a_bf16_package_too_large_to_widen_keeps_its_casts(tmp_path, monkeypatch, caplog):
     """The portable graph widens bf16 weights to fp32 at load only where that fits (WIDENED_SHARE of the available
     memory); otherwise ORT's constant folding is off, the Casts run per step, and the logits are the same."""
-    from ortinf.worker import decoder_graph
+    from ortinf.runtime.worker import decoder_graph
 
     bf16_checkpoint(tmp_path / "hf")
     ortinf.export(tmp_path / "hf", tmp_path / "pkg", dtype="bf16", progress=False)

@@ -13,8 +13,8 @@ import torch
 from ortinf.exporter.architectures import DECODERS
 from ortinf.kernels import library
 from ortinf.manifest import Manifest
-from ortinf.worker.decoder_graph import DecoderGraph
-from ortinf.worker.model_input import SequenceChunk, build_model_input
+from ortinf.runtime.worker.decoder_graph import DecoderGraph
+from ortinf.runtime.worker.model_input import SequenceChunk, build_model_input
 
 TOLERANCE = 1e-4
 BLOCK_SIZE = 4

@@ -11,7 +11,7 @@ from support.tiny_models import build_classifier
 
 import ortinf
 from ortinf.manifest import Manifest
-from ortinf.worker.encoder_graph import EncoderGraph
+from ortinf.runtime.worker.encoder_graph import EncoderGraph
 
 SENTENCES = [
     "The cat sits on the mat.",

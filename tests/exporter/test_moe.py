@@ -12,8 +12,8 @@ from support.tiny_models import add_tokenizer, build_decoder
 import ortinf
 from ortinf.exporter.moe import lower_index_ties
 from ortinf.manifest import CPU_MODEL_NAME, MODEL_NAME
-from ortinf.worker.decoder_graph import DecoderGraph
-from ortinf.worker.model_input import SequenceChunk, build_model_input
+from ortinf.runtime.worker.decoder_graph import DecoderGraph
+from ortinf.runtime.worker.model_input import SequenceChunk, build_model_input
 
 MOE = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "gpt_oss"]
 TOLERANCE = 1e-4

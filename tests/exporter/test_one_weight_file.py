@@ -18,8 +18,8 @@ from ortinf.exporter import cpu_fusion
 from ortinf.exporter.quantize import CPU_OP, Quantized, qmatmul_tensors
 from ortinf.kernels import library
 from ortinf.manifest import CPU_MODEL_NAME, WEIGHTS_NAME
-from ortinf.worker.decoder_graph import DecoderGraph
-from ortinf.worker.model_input import SequenceChunk, build_model_input
+from ortinf.runtime.worker.decoder_graph import DecoderGraph
+from ortinf.runtime.worker.model_input import SequenceChunk, build_model_input
 
 pytestmark = pytest.mark.skipif(library.load() is None, reason="the kernel library is not built (python -m ortinf.kernels.build)")
 

@@ -21,8 +21,8 @@ from ortinf.exporter.checkpoint import Checkpoint
 from ortinf.exporter.source import resolve_model
 from ortinf.exporter.streaming import reference_model, skeleton
 from ortinf.exporter.verify import verify_decoder
-from ortinf.worker.decoder_graph import DecoderGraph
-from ortinf.worker.model_input import SequenceChunk, build_model_input
+from ortinf.runtime.worker.decoder_graph import DecoderGraph
+from ortinf.runtime.worker.model_input import SequenceChunk, build_model_input
 
 ORTINF = str(Path(sys.executable).with_name("ortinf"))
 PEAK = """

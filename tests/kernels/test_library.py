@@ -16,7 +16,7 @@ import pytest
 from ortinf.errors import ConfigError
 from ortinf.kernels import library
 from ortinf.manifest import CPU_MODEL_NAME, Manifest
-from ortinf.worker.decoder_graph import DecoderGraph
+from ortinf.runtime.worker.decoder_graph import DecoderGraph
 
 needs_library = pytest.mark.skipif(library.load() is None, reason="the kernel library is not built")
 
@@ -25,7 +25,7 @@ needs_library = pytest.mark.skipif(library.load() is None, reason="the kernel li
 PROBE = """
 import logging, sys
 logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
-from ortinf.worker.decoder_graph import DecoderGraph
+from ortinf.runtime.worker.decoder_graph import DecoderGraph
 graph = DecoderGraph(sys.argv[1], num_blocks=16, block_size=16, provider="cpu")
 print(graph.kernel_description)
 """
@@ -77,7 +77,7 @@ def test_runtime_picks_the_cpu_graph_and_falls_back_when_the_library_is_missing_
 def test_a_package_that_must_have_the_library_refuses_clearly(decoder_package, tmp_path):
     _, package = decoder_package("llama")
     env = {**os.environ, library.ENV_PATH: "off"}
-    code = ("import sys\nfrom ortinf.worker.decoder_graph import DecoderGraph\nfrom ortinf.errors import ConfigError\n"
+    code = ("import sys\nfrom ortinf.runtime.worker.decoder_graph import DecoderGraph\nfrom ortinf.errors import ConfigError\n"
             "try:\n    DecoderGraph(sys.argv[1], num_blocks=16, block_size=16, provider='cpu', cpu_kernel=True)\n"
             "except ConfigError as e:\n    print(e)\n")
     done = subprocess.run([sys.executable, "-c", code, str(package)], env=env, capture_output=True, text=True, timeout=120)

@@ -84,7 +84,7 @@ def test_engine_greedy_parity_under_openvino(ov_python, decoder_package, tmp_pat
 def test_whisper_under_openvino(ov_python, tmp_path):
     """A Whisper package's encoder and paged decoder under OpenVINO (host pool: the decoder returns its
     K/V, the cross K/V are written with numpy): the same greedy tokens as on the CPU provider, which
-    tests/runtime/test_transcriber.py holds equal to transformers."""
+    tests/tasks/speech/test_transcriber.py holds equal to transformers."""
     from support.tiny_models import build_whisper
 
     import ortinf
@@ -111,7 +111,7 @@ def test_whisper_under_openvino(ov_python, tmp_path):
 @pytest.mark.parametrize("family", ["llava", "qwen2_5_vl", "gemma3"])
 def test_vision_language_under_openvino(ov_python, tmp_path, family):
     """issue 33: a vision-language package's vision graph and decoder (image merge; Qwen's M-RoPE deltas; Gemma 3's
-    image spans) under OpenVINO: the same greedy tokens as on the CPU provider (which tests/runtime/test_vision.py,
+    image spans) under OpenVINO: the same greedy tokens as on the CPU provider (which tests/runtime/worker/test_vision.py,
     test_qwen_vl.py and test_gemma3_vision.py hold equal to transformers). .venv-openvino has no Pillow (a serving
     install without the vision extra is tested as such): this run lends it the main environment's."""
     import io

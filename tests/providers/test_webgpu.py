@@ -19,12 +19,12 @@ from support.server_helpers import running_server
 import ortinf
 from ortinf import LLM, SamplingParams
 from ortinf.config import EngineConfig
-from ortinf.engine.llm_engine import LLMEngine
 from ortinf.errors import ConfigError
 from ortinf.manifest import LOGITS
 from ortinf.providers.session import create_session
-from ortinf.worker.decoder_graph import DecoderGraph
-from ortinf.worker.model_input import SequenceChunk, build_model_input
+from ortinf.runtime.engine.llm_engine import LLMEngine
+from ortinf.runtime.worker.decoder_graph import DecoderGraph
+from ortinf.runtime.worker.model_input import SequenceChunk, build_model_input
 
 LENGTHS = [1, 5, 17, 31, 64, 70]
 
@@ -256,7 +256,7 @@ def test_whisper_on_webgpu(webgpu, tmp_path):
 @pytest.mark.parametrize("family", ["llava", "qwen2_5_vl"])
 def test_a_vision_language_package_on_webgpu(webgpu, tmp_path, family):
     """issue 33: LLaVA's and Qwen2.5-VL's vision graphs and decoders (the image embeddings merged in the graph;
-    Qwen's M-RoPE deltas) on WebGPU: the same greedy tokens as on the CPU (which tests/runtime/test_vision.py and
+    Qwen's M-RoPE deltas) on WebGPU: the same greedy tokens as on the CPU (which tests/runtime/worker/test_vision.py and
     test_qwen_vl.py hold equal to transformers)."""
     Image = pytest.importorskip("PIL.Image")
     from support.tiny_models import QWEN_VL_TOKENS, add_tokenizer, build_llava, build_qwen_vl

@@ -10,9 +10,9 @@ from pathlib import Path
 from support.tiny_models import add_byte_tokenizer, build_whisper
 
 import ortinf
+from ortinf.runtime.worker.kv_pool import block_bytes
 from ortinf.serve.app import load_model
 from ortinf.serve.state import ServerConfig, ServerState
-from ortinf.worker.kv_pool import block_bytes
 
 
 def test_a_whisper_model_obeys_the_engine_options(tmp_path: Path):

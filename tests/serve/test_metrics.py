@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from ortinf.engine.outputs import CompletionOutput, EngineStats, RequestMetrics, RequestOutput
+from ortinf.runtime.engine.outputs import CompletionOutput, EngineStats, RequestMetrics, RequestOutput
 from ortinf.serve.metrics import EngineMetrics
 
 

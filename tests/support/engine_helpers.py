@@ -8,9 +8,9 @@ from pathlib import Path
 import torch
 
 from ortinf.config import EngineConfig
-from ortinf.engine.llm_engine import LLMEngine
-from ortinf.engine.outputs import RequestOutput
-from ortinf.sample.sampling_params import SamplingParams
+from ortinf.runtime.engine.llm_engine import LLMEngine
+from ortinf.runtime.engine.outputs import RequestOutput
+from ortinf.runtime.sample.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24)
 

@@ -15,8 +15,8 @@ import os
 import sys
 from dataclasses import dataclass
 
-from ortinf.worker.model_runner import ModelRunner
-from ortinf.worker.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from ortinf.runtime.worker.model_runner import ModelRunner
+from ortinf.runtime.worker.scheduler_output import ModelRunnerOutput, SchedulerOutput
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,5 @@
 """AsyncTranscriber: a Transcriber's windows as requests of the server's AsyncEngine, the one stepping
-thread of the model (ortinf/engine/async_engine.py), so that the windows of every request in flight decode
+thread of the model (ortinf/runtime/engine/async_engine.py), so that the windows of every request in flight decode
 together and inherit the engine's admission, preemption, failure isolation, metrics and shutdown. A
 request submits its audio and awaits it, or streams its text as windows are kept.
 
@@ -17,9 +17,9 @@ from collections.abc import AsyncIterator, Callable
 
 import numpy as np
 
-from ortinf.engine.async_engine import AsyncEngine
-from ortinf.engine.llm_engine import PreparedRequest
-from ortinf.engine.outputs import RequestOutput
+from ortinf.runtime.engine.async_engine import AsyncEngine
+from ortinf.runtime.engine.llm_engine import PreparedRequest
+from ortinf.runtime.engine.outputs import RequestOutput
 from ortinf.tasks.speech.audio_features import SAMPLE_RATE
 from ortinf.tasks.speech.longform import Decoding, openai_decoding
 from ortinf.tasks.speech.transcriber import Job, Transcriber

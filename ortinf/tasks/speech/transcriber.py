@@ -1,5 +1,5 @@
 """Transcriber: speech recognition with a Whisper package, a front-end over the one engine
-(ortinf/engine/llm_engine.py; ortinf/tasks/speech/windows.py says how a window becomes a request). This module is
+(ortinf/runtime/engine/llm_engine.py; ortinf/tasks/speech/windows.py says how a window becomes a request). This module is
 what is Whisper's: prompts, the log-mel windows, the words' times, the texts; and `step`, which drives
 an LLMEngine for offline use (LLM.transcribe, `ortinf transcribe`). The server drives the same windows
 on its AsyncEngine (ortinf/tasks/speech/async_transcriber.py), beside any other request.
@@ -22,11 +22,11 @@ from typing import Any
 import numpy as np
 
 from ortinf.config import EngineConfig
-from ortinf.engine.llm_engine import LLMEngine
 from ortinf.errors import ConfigError, RequestError
 from ortinf.manifest import SPEECH_RECOGNITION, Manifest
 from ortinf.providers.session import create_session
-from ortinf.sample.decoder_rules import DecoderRules
+from ortinf.runtime.engine.llm_engine import LLMEngine
+from ortinf.runtime.sample.decoder_rules import DecoderRules
 from ortinf.tasks.speech import languages
 from ortinf.tasks.speech.audio_features import HOP_LENGTH, SAMPLE_RATE, log_mel
 from ortinf.tasks.speech.longform import Decoding, Segment

@@ -1,8 +1,8 @@
-"""WindowDecoder: Whisper's 30-second windows as ordinary requests of the one engine (ortinf/engine/llm_engine.py).
+"""WindowDecoder: Whisper's 30-second windows as ordinary requests of the one engine (ortinf/runtime/engine/llm_engine.py).
 
 A window is one engine request: its prompt the forced start (start of transcript, language, task, maybe
 no-timestamps, behind <|startofprev|> and a prompt or the text so far), its encoder input the window's
-log-mel (ortinf/worker/encoder_input.py: the engine gives it cross blocks, runs the encoder into them, caches
+log-mel (ortinf/runtime/worker/encoder_input.py: the engine gives it cross blocks, runs the encoder into them, caches
 them by the audio's digest, preempts and isolates failures as for text), and a logits processor that
 applies what transformers' generate does (suppressed tokens, the timestamp rules). This module is the
 logic between requests, with no loop of its own; ortinf/tasks/speech/transcriber.py drives it on an LLMEngine and
@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ortinf.engine.llm_engine import PreparedRequest
-from ortinf.engine.outputs import RequestOutput
 from ortinf.errors import RequestError
-from ortinf.sample.sampling_params import GREEDY_BELOW, SEED_RANGE, SamplingParams
+from ortinf.runtime.engine.llm_engine import PreparedRequest
+from ortinf.runtime.engine.outputs import RequestOutput
+from ortinf.runtime.sample.sampling_params import GREEDY_BELOW, SEED_RANGE, SamplingParams
+from ortinf.runtime.worker.encoder_input import EncoderInput
 from ortinf.tasks.speech.longform import Decoding, Segment, compression_ratio, history, judge, split_segments, window_features
-from ortinf.worker.encoder_input import EncoderInput
 
 DETECT = -1  # a prompt's language token, to be detected by the window's probe
 CANCELLED = RequestError("the request was cancelled")

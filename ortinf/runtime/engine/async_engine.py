@@ -1,0 +1,267 @@
+"""AsyncEngine: the engine's step loop in a background thread, one async mailbox per caller.
+
+Only the engine thread touches the LLMEngine. Callers validate their request in their own thread
+(`LLMEngine.prepare` is pure), then hand it over through a command queue; outputs come back to each
+caller's mailbox with `call_soon_threadsafe`. Closing a stream before it finishes (a client that
+went away) aborts the request, which frees its KV blocks before the next step.
+
+Bounded memory: a caller's mailbox keeps one pending output per request, the deltas it has not read
+joined (a reader that stalls for a thousand steps finds one output per request, not a thousand).
+
+Failure isolation: a step that fails ends only its own requests (LLMEngine.step); the loop goes on.
+Only when `MAX_FAILED_STEPS` steps in a row fail (each with different requests, since a failed
+request is gone) is the failure no request's fault: the engine is declared dead, every open stream
+gets EngineDeadError, and `on_dead` runs (the server exits non-zero so a supervisor restarts it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import TypeVar
+
+from ortinf.errors import RequestError
+from ortinf.runtime.engine.llm_engine import LLMEngine, PreparedRequest
+from ortinf.runtime.engine.outputs import EngineStats, RequestOutput
+from ortinf.runtime.sample.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+MAX_FAILED_STEPS = 3  # failing steps in a row after which the engine, not a request, is at fault
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop failed for a reason no request explains; the process must restart."""
+
+
+class _Mailbox:
+    """One caller's mailbox between the engine thread and its reader (an HTTP request and its n samples
+    share one): per sample, what the reader has not taken yet as one output (a delta is joined to the
+    pending one, a cumulative output replaces it, so a slow reader holds one item per sample, never a
+    backlog of steps), or an exception, which is final for the whole caller."""
+
+    __slots__ = ("loop", "pending", "error", "ready")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.pending: dict[int, RequestOutput] = {}
+        self.error: BaseException | None = None
+        self.ready = asyncio.Event()
+
+    def put(self, index: int, item: RequestOutput | BaseException) -> None:
+        if self.error is not None:
+            return
+        if isinstance(item, BaseException):
+            self.error = item
+        else:
+            earlier = self.pending.get(index)
+            self.pending[index] = earlier.followed_by(item) if earlier is not None else item
+        self.ready.set()
+
+    async def take(self) -> dict[int, RequestOutput]:
+        """Everything pending, by sample index; raises the error once there is one."""
+        await self.ready.wait()
+        self.ready.clear()
+        if self.error is not None:
+            raise self.error
+        taken, self.pending = self.pending, {}
+        return taken
+
+
+class AsyncEngine:
+    """Runs an LLMEngine in a thread; `generate` streams one request's outputs, `generate_many` a
+    caller's several requests (the n samples of one HTTP request) through one mailbox."""
+
+    def __init__(self, engine: LLMEngine, on_step: Callable[[EngineStats, list[RequestOutput]], None] | None = None,
+                 on_dead: Callable[[BaseException], None] | None = None) -> None:
+        """`on_step` runs in the engine thread after every step with the engine's stats and the step's
+        outputs (metrics); `on_dead` once, in the engine thread, when the engine is declared dead."""
+        self.engine = engine
+        self._on_step = on_step
+        self._on_dead = on_dead
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._lock = threading.Lock()  # guards _streams and error: a request is registered before death or sees it
+        self._streams: dict[str, tuple[_Mailbox, int]] = {}  # request id -> its caller's mailbox, its sample index
+        self._ids = itertools.count()
+        self._stopping = False
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, name="ortinf-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def is_alive(self) -> bool:
+        return self.error is None and self._thread.is_alive()
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self._streams)
+
+    async def generate(self, prompt: str | Sequence[int] | PreparedRequest, params: SamplingParams | None = None,
+                       request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+        """Streams the request's outputs until it finishes; RequestError is raised before anything runs,
+        StepFailedError when a step fails it, EngineDeadError when the engine dies."""
+        prepared = prompt if isinstance(prompt, PreparedRequest) else self.engine.prepare(prompt, params)
+        outputs = self.generate_many([prepared], [request_id or f"req-{next(self._ids)}"])
+        try:
+            async for _, output in outputs:
+                yield output
+        finally:
+            await outputs.aclose()  # now, not when collected: closing aborts an unfinished request
+
+    async def generate_many(self, prepared: Sequence[PreparedRequest], request_ids: Sequence[str]) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """Streams (index, output) for several requests as they advance, until all have finished;
+        the first error ends them all. Closing it early aborts the unfinished ones."""
+        mailbox = _Mailbox(asyncio.get_running_loop())
+        with self._lock:
+            if self.error is not None or not self._thread.is_alive():
+                raise EngineDeadError(f"the engine has failed: {self.error or 'its thread has stopped'}")
+            in_use = next((r for r in request_ids if r in self._streams), None)
+            if in_use is not None or len(set(request_ids)) < len(request_ids):
+                raise RequestError(f"request id {in_use or request_ids[0]!r} is already in use")
+            for index, request_id in enumerate(request_ids):
+                self._streams[request_id] = (mailbox, index)
+        for request_id, item in zip(request_ids, prepared):
+            self._send(("add", request_id, item))
+        unfinished = len(request_ids)
+        try:
+            while unfinished:
+                for index, output in sorted((await mailbox.take()).items()):
+                    unfinished -= output.finished
+                    yield index, output
+        finally:  # a request still registered has neither finished nor failed (delivering either unregisters it)
+            for request_id in request_ids:
+                if request_id in self._streams:
+                    self.abort(request_id)
+
+    async def call(self, function: Callable[[LLMEngine], T]) -> T:
+        """Runs `function(engine)` on the engine thread between steps (what must not race a step:
+        loading a LoRA adapter) and returns its result, or raises its exception here."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future = loop.create_future()
+        if self.error is not None or not self._thread.is_alive():
+            raise EngineDeadError(f"the engine has failed: {self.error or 'its thread has stopped'}")
+        self._send(("call", future, function))
+        return await future
+
+    def abort(self, request_id: str) -> None:
+        """Asks the engine thread to end a request and free its blocks before its next step."""
+        self._send(("abort", request_id, None))
+
+    def fail_all(self, error: BaseException) -> None:
+        """Ends every open request now, each stream receiving `error` (the server's drain deadline)."""
+        self._send(("fail_all", None, error))
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        self._stopping = True
+        self._wake.set()
+        self._thread.join(timeout)
+
+    def _send(self, command: tuple) -> None:
+        self._commands.put(command)
+        self._wake.set()
+
+    def _deliver(self, request_id: str, item: RequestOutput | BaseException) -> None:
+        if isinstance(item, RequestOutput) and item.error is not None:
+            item = item.error
+        done = isinstance(item, BaseException) or item.finished
+        with self._lock:
+            found = self._streams.pop(request_id, None) if done else self._streams.get(request_id)
+        if found is None:
+            return
+        mailbox, index = found
+        try:
+            mailbox.loop.call_soon_threadsafe(mailbox.put, index, item)
+        except RuntimeError:  # the caller's event loop is closed: nobody is listening any more
+            with self._lock:
+                self._streams.pop(request_id, None)
+            if not done:
+                self.engine.abort(request_id)
+
+    def _run_commands(self) -> None:
+        while True:
+            try:
+                kind, request_id, payload = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "call":  # request_id is the caller's future, payload the function
+                self._call(request_id, payload)
+                continue
+            try:
+                if kind == "fail_all":
+                    with self._lock:
+                        open_ids = list(self._streams)
+                    for open_id in open_ids:
+                        self.engine.abort(open_id)
+                        self._deliver(open_id, payload)
+                    continue
+                if kind == "add":
+                    self.engine.add_request(payload, request_id=request_id)
+                elif kind == "abort":
+                    output = self.engine.abort(request_id)
+                    if output is None:
+                        with self._lock:
+                            self._streams.pop(request_id, None)
+                        continue
+                    self._report([output])
+            except Exception as exc:  # noqa: BLE001 - handed to the caller's stream; the loop goes on
+                if kind == "abort":
+                    log.exception("aborting request %s failed", request_id)
+                self._deliver(request_id, exc)
+
+    def _call(self, future: asyncio.Future, function: Callable[[LLMEngine], object]) -> None:
+        try:
+            result, error = function(self.engine), None
+        except Exception as exc:  # noqa: BLE001 - handed to the caller
+            result, error = None, exc
+
+        def settle() -> None:
+            if not future.done():
+                future.set_exception(error) if error is not None else future.set_result(result)
+
+        try:
+            future.get_loop().call_soon_threadsafe(settle)
+        except RuntimeError:  # the caller's loop is closed
+            pass
+
+    def _report(self, outputs: list[RequestOutput]) -> None:
+        if self._on_step is not None:
+            try:
+                self._on_step(self.engine.stats(), outputs)
+            except Exception:  # noqa: BLE001 - metrics must never stop the engine
+                log.exception("the on_step hook failed")
+        for output in outputs:
+            self._deliver(output.request_id, output)
+
+    def _loop(self) -> None:
+        try:
+            while not self._stopping:
+                self._run_commands()
+                if not self.engine.has_unfinished_requests():
+                    self._wake.wait(0.5)
+                    self._wake.clear()
+                    continue
+                self._report(self.engine.step())
+                if self.engine.num_failed_steps_in_a_row >= MAX_FAILED_STEPS:
+                    raise EngineDeadError(f"{self.engine.num_failed_steps_in_a_row} engine steps in a row failed, "
+                                          "each with different requests: the engine, not a request, is at fault")
+        except BaseException as exc:  # noqa: BLE001 - a dead loop must reach every waiting client
+            log.critical("engine loop failed: %s", exc, exc_info=exc)
+            self._die(exc, EngineDeadError(f"the engine failed: {exc}"))
+            if self._on_dead is not None:
+                self._on_dead(exc)
+            return
+        self._die(EngineDeadError("the engine has shut down"), EngineDeadError("the engine has shut down"))
+
+    def _die(self, cause: BaseException, error: EngineDeadError) -> None:
+        """No stream may wait forever: each open one gets `error`, and no new one registers."""
+        with self._lock:
+            self.error = cause
+            streams = list(self._streams)
+        for request_id in streams:
+            self._deliver(request_id, error)
