@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 from ortinf.config import EngineConfig
-from ortinf.engine.llm_engine import LLMEngine
-from ortinf.sample.sampling_params import SamplingParams
+from ortinf.runtime.engine.llm_engine import LLMEngine
+from ortinf.runtime.sample.sampling_params import SamplingParams
 
 
 def main() -> None:

@@ -41,7 +41,7 @@ BATCH, CONTEXT = 16, 128
 def decode_input(vocab: int):
     import numpy as np
 
-    from ortinf.worker.model_input import SequenceChunk, build_model_input
+    from ortinf.runtime.worker.model_input import SequenceChunk, build_model_input
 
     rng = np.random.default_rng(0)
     per_seq = CONTEXT // BLOCK_SIZE + 1
@@ -57,9 +57,9 @@ def worker(package: str, provider: str, mode: str) -> dict:
     import numpy as np
 
     from ortinf.config import EngineConfig
-    from ortinf.engine.llm_engine import LLMEngine
-    from ortinf.sample.sampling_params import SamplingParams
-    from ortinf.worker.decoder_graph import DecoderGraph
+    from ortinf.runtime.engine.llm_engine import LLMEngine
+    from ortinf.runtime.sample.sampling_params import SamplingParams
+    from ortinf.runtime.worker.decoder_graph import DecoderGraph
 
     fed, name = mode == "fed", provider
     if mode in ("graph", "host", "fed"):

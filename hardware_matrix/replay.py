@@ -13,8 +13,8 @@ import sys
 import numpy as np
 import onnxruntime as ort
 
-from ortinf.worker.decoder_graph import DecoderGraph
-from ortinf.worker.model_input import SequenceChunk, build_model_input
+from ortinf.runtime.worker.decoder_graph import DecoderGraph
+from ortinf.runtime.worker.model_input import SequenceChunk, build_model_input
 
 
 def scenario(vocab_size: int, seed: int = 7) -> tuple[dict, list[list[int]], list[list[tuple[int, int]]]]:

@@ -30,7 +30,7 @@ BLOCK_SIZE = 16
 def workload(vocab: int):
     import numpy as np
 
-    from ortinf.worker.model_input import SequenceChunk, build_model_input
+    from ortinf.runtime.worker.model_input import SequenceChunk, build_model_input
 
     rng = np.random.default_rng(0)
     steps = []
@@ -45,8 +45,8 @@ def workload(vocab: int):
 
 def worker(package: str, provider: str, buckets: bool) -> dict:
     from ortinf.providers.base import POWER_OF_TWO_BUCKETS
-    from ortinf.worker.decoder_graph import DecoderGraph
-    from ortinf.worker.model_input import pad_to_buckets
+    from ortinf.runtime.worker.decoder_graph import DecoderGraph
+    from ortinf.runtime.worker.model_input import pad_to_buckets
 
     graph = DecoderGraph(package, 256, BLOCK_SIZE, provider, intra_op_threads=2, shape_buckets=buckets)
     steps = workload(graph.spec.vocab_size)
