@@ -14,9 +14,11 @@ from tqdm.auto import tqdm
 from ortinf.config import EngineConfig
 from ortinf.errors import ConfigError, RequestError
 from ortinf.manifest import TEXT2TEXT, TEXT_GENERATION, Manifest
-from ortinf.runtime.engine.beams import BeamRun
 from ortinf.runtime.engine.outputs import RequestOutput
 from ortinf.runtime.sample.sampling_params import SamplingParams
+from ortinf.tasks import driver
+from ortinf.tasks.beams import BeamSearches
+from ortinf.tasks.programs import Program, Samples
 
 Prompt = str | Sequence[int] | dict  # a dict: {"prompt": text or ids, "multi_modal_data": {"image": one or a list}} (vLLM's)
 ENCODER_OPTIONS = {"intra_op_threads", "provider_options", "allow_cpu_fallback"}  # what an encoder package's LLM takes
@@ -149,63 +151,21 @@ class LLM:
         if len(loras) != len(batch):
             raise RequestError(f"{len(loras)} LoRA names for {len(batch)} prompts: pass one name, or one per prompt")
         engine = self.engine
-        children: dict[str, tuple[int, int]] = {}  # engine request id -> (prompt index, sample index)
-        beams: dict[int, BeamRun] = {}  # prompt index -> its beam search (num_beams > 1)
-        steps: dict[str, tuple[int, int]] = {}  # a beam step's engine request id -> (prompt index, beam index)
-        added = []
+        programs: list[Program] = []
+        for i, (prompt, p, adapter) in enumerate(zip(batch, params, loras)):  # every request checked before any runs
+            prompt, images = _with_images(prompt)
+            prepared = engine.prepare(prompt, p, adapter, images=images)  # tokenised (and its images read) once
+            if p.num_beams > 1:  # one search gives the n samples (ortinf/tasks/beams.py)
+                programs.append(BeamSearches([prepared] * p.n, engine, str(i)))
+            else:  # one output per sample, when it finishes: no per-step copies
+                programs.append(Samples([replace(prepared, params=replace(prepared.params.for_sample(j), output_kind="final_only"))
+                                         for j in range(p.n)]))
+        bar = tqdm(total=len(programs), desc="generating", disable=not use_tqdm)
         try:
-            for i, (prompt, p, adapter) in enumerate(zip(batch, params, loras)):
-                prompt, images = _with_images(prompt)
-                if p.num_beams > 1:  # one search, its step requests added as it goes (ortinf/runtime/engine/beams.py)
-                    beams[i] = BeamRun(engine.prepare(prompt, p, adapter, images=images), engine)
-                    continue
-                prepared = engine.prepare(prompt, p, adapter, images=images)  # tokenised (and its images read) once
-                for j in range(p.n):  # one output per request, when it finishes: no per-step copies
-                    request_id = engine.add_request(replace(prepared, params=replace(prepared.params.for_sample(j), output_kind="final_only")))
-                    added.append(request_id)
-                    children[request_id] = (i, j)
-        except RequestError:
-            for request_id in added:
-                engine.abort(request_id)
-            raise
-        step_outputs: dict[int, list[RequestOutput | None]] = {}
-
-        def launch(i: int) -> None:  # the search's next step, or nothing when it is done
-            run = beams[i]
-            if run.done:
-                return
-            requests = run.step_requests()
-            step_outputs[i] = [None] * len(requests)
-            for b, prepared in enumerate(requests):
-                steps[engine.add_request(prepared)] = (i, b)
-
-        for i in beams:
-            launch(i)
-        finished: dict[str, RequestOutput] = {}
-        bar = tqdm(total=len(children) + len(beams), desc="generating", disable=not use_tqdm)
-        while engine.has_unfinished_requests():
-            for output in engine.step():
-                if output.error is not None:  # a failed step: end the batch, keep the engine usable
-                    for request_id in (*children, *steps):
-                        engine.abort(request_id)
-                    bar.close()
-                    raise output.error
-                if output.finished and output.request_id in steps:
-                    i, b = steps.pop(output.request_id)
-                    step_outputs[i][b] = output
-                    if all(o is not None for o in step_outputs[i]):
-                        beams[i].advance(step_outputs[i])  # type: ignore[arg-type]
-                        launch(i)
-                        bar.update(beams[i].done)
-                elif output.finished:
-                    finished[output.request_id] = output
-                    bar.update()
-        bar.close()
-        merged = _merge(finished, children, len(batch))
-        for i, run in beams.items():
-            outputs = run.outputs(str(i))
-            merged[i] = replace(outputs[0], outputs=[o.outputs[0] for o in outputs])
-        return merged
+            driver.run(engine, programs, on_step=lambda: bar.update(sum(p.complete for p in programs) - bar.n))
+        finally:
+            bar.close()
+        return [program.merged(str(i)) for i, program in enumerate(programs)]
 
     def transcribe(self, audios: np.ndarray | Sequence[np.ndarray], max_new_tokens: int | None = None) -> list[str]:
         """The text of each audio (16 kHz mono float samples) with a Whisper package; greedy, windows of 30 s."""
@@ -274,16 +234,3 @@ def _params_for(batch: list[Prompt], params: SamplingParams | Sequence[SamplingP
         raise RequestError(f"got {len(params)} SamplingParams for {len(batch)} prompts: pass one, or one per prompt")
     return params
 
-
-def _merge(finished: dict[str, RequestOutput], children: dict[str, tuple[int, int]], count: int) -> list[RequestOutput]:
-    """Folds the n samples of each prompt into one RequestOutput, in prompt order."""
-    merged: list[RequestOutput | None] = [None] * count
-    for request_id, (i, j) in sorted(children.items(), key=lambda item: item[1]):
-        output = finished[request_id]
-        completion = output.outputs[0]
-        completion.index = j
-        if merged[i] is None:
-            merged[i] = replace(output, request_id=str(i), outputs=[completion])
-        else:
-            merged[i].outputs.append(completion)
-    return merged  # type: ignore[return-value]

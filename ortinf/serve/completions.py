@@ -41,7 +41,7 @@ def prepare_samples(model: ServedModel, prompts: list, body_params, n: int, stre
         # tokenised and checked once per prompt
         first = engine.prepare(prompt, body_params, model.lora_name, add_special_tokens=add_special_tokens, priority=priority,
                                cache_salt=salt, images=images or ())
-        if first.params.num_beams > 1:  # one beam search gives the n samples (ortinf/runtime/engine/beams.py)
+        if first.params.num_beams > 1:  # one beam search gives the n samples (ortinf/tasks/beams.py)
             prepared += [first] * n
         else:
             prepared += [replace(first, params=first.params.for_sample(j)) for j in range(n)]

@@ -7,7 +7,7 @@ and capped at num_tokens - 1, because the last token must be computed to produce
 Blocks are cached only after the step that wrote their K/V (`cache_blocks`), never at allocation:
 the graph writes new K/V after it runs, so a request in the same step must not read them.
 
-A beam search's step requests (ortinf/runtime/engine/beams.py) also leave their last, partly filled block
+A beam search's step requests (ortinf/tasks/beams.py) also leave their last, partly filled block
 cached when they end (`num_partial` slots of it computed), under its prefix: the next step's request
 that extends that beam takes it over whole (it is unhashed, so one request only; a second child of the
 same beam recomputes those tokens), instead of recomputing the tokens past the last full block.

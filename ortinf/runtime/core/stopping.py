@@ -5,7 +5,7 @@ one). `judge` walks them in order and stops at the first token that ends the req
 after it are never appended: token ids, logprobs and `usage` are cut together, once, here.
 
 A beam search's step request (SamplingParams.beam_candidates) ends after its one step, whatever it
-sampled: the search (ortinf/runtime/engine/beams.py) reads its candidates and decides.
+sampled: the search (ortinf/tasks/beams.py) reads its candidates and decides.
 
 Per token, in this order:
 1. EOS (unless ignore_eos) or a stop token id, once min_tokens are out (EOS is not text; a stop

@@ -40,42 +40,64 @@ class EngineDeadError(RuntimeError):
 
 
 class _Mailbox:
-    """One caller's mailbox between the engine thread and its reader (an HTTP request and its n samples
-    share one): per sample, what the reader has not taken yet as one output (a delta is joined to the
-    pending one, a cumulative output replaces it, so a slow reader holds one item per sample, never a
-    backlog of steps), or an exception, which is final for the whole caller."""
+    """One caller's mailbox between the engine thread and its reader (a program's requests share one):
+    per request, what the reader has not taken yet as one item (a delta is joined to the pending one, a
+    cumulative output replaces it, so a slow reader holds one item per request, never a backlog of
+    steps), or the exception that ended that request."""
 
-    __slots__ = ("loop", "pending", "error", "ready")
+    __slots__ = ("loop", "pending", "ready")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.pending: dict[int, RequestOutput] = {}
-        self.error: BaseException | None = None
+        self.pending: dict[str, RequestOutput | BaseException] = {}
         self.ready = asyncio.Event()
 
-    def put(self, index: int, item: RequestOutput | BaseException) -> None:
-        if self.error is not None:
-            return
-        if isinstance(item, BaseException):
-            self.error = item
-        else:
-            earlier = self.pending.get(index)
-            self.pending[index] = earlier.followed_by(item) if earlier is not None else item
+    def put(self, request_id: str, item: RequestOutput | BaseException) -> None:
+        earlier = self.pending.get(request_id)
+        if isinstance(earlier, BaseException):
+            return  # the request ended with it; nothing follows
+        self.pending[request_id] = earlier.followed_by(item) if isinstance(earlier, RequestOutput) and not isinstance(item, BaseException) else item
         self.ready.set()
 
-    async def take(self) -> dict[int, RequestOutput]:
-        """Everything pending, by sample index; raises the error once there is one."""
+    async def take(self) -> dict[str, RequestOutput | BaseException]:
         await self.ready.wait()
         self.ready.clear()
-        if self.error is not None:
-            raise self.error
         taken, self.pending = self.pending, {}
         return taken
 
 
+class Channel:
+    """One caller's requests through one mailbox (ortinf/tasks/driver.py's): requests are added at any time,
+    `take` returns what advanced since the last take (an output, or the exception that ended a request, by
+    request id), and `close` aborts every request not yet finished. A request's failure is its own: the
+    caller decides whether it ends the others."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+        self.mailbox = _Mailbox(asyncio.get_running_loop())
+        self.open: set[str] = set()  # added, not yet finished or failed
+
+    def add(self, request_id: str, prepared: PreparedRequest) -> None:
+        self.engine._register(request_id, self.mailbox)
+        self.open.add(request_id)
+        self.engine._send(("add", request_id, prepared))
+
+    async def take(self) -> dict[str, RequestOutput | BaseException]:
+        taken = await self.mailbox.take()
+        for request_id, item in taken.items():
+            if isinstance(item, BaseException) or item.finished:
+                self.open.discard(request_id)
+        return taken
+
+    def close(self) -> None:
+        for request_id in self.open:
+            self.engine.abort(request_id)
+        self.open.clear()
+
+
 class AsyncEngine:
-    """Runs an LLMEngine in a thread; `generate` streams one request's outputs, `generate_many` a
-    caller's several requests (the n samples of one HTTP request) through one mailbox."""
+    """Runs an LLMEngine in a thread; `generate` streams one request's outputs, a Channel a caller's several
+    requests through one mailbox."""
 
     def __init__(self, engine: LLMEngine, on_step: Callable[[EngineStats, list[RequestOutput]], None] | None = None,
                  on_dead: Callable[[BaseException], None] | None = None) -> None:
@@ -87,7 +109,7 @@ class AsyncEngine:
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._lock = threading.Lock()  # guards _streams and error: a request is registered before death or sees it
-        self._streams: dict[str, tuple[_Mailbox, int]] = {}  # request id -> its caller's mailbox, its sample index
+        self._streams: dict[str, _Mailbox] = {}  # request id -> its caller's mailbox
         self._ids = itertools.count()
         self._stopping = False
         self.error: BaseException | None = None
@@ -104,40 +126,29 @@ class AsyncEngine:
 
     async def generate(self, prompt: str | Sequence[int] | PreparedRequest, params: SamplingParams | None = None,
                        request_id: str | None = None) -> AsyncIterator[RequestOutput]:
-        """Streams the request's outputs until it finishes; RequestError is raised before anything runs,
-        StepFailedError when a step fails it, EngineDeadError when the engine dies."""
+        """Streams one request's outputs until it finishes; RequestError is raised before anything runs,
+        StepFailedError when a step fails it, EngineDeadError when the engine dies. Closing it early aborts
+        the request. Several requests as one (n samples, a beam search, a Whisper job): ortinf/tasks/driver.py."""
         prepared = prompt if isinstance(prompt, PreparedRequest) else self.engine.prepare(prompt, params)
-        outputs = self.generate_many([prepared], [request_id or f"req-{next(self._ids)}"])
+        channel = Channel(self)
+        request_id = request_id or f"req-{next(self._ids)}"
+        channel.add(request_id, prepared)
         try:
-            async for _, output in outputs:
-                yield output
+            while channel.open:
+                for item in (await channel.take()).values():
+                    if isinstance(item, BaseException):
+                        raise item
+                    yield item
         finally:
-            await outputs.aclose()  # now, not when collected: closing aborts an unfinished request
+            channel.close()  # now, not when collected: closing aborts an unfinished request
 
-    async def generate_many(self, prepared: Sequence[PreparedRequest], request_ids: Sequence[str]) -> AsyncIterator[tuple[int, RequestOutput]]:
-        """Streams (index, output) for several requests as they advance, until all have finished;
-        the first error ends them all. Closing it early aborts the unfinished ones."""
-        mailbox = _Mailbox(asyncio.get_running_loop())
+    def _register(self, request_id: str, mailbox: _Mailbox) -> None:
         with self._lock:
             if self.error is not None or not self._thread.is_alive():
                 raise EngineDeadError(f"the engine has failed: {self.error or 'its thread has stopped'}")
-            in_use = next((r for r in request_ids if r in self._streams), None)
-            if in_use is not None or len(set(request_ids)) < len(request_ids):
-                raise RequestError(f"request id {in_use or request_ids[0]!r} is already in use")
-            for index, request_id in enumerate(request_ids):
-                self._streams[request_id] = (mailbox, index)
-        for request_id, item in zip(request_ids, prepared):
-            self._send(("add", request_id, item))
-        unfinished = len(request_ids)
-        try:
-            while unfinished:
-                for index, output in sorted((await mailbox.take()).items()):
-                    unfinished -= output.finished
-                    yield index, output
-        finally:  # a request still registered has neither finished nor failed (delivering either unregisters it)
-            for request_id in request_ids:
-                if request_id in self._streams:
-                    self.abort(request_id)
+            if request_id in self._streams:
+                raise RequestError(f"request id {request_id!r} is already in use")
+            self._streams[request_id] = mailbox
 
     async def call(self, function: Callable[[LLMEngine], T]) -> T:
         """Runs `function(engine)` on the engine thread between steps (what must not race a step:
@@ -174,9 +185,8 @@ class AsyncEngine:
             found = self._streams.pop(request_id, None) if done else self._streams.get(request_id)
         if found is None:
             return
-        mailbox, index = found
         try:
-            mailbox.loop.call_soon_threadsafe(mailbox.put, index, item)
+            found.loop.call_soon_threadsafe(found.put, request_id, item)
         except RuntimeError:  # the caller's event loop is closed: nobody is listening any more
             with self._lock:
                 self._streams.pop(request_id, None)

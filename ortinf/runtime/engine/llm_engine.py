@@ -49,7 +49,7 @@ class PreparedRequest:
     encoder_input: EncoderInput | None = None  # an encoder-decoder's (the source; `token_ids` are the decoder's)
     priority: int = 0  # lower runs first under the priority scheduling policy (vLLM's)
     cache_salt: str | None = None  # a client's prefix-cache salt: blocks are shared only under the same salt
-    output_token_ids: tuple[int, ...] = ()  # tokens already generated (a beam's, ortinf/runtime/engine/beams.py): computed as the prompt is
+    output_token_ids: tuple[int, ...] = ()  # tokens already generated (a beam's, ortinf/tasks/beams.py): computed as the prompt is
     images: tuple[PlacedImage, ...] = ()  # a vision-language request's images and where their placeholders are
 
     @property

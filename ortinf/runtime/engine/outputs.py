@@ -53,7 +53,7 @@ class RequestOutput:
     error: Exception | None = None  # set when an engine step failed this request (it is finished)
     num_output_tokens: int = 0  # tokens generated so far in all, whatever the output kind (metrics read it)
     delta: bool = False
-    # a beam search's step request: its best next (token, log-probability) pairs (ortinf/runtime/engine/beams.py)
+    # a beam search's step request: its best next (token, log-probability) pairs (ortinf/tasks/beams.py)
     beam_candidates: list[tuple[int, float]] | None = None
 
     def followed_by(self, later: RequestOutput) -> RequestOutput:

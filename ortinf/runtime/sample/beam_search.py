@@ -2,7 +2,7 @@
 
 This is the selection only (no model, no engine): each step it is given every live beam's best next
 tokens with their log-probabilities (under the request's rules: bans, forced tokens, min_tokens), and
-decides the next beams. ortinf/runtime/engine/beams.py runs it on the engine. The rules are transformers'
+decides the next beams. ortinf/tasks/beams.py runs it on the engine. The rules are transformers'
 `_beam_search` (4.57), so that greedy-equivalent results equal `generate(num_beams=k)` token for token:
 
 - a beam's score is the sum of its tokens' log-probabilities; at each step the best

@@ -12,18 +12,18 @@ timestamp tokens (every real Whisper) go window after window, each prompted with
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 from collections.abc import AsyncIterator, Callable
 
 import numpy as np
 
 from ortinf.runtime.engine.async_engine import AsyncEngine
-from ortinf.runtime.engine.llm_engine import PreparedRequest
-from ortinf.runtime.engine.outputs import RequestOutput
+from ortinf.tasks import driver
 from ortinf.tasks.speech.audio_features import SAMPLE_RATE
 from ortinf.tasks.speech.longform import Decoding, openai_decoding
 from ortinf.tasks.speech.transcriber import Job, Transcriber
-from ortinf.tasks.speech.windows import Window
+from ortinf.tasks.speech.windows import WindowJob
 
 
 class AsyncTranscriber:
@@ -32,6 +32,7 @@ class AsyncTranscriber:
         self.engine = engine  # over transcriber.engine
         self.fallback = fallback
         self._lock = threading.Lock()  # a window's end runs off the event loop (word timing): one at a time
+        self._ids = itertools.count()
 
     def decoding(self, temperature: float, seed: int | None, timed: bool) -> Decoding:
         return openai_decoding(temperature, timed, self.transcriber.no_speech is not None, self.fallback, seed)
@@ -100,66 +101,22 @@ class AsyncTranscriber:
         transcriber = self.transcriber
         decoding = self.decoding(temperature, seed, timed)
         decoding.word_timestamps = words
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[Job] = loop.create_future()
-
-        def on_done(job: Job) -> None:  # off the event loop
-            loop.call_soon_threadsafe(lambda: done.done() or done.set_result(job))
 
         def submit() -> Job:  # off the event loop: a prompt is tokenised, and the log-mel is computed
             if timed:
                 forced = transcriber._prompt(language, task, None, timestamps=True)
                 previous = transcriber._prompt(language, task, prompt, timestamps=True)[: -len(forced)] if prompt else None
-                return transcriber.submit_long(samples, forced, decoding, on_done=on_done, prompt_ids=previous, on_window=on_window,
-                                               start=False)
+                return transcriber.submit_long(samples, forced, decoding, prompt_ids=previous, on_window=on_window)
             forced = transcriber._prompt(language, task, prompt, timestamps=False)
-            return transcriber.submit(transcriber.windows(samples), forced, on_done=on_done, decoding=decoding, on_window=on_window,
-                                      frames=transcriber.window_frames(samples), start=False)
+            return transcriber.submit(transcriber.windows(samples), forced, decoding=decoding, on_window=on_window,
+                                      frames=transcriber.window_frames(samples))
 
         job = await asyncio.to_thread(submit)
-        drivers = [asyncio.ensure_future(self._drive(window)) for window in job.fresh]
         try:
-            await done
-        except asyncio.CancelledError:  # the caller went away: every window's request is aborted
+            await driver.finish(self.engine, WindowJob(transcriber, job, self._lock), f"job-{next(self._ids)}")
+        except asyncio.CancelledError:  # the caller went away: its windows' requests are aborted as the driver closes
             job.cancelled = True
-            for driver in drivers:
-                driver.cancel()
-            await asyncio.gather(*drivers, return_exceptions=True)
             raise
         if job.error is not None:
             raise job.error
         return job
-
-    async def _drive(self, window: Window) -> None:
-        """Requests what the window needs until it ends (its probe, retries, a long-form job's next windows)."""
-        following = [window]
-        while following:
-            window, *rest = following
-            for other in rest:  # (a window ends with one request to follow it at most: none today)
-                asyncio.ensure_future(self._drive(other))
-            try:
-                request_id, prepared, probe = self.transcriber.request(window)
-                outcome: RequestOutput | BaseException = await self._final(prepared, request_id)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - this window's request failed: its job fails, the engine goes on
-                outcome, probe = exc, False
-            try:
-                following = await asyncio.to_thread(self._finished, window, probe, outcome)
-            except Exception as exc:  # noqa: BLE001 - judging or timing it failed: its job fails alone
-                window.job.error = window.job.error or exc
-                following = self._finished_failed(window)
-
-    def _finished(self, window: Window, probe: bool, outcome: RequestOutput | BaseException) -> list[Window]:
-        with self._lock:
-            return self.transcriber.finished(window, probe, outcome)
-
-    def _finished_failed(self, window: Window) -> list[Window]:
-        with self._lock:
-            return self.transcriber._close(window)
-
-    async def _final(self, prepared: PreparedRequest, request_id: str) -> RequestOutput:
-        last = None
-        async for output in self.engine.generate(prepared, request_id=request_id):
-            last = output
-        return last

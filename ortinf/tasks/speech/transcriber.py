@@ -1,8 +1,9 @@
 """Transcriber: speech recognition with a Whisper package, a front-end over the one engine
 (ortinf/runtime/engine/llm_engine.py; ortinf/tasks/speech/windows.py says how a window becomes a request). This module is
-what is Whisper's: prompts, the log-mel windows, the words' times, the texts; and `step`, which drives
-an LLMEngine for offline use (LLM.transcribe, `ortinf transcribe`). The server drives the same windows
-on its AsyncEngine (ortinf/tasks/speech/async_transcriber.py), beside any other request.
+what is Whisper's: prompts, the log-mel windows, the words' times, the texts; and `drive`, which runs
+jobs on this transcriber's own LLMEngine through the one driver (ortinf/tasks/driver.py) for offline use
+(LLM.transcribe, `ortinf transcribe`). The server runs the same jobs on its AsyncEngine
+(ortinf/tasks/speech/async_transcriber.py), beside any other request.
 
 Audio is decoded in 30-second windows, two ways:
 - side by side (`submit`, `LLM.transcribe`, models without timestamp tokens): fixed windows, all in
@@ -13,7 +14,6 @@ Audio is decoded in 30-second windows, two ways:
 
 from __future__ import annotations
 
-import itertools
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -27,11 +27,12 @@ from ortinf.manifest import SPEECH_RECOGNITION, Manifest
 from ortinf.providers.session import create_session
 from ortinf.runtime.engine.llm_engine import LLMEngine
 from ortinf.runtime.sample.decoder_rules import DecoderRules
+from ortinf.tasks import driver
 from ortinf.tasks.speech import languages
 from ortinf.tasks.speech.audio_features import HOP_LENGTH, SAMPLE_RATE, log_mel
 from ortinf.tasks.speech.longform import Decoding, Segment
 from ortinf.tasks.speech.whisper_timestamps import TimestampRules
-from ortinf.tasks.speech.windows import CANCELLED, DETECT, Job, Window, WindowDecoder
+from ortinf.tasks.speech.windows import DETECT, Job, Window, WindowDecoder, WindowJob
 from ortinf.tasks.speech.word_timing import token_times, words
 
 
@@ -75,8 +76,6 @@ class Transcriber(WindowDecoder):
         self.no_speech = no_timestamps - 1 if no_timestamps is not None else None  # <|nospeech|>, before <|notimestamps|>
         self.prompt = self._prompt()
         self.outcomes = {"kept": 0, "retried": 0, "skipped": 0}  # windows, for metrics
-        self._ids = itertools.count()
-        self._inflight: dict[str, tuple[Window, bool]] = {}  # the offline driver's: request id -> (window, probe)
         self._alignment = self._host_encoder = None
 
     def stats(self) -> dict[str, float]:
@@ -140,24 +139,22 @@ class Transcriber(WindowDecoder):
         return samples
 
     def submit(self, windows: list[np.ndarray], prompt: list[int], max_new_tokens: int | None = None,
-               on_done: Callable[[Job], None] | None = None, temperature: float = 0.0, seed: int | None = None,
-               timestamps: bool = False, decoding: Decoding | None = None, on_window: Callable[[Job], None] | None = None,
-               frames: list[int] | None = None, start: bool = True) -> Job:
-        """One input's windows (encoder inputs), decoded side by side; `on_done(job)` runs when its last
-        window ends. `temperature` > 0 samples (seeded by `seed`), else greedy; `decoding`, when given,
-        replaces those three (and adds the fallback rules). `start`: queue them on this transcriber's
-        engine (the offline driver); else they wait in `job.fresh` for the caller (ortinf/tasks/speech/async_transcriber.py)."""
+               temperature: float = 0.0, seed: int | None = None, timestamps: bool = False, decoding: Decoding | None = None,
+               on_window: Callable[[Job], None] | None = None, frames: list[int] | None = None) -> Job:
+        """One input's windows (encoder inputs), to be decoded side by side (`drive`, or WindowJob on an async
+        engine). `temperature` > 0 samples (seeded by `seed`), else greedy; `decoding`, when given,
+        replaces those three (and adds the fallback rules)."""
         decoding = decoding or Decoding(max_new_tokens, (temperature,), seed, timestamps)
-        job = self._job(decoding, on_done, len(windows))
+        job = self._job(decoding, len(windows))
         job.on_window = on_window
         frames = frames or [0] * len(windows)
         queued = [self._window(job, index, features, list(prompt), frames[index], index * self.window_seconds)
                   for index, features in enumerate(windows)]
-        return self._started(job, queued, start)
+        job.fresh = queued
+        return job
 
-    def submit_long(self, samples: np.ndarray, prompt: list[int], decoding: Decoding, on_done: Callable[[Job], None] | None = None,
-                    prompt_ids: list[int] | None = None, on_window: Callable[[Job], None] | None = None,
-                    start: bool = True) -> Job:
+    def submit_long(self, samples: np.ndarray, prompt: list[int], decoding: Decoding, prompt_ids: list[int] | None = None,
+                    on_window: Callable[[Job], None] | None = None) -> Job:
         """One audio decoded window after window, as transformers' long-form generate does
         (ortinf/tasks/speech/longform.py): each window starts where the last one's timestamps end, and with
         `decoding.condition_on_previous_text` is prompted with the text so far. `prompt` is the forced
@@ -171,56 +168,19 @@ class Transcriber(WindowDecoder):
         samples = self._check(samples)
         size = self.speech.window_samples
         features = log_mel(samples, self.mel_filters, max(len(samples), size)) if len(samples) > size else log_mel(samples, self.mel_filters)
-        job = self._job(decoding, on_done, 0)
+        job = self._job(decoding, 0)
         job.features, job.num_frames = features, min(features.shape[1], -(-len(samples) // HOP_LENGTH))
         job.init, job.prompt_ids = list(prompt), list(prompt_ids or [])
         job.condition, job.on_window = decoding.condition_on_previous_text, on_window
         if job.prompt_ids:  # the request's prompt is the first "segment" of the history (transformers' first-segment)
             job.segments.append(Segment(0.0, 0.0, job.prompt_ids[1:]))
-        return self._started(job, [self._next_window(job)], start)
-
-    def _started(self, job: Job, windows: list[Window], start: bool) -> Job:
-        if start:
-            for window in windows:
-                self._start(window)
-        else:
-            job.fresh = windows
+        job.fresh = [self._next_window(job)]
         return job
 
-    # the offline driver: this transcriber's own engine, stepped by the caller
-
-    def _start(self, window: Window) -> None:
-        request_id, prepared, probe = self.request(window)
-        self.engine.add_request(prepared, request_id=request_id)
-        self._inflight[request_id] = (window, probe)
-
-    @property
-    def busy(self) -> bool:
-        return bool(self._inflight)
-
-    def step(self) -> int:
-        """One engine step; the windows whose requests finished go on (their next request) or end.
-        Returns how many windows ended."""
-        ended = 0
-        for output in self.engine.step():
-            if not output.finished or output.request_id not in self._inflight:
-                continue
-            window, probe = self._inflight.pop(output.request_id)
-            following = self.finished(window, probe, output)
-            ended += not following and not probe
-            for nxt in following:
-                self._start(nxt)
-        return ended
-
-    def cancel(self, job: Job) -> None:
-        """Ends a job's windows now (the offline driver's)."""
-        job.cancelled = True
-        for request_id, (window, _) in list(self._inflight.items()):
-            if window.job is job:
-                self.engine.abort(request_id)
-                del self._inflight[request_id]
-                job.error = job.error or CANCELLED
-                self._close(window)
+    def drive(self, jobs: Sequence[Job], on_step: Callable[[], None] | None = None) -> None:
+        """Decodes submitted jobs to their end on this transcriber's engine, together (ortinf/tasks/driver.py);
+        a job that failed keeps its error in `job.error`."""
+        driver.run(self.engine, [WindowJob(self, job) for job in jobs], on_step)
 
     def transcribe_ids(self, audios: Sequence[np.ndarray], max_new_tokens: int | None = None) -> list[list[int]]:
         """Greedy token ids of each audio (its windows' tokens joined, the forced prompt excluded)."""
@@ -240,10 +200,10 @@ class Transcriber(WindowDecoder):
             jobs = [self.submit(self.windows(audio), forced, decoding=decoding, frames=self.window_frames(audio)) for audio in audios]
         total = sum(len(audio) for audio in audios) / SAMPLE_RATE
         bar = tqdm(total=round(total), desc="audio seconds", disable=not progress)
-        while self.busy:
-            self.step()
-            bar.update(round(min(total, sum(self.progress(job) for job in jobs))) - bar.n)
-        bar.close()
+        try:
+            self.drive(jobs, on_step=lambda: bar.update(round(min(total, sum(self.progress(job) for job in jobs))) - bar.n))
+        finally:
+            bar.close()
         for job in jobs:
             if job.error is not None:
                 raise job.error
@@ -258,8 +218,7 @@ class Transcriber(WindowDecoder):
     def _decode(self, audios: Sequence[np.ndarray], max_new_tokens: int | None, prompt: list[int]) -> list[list[list[int]]]:
         """Greedy token ids of each window of each audio: every window submitted, then steps until done."""
         jobs = [self.submit(self.windows(audio), prompt, max_new_tokens) for audio in audios]
-        while self.busy:
-            self.step()
+        self.drive(jobs)
         for job in jobs:
             if job.error is not None:
                 raise job.error

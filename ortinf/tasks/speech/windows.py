@@ -5,8 +5,9 @@ no-timestamps, behind <|startofprev|> and a prompt or the text so far), its enco
 log-mel (ortinf/runtime/worker/encoder_input.py: the engine gives it cross blocks, runs the encoder into them, caches
 them by the audio's digest, preempts and isolates failures as for text), and a logits processor that
 applies what transformers' generate does (suppressed tokens, the timestamp rules). This module is the
-logic between requests, with no loop of its own; ortinf/tasks/speech/transcriber.py drives it on an LLMEngine and
-ortinf/tasks/speech/async_transcriber.py on the server's AsyncEngine:
+logic between requests, with no loop of its own: a job is a program (WindowJob, below) that the one driver
+(ortinf/tasks/driver.py) runs on an LLMEngine (ortinf/tasks/speech/transcriber.py) or on the server's AsyncEngine
+(ortinf/tasks/speech/async_transcriber.py):
 
     window --(language to detect, or a no-speech threshold)--> probe request: prompt up to the start of
        |                                                       transcript, 1 token (its logits say both)
@@ -18,9 +19,10 @@ ortinf/tasks/speech/async_transcriber.py on the server's AsyncEngine:
 
 from __future__ import annotations
 
-import itertools
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -29,6 +31,7 @@ from ortinf.runtime.engine.llm_engine import PreparedRequest
 from ortinf.runtime.engine.outputs import RequestOutput
 from ortinf.runtime.sample.sampling_params import GREEDY_BELOW, SEED_RANGE, SamplingParams
 from ortinf.runtime.worker.encoder_input import EncoderInput
+from ortinf.tasks.programs import Handed, Program
 from ortinf.tasks.speech.longform import Decoding, Segment, compression_ratio, history, judge, split_segments, window_features
 
 DETECT = -1  # a prompt's language token, to be detected by the window's probe
@@ -48,12 +51,11 @@ class WindowStats:
 
 @dataclass(slots=True)
 class Job:
-    """One audio: its decoding options, each window's tokens as they end, and who to tell when it is done.
+    """One audio: its decoding options and each window's tokens as they end.
     Two kinds: fixed 30-second windows decoded side by side (`submit`), or windows one after another, each
     starting where the last one's timestamps end and prompted with its text (`submit_long`: `features` set)."""
 
     decoding: Decoding
-    on_done: Callable[[Job], None] | None
     results: list[list[int]]  # each window's tokens (the kept attempt; [] for a skipped window)
     pending: int  # windows not ended yet
     max_new_tokens: int | None = None
@@ -69,7 +71,7 @@ class Job:
     closed: set[int] = field(default_factory=set)  # the windows kept so far
     cancelled: bool = False  # its caller went away: its windows end at the next step
     timings: dict[int, tuple[list[int], list[float]]] = field(default_factory=dict)  # window -> kept tokens, their times (s)
-    fresh: list[Window] = field(default_factory=list)  # windows submitted but not yet requested (the async driver's)
+    fresh: list[Window] = field(default_factory=list)  # its first windows (WindowJob.start requests them)
     language: int | None = None  # the language token the kept windows were decoded under (given or detected)
     stats: dict[int, WindowStats] = field(default_factory=dict)  # each kept window's
 
@@ -108,23 +110,22 @@ class WindowDecoder:
     generation: dict
     window_seconds = 30.0
     outcomes: dict[str, int]
-    _ids: itertools.count
 
-    def _job(self, decoding: Decoding, on_done: Callable[[Job], None] | None, windows: int) -> Job:
+    def _job(self, decoding: Decoding, windows: int) -> Job:
         decoding.check()
-        return Job(decoding, on_done, [[] for _ in range(windows)], max(windows, 1), decoding.max_new_tokens)
+        return Job(decoding, [[] for _ in range(windows)], max(windows, 1), decoding.max_new_tokens)
 
     def _window(self, job: Job, index: int, features: np.ndarray, prompt: list[int], frames: int = 0, offset: float = 0.0) -> Window:
         return Window(job, index, features, prompt, EncoderInput.of(features, self.source_positions, "audio"), frames=frames, offset=offset)
 
-    def request(self, window: Window) -> tuple[str, PreparedRequest, bool]:
-        """(request id, the request, whether it is the window's probe) that the window needs next."""
+    def request(self, window: Window) -> tuple[PreparedRequest, bool]:
+        """(the request, whether it is the window's probe) that the window needs next."""
         job = window.job
         needs_probe = DETECT in window.prompt or (job.decoding.no_speech_threshold is not None and self.no_speech is not None)
         if needs_probe and not window.probed:
             sot = len(window.prompt) - 1 - window.prompt[::-1].index(self.decoder_start)
             params = SamplingParams(max_tokens=1, temperature=0.0, output_kind="final_only", logits_processors=(self._probe(window),))
-            return f"probe-{next(self._ids)}", PreparedRequest(None, list(window.prompt[: sot + 1]), params, None, window.encoder), True
+            return PreparedRequest(None, list(window.prompt[: sot + 1]), params, None, window.encoder), True
         decoding = job.decoding
         budget = self.max_model_len - len(window.prompt)
         budget = min(job.max_new_tokens or budget, budget)
@@ -135,7 +136,7 @@ class WindowDecoder:
         params = SamplingParams(max_tokens=budget, temperature=temperature if temperature >= GREEDY_BELOW else 0.0, seed=seed,
                                 logprobs=0, output_kind="final_only",  # the fallback's judge and verbose_json's avg_logprob
                                 logits_processors=(self._scores(job),))
-        return f"window-{next(self._ids)}", PreparedRequest(None, list(window.prompt), params, None, window.encoder), False
+        return PreparedRequest(None, list(window.prompt), params, None, window.encoder), False
 
     def _scores(self, job: Job) -> Callable[[Sequence[int], np.ndarray], np.ndarray]:
         """The window's logits processor: what generate's processors do (suppressed tokens, and Whisper's
@@ -215,10 +216,7 @@ class WindowDecoder:
 
     @staticmethod
     def _close(window: Window) -> list[Window]:
-        job = window.job
-        job.pending -= 1
-        if job.pending == 0 and job.on_done is not None:
-            job.on_done(job)
+        window.job.pending -= 1
         return []
 
     def _next(self, window: Window, tokens: list[int], skip: bool) -> Window | None:
@@ -263,9 +261,53 @@ class WindowDecoder:
         raise NotImplementedError
 
 
+class WindowJob(Program):
+    """A job's windows as a program of the one driver: each window's requests in turn (its probe, its
+    attempts, a long-form job's next window); it ends when every window has. A window's failure is its job's
+    (the job keeps the first error; the caller raises it), never the other jobs'. `lock`: a window's end runs
+    off the event loop on the server, one at a time per transcriber."""
+
+    blocking = True  # word timing runs the alignment graph when a window is kept
+
+    def __init__(self, decoder: WindowDecoder, job: Job, lock: threading.Lock | None = None) -> None:
+        self.decoder, self.job = decoder, job
+        self.lock = lock or threading.Lock()
+
+    @property
+    def complete(self) -> bool:
+        return self.job.pending == 0
+
+    def start(self) -> list[tuple[Any, PreparedRequest]]:
+        windows, self.job.fresh = self.job.fresh, []
+        return [request for window in windows for request in self._requests(window)]
+
+    def advance(self, key: Any, outcome: RequestOutput | BaseException) -> tuple[Handed, list[tuple[Any, PreparedRequest]]]:
+        if isinstance(outcome, RequestOutput) and not outcome.finished and outcome.error is None:
+            return [], []
+        window, probe = key
+        return [], self._after(window, probe, outcome)
+
+    def _requests(self, window: Window) -> list[tuple[Any, PreparedRequest]]:
+        try:
+            prepared, probe = self.decoder.request(window)
+        except Exception as exc:  # noqa: BLE001 - this window cannot go on: its job fails, the others do not
+            return self._after(window, False, exc)
+        return [((window, probe), prepared)]
+
+    def _after(self, window: Window, probe: bool, outcome: RequestOutput | BaseException) -> list[tuple[Any, PreparedRequest]]:
+        try:
+            with self.lock:
+                following = self.decoder.finished(window, probe, outcome)
+        except Exception as exc:  # noqa: BLE001 - judging or timing it failed: its job fails alone
+            self.job.error = self.job.error or exc
+            with self.lock:
+                following = self.decoder._close(window)
+        return [request for nxt in following for request in self._requests(nxt)]
+
+
 def _softmax(row: np.ndarray) -> np.ndarray:
     shifted = np.exp(row.astype(np.float64) - np.max(row))
     return shifted / shifted.sum()
 
 
-__all__ = ["CANCELLED", "DETECT", "Job", "Window", "WindowDecoder", "WindowStats"]
+__all__ = ["CANCELLED", "DETECT", "Job", "Window", "WindowDecoder", "WindowJob", "WindowStats"]

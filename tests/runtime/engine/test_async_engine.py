@@ -12,6 +12,8 @@ from support.engine_helpers import hf_greedy, make_engine
 from ortinf.errors import RequestError
 from ortinf.runtime.engine.async_engine import AsyncEngine
 from ortinf.runtime.sample.sampling_params import SamplingParams
+from ortinf.tasks import driver
+from ortinf.tasks.programs import Samples
 
 
 @pytest.fixture
@@ -77,8 +79,8 @@ def test_invalid_request_raises_before_running(engine_and_model):
 
 
 def test_one_mailbox_for_several_requests_joins_what_a_slow_reader_missed(engine_and_model):
-    """generate_many: n requests through one mailbox; a reader that sleeps through many steps gets one
-    joined delta per request (never a backlog), and the joined deltas are transformers' tokens."""
+    """The driver's stream (ortinf/tasks/driver.py): n requests through one mailbox; a reader that sleeps through
+    many steps gets one joined delta per request (never a backlog), and the joined deltas are transformers' tokens."""
     engine, model = engine_and_model
     prompts = [[5, 9, 13], [7, 7, 7, 7, 7], [3, 100, 200, 50]]
     prepared = [engine.engine.prepare(p, SamplingParams(temperature=0, max_tokens=16, output_kind="delta")) for p in prompts]
@@ -86,7 +88,7 @@ def test_one_mailbox_for_several_requests_joins_what_a_slow_reader_missed(engine
     async def main():
         tokens: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
         takes = 0
-        async for index, output in engine.generate_many(prepared, ["m-0", "m-1", "m-2"]):
+        async for index, output in driver.stream(engine, Samples(prepared, keep=False), "m"):
             assert output.delta
             tokens[index] += output.outputs[0].token_ids
             takes += 1

@@ -1,4 +1,4 @@
-"""Beam search on the one engine (ortinf/runtime/engine/beams.py, ortinf/runtime/sample/beam_search.py): the n best
+"""Beam search on the one engine (ortinf/tasks/beams.py, ortinf/runtime/sample/beam_search.py): the n best
 hypotheses equal transformers' generate(num_beams=k, num_return_sequences=n) token for token, with
 hypotheses that end early (a stop id the random model likes), every early_stopping mode and length
 penalties of both signs; beams batch with sampled requests, survive a pool that preempts, and share

@@ -187,7 +187,7 @@ def test_the_step_budgets_image_work(llava):
 
 
 def test_beam_search_over_an_image_equals_transformers(llava):
-    """Beam search (one step request per beam, ortinf/runtime/engine/beams.py) carries the prompt's image into every step:
+    """Beam search (one step request per beam, ortinf/tasks/beams.py) carries the prompt's image into every step:
     the hypotheses equal transformers' generate(num_beams=3) with the same pixels."""
     model, processor, package = llava
     ids = [5, 7, IMAGE_TOKEN, 9, 11]

@@ -55,8 +55,7 @@ def hf_segments(model, samples: np.ndarray, **options) -> list[tuple[float, list
 
 def ours(transcriber: Transcriber, audios: list[np.ndarray], decoding: Decoding, prompt_ids: list[int] | None = None):
     jobs = [transcriber.submit_long(a, transcriber._prompt(timestamps=True), decoding, prompt_ids=prompt_ids) for a in audios]
-    while transcriber.busy:
-        transcriber.step()
+    transcriber.drive(jobs)
     assert all(job.error is None for job in jobs)
     return [[(round(s.start, 2), s.tokens) for s in (job.segments[1:] if prompt_ids else job.segments)] for job in jobs]
 
@@ -157,8 +156,7 @@ def test_long_form_token_times_equal_transformers(whisper):
     theirs = [(s["tokens"].tolist(), s["token_timestamps"].tolist()) for s in out["segments"][0]]
     job = transcriber.submit_long(sample, transcriber._prompt(timestamps=True),
                                   Decoding(max_new_tokens=24, timestamps=True, condition_on_previous_text=True, word_timestamps=True))
-    while transcriber.busy:
-        transcriber.step()
+    transcriber.drive([job])
     ours = [job.timings[i] for i in sorted(job.timings)]
     assert [t for tokens, _ in ours for t in tokens] == [t for tokens, _ in theirs for t in tokens]
     assert np.allclose([x for tokens, times in ours for x in times[: len(tokens)]], [x for _, times in theirs for x in times], atol=1e-6)

@@ -149,8 +149,7 @@ def test_multilingual_prompt_and_language_detection(whisper, tmp_path):
         first = model(input_features=features, decoder_input_ids=torch.tensor([[1]])).logits[0, -1]
     detected = [250, 251, 252][int(first[[250, 251, 252]].argmax())]
     job = transcriber.submit(transcriber.windows(sample), transcriber._prompt(), max_new_tokens=8)
-    while transcriber.busy:
-        transcriber.step()
+    transcriber.drive([job])
     assert job.results == hf_greedy(model, sample, [1, detected, 253, 255], 8)
 
 
@@ -161,8 +160,7 @@ def test_sampling_at_a_temperature_is_seeded(whisper):
 
     def run(temperature: float, seed: int | None) -> list[int]:
         job = transcriber.submit(windows, transcriber.prompt, max_new_tokens=12, temperature=temperature, seed=seed)
-        while transcriber.busy:
-            transcriber.step()
+        transcriber.drive([job])
         return job.results[0]
 
     greedy = run(0.0, None)
@@ -191,8 +189,7 @@ def test_a_prompt_goes_behind_startofprev(whisper, tmp_path):
     assert prompt == [200, *ids, 1] and max(ids) < 256
     sample = audio(2, 4)
     job = transcriber.submit(transcriber.windows(sample), prompt, max_new_tokens=6)
-    while transcriber.busy:
-        transcriber.step()
+    transcriber.drive([job])
     assert job.results == hf_greedy(model, sample, prompt, 6)
     plain = Transcriber(package)
     with pytest.raises(ortinf.errors.RequestError, match="prompt"):
@@ -215,8 +212,7 @@ def test_timestamp_tokens_against_transformers(whisper, tmp_path):
     assert transcriber._prompt() == [1, 200] and transcriber._prompt(timestamps=True) == [1]
     sample = audio(40, 6)  # two windows
     job = transcriber.submit(transcriber.windows(sample), transcriber._prompt(timestamps=True), max_new_tokens=12, timestamps=True)
-    while transcriber.busy:
-        transcriber.step()
+    transcriber.drive([job])
     processor = WhisperTimeStampLogitsProcessor(transformers.GenerationConfig(no_timestamps_token_id=200, eos_token_id=2), begin_index=1)
     assert job.results == hf_greedy(model, sample, [1], 12, processor)
     assert all(tokens and tokens[0] >= 201 for tokens in job.results)  # each window opens with a timestamp
@@ -264,8 +260,7 @@ def test_token_times_equal_transformers_token_timestamps(whisper):
         tokens, times = out["sequences"][0, 1:].tolist(), out["token_timestamps"][0, 1:].tolist()
         job = transcriber.submit(transcriber.windows(sample), transcriber.prompt, frames=transcriber.window_frames(sample),
                                  decoding=Decoding(max_new_tokens=20, word_timestamps=True))
-        while transcriber.busy:
-            transcriber.step()
+        transcriber.drive([job])
         ours, our_times = job.timings[0]
         assert ours == [t for t in tokens if t != 2]
         assert np.allclose(our_times[: len(times)], times, atol=1e-6), (our_times, times)

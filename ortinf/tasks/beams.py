@@ -20,17 +20,16 @@ the same choice. With prefix caching off (--no-enable-prefix-caching) each step 
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ortinf.runtime.core.request import FinishReason
 from ortinf.runtime.engine.outputs import CompletionOutput, RequestOutput
 from ortinf.runtime.sample.beam_search import BeamSearch, Hypothesis
+from ortinf.tasks.programs import Handed, Program
 
 if TYPE_CHECKING:
-    from ortinf.runtime.engine.async_engine import AsyncEngine
     from ortinf.runtime.engine.llm_engine import LLMEngine, PreparedRequest
 
 
@@ -92,42 +91,47 @@ class BeamRun:
         return CompletionOutput(rank, text, tokens, reason.value, stop_reason)
 
 
-def request_ids(request_id: str, run: BeamRun) -> list[str]:
-    """The engine ids of a search's step requests this step."""
-    return [f"{request_id}-beam{run.num_steps}.{i}" for i in range(len(run.search.beams))]
+class BeamSearches(Program):
+    """Beam searches as one program: `prepared` holds each prompt's request n times (its params.n), as for
+    sampled requests; each prompt's search hands out its n best, as (sample index, output), when it ends.
+    The searches' steps batch together and with every other request."""
+
+    def __init__(self, prepared: Sequence[PreparedRequest], engine: LLMEngine, request_id: str) -> None:
+        n = prepared[0].params.n if prepared else 1
+        self.request_id = request_id
+        self.runs = {start: BeamRun(prepared[start], engine) for start in range(0, len(prepared), n)}
+        self.steps: dict[int, list[RequestOutput | None]] = {}
+        self.finals: dict[int, RequestOutput] = {}
+
+    @property
+    def complete(self) -> bool:
+        return all(run.done for run in self.runs.values())
+
+    def start(self) -> list[tuple[Any, PreparedRequest]]:
+        return [request for start in self.runs for request in self._launch(start)]
+
+    def _launch(self, start: int) -> list[tuple[Any, PreparedRequest]]:
+        requests = self.runs[start].step_requests()
+        self.steps[start] = [None] * len(requests)
+        return [((start, b), prepared) for b, prepared in enumerate(requests)]
+
+    def advance(self, key: Any, outcome: RequestOutput | BaseException) -> tuple[Handed, list[tuple[Any, PreparedRequest]]]:
+        if isinstance(outcome, BaseException):
+            raise outcome
+        if not outcome.finished:
+            return [], []
+        start, b = key
+        step = self.steps[start]
+        step[b] = outcome
+        if any(o is None for o in step):
+            return [], []
+        run = self.runs[start]
+        run.advance(step)  # type: ignore[arg-type]
+        if not run.done:
+            return [], self._launch(start)
+        handed = [(start + rank, output) for rank, output in enumerate(run.outputs(f"{self.request_id}-{start}"))]
+        self.finals.update(handed)
+        return handed, []
 
 
-async def run_async(engine: AsyncEngine, prepared: PreparedRequest, request_id: str) -> list[RequestOutput]:
-    """A beam search through the async engine (the server's): the n best outputs; a failed step
-    raises as a sampled request's would, and cancelling aborts the step's requests."""
-    run = BeamRun(prepared, engine.engine)
-    while not run.done:
-        step = run.step_requests()
-        finals: list[RequestOutput | None] = [None] * len(step)
-        async for index, output in engine.generate_many(step, request_ids(request_id, run)):
-            finals[index] = output
-        run.advance(finals)  # type: ignore[arg-type]
-    return run.outputs(request_id)
-
-
-async def run_many(engine: AsyncEngine, prepared: Sequence[PreparedRequest], request_id: str) -> AsyncIterator[tuple[int, RequestOutput]]:
-    """The server's samples as beam searches: `prepared` holds each prompt's request n times (its
-    params.n), as for sampled requests; yields (sample index, output) for a prompt's n best once its
-    search ends. The searches run together; closing this early cancels them (aborting their steps)."""
-    async def search(start: int) -> tuple[int, list[RequestOutput]]:
-        return start, await run_async(engine, prepared[start], f"{request_id}-{start}")
-
-    starts = range(0, len(prepared), prepared[0].params.n) if prepared else range(0)
-    tasks = [asyncio.ensure_future(search(start)) for start in starts]
-    try:
-        for done in asyncio.as_completed(tasks):
-            start, outputs = await done
-            for rank, output in enumerate(outputs):
-                yield start + rank, output
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-
-__all__ = ["BeamRun", "request_ids", "run_async", "run_many"]
+__all__ = ["BeamRun", "BeamSearches"]
