@@ -11,17 +11,16 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from ortinf.config import EngineConfig
 from ortinf.errors import ConfigError, RequestError
-from ortinf.manifest import TEXT2TEXT, TEXT_GENERATION, Manifest
+from ortinf.manifest import TEXT2TEXT
 from ortinf.runtime.engine.outputs import RequestOutput
 from ortinf.runtime.sample.sampling_params import SamplingParams
 from ortinf.tasks import driver
 from ortinf.tasks.beams import BeamSearches
+from ortinf.tasks.package import open_package
 from ortinf.tasks.programs import Program, Samples
 
 Prompt = str | Sequence[int] | dict  # a dict: {"prompt": text or ids, "multi_modal_data": {"image": one or a list}} (vLLM's)
-ENCODER_OPTIONS = {"intra_op_threads", "provider_options", "allow_cpu_fallback"}  # what an encoder package's LLM takes
 
 
 class LLM:
@@ -46,35 +45,14 @@ class LLM:
         spec = SpeculativeConfig.parse(options.get("speculative_config"))
         if spec is not None and spec.model is not None:  # so is a draft model's
             options["speculative_config"] = replace(spec, model=str(resolve_package(spec.model)))
-        self.manifest = Manifest.load(package_dir)
+        opened = open_package(package_dir, {"provider": provider, **options})
+        self.manifest = opened.manifest
         self.package_dir = Path(package_dir)
         # generate() drives the engine's steps itself: calls from several threads take turns
         self._lock = threading.Lock()
-        self.engine = None
-        self.encoder = None
-        self.transcriber = None
-        if self.manifest.speech is not None:  # Whisper: the offline transcriber (ortinf/tasks/speech/transcriber.py)
-            from ortinf.tasks.speech.transcriber import Transcriber
-
-            self.transcriber = Transcriber(package_dir, provider, **options)  # its engine takes every engine option
-        elif self.manifest.task in (TEXT_GENERATION, TEXT2TEXT):  # decoders, and Marian/BART (the source is the encoder's)
-            from ortinf.runtime.engine.llm_engine import LLMEngine
-
-            try:
-                config = EngineConfig(package_dir=Path(package_dir), provider=provider, **options)
-            except TypeError as exc:
-                raise ConfigError(f"unknown engine option: {exc}") from exc
-            self.engine = LLMEngine(config)
-        else:
-            from ortinf.runtime.worker.encoder_graph import EncoderGraph
-
-            unused = sorted(set(options) - ENCODER_OPTIONS)
-            if unused:  # never silently dropped
-                raise ConfigError(f"{', '.join(unused)}: not an option of a {self.manifest.task} model, which takes only "
-                                  f"{', '.join(sorted(ENCODER_OPTIONS))} (the others are the generating engine's)")
-            self.encoder = EncoderGraph(package_dir, provider=provider, intra_op_threads=options.get("intra_op_threads", 0),
-                                        provider_options=options.get("provider_options"),
-                                        allow_cpu_fallback=options.get("allow_cpu_fallback", False))
+        self.transcriber = opened.transcriber  # Whisper (ortinf/tasks/speech/transcriber.py): its engine is the transcriber's
+        self.engine = opened.engine if opened.transcriber is None else None
+        self.encoder = opened.encoder
 
     def generate(
         self,
@@ -109,36 +87,19 @@ class LLM:
         chat template and generated, all batched together; outputs in conversation order. A vision-language
         package takes `image_url` parts (base64 data URLs, as the server does) where its template puts images.
         An invalid conversation raises RequestError before anything runs."""
-        from pydantic import ValidationError
-
-        from ortinf.runtime.worker.image_prompt import placeholder_text
-        from ortinf.serve.chat_template import ChatTemplate
-        from ortinf.serve.media import message_images
-        from ortinf.serve.protocol import ChatMessage
-        from ortinf.serve.tools import template_messages
-        from ortinf.tokenizer import check_unicode
+        from ortinf.tasks.chat.chat import Chat
 
         if self.engine is None:
             raise ConfigError(f"this package is a {self.manifest.task} model: use embed(), not chat()")
-        template = ChatTemplate.load(self.package_dir)
-        tokenizer = self.engine.tokenizer
-        if template is None or tokenizer is None:
+        chat = Chat.load(self.package_dir, self.engine.tokenizer, self.manifest.vision)
+        if chat.template is None or chat.tokenizer is None:
             raise ConfigError(f"{self.package_dir} has no chat template (or no tokenizer): use generate() for plain continuation")
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        vision = self.manifest.vision
-        placeholder = placeholder_text(vision, tokenizer) if vision is not None else None
         prompts: list = []
         for conversation in conversations:
-            try:
-                parsed = [ChatMessage.model_validate(m) for m in conversation]
-            except ValidationError as exc:
-                error = exc.errors()[0]
-                raise RequestError(f"a message is not valid: {'.'.join(str(x) for x in error['loc'])}: {error['msg']}",
-                                   param="messages") from exc
-            text = template.render(template_messages(parsed, placeholder), add_generation_prompt=add_generation_prompt,
-                                   extra=chat_template_kwargs)
-            ids = tokenizer.encode(check_unicode(text, "messages"), add_special_tokens=False).ids  # the template writes them
-            images = message_images(parsed) if placeholder is not None else []
+            parsed = chat.parse(conversation)
+            ids = chat.prompt(parsed, add_generation_prompt=add_generation_prompt, extra=chat_template_kwargs)
+            images = chat.images(parsed)
             prompts.append({"prompt_token_ids": ids, "multi_modal_data": {"image": images}} if images else ids)
         return self.generate(prompts, sampling_params, use_tqdm, lora)
 

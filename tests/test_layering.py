@@ -144,3 +144,24 @@ def test_no_import_circles():
         if node not in index:
             visit(node)
     assert not circles, f"import circles: {circles}"
+
+
+def test_only_tasks_call_the_engine_and_the_front_ends_stay_off_the_server():
+    """tasks/ is the engine's only caller (issue 44): the public API, the CLI and the server's routes reach the
+    engine through ortinf.tasks (a driver, a program, the package factory), and llm/cli import nothing of
+    serve/ but the `serve` command itself (which starts it)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    found = []
+    for path in sorted((root / "ortinf").rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        text = path.read_text()
+        if module.startswith(("ortinf.llm", "ortinf.cli")) and module not in ("ortinf.cli.serve",):
+            found += [f"{module} -> {name}" for name in imports(path) if name.startswith("ortinf.serve")]
+        if not module.startswith(("ortinf.tasks", "ortinf.runtime")):
+            for call in (".step()", ".add_request("):
+                if call in text:
+                    found.append(f"{module} calls the engine's {call}")
+    assert not found, "; ".join(found)

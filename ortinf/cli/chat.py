@@ -20,7 +20,7 @@ from ortinf.errors import ConfigError, OrtinfError
 
 if TYPE_CHECKING:  # imported where used: `ortinf --help` does not load the engine
     from ortinf.runtime.engine.llm_engine import LLMEngine
-    from ortinf.serve.chat_template import ChatTemplate
+    from ortinf.tasks.chat.chat import Chat
 
 COMMANDS = {
     "/help": "this list",
@@ -43,20 +43,20 @@ def run_chat(package: Path, system: str | None, engine_options: dict, params: di
     from ortinf.config import EngineConfig
     from ortinf.manifest import Manifest
     from ortinf.runtime.engine.llm_engine import LLMEngine
-    from ortinf.runtime.worker.image_prompt import placeholder_text
-    from ortinf.serve.chat_template import ChatTemplate
+    from ortinf.tasks.chat.chat import Chat
+    from ortinf.tasks.chat.template import ChatTemplate
 
     manifest = Manifest.load(package)  # a missing folder, a GGUF file, not a package: say that, not "no chat template"
     if images and manifest.vision is None:
         raise ConfigError(f"{package} reads text: --image needs a vision-language package (exported from LLaVA, ...)")
-    template = ChatTemplate.load(package)
-    if template is None:
+    if ChatTemplate.load(package) is None:  # before the engine loads
         raise ConfigError(f"{package} has no chat template: use `ortinf generate` for plain continuation")
     engine = LLMEngine(EngineConfig(package_dir=package, **{**engine_options, "max_num_seqs": 1}))
     if engine.tokenizer is None:
         raise ConfigError(f"{package} has no tokenizer: chat needs text")
+    chat = Chat.load(package, engine.tokenizer, manifest.vision)
     pictures = [path.read_bytes() for path in images]  # sent with every turn: their embeddings and blocks are kept by digest
-    placeholder = "".join(f"{placeholder_text(manifest.vision, engine.tokenizer)}\n" for _ in images) if images else ""
+    placeholder = "".join(f"{chat.placeholder}\n" for _ in images) if images else ""
     interactive = stdin.isatty()
     if interactive:
         stdout.write(f"{HELP}\n")
@@ -94,7 +94,7 @@ def run_chat(package: Path, system: str | None, engine_options: dict, params: di
         first = not any(m["role"] == "user" for m in messages)
         messages.append({"role": "user", "content": (placeholder if first else "") + (text[1:] if text.startswith("//") else text)})
         try:
-            reply = _reply(engine, template, messages, params, stdout, pictures)
+            reply = _reply(engine, chat, messages, params, stdout, pictures)
         except OrtinfError as exc:  # a turn the model cannot take (too long, refused by the template): say so, go on
             messages.pop()
             stdout.write(f"\nerror: {exc}\n")
@@ -106,24 +106,25 @@ def _start(system: str | None) -> list[dict]:
     return [{"role": "system", "content": system}] if system else []
 
 
-def _reply(engine: LLMEngine, template: ChatTemplate, messages: list[dict], params: dict, stdout: TextIO,
+def _reply(engine: LLMEngine, chat: Chat, messages: list[dict], params: dict, stdout: TextIO,
            images: list[bytes] | None = None) -> str:
     from ortinf.runtime.sample.sampling_params import SamplingParams
+    from ortinf.tasks import driver
+    from ortinf.tasks.programs import Samples
 
-    prompt = engine.tokenizer.encode(template.render(messages), add_special_tokens=False).ids
-    request_id = engine.add_request(engine.prepare(prompt, SamplingParams(**params, output_kind="delta"), images=images or ()))
+    prompt = chat.prompt(chat.parse(messages))
+    prepared = engine.prepare(prompt, SamplingParams(**params, output_kind="delta"), images=images or ())
     text = ""
+    outputs = driver.steps(engine, [Samples([prepared], keep=False)])
     try:
-        while engine.has_unfinished_requests():
-            for output in engine.step():  # deltas: each output holds only the new text
-                if output.error is not None:
-                    raise output.error
-                text += output.outputs[0].text
-                stdout.write(output.outputs[0].text)
-                stdout.flush()
-    except KeyboardInterrupt:  # Ctrl-C stops this reply, not the chat
-        engine.abort(request_id)
+        for _, _, output in outputs:  # deltas: each output holds only the new text
+            text += output.outputs[0].text
+            stdout.write(output.outputs[0].text)
+            stdout.flush()
+    except KeyboardInterrupt:  # Ctrl-C stops this reply (the driver aborts its request), not the chat
         stdout.write(" [stopped]")
+    finally:
+        outputs.close()
     stdout.write("\n")
     return text
 

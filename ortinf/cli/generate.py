@@ -18,23 +18,21 @@ def stream_generation(package: Path, prompt: str | list[int], engine_options: di
     from ortinf.config import EngineConfig
     from ortinf.runtime.engine.llm_engine import LLMEngine
     from ortinf.runtime.sample.sampling_params import SamplingParams
+    from ortinf.tasks import driver
+    from ortinf.tasks.programs import Samples
 
     sampling = SamplingParams(**params, output_kind="delta")
     config = EngineConfig(package_dir=package, **{**engine_options, "max_num_seqs": 1})
     engine = LLMEngine(config)
-    engine.add_request(prompt, sampling)
     start = time.monotonic()
     output = None
-    while engine.has_unfinished_requests():
-        for output in engine.step():  # deltas: each output holds only the new tokens and text
-            if output.error is not None:  # a failed step: one line from the CLI, not a traceback
-                raise output.error
-            completion = output.outputs[0]
-            if engine.tokenizer:
-                sys.stdout.write(completion.text)
-            elif completion.token_ids:
-                sys.stdout.write((" " if output.num_output_tokens > len(completion.token_ids) else "") + " ".join(map(str, completion.token_ids)))
-            sys.stdout.flush()
+    for _, _, output in driver.steps(engine, [Samples([engine.prepare(prompt, sampling)], keep=False)]):
+        completion = output.outputs[0]  # deltas: each output holds only the new tokens and text (a failed step raises)
+        if engine.tokenizer:
+            sys.stdout.write(completion.text)
+        elif completion.token_ids:
+            sys.stdout.write((" " if output.num_output_tokens > len(completion.token_ids) else "") + " ".join(map(str, completion.token_ids)))
+        sys.stdout.flush()
     sys.stdout.write("\n")
     if output is not None:
         completion = output.outputs[0]

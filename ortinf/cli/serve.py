@@ -11,8 +11,8 @@ from ortinf import extras
 from ortinf.cli.serve_options import check_port, engine_options, engine_values, load_yaml_config
 from ortinf.errors import ConfigError
 from ortinf.manifest import Manifest
-from ortinf.serve.reasoning import PARSERS as REASONING_PARSERS
-from ortinf.serve.tool_parsers import PARSERS
+from ortinf.tasks.chat.reasoning import PARSERS as REASONING_PARSERS
+from ortinf.tasks.chat.tool_parsers import PARSERS
 
 
 @click.command()
@@ -97,9 +97,9 @@ def serve(packages: tuple[Path, ...], host: str, port: int, served_model_names: 
     """
     from ortinf.config import EngineConfig, parse_size
     from ortinf.serve.app import model_names
-    from ortinf.serve.media import parse_limit_mm_per_prompt
     from ortinf.serve.server import run
     from ortinf.serve.state import ServerConfig
+    from ortinf.tasks.chat.media import parse_limit_mm_per_prompt
 
     images_per_prompt = parse_limit_mm_per_prompt(limit_mm_per_prompt)  # a bad value fails now, before models load
     engine = engine_values(engine_given)  # the engine's options, as EngineConfig takes them (generated from its fields)
@@ -144,7 +144,9 @@ def serve(packages: tuple[Path, ...], host: str, port: int, served_model_names: 
     from dataclasses import replace as with_fields
 
     from ortinf.runtime.worker.kv_pool import check_budget
+    from ortinf.tasks.package import check_server_options
 
+    check_server_options([Manifest.load(p) for p in packages], {k: v for k, v in engine.items() if k != "provider"})
     for package in packages:  # a context or KV budget a decoder can never run with: one line now, not after the URL
         manifest = Manifest.load(package)
         if manifest.decoder is not None and manifest.seq2seq is None and manifest.speech is None:

@@ -16,19 +16,15 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import ortinf
 from ortinf import extras
-from ortinf.config import EngineConfig
 from ortinf.errors import ConfigError
-from ortinf.manifest import TEXT2TEXT, TEXT_GENERATION, Manifest
+from ortinf.manifest import TEXT_GENERATION, Manifest
 from ortinf.runtime.engine.async_engine import AsyncEngine
-from ortinf.runtime.engine.llm_engine import LLMEngine
-from ortinf.runtime.sample.sampling_params import SamplingParams
-from ortinf.runtime.worker.encoder_graph import EncoderGraph
-from ortinf.serve import chat, completions, embeddings, lora_routes, reasoning, responses, responses_api, scoring, tokens
-from ortinf.serve.chat_template import ChatTemplate
+from ortinf.serve import chat, completions, embeddings, lora_routes, responses, responses_api, scoring, tokens
 from ortinf.serve.errors import error_body, error_response, from_exception, install_error_handlers
 from ortinf.serve.models import ServedModel
 from ortinf.serve.state import ServerConfig, ServerState
-from ortinf.serve.tools import resolve_parser
+from ortinf.tasks.chat.chat import Chat
+from ortinf.tasks.package import open_package
 
 log = logging.getLogger(__name__)
 
@@ -203,33 +199,22 @@ def load_model(package: Path, name: str, config: ServerConfig, state: ServerStat
         lacking = extras.needs("audio", f"serving {name} (a speech-recognition model)")
         if lacking:
             raise ConfigError(lacking)
+    options = engine_options(package, config, lora_base and manifest.speech is None)
+    opened = open_package(package, options, explicit=False, warm_up=True, name=name)
+    if opened.transcriber is not None:  # the one engine: a window is an ordinary request of the model's AsyncEngine
         from ortinf.tasks.speech.async_transcriber import AsyncTranscriber
-        from ortinf.tasks.speech.transcriber import Transcriber
 
-        # the one engine: a window is an ordinary request of the model's AsyncEngine (ortinf/tasks/speech/transcriber.py)
-        transcriber = Transcriber(package, **engine_options(package, config, lora_base=False))
-        if transcriber.tokenizer is None:
+        if opened.transcriber.tokenizer is None:
             raise ConfigError(f"{name} has no tokenizer.json: the audio routes answer with text; re-export it from a folder "
                               "with the Whisper tokenizer")
-        model.engine = AsyncEngine(transcriber.engine, on_step=state.metrics.hook(name),
+    if opened.engine is not None:
+        model.engine = AsyncEngine(opened.engine, on_step=state.metrics.hook(name),
                                    on_dead=lambda exc: state.fatal(f"the engine of '{name}' died", exc))
-        model.transcriber = AsyncTranscriber(transcriber, model.engine, fallback=config.transcription_fallback)
-    elif manifest.task in (TEXT_GENERATION, TEXT2TEXT):  # decoders, and Marian/BART (the prompt is the encoder's source)
-        engine = LLMEngine(EngineConfig(package_dir=package, **engine_options(package, config, lora_base)))
-        engine.add_request([manifest.bos_token_id or 0] * 4, SamplingParams(max_tokens=2, ignore_eos=True), request_id="warmup")
-        while engine.has_unfinished_requests():
-            engine.step()
-        model.engine = AsyncEngine(engine, on_step=state.metrics.hook(name),
-                                   on_dead=lambda exc: state.fatal(f"the engine of '{name}' died", exc))
-        model.chat_template = ChatTemplate.load(package)
-        source = model.chat_template.source if model.chat_template else None
-        model.tool_parser = resolve_parser(config.tool_call_parser, source)
-        model.reasoning_parser = reasoning.resolve(config.reasoning_parser, source)
-    else:
-        setting = config.engine_setting
-        model.encoder = EncoderGraph(package, provider=setting("provider"), intra_op_threads=setting("intra_op_threads"),
-                                     provider_options=setting("provider_options"), allow_cpu_fallback=setting("allow_cpu_fallback"))
-        model.encoder.run([[0, 1]])  # warm-up
+    if opened.transcriber is not None:
+        model.transcriber = AsyncTranscriber(opened.transcriber, model.engine, fallback=config.transcription_fallback)
+    elif opened.engine is not None:
+        model.chat = Chat.load(package, opened.engine.tokenizer, manifest.vision, config.tool_call_parser, config.reasoning_parser)
+    model.encoder = opened.encoder
     return model
 
 

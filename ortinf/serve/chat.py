@@ -11,33 +11,27 @@ from fastapi.responses import JSONResponse
 
 from ortinf.runtime.engine.llm_engine import PreparedRequest
 from ortinf.runtime.sample.sampling_params import SamplingParams
-from ortinf.serve import field_policy, responses, tool_parsers
+from ortinf.serve import field_policy, responses
 from ortinf.serve.completions import cached_tokens, prepare_samples, request_ids, usage
 from ortinf.serve.errors import APIError
 from ortinf.serve.logprobs import chat_logprobs, prompt_logprobs
-from ortinf.serve.media import has_images, message_images
 from ortinf.serve.models import ServedModel
 from ortinf.serve.protocol import ChatCompletionRequest
 from ortinf.serve.state import ServerState
 from ortinf.serve.streaming import admit_and_run, merged, prepare_off_loop, sse_stream
-from ortinf.serve.tools import ToolPlan, held_back, plan, template_messages
-from ortinf.tokenizer import check_unicode
+from ortinf.tasks.chat import tool_parsers
+from ortinf.tasks.chat.tools import ToolPlan, held_back, plan
 
 router = APIRouter()
 
 
 def render_prompt(model: ServedModel, body: ChatCompletionRequest, tools: ToolPlan | None = None, add_special_tokens: bool = False) -> list[int]:
-    """The conversation through the package's chat template, as token ids (the template writes the special
-    tokens, BOS and role markers, itself: `add_special_tokens` adds the tokenizer's too, vLLM's field)."""
+    """The conversation as token ids, through the model's chat (ortinf/tasks/chat/chat.py)."""
     if model.chat_template is None or model.tokenizer is None:
         raise APIError(400, f"model '{model.name}' has no chat template: use /v1/completions", param="messages")
-    if body.continue_final_message and body.add_generation_prompt:
-        raise APIError(400, "continue_final_message and add_generation_prompt cannot both be true: set add_generation_prompt to false",
-                       param="continue_final_message")
-    text = model.chat_template.render(template_messages(body.messages, model.image_placeholder), add_generation_prompt=body.add_generation_prompt,
-                                      tools=tools.tools if tools else None, extra=body.template_kwargs(),
-                                      continue_final_message=body.continue_final_message)
-    return model.tokenizer.encode(check_unicode(text, "messages"), add_special_tokens=add_special_tokens).ids
+    return model.chat.prompt(body.messages, add_generation_prompt=body.add_generation_prompt, tools=tools.tools if tools else None,
+                             extra=body.template_kwargs(), continue_final_message=body.continue_final_message,
+                             add_special_tokens=add_special_tokens)
 
 
 def tool_plan(model: ServedModel, body: ChatCompletionRequest) -> ToolPlan:
@@ -72,11 +66,11 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
     params = chat_params(model, body, tools, logprobs)
 
     def prepare() -> list[PreparedRequest]:  # rendering, tokenising, decoding images are CPU work: off the event loop
-        images = message_images(body.messages, state.config.media_policy) if model.image_placeholder is not None else []
+        images = model.chat.images(body.messages, state.config.media_policy) if model.chat is not None else []
         return prepare_samples(model, [render_prompt(model, body, tools, bool(body.add_special_tokens))], params, body.n, body.stream, body,
                                images=images)
 
-    images = model.image_placeholder is not None and has_images(body.messages)
+    images = model.chat is not None and model.chat.has_images(body.messages)
     prepared = await prepare_off_loop(state.admission, prepare, images, body.n)
     request_id, engine_id = request_ids("chatcmpl", body)
     created = int(time.time())

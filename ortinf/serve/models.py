@@ -10,9 +10,10 @@ from tokenizers import Tokenizer
 from ortinf.manifest import FEATURE_EXTRACTION, Manifest
 from ortinf.runtime.engine.async_engine import AsyncEngine
 from ortinf.runtime.worker.encoder_graph import EncoderGraph
-from ortinf.serve.chat_template import ChatTemplate
 from ortinf.serve.errors import APIError
-from ortinf.serve.reasoning import ReasoningParser
+from ortinf.tasks.chat.chat import Chat
+from ortinf.tasks.chat.reasoning import HarmonyParser, ReasoningParser
+from ortinf.tasks.chat.template import ChatTemplate
 from ortinf.tokenizer import TokenBytes
 
 
@@ -25,9 +26,7 @@ class ServedModel:
     manifest: Manifest
     engine: AsyncEngine | None = None
     encoder: EncoderGraph | None = None
-    chat_template: ChatTemplate | None = None
-    tool_parser: str | None = None  # how tool calls are read from the output (ortinf/serve/tools.py)
-    reasoning_parser: ReasoningParser | None = None  # how thinking is split from the answer (ortinf/serve/reasoning.py)
+    chat: Chat | None = None  # a generating package's conversation front-end (ortinf/tasks/chat/chat.py)
     _token_bytes: TokenBytes | None = None
     created: int = 0
     transcriber: object | None = None  # a speech-recognition package's runtime/async_transcriber.AsyncTranscriber
@@ -41,15 +40,21 @@ class ServedModel:
         return self.encoder.tokenizer if self.encoder is not None else None
 
     @property
-    def image_placeholder(self) -> str | None:
-        """The text of a vision-language model's image token (where an image part goes in the chat template), else None;
-        between Qwen2-VL's vision start and end tokens, as its template writes an image."""
-        from ortinf.runtime.worker.image_prompt import placeholder_text
+    def chat_template(self) -> ChatTemplate | None:
+        return self.chat.template if self.chat is not None else None
 
-        vision, tokenizer = self.manifest.vision, self.tokenizer
-        if vision is None or tokenizer is None:
-            return None
-        return placeholder_text(vision, tokenizer)
+    @property
+    def tool_parser(self) -> str | None:
+        return self.chat.tool_parser if self.chat is not None else None
+
+    @property
+    def reasoning_parser(self) -> ReasoningParser | HarmonyParser | None:
+        return self.chat.reasoning_parser if self.chat is not None else None
+
+    @property
+    def image_placeholder(self) -> str | None:
+        """The text of a vision-language model's image token (where an image part goes in the chat template), else None."""
+        return self.chat.placeholder if self.chat is not None else None
 
     def token_text(self, token_id: int) -> str:
         """How a token is shown in logprobs: its text, or `token_id:N` without a tokenizer."""

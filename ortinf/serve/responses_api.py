@@ -3,7 +3,7 @@ SDK and newer openai code call first.
 
 A front over chat completions, not a second path: the input items (messages, function calls and
 their outputs) and `instructions` become a chat conversation, `tools` and `tool_choice` a tool plan
-(ortinf/serve/tools.py), `text.format` the structured output, and the request then runs exactly as
+(ortinf/tasks/chat/tools.py), `text.format` the structured output, and the request then runs exactly as
 a chat completion (the template, the tool-call parser, the engine). The reply's text and calls
 become output items; streamed, they are the Responses events (`response.output_text.delta`, ...).
 
@@ -29,13 +29,12 @@ from ortinf.serve import field_policy
 from ortinf.serve.chat import chat_params, render_prompt, split_reasoning, tool_plan
 from ortinf.serve.completions import prepare_samples
 from ortinf.serve.errors import APIError, from_exception
-from ortinf.serve.media import has_images, message_images
 from ortinf.serve.models import ServedModel
 from ortinf.serve.protocol import OPEN, ChatCompletionRequest, Finite, read_guided
 from ortinf.serve.response_store import ResponseStore
 from ortinf.serve.state import ServerState
 from ortinf.serve.streaming import AdmittedStream, final_outputs, merged, prepare_off_loop, sse, until_disconnected
-from ortinf.serve.tools import ToolCall, ToolPlan, held_back
+from ortinf.tasks.chat.tools import ToolCall, ToolPlan, held_back
 
 router = APIRouter()
 
@@ -312,11 +311,11 @@ async def create_response(body: ResponsesRequest, request: Request):
     tools = tool_plan(model, chat)
     params = chat_params(model, chat, tools, None)
     def prepare() -> list:  # rendering, tokenising and decoding images are CPU work: off the event loop
-        images = message_images(chat.messages, state.config.media_policy) if model.image_placeholder is not None else []
+        images = model.chat.images(chat.messages, state.config.media_policy) if model.chat is not None else []
         return prepare_samples(model, [render_prompt(model, chat, tools)], params, 1, body.stream, images=images,
                                cache_salt=body.cache_salt)
 
-    prepared = await prepare_off_loop(state.admission, prepare, model.image_placeholder is not None and has_images(chat.messages), 1)
+    prepared = await prepare_off_loop(state.admission, prepare, model.chat is not None and model.chat.has_images(chat.messages), 1)
     run = Run(body, tools, model, prepared, f"resp_{uuid.uuid4().hex}", int(time.time()), messages)
     headers = field_policy.ignored_headers(ignored)
     if tools.warning:

@@ -31,7 +31,7 @@ class ServerConfig:
     max_body_size: int = 2 * 2**20  # TGI's default; every route but the audio uploads
     max_audio_body_size: int = 26 * 2**20  # the audio routes' bodies: an upload (OpenAI's 25 MiB) and its form fields
     tool_call_parser: str = "auto"
-    reasoning_parser: str = "none"  # or auto, qwen3, deepseek_r1, gpt_oss (ortinf/serve/reasoning.py)
+    reasoning_parser: str = "none"  # or auto, qwen3, deepseek_r1, gpt_oss (ortinf/tasks/chat/reasoning.py)
     metrics_prefix: str = "ortinf"  # or "vllm": the names dashboards and cluster routers look for
     allow_runtime_lora_updates: bool = False  # /v1/load_lora_adapter and /v1/unload_lora_adapter
     limit_mm_per_prompt: int = 8  # images per conversation (vLLM's --limit-mm-per-prompt image=N)
@@ -54,7 +54,7 @@ class ServerConfig:
 
     @property
     def media_policy(self):  # noqa: ANN201 - a MediaPolicy
-        from ortinf.serve.media import MediaPolicy
+        from ortinf.tasks.chat.media import MediaPolicy
 
         return MediaPolicy(max_images=self.limit_mm_per_prompt, allowed_domains=self.allowed_media_domains, fetch_timeout=self.media_fetch_timeout)
 

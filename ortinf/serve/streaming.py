@@ -14,9 +14,9 @@ from ortinf.runtime.engine.async_engine import AsyncEngine
 from ortinf.runtime.engine.llm_engine import PreparedRequest
 from ortinf.runtime.engine.outputs import RequestOutput
 from ortinf.serve.errors import APIError, error_body, from_exception
-from ortinf.serve.media import in_media_pool
 from ortinf.tasks import driver
 from ortinf.tasks.beams import BeamSearches
+from ortinf.tasks.chat.media import in_media_pool
 from ortinf.tasks.programs import Program, Samples
 
 T = TypeVar("T")
@@ -127,7 +127,7 @@ def sequences(prepared: Sequence[PreparedRequest]) -> int:
 async def prepare_off_loop(admission: Admission, prepare: Callable[[], T], images: bool, count: int) -> T:
     """`prepare()` (rendering, tokenising, a vision request's image fetches and decodes) off the event loop. With
     images it holds `count` of the admission's capacity while it runs (past capacity: 429 before any image is
-    fetched or decoded) and runs on the media pool (ortinf/serve/media.py), never the shared one."""
+    fetched or decoded) and runs on the media pool (ortinf/tasks/chat/media.py), never the shared one."""
     if not images:
         return await asyncio.to_thread(prepare)
     ticket = admission.acquire(count)

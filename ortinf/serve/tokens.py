@@ -10,12 +10,11 @@ from pydantic import BaseModel, Field
 from ortinf.serve import responses
 from ortinf.serve.chat import render_prompt
 from ortinf.serve.errors import APIError
-from ortinf.serve.media import has_images, message_images
 from ortinf.serve.models import ServedModel
 from ortinf.serve.protocol import STRICT, ChatMessage, TokenId, Tool
 from ortinf.serve.state import ServerState
 from ortinf.serve.streaming import prepare_off_loop
-from ortinf.serve.tools import ToolPlan
+from ortinf.tasks.chat.tools import ToolPlan
 from ortinf.tokenizer import check_unicode
 
 router = APIRouter()
@@ -80,12 +79,12 @@ async def tokenize(body: TokenizeRequest, request: Request):
             tools = ToolPlan([t.model_dump(exclude_none=True) for t in body.tools], "none") if body.tools else None
             ids = render_prompt(model, body, tools)  # type: ignore[arg-type] - it reads the chat fields only
             if model.image_placeholder is not None:  # each image's placeholder counts as the tokens it becomes (its size's)
-                images = message_images(body.messages, state.config.media_policy)
+                images = model.chat.images(body.messages, state.config.media_policy)
                 ids = list(model.require_engine().engine.prepare(ids, images=images).token_ids) if images else ids
             return ids
         return tokenizer.encode(check_unicode(body.prompt, "prompt"), add_special_tokens=body.add_special_tokens).ids
 
-    images = body.messages is not None and model.image_placeholder is not None and has_images(body.messages)
+    images = body.messages is not None and model.chat is not None and model.chat.has_images(body.messages)
     ids = await prepare_off_loop(state.admission, run, images, 1)
     strs = [tokenizer.id_to_token(i) for i in ids] if body.return_token_strs else None
     return responses.TokenizeResponse(count=len(ids), max_model_len=_max_model_len(model), tokens=ids, token_strs=strs)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ortinf.runtime.engine.async_engine import Channel
@@ -28,6 +28,18 @@ def run(engine: LLMEngine, programs: Sequence[Program], on_step: Callable[[], No
     """Runs every program to its end on `engine`, together (their requests batch with each other); raises the
     first program's error after aborting every request still running (the engine stays usable).
     `on_step` runs after each engine step (a progress bar)."""
+    outputs = steps(engine, programs, on_step)
+    try:
+        for _ in outputs:
+            pass
+    finally:
+        outputs.close()
+
+
+def steps(engine: LLMEngine, programs: Sequence[Program],
+          on_step: Callable[[], None] | None = None) -> Iterator[tuple[int, Any, RequestOutput]]:
+    """`run`, yielding (program index, handed key, output) as the programs hand outputs out (a terminal's
+    streamed reply). Closing it early, or an exception in the caller's loop (Ctrl-C), aborts the requests."""
     ids = itertools.count()
     owner: dict[str, tuple[int, Any]] = {}  # engine request id -> (program index, the program's key)
 
@@ -49,8 +61,10 @@ def run(engine: LLMEngine, programs: Sequence[Program], on_step: Callable[[], No
                 if output.error is not None or output.finished:
                     del owner[output.request_id]
                 index, key = found
-                _, following = programs[index].advance(key, outcome)
+                handed, following = programs[index].advance(key, outcome)
                 launch(index, following)
+                for handed_key, handed_output in handed:
+                    yield index, handed_key, handed_output
             if on_step is not None:
                 on_step()
     except BaseException:
@@ -101,4 +115,4 @@ async def finish(engine: AsyncEngine, program: Program, request_id: str) -> None
         await outputs.aclose()
 
 
-__all__ = ["finish", "run", "stream"]
+__all__ = ["finish", "run", "steps", "stream"]

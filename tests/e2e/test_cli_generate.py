@@ -37,7 +37,7 @@ def test_chat_streams_replies_through_the_template(chat_package, decoder_package
 
     from test_cli_export import ORTINF
 
-    from ortinf.serve.chat_template import ChatTemplate
+    from ortinf.tasks.chat.template import ChatTemplate
 
     turns = "hello\n/reset\nhello\n"
     result = subprocess.run([*ORTINF, "chat", str(chat_package), "-t", "0", "-n", "6", "--provider", "cpu"], input=turns,
@@ -73,7 +73,7 @@ def test_chat_ctrl_c_stops_the_reply_and_commands_are_not_sent(chat_package):
     """issue 31, item 9: Ctrl-C during a reply stops that reply and the chat goes on (the partial reply stays in the
     conversation); /help, /system and unknown commands are the chat's, never the model's."""
     from ortinf.cli.chat import run_chat
-    from ortinf.serve.chat_template import ChatTemplate
+    from ortinf.tasks.chat.template import ChatTemplate
 
     stdin = io.StringIO("hello\n/help\n/nope\n//slash\n/system be terse\nhello\n/exit\nnever read\n")
     stdout = _Terminal(after=2)

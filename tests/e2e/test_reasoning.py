@@ -1,4 +1,4 @@
-"""--reasoning-parser (ortinf/serve/reasoning.py): a reasoning model's thinking split from its answer, as vLLM's
+"""--reasoning-parser (ortinf/tasks/chat/reasoning.py): a reasoning model's thinking split from its answer, as vLLM's
 `reasoning_content`, streamed or not, before the tool-call parser reads the answer, and as a reasoning item of the
 Responses API. The byte-level tiny llama is made to think by vLLM's guided_regex (a random model does not on its own)."""
 
@@ -11,7 +11,7 @@ import openai
 import pytest
 from support.server_helpers import running_server
 
-from ortinf.serve.reasoning import PARSERS, detect, resolve
+from ortinf.tasks.chat.reasoning import PARSERS, detect, resolve
 
 THOUGHT = "<think>\nweigh it\n</think>\n\nyes"
 

@@ -10,8 +10,8 @@ import jsonschema
 import openai
 import pytest
 
-from ortinf.serve.tool_parsers import PARSERS, detect
-from ortinf.serve.tools import held_back, resolve_parser
+from ortinf.tasks.chat.tool_parsers import PARSERS, detect
+from ortinf.tasks.chat.tools import held_back, resolve_parser
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city.",
@@ -120,7 +120,7 @@ def test_tool_errors_are_400(client, model):
 
 def test_an_enforced_call_cut_short_stays_text():
     """A stop string or max_tokens can cut the enforced JSON: the reply is then text, never a 500."""
-    from ortinf.serve.tools import plan
+    from ortinf.tasks.chat.tools import plan
 
     required = plan([WEATHER], "required", True, "hermes")
     for text in ('[{"name": "get_weather", "parameters": {"city"', "5", "[5]", '[{"nam": 1}]', ""):

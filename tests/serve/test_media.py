@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ortinf.errors import ConfigError
-from ortinf.serve.media import MediaPolicy, parse_limit_mm_per_prompt
+from ortinf.tasks.chat.media import MediaPolicy, parse_limit_mm_per_prompt
 
 
 def test_limit_mm_per_prompt_forms():

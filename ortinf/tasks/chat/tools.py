@@ -1,7 +1,7 @@
 """Tool calling on chat completions: what the model is asked for, and reading its calls back.
 
 tool_choice "none" shows the tools to the template but reads no calls; "auto" offers them through the chat template and parses the
-model's text with the package's tool-call parser (ortinf/serve/tool_parsers.py: detected from the
+model's text with the package's tool-call parser (ortinf/tasks/chat/tool_parsers.py: detected from the
 chat template, or `--tool-call-parser`; a model with none answers "auto" as plain text and says so in
 an X-Ortinf-Warning header); "required" and a named function
 are enforced with structured output (a JSON grammar), as vLLM does, so even a weak model emits a
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from ortinf import json_text
 from ortinf.errors import RequestError
 from ortinf.runtime.sample.structured_output import StructuredOutput
-from ortinf.serve import tool_parsers
+from ortinf.tasks.chat import tool_parsers
 
 NO_PARSER = ("tool_choice auto: ortinf found no tool-call format it can read in this model's chat template, so the reply is "
              "plain text; serve it with --tool-call-parser NAME (" + ", ".join(tool_parsers.PARSERS) + ") or send "
@@ -41,7 +41,7 @@ def new_call_id() -> str:
 
 def resolve_parser(configured: str, template_source: str | None) -> str | None:
     """The parser for a package: the configured one, or for 'auto' the one its chat template speaks
-    (ortinf/serve/tool_parsers.py detect: Hermes/Qwen, Llama 3 JSON, Mistral, Granite); None: none."""
+    (ortinf/tasks/chat/tool_parsers.py detect: Hermes/Qwen, Llama 3 JSON, Mistral, Granite); None: none."""
     if configured == "none":
         return None
     if configured != "auto":
