@@ -33,7 +33,8 @@ class LLM:
     provider_options (a dict of the provider's options), allow_cpu_fallback, speculative_config (vLLM's dict or JSON,
     e.g. {"method": "ngram", "num_speculative_tokens": 4}), lora_modules ({name: PEFT folder}, on a package
     exported with --enable-lora), max_loras, max_lora_rank. Whisper, Marian and BART packages run on the same
-    engine and take the same options; encoder packages (embeddings, classification) take intra_op_threads,
+    engine and take the same options; encoder packages (embeddings, classification) take max_num_seqs and max_num_batched_tokens
+    (the rows and padded tokens of one encoder step), intra_op_threads,
     provider_options and allow_cpu_fallback. An option a package kind cannot use is a ConfigError.
     """
 
@@ -53,6 +54,7 @@ class LLM:
         self.transcriber = opened.transcriber  # Whisper (ortinf/tasks/speech/transcriber.py): its engine is the transcriber's
         self.engine = opened.engine if opened.transcriber is None else None
         self.encoder = opened.encoder
+        self.pooling = opened.pooling  # an encoder package's tasks (ortinf/tasks/pooling.py)
 
     def generate(
         self,
@@ -160,7 +162,8 @@ class LLM:
         """Embeddings [len(texts), dim] of a feature-extraction package."""
         if self.encoder is None or self.manifest.encoder is None or self.manifest.encoder.pooling is None:
             raise ConfigError(f"this package is a {self.manifest.task} model: embed() needs a feature-extraction package")
-        return self.encoder.embed([texts] if isinstance(texts, str) else list(texts))
+        with self._lock:
+            return self.pooling.run(self.pooling.texts([texts] if isinstance(texts, str) else list(texts)))
 
 
 def _with_images(prompt: Prompt) -> tuple[str | Sequence[int], list]:

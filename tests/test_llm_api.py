@@ -60,8 +60,11 @@ def test_embed_with_an_encoder_package(tmp_path_factory):
     assert vectors[0] @ vectors[1] > vectors[0] @ vectors[2]  # a trained model: similar meanings lie close
     with pytest.raises(ConfigError, match="embed\\(\\)"):
         encoder.generate("hello")
-    with pytest.raises(ConfigError, match="max_num_seqs: not an option of a feature-extraction model"):
-        LLM(package, provider="cpu", max_num_seqs=4)  # issue 30: never silently dropped
+    with pytest.raises(ConfigError, match="block_size: not an option of a feature-extraction model"):
+        LLM(package, provider="cpu", block_size=32)  # issue 30: never silently dropped
+    batched = LLM(package, provider="cpu", max_num_seqs=2, max_num_batched_tokens=64)  # an encoder step's budget (issue 44)
+    np.testing.assert_allclose(batched.embed(["a cat on a mat", "a kitten on a rug", "stock markets fell"]), vectors, atol=1e-5)
+    assert batched.pooling.engine.num_steps == 2  # 3 inputs at most 2 rows a step
 
 
 def test_unknown_engine_option_is_a_config_error(decoder_package):

@@ -214,7 +214,10 @@ def load_model(package: Path, name: str, config: ServerConfig, state: ServerStat
         model.transcriber = AsyncTranscriber(opened.transcriber, model.engine, fallback=config.transcription_fallback)
     elif opened.engine is not None:
         model.chat = Chat.load(package, opened.engine.tokenizer, manifest.vision, config.tool_call_parser, config.reasoning_parser)
-    model.encoder = opened.encoder
+    if opened.pooling is not None:  # an encoder: its inputs batched across requests on an engine thread of its own
+        model.pooling = opened.pooling
+        model.pooler = AsyncEngine(opened.pooling.engine, on_step=state.metrics.hook(name),
+                                   on_dead=lambda exc: state.fatal(f"the encoder engine of '{name}' died", exc))
     return model
 
 
@@ -260,8 +263,8 @@ def build_app(config: ServerConfig, load_in_background: bool = True) -> FastAPI:
         if loader is not None:
             loader.cancel()
         for model in state.registry.models.values():
-            if model.engine is not None:  # its stepping thread (text, text2text and speech alike)
-                model.engine.shutdown()
+            for engine in model.engines:
+                engine.shutdown()
 
     app = FastAPI(title="ortinf", version=ortinf.__version__, lifespan=lifespan,
                   description="OpenAI-compatible API over ONNX Runtime with a paged KV cache.")

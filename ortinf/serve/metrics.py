@@ -90,6 +90,8 @@ class EngineMetrics:
         self._seen[model] = stats
 
     def _observe_output(self, model: str, output: RequestOutput, now: float) -> None:
+        if output.pooled is not None or not output.outputs and output.error is None:  # an encoder input: no tokens, no finish reason
+            return
         live = self._live.setdefault(f"{model}\0{output.request_id}", _Live())
         num_tokens = output.num_output_tokens  # the running total, whether the output is a delta or not
         metrics = output.metrics
@@ -107,7 +109,7 @@ class EngineMetrics:
             live.num_latencies = len(metrics.inter_token_latencies)
         if output.finished:
             self._live.pop(f"{model}\0{output.request_id}", None)
-            reason = "error" if output.error is not None else output.outputs[0].finish_reason or "abort"
+            reason = "error" if output.error is not None or not output.outputs else output.outputs[0].finish_reason or "abort"
             self.success.labels(model, reason).inc()
             if metrics is not None:
                 self.e2e.labels(model).observe((metrics.finished_time or now) - metrics.arrival_time)

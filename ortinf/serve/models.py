@@ -14,6 +14,7 @@ from ortinf.serve.errors import APIError
 from ortinf.tasks.chat.chat import Chat
 from ortinf.tasks.chat.reasoning import HarmonyParser, ReasoningParser
 from ortinf.tasks.chat.template import ChatTemplate
+from ortinf.tasks.pooling import Pooling
 from ortinf.tokenizer import TokenBytes
 
 
@@ -25,7 +26,8 @@ class ServedModel:
     package_dir: Path
     manifest: Manifest
     engine: AsyncEngine | None = None
-    encoder: EncoderGraph | None = None
+    pooling: Pooling | None = None  # an encoder package's tasks (ortinf/tasks/pooling.py), over `pooler`
+    pooler: AsyncEngine | None = None  # the encoder's PoolingEngine on its own engine thread: inputs batched across requests
     chat: Chat | None = None  # a generating package's conversation front-end (ortinf/tasks/chat/chat.py)
     _token_bytes: TokenBytes | None = None
     created: int = 0
@@ -38,6 +40,15 @@ class ServedModel:
         if self.engine is not None:
             return self.engine.engine.tokenizer
         return self.encoder.tokenizer if self.encoder is not None else None
+
+    @property
+    def engines(self) -> list[AsyncEngine]:
+        """Its stepping threads: the generating engine (text, text2text and speech alike) or the encoder's."""
+        return [engine for engine in (self.engine, self.pooler) if engine is not None]
+
+    @property
+    def encoder(self) -> EncoderGraph | None:
+        return self.pooling.encoder if self.pooling is not None else None
 
     @property
     def chat_template(self) -> ChatTemplate | None:
@@ -85,10 +96,10 @@ class ServedModel:
             raise APIError(400, f"model '{self.name}' is a {self.manifest.task} model: use /v1/embeddings", param="model")
         return self.engine
 
-    def require_embeddings(self) -> EncoderGraph:
-        if self.encoder is None or self.manifest.task != FEATURE_EXTRACTION:
+    def require_embeddings(self) -> Pooling:
+        if self.pooling is None or self.manifest.task != FEATURE_EXTRACTION:
             raise APIError(400, f"model '{self.name}' is a {self.manifest.task} model and does not embed", param="model")
-        return self.encoder
+        return self.pooling
 
 
 class ModelRegistry:

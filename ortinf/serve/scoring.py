@@ -8,14 +8,13 @@ A score of a (query, document) pair comes from one of two kinds of package:
 /classify takes any text-classification package: each text's label and class probabilities (softmax; a
 sigmoid for a single label).
 
-Inputs run in length-sorted chunks (ortinf/serve/embeddings.py embed_in_chunks), with the embeddings'
-admission, limits and client-disconnect handling.
+The math is ortinf/tasks/pooling.py's; each input is a request of the model's PoolingEngine, batched with every
+other request's, with the embeddings' admission, limits and client-disconnect handling.
 """
 
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 import uuid
 from typing import Annotated
@@ -26,13 +25,12 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from ortinf.manifest import FEATURE_EXTRACTION, TEXT_CLASSIFICATION
-from ortinf.runtime.worker.encoder_graph import EncoderGraph
-from ortinf.serve.embeddings import embed_in_chunks
 from ortinf.serve.errors import APIError
 from ortinf.serve.models import ServedModel
 from ortinf.serve.protocol import MAX_EMBEDDING_INPUTS
 from ortinf.serve.state import ServerState
 from ortinf.serve.streaming import until_disconnected
+from ortinf.tasks.pooling import Pooling
 
 router = APIRouter()
 STRICT = ConfigDict(extra="forbid")
@@ -78,42 +76,35 @@ class ClassifyRequest(BaseModel):
     input: Text | Texts
 
 
-def _scorer(model: ServedModel) -> EncoderGraph:
-    encoder = model.encoder
+def _scorer(model: ServedModel) -> Pooling:
+    pooling = model.pooling
     task = model.manifest.task
-    if encoder is None or task not in (FEATURE_EXTRACTION, TEXT_CLASSIFICATION):
+    if pooling is None or task not in (FEATURE_EXTRACTION, TEXT_CLASSIFICATION):
         raise APIError(400, f"model '{model.name}' is a {task} model: scoring needs a cross-encoder (text-classification with one "
                             "label) or an embedding model", param="model")
-    if task == TEXT_CLASSIFICATION and len(encoder.spec.labels) != 1:
-        raise APIError(400, f"model '{model.name}' classifies into {len(encoder.spec.labels)} labels: scoring needs a "
+    if task == TEXT_CLASSIFICATION and len(pooling.spec.labels) != 1:
+        raise APIError(400, f"model '{model.name}' classifies into {len(pooling.spec.labels)} labels: scoring needs a "
                             "cross-encoder with one (a relevance logit); use /classify", param="model")
-    return encoder
+    return pooling
 
 
-def pair_scores(encoder: EncoderGraph, pairs: list[tuple[str, str]], gone: threading.Event) -> tuple[np.ndarray, int]:
-    """(a score per pair, tokens read): a cross-encoder's sigmoid, or an embedding model's cosine similarity."""
-    if encoder.spec.labels:
-        ids, types = encoder.encode_pairs(pairs)
-        logits = embed_in_chunks(encoder, ids, gone, types)[:, 0]
-        return 1.0 / (1.0 + np.exp(-logits.astype(np.float64))), sum(len(row) for row in ids)
-    texts = list(dict.fromkeys(text for pair in pairs for text in pair))  # each distinct text embedded once
-    ids = encoder.encode(texts, encoder.spec.max_model_len)
-    vectors = embed_in_chunks(encoder, ids, gone).astype(np.float64)
-    vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
-    row = {text: i for i, text in enumerate(texts)}
-    return np.array([vectors[row[a]] @ vectors[row[b]] for a, b in pairs]), sum(len(r) for r in ids)
-
-
-async def _run(request: Request, work, *args):  # noqa: ANN001, ANN202 - a blocking function and its arguments
-    """Runs blocking encoder work off the event loop, under one admission ticket, stopping if the client leaves."""
+async def _pooled(request: Request, model: ServedModel, ids: list[list[int]], types: list[list[int]] | None = None):  # noqa: ANN202
+    """The encoder's rows for `ids`, batched by the model's engine with every other request's, under one admission
+    ticket; a client that goes away aborts its inputs still waiting."""
     state: ServerState = request.app.state.ortinf
     ticket = state.admission.acquire(1)
-    gone = threading.Event()
     try:
-        return await until_disconnected(request, asyncio.to_thread(work, *args, gone))
+        return await until_disconnected(request, model.pooling.run_async(model.pooler, ids, types, f"score-{uuid.uuid4().hex}"))
     finally:
-        gone.set()
         ticket.release()
+
+
+async def pair_scores(request: Request, model: ServedModel, pairs: list[tuple[str, str]]) -> tuple[np.ndarray, int]:
+    """(a score per pair, tokens read): a cross-encoder's sigmoid, or an embedding model's cosine similarity."""
+    pooling = _scorer(model)
+    ids, types, texts = await asyncio.to_thread(pooling.pair_inputs, pairs)
+    rows = await _pooled(request, model, ids, types)
+    return pooling.pair_scores(rows, pairs, texts), sum(len(row) for row in ids)
 
 
 def _usage(tokens: int) -> dict:
@@ -125,9 +116,8 @@ def _usage(tokens: int) -> dict:
 @router.post("/rerank")
 async def rerank(body: RerankRequest, request: Request):
     model = request.app.state.ortinf.registry.get(body.model)
-    encoder = _scorer(model)
     documents = [d if isinstance(d, str) else d.text for d in body.documents]
-    scores, tokens = await _run(request, pair_scores, encoder, [(body.query, d) for d in documents])
+    scores, tokens = await pair_scores(request, model, [(body.query, d) for d in documents])
     order = sorted(range(len(documents)), key=lambda i: -scores[i])[: body.top_n or len(documents)]
     results = [{"index": i, "relevance_score": float(scores[i]), **({"document": {"text": documents[i]}} if body.return_documents else {})}
                for i in order]
@@ -139,7 +129,7 @@ async def rerank(body: RerankRequest, request: Request):
 @router.post("/v1/score")
 async def score(body: ScoreRequest, request: Request):
     model = request.app.state.ortinf.registry.get(body.model)
-    encoder = _scorer(model)
+    _scorer(model)
     first = [body.text_1] if isinstance(body.text_1, str) else body.text_1
     second = [body.text_2] if isinstance(body.text_2, str) else body.text_2
     if len(first) == 1:
@@ -149,32 +139,24 @@ async def score(body: ScoreRequest, request: Request):
     else:
         raise APIError(400, f"text_1 has {len(first)} texts and text_2 {len(second)}: send one text_1, or as many as text_2",
                        param="text_1")
-    scores, tokens = await _run(request, pair_scores, encoder, pairs)
+    scores, tokens = await pair_scores(request, model, pairs)
     data = [{"index": i, "object": "score", "score": float(s)} for i, s in enumerate(scores)]
     return JSONResponse({"id": f"score-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()), "model": model.name,
                          "data": data, "usage": _usage(tokens)})
-
-
-def _classify(encoder: EncoderGraph, texts: list[str], gone: threading.Event) -> tuple[np.ndarray, int]:
-    ids = encoder.encode(texts, encoder.spec.max_model_len)
-    logits = embed_in_chunks(encoder, ids, gone).astype(np.float64)
-    if logits.shape[1] == 1:  # one label: its probability is the sigmoid (a softmax over one class is always 1)
-        return 1.0 / (1.0 + np.exp(-logits)), sum(len(r) for r in ids)
-    shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
-    return shifted / shifted.sum(axis=1, keepdims=True), sum(len(r) for r in ids)
 
 
 @router.post("/classify")
 @router.post("/v1/classify")
 async def classify(body: ClassifyRequest, request: Request):
     model = request.app.state.ortinf.registry.get(body.model)
-    encoder = model.encoder
-    if encoder is None or model.manifest.task != TEXT_CLASSIFICATION:
+    pooling = model.pooling
+    if pooling is None or model.manifest.task != TEXT_CLASSIFICATION:
         raise APIError(400, f"model '{model.name}' is a {model.manifest.task} model: /classify needs a text-classification "
                             "package", param="model")
     texts = [body.input] if isinstance(body.input, str) else body.input
-    probs, tokens = await _run(request, _classify, encoder, texts)
-    labels = encoder.spec.labels
+    ids = await asyncio.to_thread(pooling.texts, texts)
+    probs, tokens = pooling.probabilities(await _pooled(request, model, ids)), sum(len(row) for row in ids)
+    labels = pooling.spec.labels
     data = [{"index": i, "label": labels[int(np.argmax(p))], "probs": [float(x) for x in p], "num_classes": len(labels)}
             for i, p in enumerate(probs)]
     return JSONResponse({"id": f"classify-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()), "model": model.name,

@@ -97,9 +97,10 @@ class ServerState:
         error = ShuttingDownError(f"the server is shutting down and its drain time (--shutdown-timeout "
                                   f"{self.config.shutdown_timeout:g} s) ran out before this request finished; retry it")
         for model in self.registry.models.values():
-            if model.engine is not None and model.engine.num_unfinished:
-                log.warning("drain time ran out: ending %d running request(s) of '%s'", model.engine.num_unfinished, model.name)
-                model.engine.fail_all(error)
+            for engine in model.engines:
+                if engine.num_unfinished:
+                    log.warning("drain time ran out: ending %d running request(s) of '%s'", engine.num_unfinished, model.name)
+                    engine.fail_all(error)
 
     def healthy(self) -> tuple[bool, str]:
         if self.load_error is not None:
@@ -107,6 +108,7 @@ class ServerState:
         if not self.ready:
             return False, "the model is loading"
         for model in self.registry.models.values():
-            if model.engine is not None and not model.engine.is_alive:
-                return False, f"the engine of '{model.name}' has failed: {model.engine.error}"
+            for engine in model.engines:
+                if not engine.is_alive:
+                    return False, f"the engine of '{model.name}' has failed: {engine.error}"
         return True, "ok"

@@ -2,7 +2,8 @@
 
 - text generation and text2text (Marian, BART): an LLMEngine over one EngineConfig;
 - speech recognition (Whisper): a Transcriber, whose windows are requests of the same engine;
-- encoders (embeddings, classification, rerank): the encoder graph, which takes only ENCODER_OPTIONS.
+- encoders (embeddings, classification, rerank): Pooling over a PoolingEngine over the encoder graph, which
+  take only ENCODER_OPTIONS (the device's, and the step budget's).
 
 An option a kind cannot use is a ConfigError, never silently dropped: from LLM every option given; on the
 server (several packages, one set of options) an option set off its default that no served package can use.
@@ -22,9 +23,11 @@ from ortinf.manifest import TEXT2TEXT, TEXT_GENERATION, Manifest
 if TYPE_CHECKING:
     from ortinf.runtime.engine.llm_engine import LLMEngine
     from ortinf.runtime.worker.encoder_graph import EncoderGraph
+    from ortinf.tasks.pooling import Pooling
     from ortinf.tasks.speech.transcriber import Transcriber
 
-ENCODER_OPTIONS = frozenset({"provider", "intra_op_threads", "provider_options", "allow_cpu_fallback"})
+ENCODER_OPTIONS = frozenset({"provider", "intra_op_threads", "provider_options", "allow_cpu_fallback", "max_num_seqs",
+                             "max_num_batched_tokens"})
 
 
 @dataclass(slots=True)
@@ -34,6 +37,7 @@ class OpenedPackage:
     engine: LLMEngine | None = None  # a generating package's, and a speech package's (the transcriber's)
     transcriber: Transcriber | None = None
     encoder: EncoderGraph | None = None
+    pooling: Pooling | None = None  # an encoder package's tasks, over its PoolingEngine
 
 
 def open_package(package_dir: str | Path, options: dict[str, Any], *, explicit: bool = True, warm_up: bool = False,
@@ -65,7 +69,9 @@ def open_package(package_dir: str | Path, options: dict[str, Any], *, explicit: 
             warm = opened.engine.prepare([manifest.bos_token_id or 0] * 4, SamplingParams(max_tokens=2, ignore_eos=True))
             driver.run(opened.engine, [Samples([warm])])
     else:
+        from ortinf.runtime.engine.pooling_engine import PoolingEngine
         from ortinf.runtime.worker.encoder_graph import EncoderGraph
+        from ortinf.tasks.pooling import Pooling
 
         unused = unusable(manifest, options) if explicit else []
         if unused:  # never silently dropped
@@ -75,6 +81,8 @@ def open_package(package_dir: str | Path, options: dict[str, Any], *, explicit: 
                                       intra_op_threads=options.get("intra_op_threads", 0),
                                       provider_options=options.get("provider_options"),
                                       allow_cpu_fallback=options.get("allow_cpu_fallback", False))
+        opened.pooling = Pooling(PoolingEngine(opened.encoder, options.get("max_num_seqs", _default("max_num_seqs")),
+                                               options.get("max_num_batched_tokens", _default("max_num_batched_tokens"))))
         if warm_up:
             opened.encoder.run([[0, 1]])
     return opened

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 from ortinf.runtime.worker.scheduler_output import TokenLogprobs
 
 
@@ -55,6 +57,7 @@ class RequestOutput:
     delta: bool = False
     # a beam search's step request: its best next (token, log-probability) pairs (ortinf/tasks/beams.py)
     beam_candidates: list[tuple[int, float]] | None = None
+    pooled: np.ndarray | None = field(default=None, repr=False)  # an encoder request's output row (ortinf/runtime/engine/pooling_engine.py)
 
     def followed_by(self, later: RequestOutput) -> RequestOutput:
         """This output and the request's next one as one: the later one itself when it is cumulative,
