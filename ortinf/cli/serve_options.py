@@ -28,23 +28,49 @@ def engine_options(exclude: frozenset[str] = frozenset()):  # noqa: ANN201 - a c
     (`--max-num-seqs`), type, default, help and section, an environment variable ORTINF_<NAME>. Every
     command that builds an engine (serve, generate, chat, transcribe) takes them the same way, and
     `engine_values` turns what was given into EngineConfig's keyword arguments."""
+    return fields_as_options(engine_fields(exclude), sections=True)
+
+
+def server_fields() -> list:
+    """ServerConfig's fields, each a CLI option of `ortinf serve` (ortinf/serve/config.py)."""
+    from ortinf.serve.config import ServerConfig
+
+    return [f for f in dataclasses.fields(ServerConfig) if "cli" in f.metadata]
+
+
+def server_options():  # noqa: ANN201 - a click decorator
+    """Adds one option per ServerConfig field, generated from it as the engine's are."""
+    return fields_as_options(server_fields(), sections=False)
+
+
+def fields_as_options(specs: list, sections: bool):  # noqa: ANN201 - a click decorator factory
+    """One click option per dataclass field declared with `ortinf.config.option`: the flag (`--max-num-seqs`, or
+    metadata `flag`), the type from the default (bool: a --x/--no-x pair; int: a range from `minimum`/`maximum`;
+    float: the same; `choices`: a choice of words; `multiple`: repeatable), the default (`shown` when the field's
+    default is the parsed form of a text, e.g. 2MiB), the help (with its [section]) and ORTINF_<NAME>."""
 
     def decorate(command):  # noqa: ANN001, ANN202
-        for spec in reversed(engine_fields(exclude)):
+        for spec in reversed(specs):
             meta = spec.metadata
             flag = meta.get("flag") or "--" + spec.name.replace("_", "-")
-            common = dict(envvar="ORTINF_" + spec.name.upper(), help=f"[{meta['section']}] {meta['cli']}")
+            text = f"[{meta['section']}] {meta['cli']}" if sections else meta["cli"]
+            common = dict(envvar="ORTINF_" + spec.name.upper(), help=text)
             default = None if spec.default is dataclasses.MISSING else spec.default
-            if "choices" in meta:
+            if "shown" in meta:
+                option = click.option(flag, spec.name, default=meta["shown"], show_default=True, metavar=meta.get("metavar"), **common)
+            elif "choices" in meta:
                 word = next(k for k, v in meta["choices"].items() if v == default)
                 option = click.option(flag, spec.name, type=click.Choice(list(meta["choices"])), default=word, show_default=True, **common)
             elif isinstance(default, bool):
                 option = click.option(f"{flag}/--no-{flag[2:]}", spec.name, default=default, show_default=True, **common)
             elif meta.get("multiple"):
                 option = click.option(flag, spec.name, multiple=True, metavar=meta.get("metavar"), **common)
+            elif isinstance(default, float):
+                option = click.option(flag, spec.name, type=click.FloatRange(min=meta.get("minimum"), max=meta.get("maximum")),
+                                      default=default, show_default=True, **common)
             elif isinstance(default, int) or (str(spec.type).startswith("int") and "str" not in str(spec.type)):
-                option = click.option(flag, spec.name, type=click.IntRange(min=meta.get("minimum", 1)), default=default,
-                                      show_default=default is not None, **common)
+                option = click.option(flag, spec.name, type=click.IntRange(min=meta.get("minimum", 1), max=meta.get("maximum")),
+                                      default=default, show_default=default is not None, **common)
             else:
                 option = click.option(flag, spec.name, default=default, show_default=default is not None, metavar=meta.get("metavar"),
                                       **common)
@@ -52,6 +78,22 @@ def engine_options(exclude: frozenset[str] = frozenset()):  # noqa: ANN201 - a c
         return command
 
     return decorate
+
+
+def server_values(given: dict) -> dict:
+    """ServerConfig's keyword arguments from a command's keyword arguments: each option's text parsed into the
+    field's value (`parse`: a size into bytes, image=N into N, comma-separated hosts into a tuple)."""
+    values = {}
+    for spec in server_fields():
+        if spec.name not in given:
+            continue
+        value, meta = given[spec.name], spec.metadata
+        if "choices" in meta:
+            value = meta["choices"][value]
+        if "parse" in meta and value is not None:
+            value = meta["parse"](value)
+        values[spec.name] = value
+    return values
 
 
 def engine_values(given: dict) -> dict:
@@ -104,8 +146,13 @@ def load_yaml_config(ctx: click.Context, _param: click.Parameter, value: Path | 
 
     try:
         data = yaml.safe_load(Path(value).read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise click.BadParameter(f"cannot read {value}: {exc}", param_hint="--config") from exc
+    except OSError as exc:
+        raise click.BadParameter(f"cannot read {value}: {exc.strerror or exc}", param_hint="--config") from exc
+    except yaml.YAMLError as exc:  # one line: what is wrong and where, not the parser's excerpt with carets
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise click.BadParameter(f"{value} is not valid YAML{where}: {problem}", param_hint="--config") from exc
     if not isinstance(data, dict):
         raise click.BadParameter(f"{value} must hold a mapping of option names to values", param_hint="--config")
     known = {p.name for p in ctx.command.params if p.name}

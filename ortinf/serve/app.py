@@ -20,9 +20,10 @@ from ortinf.errors import ConfigError
 from ortinf.manifest import TEXT_GENERATION, Manifest
 from ortinf.runtime.engine.async_engine import AsyncEngine
 from ortinf.serve import chat, completions, embeddings, lora_routes, responses, responses_api, scoring, tokens
+from ortinf.serve.config import ServerConfig
 from ortinf.serve.errors import error_body, error_response, from_exception, install_error_handlers
 from ortinf.serve.models import ServedModel
-from ortinf.serve.state import ServerConfig, ServerState
+from ortinf.serve.state import ServerState
 from ortinf.tasks.chat.chat import Chat
 from ortinf.tasks.package import open_package
 

@@ -9,8 +9,8 @@ resolve in globals that cloudpickle did not carry.
 from fastapi import FastAPI, Request
 from starlette.responses import StreamingResponse
 
+from ortinf.serve.config import ServerConfig
 from ortinf.serve.ray_routing import routing_key
-from ortinf.serve.state import ServerConfig
 
 HOP_HEADERS = {b"content-length", b"transfer-encoding"}
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from ortinf.errors import ConfigError
 from ortinf.serve.app import build_app
-from ortinf.serve.state import ServerConfig
+from ortinf.serve.config import ServerConfig
 
 log = logging.getLogger(__name__)
 DEPLOYMENT = "ortinf"

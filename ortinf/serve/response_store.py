@@ -23,11 +23,11 @@ import logging
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from ortinf.serve.config import RESPONSES_STORE_SIZE as DEFAULT_CAPACITY
 from ortinf.serve.errors import APIError
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CAPACITY = 256 * 2**20
 ENTRY_OVERHEAD = 512  # bytes an entry costs beyond its JSON (its id, the dict slot, two bytes objects): counted against the bound
 
 

