@@ -264,8 +264,8 @@ def build_app(config: ServerConfig, load_in_background: bool = True) -> FastAPI:
         if loader is not None:
             loader.cancel()
         for model in state.registry.models.values():
-            for engine in model.engines:
-                engine.shutdown()
+            for engine in model.engines:  # a step still running (a long prefill) is not waited for past a second:
+                engine.shutdown(timeout=1.0)  # its thread is a daemon, and every client has had its answer
 
     app = FastAPI(title="ortinf", version=ortinf.__version__, lifespan=lifespan,
                   description="OpenAI-compatible API over ONNX Runtime with a paged KV cache.")

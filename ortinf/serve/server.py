@@ -3,13 +3,16 @@
 
 When the drain time is about to run out, the server ends what is still running itself (DRAIN_MARGIN
 seconds before uvicorn's deadline): a non-streamed request gets an OpenAI-shaped 503, a stream an
-error event and `[DONE]`. Left to uvicorn, the deadline cancels the request tasks: a text/plain 500,
-and streams cut mid-chunk with neither."""
+error event and `[DONE]`, a request still preparing (a vision request decoding its images) a 503, and a
+program between its requests (a beam search's next step) is refused its next one. Left to uvicorn, the
+deadline cancels the request tasks: a text/plain 500, and streams cut mid-chunk with neither. Then the
+process exits at once, without joining threads no client waits for."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -60,5 +63,9 @@ def run(config: ServerConfig, log_level: str = "info") -> None:
     server.drain_seconds = max(0.0, config.shutdown_timeout - min(DRAIN_MARGIN, config.shutdown_timeout / 2))
     server.on_drain_deadline = state.end_running_requests
     server.run()
-    if state.fatal_error is not None:
-        sys.exit(1)
+    # Every client has had its answer: exit now, without waiting for threads no request needs any more (a media
+    # fetch or an image decode of a request the drain deadline ended; Python's exit joins the pool threads)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1 if state.fatal_error is not None else 0)

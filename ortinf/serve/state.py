@@ -48,6 +48,7 @@ class ServerState:
 
         error = ShuttingDownError(f"the server is shutting down and its drain time (--shutdown-timeout "
                                   f"{self.config.shutdown_timeout:g} s) ran out before this request finished; retry it")
+        self.admission.close(error)  # requests still preparing (a vision request decoding its images) end too
         for model in self.registry.models.values():
             for engine in model.engines:
                 if engine.num_unfinished:

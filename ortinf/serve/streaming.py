@@ -44,8 +44,21 @@ class Admission:
     def __init__(self, max_running: int, max_queued: int) -> None:
         self.capacity = max_running + max_queued
         self.in_flight = 0
+        self.closed: BaseException | None = None  # the drain deadline's error: what every request still preparing gets
+        self._closing = asyncio.Event()
+
+    def close(self, error: BaseException) -> None:
+        """The drain deadline (on the event loop): requests still preparing (rendering, fetching and decoding images) end
+        with `error` now, and nothing more is admitted."""
+        self.closed = error
+        self._closing.set()
+
+    async def until_closed(self) -> None:
+        await self._closing.wait()
 
     def acquire(self, count: int) -> Ticket:
+        if self.closed is not None:
+            raise self.closed
         if count > self.capacity:
             raise APIError(400, f"the request asks for {count} sequences (prompts x n, or its beams: best_of); this server runs "
                                 f"at most {self.capacity} at once: split it, or ask for fewer", param="n")
@@ -129,12 +142,26 @@ async def prepare_off_loop(admission: Admission, prepare: Callable[[], T], image
     images it holds `count` of the admission's capacity while it runs (past capacity: 429 before any image is
     fetched or decoded) and runs on the media pool (ortinf/tasks/chat/media.py), never the shared one."""
     if not images:
-        return await asyncio.to_thread(prepare)
+        return await _unless_closed(admission, asyncio.to_thread(prepare))
     ticket = admission.acquire(count)
     try:
-        return await in_media_pool(prepare)
+        return await _unless_closed(admission, in_media_pool(prepare))
     finally:
         ticket.release()
+
+
+async def _unless_closed(admission: Admission, work: Awaitable[T]) -> T:
+    """`work`, or the drain deadline's error if it comes first (the thread preparing goes on; its result is dropped)."""
+    task = asyncio.ensure_future(work)
+    closing = asyncio.ensure_future(admission.until_closed())
+    try:
+        await asyncio.wait({task, closing}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+        task.cancel()
+        raise admission.closed  # type: ignore[misc]
+    finally:
+        closing.cancel()
 
 
 async def admit_and_run(request: Request, admission: Admission, engine: AsyncEngine, prepared: Sequence[PreparedRequest],

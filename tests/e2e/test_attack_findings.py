@@ -140,6 +140,42 @@ def test_the_drain_deadline_answers_every_client(demo_cache, tmp_path):
         assert server.process.wait(30) == 0
 
 
+def test_the_drain_deadline_answers_beam_searches(demo_cache, tmp_path):
+    """SIGTERM during two beam searches (8 beams each) with --shutdown-timeout 1: the non-streamed one gets a 503, the
+    stream an error event and [DONE] (both were uvicorn's text/plain 500 and a cut stream: a search between two steps
+    had no request open when the drain deadline ended the open ones, and went on to its next step)."""
+    with running_server([str(DEMO_LLAMA), "--served-model-name", "demo", "--shutdown-timeout", "1"], tmp_path,
+                        env={"ORTINF_CACHE": str(demo_cache)}, timeout=300) as server:
+        search = {"model": "demo", "prompt": "import os\n", "max_tokens": 1000, "ignore_eos": True, "use_beam_search": True,
+                  "best_of": 8, "n": 2}
+        answers: dict = {}
+
+        def plain() -> None:
+            answers["plain"] = httpx.post(f"{server.url}/v1/completions", json=search, timeout=60)
+
+        def streamed() -> None:
+            with httpx.stream("POST", f"{server.url}/v1/completions", json={**search, "stream": True}, timeout=60) as stream:
+                answers["events"] = [line for line in stream.iter_lines() if line.startswith("data:")]
+
+        workers = [threading.Thread(target=plain), threading.Thread(target=streamed)]
+        for worker in workers:
+            worker.start()
+        deadline = time.monotonic() + 60
+        while "running" not in answers and time.monotonic() < deadline:  # both searches stepping
+            metrics = httpx.get(f"{server.url}/metrics").text
+            if labelled(metrics, "ortinf:num_requests_running", "demo") >= 8:
+                answers["running"] = True
+            time.sleep(0.05)
+        server.process.send_signal(signal.SIGTERM)
+        for worker in workers:
+            worker.join(60)
+        assert server.process.wait(30) == 0
+    response = answers["plain"]
+    assert response.status_code == 503 and response.json()["error"]["code"] == "server_shutting_down", response.text
+    events = answers["events"]
+    assert events[-1] == "data: [DONE]" and json.loads(events[-2][5:])["error"]["code"] == "server_shutting_down", events[-3:]
+
+
 def labelled(text: str, name: str, model: str) -> float:
     """A metric's value for one model_name label (0 when absent)."""
     for line in text.splitlines():

@@ -22,6 +22,7 @@ import logging
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import replace
 from typing import TypeVar
 
 from ortinf.errors import RequestError
@@ -112,6 +113,7 @@ class AsyncEngine:
         self._streams: dict[str, _Mailbox] = {}  # request id -> its caller's mailbox
         self._ids = itertools.count()
         self._stopping = False
+        self._failing: BaseException | None = None  # set by fail_all: what every request registered after it gets
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._loop, name="ortinf-engine", daemon=True)
         self._thread.start()
@@ -148,6 +150,8 @@ class AsyncEngine:
                 raise EngineDeadError(f"the engine has failed: {self.error or 'its thread has stopped'}")
             if request_id in self._streams:
                 raise RequestError(f"request id {request_id!r} is already in use")
+            if self._failing is not None:  # past the drain deadline: a program's next step is refused too
+                raise self._failing
             self._streams[request_id] = mailbox
 
     async def call(self, function: Callable[[LLMEngine], T]) -> T:
@@ -165,7 +169,11 @@ class AsyncEngine:
         self._send(("abort", request_id, None))
 
     def fail_all(self, error: BaseException) -> None:
-        """Ends every open request now, each stream receiving `error` (the server's drain deadline)."""
+        """Ends every open request now, each stream receiving `error`, and refuses every request added after it with
+        the same error (the server's drain deadline: a beam search whose step had just ended, or a request still
+        preparing, must not start new requests that run past it)."""
+        with self._lock:
+            self._failing = error
         self._send(("fail_all", None, error))
 
     def shutdown(self, timeout: float = 5.0) -> None:
@@ -242,20 +250,31 @@ class AsyncEngine:
     def _report(self, outputs: list[RequestOutput]) -> None:
         if self._on_step is not None:
             try:
-                self._on_step(self.engine.stats(), outputs)
+                stats = self.engine.stats()
+                # running: every request in flight that is not waiting, this step's finished ones included (they are
+                # delivered after this). A beam search's step requests end every step and its next ones are added
+                # after: the scheduler alone would show its beams running 0 of the time.
+                with self._lock:
+                    in_flight = len(self._streams)
+                self._on_step(replace(stats, num_running=max(stats.num_running, in_flight - stats.num_waiting)), outputs)
             except Exception:  # noqa: BLE001 - metrics must never stop the engine
                 log.exception("the on_step hook failed")
         for output in outputs:
             self._deliver(output.request_id, output)
 
     def _loop(self) -> None:
+        idle_reported = True
         try:
             while not self._stopping:
                 self._run_commands()
                 if not self.engine.has_unfinished_requests():
+                    if not idle_reported and self._wake.wait(0.05) is False:  # idle (no next step coming): gauges to now
+                        self._report([])
+                        idle_reported = True
                     self._wake.wait(0.5)
                     self._wake.clear()
                     continue
+                idle_reported = False
                 self._report(self.engine.step())
                 if self.engine.num_failed_steps_in_a_row >= MAX_FAILED_STEPS:
                     raise EngineDeadError(f"{self.engine.num_failed_steps_in_a_row} engine steps in a row failed, "

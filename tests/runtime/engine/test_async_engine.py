@@ -100,3 +100,17 @@ def test_one_mailbox_for_several_requests_joins_what_a_slow_reader_missed(engine
         assert tokens[index] == hf_greedy(model, prompt, 16)
     assert takes < 3 * 16  # deltas were joined, not queued one per step
     assert engine.num_unfinished == 0
+
+
+def test_after_fail_all_new_requests_get_the_same_error(engine_and_model):
+    """The drain deadline (fail_all) also refuses what registers after it: a beam search between two steps, or a
+    request still preparing, must not start requests that run past the deadline."""
+    engine, _ = engine_and_model
+    from ortinf.errors import ShuttingDownError
+
+    async def main():
+        engine.fail_all(ShuttingDownError("closing"))
+        with pytest.raises(ShuttingDownError, match="closing"):
+            await collect(engine, [5, 9, 13], SamplingParams(max_tokens=4))
+
+    asyncio.run(main())
