@@ -46,6 +46,8 @@ class ServerConfig:
     max_queued_requests: int = option(256, "Requests that may wait beyond the running batch; past that the server answers 429.",
                                       "server", minimum=0)
     shutdown_timeout: float = option(30.0, "On SIGTERM, seconds to let in-flight requests finish.", "server", minimum=0.0)
+    request_header_timeout: float = option(10.0, "Seconds a client has to send a request's headers once it starts one (a "
+                                           "connection that trickles them is closed: slowloris).", "server", minimum=0.1)
     max_body_size: int = option(2 * 2**20, "Largest request body accepted (413 beyond), on every route but the audio uploads "
                                 "(--max-audio-body-size).", "server", shown="2MiB", parse=parse_size, metavar="SIZE")
     max_audio_body_size: int = option(26 * 2**20, "Largest body of /v1/audio/transcriptions and /v1/audio/translations (413 "

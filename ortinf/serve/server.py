@@ -26,6 +26,56 @@ from ortinf.serve.config import ServerConfig
 DRAIN_MARGIN = 1.0  # seconds before uvicorn's drain deadline at which the server ends what still runs
 
 
+def header_deadline(base: type, seconds: float) -> type:
+    """uvicorn's HTTP protocol (`base`: httptools' or h11's) with a deadline on a request's headers: a connection
+    that has not finished sending them `seconds` after it opened, or after the first byte of its next request on a
+    kept-alive connection, is closed. uvicorn has none: a slowloris client held 1,100 partial connections open
+    forever (each a socket and a protocol object). Idle kept-alive connections are uvicorn's keep-alive timeout's."""
+
+    class Protocol(base):  # type: ignore[misc, valid-type]
+        def connection_made(self, transport) -> None:  # noqa: ANN001
+            self._header_timer = None
+            super().connection_made(transport)
+            self._arm()
+
+        def _arm(self) -> None:
+            if self._header_timer is None:
+                self._header_timer = self.loop.call_later(seconds, self._headers_too_slow)
+
+        def _disarm(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def data_received(self, data: bytes) -> None:
+            before = self.cycle
+            if before is None or before.response_complete:  # these bytes start a request
+                self._arm()
+            super().data_received(data)
+            if self.cycle is not None and self.cycle is not before:  # its headers are in: the request runs
+                self._disarm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _headers_too_slow(self) -> None:
+            self._header_timer = None
+            if not self.transport.is_closing():
+                self.transport.close()
+
+    Protocol.__name__ = f"HeaderDeadline{base.__name__}"
+    return Protocol
+
+
+def http_protocol(seconds: float) -> type:
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as base
+    except ImportError:  # httptools is optional: uvicorn's pure-Python parser
+        from uvicorn.protocols.http.h11_impl import H11Protocol as base
+    return header_deadline(base, seconds)
+
+
 class _Server(uvicorn.Server):
     """uvicorn re-raises a captured SIGTERM after its graceful shutdown, so the process dies by the
     signal (exit -15); a drained SIGTERM is a clean stop here, and exits 0. The first exit signal also
@@ -56,7 +106,7 @@ def run(config: ServerConfig, log_level: str = "info") -> None:
     app = build_app(config)
     server = _Server(uvicorn.Config(
         app, host=config.host, port=config.port, log_level=log_level,
-        timeout_graceful_shutdown=config.shutdown_timeout, access_log=False,
+        timeout_graceful_shutdown=config.shutdown_timeout, access_log=False, http=http_protocol(config.request_header_timeout),
     ))
     state = app.state.ortinf
     state.request_exit = lambda: setattr(server, "should_exit", True)  # uvicorn polls the flag

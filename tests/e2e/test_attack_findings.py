@@ -243,3 +243,39 @@ def test_pipelined_requests_on_a_closed_connection_log_no_error(demo):
     assert httpx.get(f"{demo.url}/health").status_code == 200
     added = demo.log_path.read_text(errors="replace")[len(before):]
     assert "ERROR" not in added and "Traceback" not in added, added[-3000:]
+
+
+def test_slowloris_connections_are_closed_at_the_header_deadline(demo_cache, tmp_path):
+    """200 connections that each send a request line and then trickle a header every 0.5 s: with
+    --request-header-timeout 1 the server closes every one within a few seconds (all were open after 30 s,
+    1,100 of them), while a real request is answered meanwhile."""
+    import socket
+
+    with running_server([str(DEMO_LLAMA), "--served-model-name", "demo", "--request-header-timeout", "1"], tmp_path,
+                        env={"ORTINF_CACHE": str(demo_cache)}, timeout=300) as server:
+        sockets = []
+        for _ in range(200):
+            sock = socket.create_connection(("127.0.0.1", server.port))
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+            sockets.append(sock)
+        closed: set[int] = set()
+        start = time.monotonic()
+        while len(closed) < len(sockets) and time.monotonic() - start < 10:
+            for index, sock in enumerate(sockets):
+                if index in closed:
+                    continue
+                try:
+                    sock.sendall(b"X-Slow: 1\r\n")
+                    sock.settimeout(0.001)
+                    if sock.recv(1024) == b"":
+                        closed.add(index)
+                except (BlockingIOError, TimeoutError, socket.timeout):
+                    pass
+                except OSError:  # reset or broken pipe: closed by the server
+                    closed.add(index)
+            assert httpx.get(f"{server.url}/health", timeout=5).status_code == 200
+            time.sleep(0.5)
+        took = time.monotonic() - start
+        for sock in sockets:
+            sock.close()
+    assert len(closed) == len(sockets) and took < 6, (len(closed), took)
