@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import click
@@ -101,6 +102,9 @@ def export(model: str | None, out: Path | None, task: str, dtype: str, vision_dt
                           kernel=kernel, quant_block_size=quant_block_size, accuracy_level=accuracy_level, kv_dtype=kv_dtype,
                           cpu_kernel=cpu_kernel, enable_lora=enable_lora, quality_gate=quality_gate, vision_dtype=vision_dtype,
                           verify_memory=size)
+    # The package is written (renamed into place): a Ctrl-C from here, while the result is printed and Python tears the
+    # exporter down (torch's memory and threads), must not turn a finished export into exit 130.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     parity = manifest.parity
     assert parity is not None
     kind = f"{manifest.task} with images ({manifest.vision.family}), {manifest.dtype}" if manifest.vision else f"{manifest.task}, {manifest.dtype}"
@@ -112,3 +116,8 @@ def export(model: str | None, out: Path | None, task: str, dtype: str, vision_dt
         click.echo(f"quality vs fp32: top-1 agreement {q.top1_agreement:.3f}, mean KL {q.mean_kl:.4f}, greedy agreement {q.greedy_agreement:.3f}")
         if q.failures():
             click.echo(f"warning: quality gate not met, recorded only (--quality-gate record): {'; '.join(q.failures())}", err=True)
+    if manifest.speech is not None and not manifest.has_tokenizer:
+        click.echo("warning: the source has no tokenizer.json: the package transcribes to token ids only (Transcriber.transcribe_ids); "
+                   "`ortinf transcribe` and the audio routes need the Whisper tokenizer: re-export from a folder that has it",
+                   err=True)
+

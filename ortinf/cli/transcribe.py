@@ -21,11 +21,15 @@ def transcribe_files(package: Path, files: tuple[Path, ...], output_format: str,
     from tqdm.auto import tqdm
 
     from ortinf.errors import RequestError
+    from ortinf.manifest import Manifest
     from ortinf.tasks.speech.audio_features import SAMPLE_RATE
     from ortinf.tasks.speech.audio_file import transcript
     from ortinf.tasks.speech.longform import openai_decoding
     from ortinf.tasks.speech.transcriber import Transcriber
 
+    if Manifest.load(package).speech is not None and not (Path(package) / "tokenizer.json").is_file():  # before the engine loads
+        raise click.UsageError(f"{package} has no tokenizer.json, so it cannot write text: re-export it from a folder with the "
+                               "Whisper tokenizer")
     transcriber = Transcriber(package, **(engine_options or {}))  # the one engine's options (EngineConfig's)
     samples = []
     for path in tqdm(files, desc="decoding", disable=len(files) < 2, file=click.get_text_stream("stderr")):

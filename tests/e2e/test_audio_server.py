@@ -183,6 +183,12 @@ def test_a_whisper_package_without_a_tokenizer_is_refused_at_start(whisper_packa
     done = subprocess.run([str(Path(sys.executable).with_name("ortinf")), "serve", str(folder), "--port", str(free_port())],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and "has no tokenizer.json" in done.stdout + done.stderr
+    # `ortinf transcribe` says so in one line before anything runs: it decoded all the audio first, then named a Python API
+    (tmp_path / "long.wav").write_bytes(encoded(tone(60), "WAV"))
+    done = subprocess.run([str(Path(sys.executable).with_name("ortinf")), "transcribe", str(folder), str(tmp_path / "long.wav")],
+                          capture_output=True, text=True, timeout=120)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and "has no tokenizer.json, so it cannot write text" in lines[0], done.stderr
 
 
 def test_long_compressed_audio_is_refused_before_it_is_decoded():

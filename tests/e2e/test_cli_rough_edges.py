@@ -222,3 +222,21 @@ def test_a_context_or_kv_budget_a_package_cannot_run_is_refused_before_the_serve
         assert "Uvicorn running" not in done.stderr
     with pytest.raises(ConfigError, match="longer than this package's context"):
         ortinf.LLM(chat_package, max_model_len=context + 1)
+
+
+def test_a_whisper_export_without_a_tokenizer_warns_and_ctrl_c_after_an_export_is_not_a_failure(tmp_path):
+    """Exporting a Whisper folder without tokenizer.json says what the package cannot do (it was accepted silently);
+    a Ctrl-C the moment the export has said it is done exits 0 (it exited 130 while Python tore the exporter down)."""
+    import signal
+
+    from support.tiny_models import build_whisper
+
+    build_whisper(tmp_path / "hf")
+    process = subprocess.Popen([ORTINF, "export", str(tmp_path / "hf"), "-o", str(tmp_path / "pkg"), "--quiet"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = process.stdout.readline()  # "exported ..." once the package is complete
+    assert line.startswith("exported"), line + process.stderr.read()
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 0, err
+    assert "no tokenizer.json" in err and "Transcriber.transcribe_ids" in err
