@@ -15,6 +15,7 @@ instructions are not carried, as OpenAI's).
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -34,7 +35,7 @@ from ortinf.serve.protocol import OPEN, ChatCompletionRequest, Finite, read_guid
 from ortinf.serve.response_store import ResponseStore
 from ortinf.serve.state import ServerState
 from ortinf.serve.streaming import AdmittedStream, final_outputs, merged, prepare_off_loop, sse, until_disconnected
-from ortinf.tasks.chat.tools import ToolCall, ToolPlan, held_back
+from ortinf.tasks.chat.tools import ToolCall, ToolPlan, held_back, new_call_id
 
 router = APIRouter()
 
@@ -239,6 +240,25 @@ def _outputs(reasoning: str | None, content: str | None, calls: list[ToolCall]) 
     return items + [_call_item(call) for call in calls]
 
 
+_CALL_NAME = re.compile(r'"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
+_CALL_ARGUMENTS = re.compile(r'"parameters"\s*:\s*')
+
+
+def _cut_call(tools: ToolPlan, text: str) -> dict:
+    """The function_call item of a forced call (tool_choice required or a named function) that max_output_tokens cut:
+    status "incomplete", its arguments as far as they came, never a completed message holding the partial JSON.
+    `required`'s output is the grammar's [{"name": ..., "parameters": {...}}]: the name and arguments are read off it."""
+    name, arguments = tools.named or "", text
+    if tools.mode == "required":
+        found = _CALL_NAME.search(text)
+        name = found.group(1) if found else ""
+        start = _CALL_ARGUMENTS.search(text)
+        arguments = text[start.end():] if start else ""
+    item = _call_item(ToolCall(name, arguments, new_call_id()))
+    item["status"] = "incomplete"
+    return item
+
+
 @dataclass(slots=True)
 class Run:
     """One response in the making: its request, tool plan, samples and bookkeeping."""
@@ -274,6 +294,9 @@ class Run:
         content, calls = self.tools.parse(answer, self.model.tool_parser) if answer is not None else (None, [])
         incomplete = "max_output_tokens" if finish_reason == "length" else None
         output = _outputs(reasoning, content, calls)
+        if incomplete and self.tools.mode in ("required", "named") and not calls and answer:  # a forced call, cut
+            output = [item for item in output if item["type"] != "message"] + [_cut_call(self.tools, answer)]
+            content = None
         for item in output:
             item["id"] = (item_ids or {}).get(item["type"], item["id"])
         body = self.response("incomplete" if incomplete else "completed", output, usage, incomplete)

@@ -94,3 +94,17 @@ def test_text_format_json_schema_and_policy(byte_server, client, model):
     ignored = httpx.post(url, json={"input": "x", "max_output_tokens": 2, "reasoning": {"effort": "low"}, "include": [],
                                     "truncation": "auto"})
     assert ignored.status_code == 200 and ignored.headers["x-ignored-fields"] == "include, reasoning, truncation"
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "name": "get_weather"}])
+def test_a_forced_call_cut_by_max_output_tokens_is_an_incomplete_call(client, model, choice):
+    """A forced call (required, or a named function) that max_output_tokens cuts: the response is incomplete and its
+    item a function_call with status incomplete, streamed or not (it was a completed message holding the partial JSON)."""
+    request = dict(model=model, input="weather in Paris?", tools=[WEATHER], tool_choice=choice, max_output_tokens=4, temperature=0)
+    for response in (client.responses.create(**request), list(client.responses.create(**request, stream=True))[-1].response):
+        assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
+        assert [item.type for item in response.output] == ["function_call"], response.output
+        call = response.output[0]
+        assert call.status == "incomplete"
+        if isinstance(choice, dict):
+            assert call.name == "get_weather" and call.arguments.startswith("{")
