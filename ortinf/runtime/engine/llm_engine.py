@@ -24,7 +24,7 @@ from ortinf.runtime.engine.output_processor import OutputProcessor
 from ortinf.runtime.engine.outputs import CompletionOutput, EngineStats, RequestOutput
 from ortinf.runtime.sample.decoder_rules import DecoderRules
 from ortinf.runtime.sample.sampling_params import SamplingParams
-from ortinf.runtime.sample.structured_output import GrammarCompiler
+from ortinf.runtime.sample.structured_output import GrammarCompiler, one_line
 from ortinf.runtime.worker.cross_encoder import CrossEncoder
 from ortinf.runtime.worker.decoder_graph import DecoderGraph, cpu_kernels, pool_spec
 from ortinf.runtime.worker.encoder_input import EncoderInput, PlacedImage
@@ -346,7 +346,7 @@ class LLMEngine:
         except Exception as exc:  # noqa: BLE001 - the step's requests end; the engine goes on
             return results + self._fail_step([s.request_id for s in scheduler_output.scheduled], exc, "running")
         for request_id, reason in runner_output.cannot_continue.items():
-            results += self._fail_requests([request_id], RequestError(f"the output cannot continue: {reason}"), "sampling")
+            results += self._fail_requests([request_id], RequestError(f"the output cannot continue: {one_line(reason)}"), "sampling")
         for request_id, exc in misjudged.items():
             results += self._fail_requests([request_id], exc, "detokenizing")
         now = time.monotonic()

@@ -14,6 +14,7 @@ whitespace can spend its whole token budget on it.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -94,6 +95,10 @@ class GrammarCompiler:
         self._executor: llguidance.LLExecutor | None = None
         self._templates: OrderedDict[StructuredOutput, llguidance.LLMatcher] = OrderedDict()
         self._lock = threading.Lock()
+        # the texts of the tokenizer's added tokens (<|im_end|>, <think>, <tool_call>): llguidance treats each as a special
+        # token that no grammar can write, so a grammar whose text spells one fails at that point of the output
+        added = tokenizer.get_added_tokens_decoder().values() if hasattr(tokenizer, "get_added_tokens_decoder") else ()
+        self._added = sorted({token.content for token in added if len(token.content) > 1}, key=len, reverse=True)
 
     def _llg_tokenizer(self, param: str, kind: Kind = "grammar") -> llguidance.LLTokenizer:
         """The tokenizer a kind's matchers use: JSON masks come ~30% cheaper with llguidance's JSON
@@ -116,13 +121,18 @@ class GrammarCompiler:
             if template is not None:
                 self._templates.move_to_end(key)
                 return template
+        spelled = self._spelled(output)
+        if spelled is not None:  # refused up front, in one line: it would fail mid-output with the parser's state dump
+            raise RequestError(f"the {_name(output.kind)} spells {spelled!r}, a special token of this model: structured output "
+                               "writes text and cannot write special tokens; leave it out of the format (the model's own "
+                               "markers such as <think> or <tool_call> come from its reasoning or tool parser)", param=output.param)
         try:
             grammar = output.grammar()
         except (ValueError, TypeError) as exc:
-            raise RequestError(f"invalid {_name(output.kind)}: {exc}", param=output.param) from exc
+            raise RequestError(f"invalid {_name(output.kind)}: {one_line(str(exc))}", param=output.param) from exc
         template = llguidance.LLMatcher(self._llg_tokenizer(output.param, output.kind), grammar, log_level=0)
         if template.is_error():
-            raise RequestError(f"invalid {_name(output.kind)}: {template.get_error()}", param=output.param)
+            raise RequestError(f"invalid {_name(output.kind)}: {one_line(template.get_error())}", param=output.param)
         if template.is_stopped():  # nothing may be generated at all (e.g. choice [""])
             raise RequestError(f"the {_name(output.kind)} allows only an empty output", param=output.param)
         with self._lock:
@@ -130,6 +140,13 @@ class GrammarCompiler:
             while len(self._templates) > CACHE_SIZE:
                 self._templates.popitem(last=False)
         return template
+
+    def _spelled(self, output: StructuredOutput) -> str | None:
+        """The first added token whose text the spec holds literally (a regex's escapes read as the characters)."""
+        if not self._added:
+            return None
+        text = re.sub(r"\\([^A-Za-z0-9])", r"\1", output.spec) if output.kind in ("regex", "grammar") else output.spec
+        return next((token for token in self._added if token in text or json.dumps(token)[1:-1] in text), None)
 
     def matcher(self, output: StructuredOutput) -> llguidance.LLMatcher:
         """A fresh matcher for one request (a copy of the cached template)."""
@@ -162,6 +179,14 @@ def llguidance_tokenizer_json(tokenizer: Tokenizer) -> str:
     if decoder.get("type") == "Metaspace" and decoder.get("replacement", "\u2581") == "\u2581":
         spec["decoder"] = METASPACE_AS_SEQUENCE
     return json.dumps(spec)
+
+
+def one_line(message: str, limit: int = 300) -> str:
+    """An llguidance message as one line: up to its parser state dump and grammar listing (not the client's), its
+    lines joined, cut at `limit` characters."""
+    head = re.split(r"\n\s*(?:<state>|<grammar>|\d+ \| )", message, maxsplit=1)[0]
+    text = " ".join(head.split())
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _name(kind: Kind) -> str:
