@@ -31,7 +31,11 @@ from ortinf.errors import RequestError
 from ortinf.runtime.sample.json_schema import closed as closed_objects
 
 Kind = Literal["json", "regex", "choice", "grammar"]
-CACHE_SIZE = 256  # compiled grammars kept (least recently used dropped first)
+CACHE_SIZE = 256  # compiled grammars kept (least recently used dropped first)...
+CACHE_BYTES = 128 * 2**20  # ...and their estimated memory: by count alone, 256 large schemas held 1.5 GB
+# A compiled matcher's memory, estimated from its spec and grammar text: RSS measured per entry (20 JSON schemas each of
+# 10, 100 and 1,000 enum properties; llguidance 1.x) was 128 KB, 598 KB and 6.0 MB for 1.8, 16 and 171 KB of text.
+BASE_BYTES, BYTES_PER_CHAR = 128 * 2**10, 36
 JSON_OPTIONS = {"whitespace_flexible": False}
 
 
@@ -93,7 +97,8 @@ class GrammarCompiler:
         self._tokenizer: llguidance.LLTokenizer | None = None  # built on first use (about a second for 100k tokens)
         self._json_tokenizer: llguidance.LLTokenizer | None = None  # the same with llguidance's JSON slices
         self._executor: llguidance.LLExecutor | None = None
-        self._templates: OrderedDict[StructuredOutput, llguidance.LLMatcher] = OrderedDict()
+        self._templates: OrderedDict[StructuredOutput, tuple[llguidance.LLMatcher, int]] = OrderedDict()  # matcher, est. bytes
+        self.cached_bytes = 0
         self._lock = threading.Lock()
         # the texts of the tokenizer's added tokens (<|im_end|>, <think>, <tool_call>): llguidance treats each as a special
         # token that no grammar can write, so a grammar whose text spells one fails at that point of the output
@@ -117,10 +122,10 @@ class GrammarCompiler:
         """The cached template matcher for `output`; raises RequestError with the compiler's message."""
         key = StructuredOutput(output.kind, output.spec)
         with self._lock:
-            template = self._templates.get(key)
-            if template is not None:
+            found = self._templates.get(key)
+            if found is not None:
                 self._templates.move_to_end(key)
-                return template
+                return found[0]
         spelled = self._spelled(output)
         if spelled is not None:  # refused up front, in one line: it would fail mid-output with the parser's state dump
             raise RequestError(f"the {_name(output.kind)} spells {spelled!r}, a special token of this model: structured output "
@@ -135,10 +140,16 @@ class GrammarCompiler:
             raise RequestError(f"invalid {_name(output.kind)}: {one_line(template.get_error())}", param=output.param)
         if template.is_stopped():  # nothing may be generated at all (e.g. choice [""])
             raise RequestError(f"the {_name(output.kind)} allows only an empty output", param=output.param)
+        cost = BASE_BYTES + BYTES_PER_CHAR * (len(output.spec) + len(grammar))
+        if cost > CACHE_BYTES // 4:  # one this large would push out most of the others: used once, not kept
+            return template
         with self._lock:
-            self._templates[key] = template
-            while len(self._templates) > CACHE_SIZE:
-                self._templates.popitem(last=False)
+            if key not in self._templates:
+                self._templates[key] = (template, cost)
+                self.cached_bytes += cost
+            while len(self._templates) > CACHE_SIZE or self.cached_bytes > CACHE_BYTES:
+                _, (_, dropped) = self._templates.popitem(last=False)
+                self.cached_bytes -= dropped
         return template
 
     def _spelled(self, output: StructuredOutput) -> str | None:

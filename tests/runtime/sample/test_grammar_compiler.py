@@ -41,3 +41,21 @@ def test_the_compilers_errors_are_one_line(compiler):
     message = str(caught.value)
     assert "\n" not in message and "unclosed group" in message and message.startswith("invalid regex")
     assert compiler.compile(StructuredOutput("regex", "<thin[a-z]>")) is not None  # near a special token's text is fine
+
+
+def test_the_compiled_grammar_cache_is_bounded_by_memory(compiler, monkeypatch):
+    """The cache is bounded by the compiled grammars' estimated memory, not their count alone: large schemas that
+    fit the count push the oldest out once the bytes run over (256 of 1,000 properties held 1.5 GB)."""
+    from ortinf.runtime.sample import structured_output as module
+
+    monkeypatch.setattr(module, "CACHE_BYTES", 4 * 2**20)  # about 6 of these schemas (~0.6 MB each, estimated)
+    compiler._templates.clear()
+    compiler.cached_bytes = 0
+    for i in range(12):
+        schema = {"type": "object", "properties": {f"k{i}_{j}": {"enum": [f"v{j}_{x}" for x in range(5)]} for j in range(100)}}
+        compiler.compile(StructuredOutput.json_schema(schema))
+        assert compiler.cached_bytes <= module.CACHE_BYTES
+    assert 2 <= len(compiler._templates) < 12  # by count (256) all would stay
+    huge = {"type": "object", "properties": {f"h{j}": {"enum": [f"w{j}_{x}" for x in range(5)]} for j in range(2000)}}
+    compiler.compile(StructuredOutput.json_schema(huge))  # over a quarter of the budget: compiled, used, not kept
+    assert all(key.spec != StructuredOutput.json_schema(huge).spec for key in compiler._templates)
