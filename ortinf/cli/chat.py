@@ -3,8 +3,10 @@
 The conversation goes through the package's chat template on every turn (the prefix cache makes the
 repeated history cheap). Lines starting with / are commands (COMMANDS; `//text` sends "/text"); the
 rest are user turns. Ctrl-C during a reply stops the reply (what was written stays in the
-conversation, as llama.cpp's does); at the prompt it leaves. Works with a pipe too: every input line
-is one turn.
+conversation, as llama.cpp's does); at the prompt it leaves. In a terminal the line is edited with
+readline (arrows, Ctrl-A/E, history with Up/Down, kept in ~/.cache/ortinf/chat_history), and a pasted
+block is one turn (bracketed paste); a line of three double quotes opens a multi-line message that another
+closes, as in `ollama run`. Works with a pipe too: every input line is one turn, such blocks included.
 """
 
 from __future__ import annotations
@@ -28,7 +30,10 @@ COMMANDS = {
     "/system TEXT": "set the system message (and start over); /system alone removes it",
     "/exit": "leave (also /quit, Ctrl-D, or Ctrl-C at the prompt)",
     "//text": "send a message that starts with /",
+    '"""': 'a multi-line message, up to a line of """',
 }
+BLOCK = '"""'
+HISTORY = Path("~/.cache/ortinf/chat_history")
 HELP = "type a message; Ctrl-C stops a reply; /help lists the commands"
 
 
@@ -39,7 +44,8 @@ def _help() -> str:
 
 
 def run_chat(package: Path, system: str | None, engine_options: dict, params: dict,
-         stdin: TextIO = sys.stdin, stdout: TextIO = sys.stdout, images: tuple[Path, ...] = ()) -> None:
+             stdin: TextIO = sys.stdin, stdout: TextIO = sys.stdout, images: tuple[Path, ...] = ()) -> list[dict]:
+    """Runs the conversation until the input ends or /exit; returns its messages."""
     from ortinf.config import EngineConfig
     from ortinf.manifest import Manifest
     from ortinf.runtime.engine.llm_engine import LLMEngine
@@ -58,21 +64,25 @@ def run_chat(package: Path, system: str | None, engine_options: dict, params: di
     pictures = [path.read_bytes() for path in images]  # sent with every turn: their embeddings and blocks are kept by digest
     placeholder = "".join(f"{chat.placeholder}\n" for _ in images) if images else ""
     interactive = stdin.isatty()
+    read = _line_reader(stdin, stdout, interactive)
     if interactive:
         stdout.write(f"{HELP}\n")
+    for path in images:  # said once: the image goes with the whole conversation
+        stdout.write(f"(image attached: {path.name}, {_size(path)})\n")
     messages = _start(system)
     while True:
-        if interactive:
-            stdout.write("> ")
-            stdout.flush()
         try:
-            line = stdin.readline()
+            text = read("> ")
+            if text is not None and text.strip() == BLOCK:  # a multi-line message, up to a line of """
+                lines = []
+                while (more := read("... ")) is not None and more.strip() != BLOCK:
+                    lines.append(more)
+                text = "\n".join(lines)
         except KeyboardInterrupt:  # Ctrl-C at the prompt leaves
             stdout.write("\n")
             break
-        if not line:
+        if text is None:
             break
-        text = line.rstrip("\n")
         if text.startswith("/") and not text.startswith("//"):
             name, _, argument = text.strip().partition(" ")
             if name in ("/exit", "/quit"):
@@ -100,6 +110,59 @@ def run_chat(package: Path, system: str | None, engine_options: dict, params: di
             stdout.write(f"\nerror: {exc}\n")
             continue
         messages.append({"role": "assistant", "content": reply})
+    return messages
+
+
+def _line_reader(stdin: TextIO, stdout: TextIO, interactive: bool):  # noqa: ANN202 - a function of the prompt
+    """A function that reads one line (None at the end): readline's input() in a terminal (editing, history kept
+    across sessions, bracketed paste), the stream's own lines otherwise."""
+    if interactive and stdin is sys.stdin:
+        try:
+            import readline
+        except ImportError:  # Windows without pyreadline: plain input() still reads whole lines
+            readline = None
+        history = HISTORY.expanduser()
+        if readline is not None:
+            try:
+                readline.read_history_file(history)
+            except OSError:
+                pass
+            readline.set_history_length(1000)
+
+        def read(prompt: str) -> str | None:
+            try:
+                line = input(prompt)
+            except EOFError:
+                stdout.write("\n")
+                return None
+            if readline is not None and line.strip():
+                try:
+                    history.parent.mkdir(parents=True, exist_ok=True)
+                    readline.write_history_file(history)
+                except OSError:
+                    pass
+            return line
+
+        return read
+
+    def read_stream(prompt: str) -> str | None:
+        if interactive:
+            stdout.write(prompt)
+            stdout.flush()
+        line = stdin.readline()
+        return line.rstrip("\n") if line else None
+
+    return read_stream
+
+
+def _size(path: Path) -> str:
+    try:
+        from PIL import Image
+
+        with Image.open(path) as image:
+            return f"{image.width}x{image.height}"
+    except Exception:  # noqa: BLE001 - only a caption: the engine reports an image it cannot read
+        return f"{path.stat().st_size:,} bytes"
 
 
 def _start(system: str | None) -> list[dict]:

@@ -89,3 +89,61 @@ def test_chat_ctrl_c_stops_the_reply_and_commands_are_not_sent(chat_package):
     ids = llm.engine.tokenizer.encode(prompt, add_special_tokens=False).ids
     reply = llm.generate([ids], SamplingParams(temperature=0, max_tokens=40))[0].outputs[0].text
     assert lines[-2] == reply and stdin.readline() == "never read\n"
+
+
+def test_chat_takes_a_multi_line_block_as_one_message(chat_package):
+    """A line of three double quotes opens a message that another closes (ollama run's): one turn, its lines joined;
+    a pasted block used to become several messages."""
+    from ortinf.cli.chat import run_chat
+
+    stdin = io.StringIO('"""\nfirst line\n\nthird line\n"""\nnext\n')
+    messages = run_chat(chat_package, None, {"provider": "cpu", "num_blocks": 64}, dict(max_tokens=3, temperature=0.0, top_p=1.0,
+                        seed=None), stdin=stdin, stdout=io.StringIO())
+    assert [m["content"] for m in messages if m["role"] == "user"] == ["first line\n\nthird line", "next"]
+
+
+def test_chat_in_a_terminal_edits_lines_and_recalls_history(chat_package, tmp_path):
+    """In a terminal (a pty here) the prompt is readline's: Left arrow moves the cursor instead of printing ^[[D, and Up
+    recalls the previous message (it printed ^[[A)."""
+    import os
+    import pty
+    import select
+    import subprocess
+    import time
+
+    from test_cli_export import ORTINF
+
+    leader, follower = pty.openpty()
+    env = {**os.environ, "HOME": str(tmp_path), "TERM": "xterm"}  # history under tmp_path/.cache
+    process = subprocess.Popen([*ORTINF, "chat", str(chat_package), "-t", "0", "-n", "2", "--provider", "cpu"], stdin=follower,
+                               stdout=follower, stderr=follower, env=env, close_fds=True)
+    os.close(follower)
+    seen = b""
+
+    def until(needle: bytes, timeout: float = 120) -> None:
+        nonlocal seen
+        deadline = time.monotonic() + timeout
+        while needle not in seen:
+            assert time.monotonic() < deadline, seen[-2000:]
+            ready, _, _ = select.select([leader], [], [], 0.5)
+            if ready:
+                try:
+                    seen += os.read(leader, 4096)
+                except OSError:
+                    break
+
+    try:
+        until(b"> ")
+        os.write(leader, b"helo\x1b[Dl\r")  # "helo", Left, "l": "hello"
+        until(b"\n> ", 120)
+        os.write(leader, b"\x1b[A\r")  # Up: "hello" again
+        until(b"hello", 30)
+        os.write(leader, b"/exit\r")
+        process.wait(60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        os.close(leader)
+    text = seen.decode(errors="replace")
+    assert "^[[D" not in text and "^[[A" not in text, text
+    assert (tmp_path / ".cache" / "ortinf" / "chat_history").read_text().count("hello") >= 1
