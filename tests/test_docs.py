@@ -126,3 +126,31 @@ def test_readme_quality_figures_are_what_the_demo_measures(tmp_path):
         assert greedy_low - 0.05 <= quality.greedy_agreement <= greedy_high + 0.05, (dtype, quality.greedy_agreement)
         if dtype == "int8":
             assert quality.mean_kl <= 0.005 and quality.greedy_agreement >= 0.5
+
+
+def test_the_readme_synopsis_names_every_option():
+    """Every option of every command (its long or short flag) is in the README's synopsis: it fell behind `--help`
+    (export --vision-dtype, chat --image, five serve options)."""
+    import re
+
+    import click
+
+    from ortinf.cli.main import cli
+
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("```text\nortinf serve")
+    block = readme[start : readme.index("```", start + 8)]
+    missing = []
+
+    def walk(command: click.Command, path: list[str]) -> None:
+        if isinstance(command, click.Group):
+            for name, sub in command.commands.items():
+                walk(sub, [*path, name])
+            return
+        for param in command.params:
+            flags = [f for f in (*param.opts, *param.secondary_opts) if f.startswith("-")] if isinstance(param, click.Option) else []
+            if flags and not param.hidden and not any(re.search(re.escape(f) + r"(?![\w-])", block) for f in flags):
+                missing.append(f"ortinf {' '.join(path)} {flags[0]}")
+
+    walk(cli, [])
+    assert not missing, "options missing from the README's synopsis: " + ", ".join(missing)
