@@ -41,7 +41,10 @@ def install_command(extra: str) -> str:
         return f"{pip} 'ortinf[{extra}]'"
     constraints = Path(__file__).resolve().parents[1] / "constraints.txt"  # ortinf runs from a clone (editable install)
     pinned = f"-c {shlex.quote(str(constraints))} " if constraints.is_file() else ""
-    return f"{pip} {pinned}{' '.join(shlex.quote(r) for r in requirements)}"
+    # PyPI's Linux torch is the CUDA build (gigabytes of nvidia-* wheels): the CPU build comes from PyTorch's index
+    cpu_torch = "--extra-index-url https://download.pytorch.org/whl/cpu " if sys.platform == "linux" and any(
+        re.match(r"torch\b", r) for r in requirements) else ""
+    return f"{pip} {pinned}{cpu_torch}{' '.join(shlex.quote(r) for r in requirements)}"
 
 
 def needs(extra: str, what: str) -> str | None:

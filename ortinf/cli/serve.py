@@ -66,8 +66,7 @@ def serve(packages: tuple[Path, ...], use_ray: bool, num_replicas: int, min_repl
         packages = tuple(resolve_package(p) for p in packages)  # a Hugging Face folder is exported into the cache once
     for package in packages:  # a wrong path or a broken package fails now, in one line, before the server starts
         manifest = Manifest.load(package)
-        lacking = (extras.needs("audio", f"serving {package} (a speech-recognition model)") if manifest.speech else
-                   extras.needs("vision", f"serving {package} (a vision-language model)") if manifest.vision else None)
+        lacking = extras.needs("audio", f"serving {package} (a speech-recognition model)") if manifest.speech else None
         if lacking:  # this install serves every other kind; this one needs the extra named, from where ortinf came
             raise ConfigError(lacking)
         spec = manifest.decoder or manifest.encoder

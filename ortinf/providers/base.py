@@ -60,8 +60,13 @@ class Provider:
     no_device_hint: str = ""  # appended to "installed but finds no device"
     # how to install it, as `ortinf providers` and the not-installed error say it (default: pip install <package>)
     install: str = ""
+    pip_install: str = ""  # the same for an install from PyPI, where a clone's scripts/ is not at hand
     preload_dlls: bool = False  # call onnxruntime.preload_dlls() first (CUDA/cuDNN from nvidia-* wheels)
 
     @property
     def install_hint(self) -> str:
+        from pathlib import Path
+
+        if self.install.startswith("bash scripts/") and not (Path(__file__).resolve().parents[2] / "scripts").is_dir():
+            return self.pip_install or f"pip install {self.package}"
         return self.install or f"pip install {self.package}"

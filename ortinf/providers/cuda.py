@@ -18,5 +18,6 @@ PROVIDER = Provider(
     dtypes=("fp32", "fp16"),
     kernels=("portable", "paged-attention"),  # PagedAttention: fp16, bf16
     install="bash scripts/setup_cuda_env.sh (onnxruntime-gpu replaces onnxruntime: its own .venv-cuda; CUDA 13, cuDNN 9)",
+    pip_install="in a virtual environment of its own (onnxruntime-gpu replaces onnxruntime): pip install ortinf onnxruntime-gpu; CUDA 13, cuDNN 9",
     preload_dlls=True,
 )

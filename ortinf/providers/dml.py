@@ -15,4 +15,5 @@ PROVIDER = Provider(
     device_type="dml",
     dtypes=("fp32", "fp16"),
     install="bash scripts/setup_directml_env.sh (Windows; onnxruntime-directml replaces onnxruntime: its own .venv-dml)",
+    pip_install="in a virtual environment of its own on Windows (onnxruntime-directml replaces onnxruntime): pip install ortinf onnxruntime-directml",
 )

@@ -17,4 +17,6 @@ PROVIDER = Provider(
     dtypes=("fp32", "fp16"),
     buckets=POWER_OF_TWO_BUCKETS,
     install="bash scripts/setup_migraphx_env.sh (onnxruntime-migraphx replaces onnxruntime: its own .venv-migraphx; ROCm 7 with MIGraphX)",
+    pip_install="in a virtual environment of its own (onnxruntime-migraphx replaces onnxruntime): pip install ortinf "
+                "onnxruntime-migraphx; ROCm 7 with MIGraphX",
 )

@@ -21,4 +21,5 @@ PROVIDER = Provider(
     dtypes=("fp32", "fp16"),
     options={"device_type": "CPU"},
     install="bash scripts/setup_openvino_env.sh (onnxruntime-openvino replaces onnxruntime: its own .venv-openvino)",
+    pip_install="in a virtual environment of its own (onnxruntime-openvino replaces onnxruntime): pip install ortinf onnxruntime-openvino",
 )

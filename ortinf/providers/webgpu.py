@@ -27,6 +27,7 @@ PROVIDER = Provider(
     max_query_len={"paged-attention": 31},
     plugin_module="onnxruntime_ep_webgpu",
     install="bash scripts/setup_webgpu.sh (the plugin goes into .venv beside onnxruntime)",
+    pip_install="pip install onnxruntime-ep-webgpu (the plugin goes beside onnxruntime)",
     max_tensor_bytes=128 * 2**20,
     no_device_hint=(": it needs a Vulkan (Linux), Metal or D3D12 driver; on a machine without a GPU, install lavapipe "
                     "(scripts/setup_webgpu.sh) and set ORT_WEBGPU_EP_ALLOW_SOFTWARE_ADAPTER=1"),

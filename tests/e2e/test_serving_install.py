@@ -13,8 +13,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SERVING_ONLY = ROOT / ".venv-openvino" / "bin" / "ortinf"
 PIP = f"-m pip install -c {ROOT / 'constraints.txt'} "
-EXPORT = ("torch==2.13.0 'transformers<4.58,>=4.55' 'optimum-onnx[onnxruntime]==0.1.0' 'onnx>=1.17' 'onnx-ir>=0.1' 'gguf>=0.10' "
-          "huggingface-hub safetensors")
+# PyPI's Linux torch is the CUDA build: the hint adds PyTorch's CPU index (issue 44)
+EXPORT = ("--extra-index-url https://download.pytorch.org/whl/cpu torch==2.13.0 'transformers<4.58,>=4.55' "
+          "'optimum-onnx[onnxruntime]==0.1.0' 'onnx>=1.17' 'onnx-ir>=0.1' 'gguf>=0.10' huggingface-hub safetensors")
 AUDIO = "'soundfile>=0.12' 'soxr>=0.3' 'python-multipart>=0.0.9'"
 
 
@@ -70,21 +71,48 @@ def test_a_speech_package_on_a_serving_only_install_is_one_line(tmp_path):
 
 
 @pytest.mark.skipif(not SERVING_ONLY.exists(), reason=".venv-openvino (scripts/setup_openvino_env.sh) is not installed")
-def test_a_vision_package_on_a_serving_only_install_is_one_line(tmp_path):
-    """issue 33: serving a vision-language package needs the vision extra (Pillow decodes the images): one line naming
-    it and the command that installs it here, before anything loads."""
-    pytest.importorskip("PIL")
+def test_a_vision_package_on_a_serving_only_install_serves_text(tmp_path):
+    """Without Pillow, `serve` refused every model when one was a vision model, while `generate` ran it text-only:
+    now it is served text-only, with a warning naming the vision extra and the command that installs it here, and a
+    request with an image gets that line as its 400."""
+    import base64
+    import time
 
-    from support.tiny_models import add_tokenizer, build_llava
+    import httpx
+    from support.server_helpers import free_port
+    from support.tiny_models import add_special_tokens, build_llava
 
     import ortinf
 
-    (tmp_path / "hf").mkdir()
-    add_tokenizer(tmp_path / "hf", 300)
-    build_llava(tmp_path / "hf", layers=1)
+    template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"
+    build_llava(tmp_path / "hf", add_special_tokens(tmp_path / "hf", 290, ["<image>"], template)["<image>"], layers=1)
     ortinf.export(tmp_path / "hf", tmp_path / "llava", progress=False)
-    done = subprocess.run([str(SERVING_ONLY), "serve", str(tmp_path / "llava"), "--port", "1"], capture_output=True, text=True, timeout=120)
-    python = interpreter(SERVING_ONLY)
-    message = (f"error: serving {tmp_path / 'llava'} (a vision-language model) needs ortinf's 'vision' extra (pillow not installed): "
-               f"{python} {PIP}'pillow>=10'")
-    assert done.returncode == 2 and done.stderr.strip() == message, done.stderr
+    port = free_port()
+    log = (tmp_path / "server.log").open("w")
+    server = subprocess.Popen([str(SERVING_ONLY), "serve", str(tmp_path / "llava"), "--port", str(port), "--served-model-name", "llava"],
+                              stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert server.poll() is None, (tmp_path / "server.log").read_text()
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, (tmp_path / "server.log").read_text()
+            time.sleep(0.2)
+        text = httpx.post(f"{url}/v1/completions", json={"model": "llava", "prompt": "hello", "max_tokens": 2}, timeout=60)
+        assert text.status_code == 200, text.text
+        image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(b"\x89PNG").decode()}}
+        chat = httpx.post(f"{url}/v1/chat/completions", json={"model": "llava", "max_tokens": 2, "messages": [
+            {"role": "user", "content": [image, {"type": "text", "text": "hi"}]}]}, timeout=60)
+        python = interpreter(SERVING_ONLY)
+        assert chat.status_code == 400 and chat.json()["error"]["message"] == (
+            f"reading images needs ortinf's 'vision' extra (pillow not installed): {python} {PIP}'pillow>=10'"), chat.text
+    finally:
+        server.terminate()
+        server.wait(30)
+        log.close()
+    assert "serves text only" in (tmp_path / "server.log").read_text()

@@ -121,3 +121,17 @@ def test_serve_refuses_before_starting(webgpu, decoder_package):
         "onnxruntime: its own .venv-dml)")
     unsized = subprocess.run([ORTINF, "serve", str(package), "--provider", "webgpu"], capture_output=True, text=True, timeout=120)
     assert unsized.returncode == 2 and "keeps the KV cache in device memory" in unsized.stderr and "--kv-cache-memory" in unsized.stderr
+
+
+def test_install_hints_name_what_a_pip_user_has(monkeypatch):
+    """From a clone the hint is the clone's setup script; from PyPI (no scripts/ beside the package) it is the pip
+    command, never a script the user does not have."""
+    import pathlib
+
+    from ortinf.providers import openvino, webgpu
+
+    assert openvino.PROVIDER.install_hint.startswith("bash scripts/setup_openvino_env.sh")
+    monkeypatch.setattr(pathlib.Path, "is_dir", lambda self: False)
+    for provider in (openvino.PROVIDER, webgpu.PROVIDER):
+        assert "scripts/" not in provider.install_hint and "pip install" in provider.install_hint
+    assert "onnxruntime-openvino" in openvino.PROVIDER.install_hint

@@ -44,7 +44,12 @@ class Chat:
 
         template = ChatTemplate.load(package_dir)
         source = template.source if template is not None else None
-        placeholder = placeholder_text(vision, tokenizer) if vision is not None and tokenizer is not None else None
+        placeholder = None
+        if vision is not None and tokenizer is not None:
+            try:
+                placeholder = placeholder_text(vision, tokenizer)
+            except TypeError:  # the tokenizer cannot spell the image token: the model reads text only
+                placeholder = None
         return cls(template, tokenizer, placeholder, resolve_parser(tool_call_parser, source), reasoning.resolve(reasoning_parser, source))
 
     @staticmethod
@@ -77,6 +82,12 @@ class Chat:
         template refuses image parts)."""
         if self.placeholder is None:
             return []
+        if self.has_images(messages):
+            from ortinf import extras
+
+            lacking = extras.needs("vision", "reading images")
+            if lacking:  # the package is served text-only without Pillow
+                raise RequestError(lacking, param="messages")
         return message_images(list(messages), policy or MediaPolicy())
 
     def has_images(self, messages: Sequence[ChatMessage]) -> bool:
