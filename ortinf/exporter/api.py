@@ -107,7 +107,7 @@ def export(
     if is_gguf(Path(model).expanduser()):
         import tempfile
 
-        from ortinf.exporter.gguf_source import file_quantization, gguf_to_folder
+        from ortinf.exporter.gguf_source import file_quantization, gguf_to_folder, without_vocab_hole_warnings
 
         if dtype is None:
             found = file_quantization(Path(model).expanduser())
@@ -119,7 +119,7 @@ def export(
                        accuracy_level=accuracy_level, kv_dtype=kv_dtype, cpu_kernel=cpu_kernel, enable_lora=enable_lora,
                        quality_gate=quality_gate, verify_memory=verify_memory)
         gguf_path = Path(model).expanduser().resolve()
-        with tempfile.TemporaryDirectory(prefix="ortinf-gguf-") as folder:
+        with tempfile.TemporaryDirectory(prefix="ortinf-gguf-") as folder, without_vocab_hole_warnings():
             manifest = export(gguf_to_folder(gguf_path, Path(folder)), out, **options)
         manifest = replace(manifest, source=str(gguf_path))  # the file, not the temporary folder it went through
         (Path(out).expanduser() / MANIFEST_NAME).write_text(manifest.to_json(), encoding="utf-8")

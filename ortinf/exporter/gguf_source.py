@@ -26,6 +26,7 @@ allocate gigabytes, and a file holding only `token_embd` exported as a random mo
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,11 +136,82 @@ def gguf_to_folder(path: Path, folder: Path) -> Path:
     open_index(path)  # the header and the weights' presence checked before transformers allocates the model
     try:
         model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-        tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        with without_vocab_hole_warnings():
+            tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     except (ValueError, KeyError, RuntimeError, OSError, NotImplementedError, IndexError, TypeError, AttributeError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ExportError(f"cannot read the GGUF file {path}: {first[:200]} (transformers reads the GGUFs of llama, mistral, qwen2, "
                           "qwen3, phi3, gemma2/3, ... ; export the Hugging Face folder instead if it has one)") from exc
+    _keep_token_ids(tokenizer, path)
     model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
+    with without_vocab_hole_warnings():
+        tokenizer.save_pretrained(folder)
     return folder
+
+
+def _keep_token_ids(tokenizer, path: Path) -> None:  # noqa: ANN001 - a transformers fast tokenizer
+    """The file's control and user-defined tokens keep the ids the file gives them. transformers' converter re-adds
+    a family's special tokens (Qwen2: <|endoftext|>, <|im_start|>, <|im_end|>) in its own order after the BPE
+    vocabulary, which left the file's ids as holes and shifted the tokens (the manifest's EOS id, read from the file,
+    then named another token); their ids also fill the vocabulary's holes, which the tokenizers library warned about
+    at every save ("your vocabulary could be corrupted")."""
+    import json
+
+    import gguf
+    from tokenizers import Tokenizer
+
+    reader = gguf.GGUFReader(str(path))
+    tokens, types = reader.fields.get("tokenizer.ggml.tokens"), reader.fields.get("tokenizer.ggml.token_type")
+    if tokens is None or types is None:
+        return
+    special = (int(gguf.TokenType.CONTROL), int(gguf.TokenType.USER_DEFINED))
+    ids: dict[str, int] = {}
+    for index, (part, kind) in enumerate(zip(tokens.data, types.data)):
+        if int(types.parts[kind][0]) in special:
+            ids.setdefault(bytes(tokens.parts[part]).decode("utf-8", errors="replace"), index)
+    spec = json.loads(tokenizer.backend_tokenizer.to_str())
+    added = [token for token in spec.get("added_tokens", []) if token["content"] in ids]
+    vocab = spec.get("model", {}).get("vocab")
+    if not added or not isinstance(vocab, dict):
+        return
+    for token in added:
+        token["id"] = ids[token["content"]]
+    taken = {token["id"] for token in added}
+    for text in [text for text, index in vocab.items() if index in taken and text not in ids]:
+        del vocab[text]  # a BPE token the converter put on an id the file gives a special token
+    vocab.update({token["content"]: token["id"] for token in added})
+    tokenizer._tokenizer = Tokenizer.from_str(json.dumps(spec))
+
+
+@contextlib.contextmanager
+def without_vocab_hole_warnings():  # noqa: ANN202
+    """The tokenizers library prints "The OrderedVocab you are attempting to save contains holes ..., your vocabulary
+    could be corrupted!" straight to the process's stdout (fd 1, Rust's println) at every save of a vocabulary with holes, which a GGUF
+    file's leaves where it repeats a special token past the tokenizer (the ids are the file's, checked by
+    _keep_token_ids): those lines are dropped, everything else (progress bars included) passes on as it is written."""
+    import os
+    import re
+    import sys
+    import threading
+
+    hole = re.compile(rb"The OrderedVocab you are attempting to save contains holes[^\n]*\n?")
+    sys.stdout.flush()
+    saved = os.dup(1)
+    reader, writer = os.pipe()
+    os.dup2(writer, 1)
+    os.close(writer)
+
+    def forward() -> None:
+        while chunk := os.read(reader, 65536):
+            os.write(saved, hole.sub(b"", chunk))
+
+    thread = threading.Thread(target=forward, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)  # the pipe's last writer closes: the thread reads to its end
+        thread.join(5)
+        os.close(reader)
+        os.close(saved)

@@ -172,3 +172,30 @@ def test_a_gguf_without_its_layers_weights_is_refused(hf, tmp_path):
     truncated.write_bytes(good.read_bytes()[: good.stat().st_size - 4096])
     with pytest.raises(ExportError, match="truncated"):
         ortinf.export(truncated, tmp_path / "pkg", progress=False)
+
+
+def test_a_gguf_s_special_tokens_keep_their_ids(tmp_path):
+    """A file whose <|im_start|> and <|im_end|> come at 350 and 351 and again among the slots past the tokenizer (as a
+    converter that pads the vocabulary with the family's special tokens writes them): each keeps its first id, the one
+    the file's EOS names (they moved to 353/354 while the manifest's EOS stayed 351), and the export prints no
+    "vocabulary could be corrupted" (four times before)."""
+    import json
+
+    from tokenizers import Tokenizer
+
+    build_decoder("qwen2", tmp_path / "hf", vocab_size=392, max_position_embeddings=256)
+    add_byte_tokenizer(tmp_path / "hf", 350)
+    tokenizer = Tokenizer.from_file(str(tmp_path / "hf" / "tokenizer.json"))
+    assert tokenizer.get_vocab_size() == 350
+    tokenizer.add_special_tokens(["<|im_start|>", "<|im_end|>"])  # 350, 351; write_gguf pads 352.. with Qwen2's specials
+    tokenizer.save(str(tmp_path / "hf" / "tokenizer.json"))
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, "eos_token_id": 351}))
+    write_gguf(tmp_path / "hf", tmp_path / "model.gguf", "F32")
+    done = subprocess.run([sys.executable, "-c", "from ortinf.cli import main; main()", "export", str(tmp_path / "model.gguf"), "-o",
+                           str(tmp_path / "pkg"), "-q"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "could be corrupted" not in done.stderr + done.stdout, done.stderr[-2000:]
+    exported = Tokenizer.from_file(str(tmp_path / "pkg" / "tokenizer.json"))
+    assert [exported.token_to_id(t) for t in ("<|im_start|>", "<|im_end|>")] == [350, 351]
+    assert list(ortinf.manifest.Manifest.load(tmp_path / "pkg").eos_token_ids) == [351]
