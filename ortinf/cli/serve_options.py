@@ -83,30 +83,26 @@ def fields_as_options(specs: list, sections: bool):  # noqa: ANN201 - a click de
 def server_values(given: dict) -> dict:
     """ServerConfig's keyword arguments from a command's keyword arguments: each option's text parsed into the
     field's value (`parse`: a size into bytes, image=N into N, comma-separated hosts into a tuple)."""
+    return field_values(server_fields(), given)
+
+
+def engine_values(given: dict) -> dict:
+    """The engine options among a command's keyword arguments, as EngineConfig keyword arguments: choices
+    mapped to their values, repeated options parsed (ConfigError says what is wrong)."""
+    return field_values(engine_fields(), given)
+
+
+def field_values(specs: list, given: dict) -> dict:
+    """The given options of `specs` (fields declared with `ortinf.config.option`) as the fields' values: a choice's
+    word mapped to its value, the text parsed where the field says how (`parse`)."""
     values = {}
-    for spec in server_fields():
+    for spec in specs:
         if spec.name not in given:
             continue
         value, meta = given[spec.name], spec.metadata
         if "choices" in meta:
             value = meta["choices"][value]
         if "parse" in meta and value is not None:
-            value = meta["parse"](value)
-        values[spec.name] = value
-    return values
-
-
-def engine_values(given: dict) -> dict:
-    """The engine options among a command's keyword arguments, as EngineConfig keyword arguments: choices
-    mapped to their values, repeated options parsed (ConfigError says what is wrong)."""
-    values = {}
-    for spec in engine_fields():
-        if spec.name not in given:
-            continue
-        value, meta = given[spec.name], spec.metadata
-        if "choices" in meta:
-            value = meta["choices"][value]
-        elif meta.get("multiple"):
             value = meta["parse"](value)
         values[spec.name] = value
     return values
