@@ -67,8 +67,8 @@ def run_chat(package: Path, system: str | None, engine_options: dict, params: di
     read = _line_reader(stdin, stdout, interactive)
     if interactive:
         stdout.write(f"{HELP}\n")
-    for path in images:  # said once: the image goes with the whole conversation
-        stdout.write(f"(image attached: {path.name}, {_size(path)})\n")
+    for path in images:  # said once (on stderr: a pipe's stdout is the replies); the image goes with the whole conversation
+        sys.stderr.write(f"(image attached: {path.name}, {_size(path)})\n")
     messages = _start(system)
     while True:
         try:

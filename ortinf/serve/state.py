@@ -53,7 +53,7 @@ class ServerState:
             for engine in model.engines:
                 if engine.num_unfinished:
                     log.warning("drain time ran out: ending %d running request(s) of '%s'", engine.num_unfinished, model.name)
-                    engine.fail_all(error)
+                engine.fail_all(error)  # also with none open: a beam search between two steps must not start its next
 
     def healthy(self) -> tuple[bool, str]:
         if self.load_error is not None:

@@ -285,7 +285,7 @@ def test_ortinf_chat_with_an_image(llava_package, chat_package, tmp_path):
     assert result.returncode == 0, result.stderr
     expected = LLM(llava_package).generate({"prompt": "user: <image>\nhello\nassistant:", "multi_modal_data": {"image": png(3)}},
                                            SamplingParams(temperature=0, max_tokens=5))[0].outputs[0].text
-    assert result.stdout == f"{expected}\n"
+    assert result.stdout == f"{expected}\n" and "(image attached: cat.png, 60x40)" in result.stderr
     text = subprocess.run([*ORTINF, "chat", str(chat_package), "--image", str(tmp_path / "cat.png")], input="hi\n",
                           capture_output=True, text=True, timeout=300)
     assert text.returncode == 2 and "reads text: --image needs a vision-language package" in text.stderr
