@@ -136,16 +136,14 @@ def gguf_to_folder(path: Path, folder: Path) -> Path:
     open_index(path)  # the header and the weights' presence checked before transformers allocates the model
     try:
         model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-        with without_vocab_hole_warnings():
-            tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     except (ValueError, KeyError, RuntimeError, OSError, NotImplementedError, IndexError, TypeError, AttributeError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ExportError(f"cannot read the GGUF file {path}: {first[:200]} (transformers reads the GGUFs of llama, mistral, qwen2, "
                           "qwen3, phi3, gemma2/3, ... ; export the Hugging Face folder instead if it has one)") from exc
     _keep_token_ids(tokenizer, path)
     model.save_pretrained(folder)
-    with without_vocab_hole_warnings():
-        tokenizer.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)  # api.export runs this under without_vocab_hole_warnings
     return folder
 
 

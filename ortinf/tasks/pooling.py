@@ -9,6 +9,7 @@ shortening, a cross-encoder's sigmoid, cosine similarity, softmax) lives here to
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -44,8 +45,9 @@ class Pooling:
         texts = [item for item in items if isinstance(item, str)]
         encoded = iter(self.encoder.encode(texts, limit) if texts else [])
         token_ids = [next(encoded) if isinstance(item, str) else list(item)[:limit] for item in items]
-        self.encoder.check(token_ids)
-        return token_ids
+        if not token_ids:
+            raise RequestError("input must hold at least one text or token list", param="input")
+        return token_ids  # each checked (length, vocabulary) as it becomes a request: PoolingEngine.prepare
 
     def texts(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids of texts, cut to the context (sentence-transformers' truncation)."""
@@ -75,7 +77,7 @@ class Pooling:
                         request_id: str = "pool") -> np.ndarray:
         """The same on the server's engine thread, batched with every other caller's inputs; cancelling it (a client
         that went away) aborts the inputs still waiting."""
-        program, order = self._program(token_ids, type_ids)
+        program, order = await asyncio.to_thread(self._program, token_ids, type_ids)  # the checks read every token
         await driver.finish(engine, program, request_id)
         return self._rows(program, order)
 

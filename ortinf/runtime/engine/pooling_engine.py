@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -51,7 +50,8 @@ class PoolingEngine:
         self.tokenizer = encoder.tokenizer
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.waiting: deque[tuple[str, PoolingRequest, float]] = deque()
+        # request id -> (request, arrival), in arrival order: a client that goes away aborts its inputs one by one, O(1) each
+        self.waiting: dict[str, tuple[PoolingRequest, float]] = {}
         self.num_failed_steps_in_a_row = 0
         self.num_steps = 0
         self.num_rows = 0  # inputs run, for the batch-size figure (num_rows / num_steps)
@@ -66,14 +66,14 @@ class PoolingEngine:
     def add_request(self, request: PoolingRequest, request_id: str) -> str:
         if not isinstance(request, PoolingRequest):
             raise RequestError("an encoder model takes encoder inputs (embeddings, scores, classification), not prompts", param="model")
-        self.waiting.append((request_id, request, time.monotonic()))
+        self.waiting[request_id] = (request, time.monotonic())
         return request_id
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting)
 
     def abort(self, request_id: str) -> RequestOutput | None:
-        self.waiting = deque(item for item in self.waiting if item[0] != request_id)
+        self.waiting.pop(request_id, None)
         return None
 
     def stats(self) -> EngineStats:
@@ -83,10 +83,13 @@ class PoolingEngine:
         batch: list[tuple[str, PoolingRequest, float]] = []
         longest = 0
         while self.waiting and len(batch) < self.max_num_seqs:
-            longer = max(longest, len(self.waiting[0][1].token_ids))
+            request_id = next(iter(self.waiting))
+            request, arrived = self.waiting[request_id]
+            longer = max(longest, len(request.token_ids))
             if batch and longer * (len(batch) + 1) > self.max_num_batched_tokens:
                 break
-            batch.append(self.waiting.popleft())
+            del self.waiting[request_id]
+            batch.append((request_id, request, arrived))
             longest = longer
         return batch
 
