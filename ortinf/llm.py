@@ -121,8 +121,8 @@ class LLM:
             if p.num_beams > 1:  # one search gives the n samples (ortinf/tasks/beams.py)
                 programs.append(BeamSearches([prepared] * p.n, engine, str(i)))
             else:  # one output per sample, when it finishes: no per-step copies
-                programs.append(Samples([replace(prepared, params=replace(prepared.params.for_sample(j), output_kind="final_only"))
-                                         for j in range(p.n)]))
+                final = replace(prepared.options, output_kind="final_only")
+                programs.append(Samples([replace(prepared, params=prepared.params.for_sample(j), options=final) for j in range(p.n)]))
         bar = tqdm(total=len(programs), desc="generating", disable=not use_tqdm)
         try:
             driver.run(engine, programs, on_step=lambda: bar.update(sum(p.complete for p in programs) - bar.n))

@@ -176,7 +176,7 @@ def _reply(engine: LLMEngine, chat: Chat, messages: list[dict], params: dict, st
     from ortinf.tasks.programs import Samples
 
     prompt = chat.prompt(chat.parse(messages))
-    prepared = engine.prepare(prompt, SamplingParams(**params, output_kind="delta"), images=images or ())
+    prepared = engine.prepare(prompt, SamplingParams(**params), images=images or (), output_kind="delta")
     text = ""
     outputs = driver.steps(engine, [Samples([prepared], keep=False)])
     try:

@@ -21,12 +21,12 @@ def stream_generation(package: Path, prompt: str | list[int], engine_options: di
     from ortinf.tasks import driver
     from ortinf.tasks.programs import Samples
 
-    sampling = SamplingParams(**params, output_kind="delta")
+    sampling = SamplingParams(**params)
     config = EngineConfig(package_dir=package, **{**engine_options, "max_num_seqs": 1})
     engine = LLMEngine(config)
     start = time.monotonic()
     output = None
-    for _, _, output in driver.steps(engine, [Samples([engine.prepare(prompt, sampling)], keep=False)]):
+    for _, _, output in driver.steps(engine, [Samples([engine.prepare(prompt, sampling, output_kind="delta")], keep=False)]):
         completion = output.outputs[0]  # deltas: each output holds only the new tokens and text (a failed step raises)
         if engine.tokenizer:
             sys.stdout.write(completion.text)

@@ -32,7 +32,6 @@ def prepare_samples(model: ServedModel, prompts: list, body_params, n: int, stre
     `body`: the request, for its priority and cache_salt (`cache_salt`: a route's salt without such a body, the
     Responses API's); `images`: a chat's images (one prompt), in order."""
     engine = model.require_engine().engine
-    body_params = replace(body_params, output_kind="delta" if stream else "final_only")
     priority, salt = (body.priority, body.cache_salt) if body is not None else (0, cache_salt)
     prepared = []
     for prompt in prompts:
@@ -40,7 +39,7 @@ def prepare_samples(model: ServedModel, prompts: list, body_params, n: int, stre
             raise APIError(400, "the prompt is empty", param="prompt")
         # tokenised and checked once per prompt
         first = engine.prepare(prompt, body_params, model.lora_name, add_special_tokens=add_special_tokens, priority=priority,
-                               cache_salt=salt, images=images or ())
+                               cache_salt=salt, images=images or (), output_kind="delta" if stream else "final_only")
         if first.params.num_beams > 1:  # one beam search gives the n samples (ortinf/tasks/beams.py)
             prepared += [first] * n
         else:

@@ -1,7 +1,7 @@
 """Beam search on the one engine: each step, one ordinary request per live beam.
 
 A beam's step request is its prompt plus the beam's tokens (PreparedRequest.output_token_ids, so the
-rules count them as output: min_tokens, forced EOS), asks for `beam_candidates` best next tokens, and
+rules count them as output: min_tokens, forced EOS), asks for `top_candidates` best next tokens, and
 ends after that one step (ortinf/runtime/core/stopping.py). ortinf/runtime/sample/beam_search.py picks the next beams
 from them. Nothing is copied between beams: the prefix cache shares every full block of a beam's
 history with its parent's, by reference count (a block hit is a reference, not a copy), so a step
@@ -46,8 +46,8 @@ class BeamRun:
         self.search = BeamSearch(params.num_beams, params.max_tokens, (*self.eos_ids, *params.stop_token_ids),
                                  params.length_penalty, params.early_stopping)
         # greedy: the step's own sampled token is never used, only its candidates
-        self.step_params = replace(params, n=1, num_beams=1, beam_candidates=self.search.num_candidates, temperature=0.0, top_p=1.0,
-                                   top_k=0, min_p=0.0, seed=None, output_kind="final_only")
+        self.step_params = replace(params, n=1, num_beams=1, temperature=0.0, top_p=1.0, top_k=0, min_p=0.0, seed=None)
+        self.step_options = replace(prepared.options, top_candidates=self.search.num_candidates, output_kind="final_only")
         self.num_cached_tokens: int | None = None
         self.num_steps = 0
 
@@ -57,13 +57,14 @@ class BeamRun:
 
     def step_requests(self) -> list[PreparedRequest]:
         """One request per live beam, in the search's beam order."""
-        return [replace(self.prepared, params=self.step_params, output_token_ids=beam.token_ids) for beam in self.search.beams]
+        return [replace(self.prepared, params=self.step_params, options=self.step_options, output_token_ids=beam.token_ids)
+                for beam in self.search.beams]
 
     def advance(self, outputs: Sequence[RequestOutput]) -> None:
         """Takes the finished step requests (in step_requests' order) and moves the search on."""
         if self.num_cached_tokens is None:
             self.num_cached_tokens = outputs[0].num_cached_tokens
-        self.search.advance([o.beam_candidates or [] for o in outputs])
+        self.search.advance([o.candidates or [] for o in outputs])
         self.num_steps += 1
 
     def outputs(self, request_id: str) -> list[RequestOutput]:

@@ -7,7 +7,7 @@ and capped at num_tokens - 1, because the last token must be computed to produce
 Blocks are cached only after the step that wrote their K/V (`cache_blocks`), never at allocation:
 the graph writes new K/V after it runs, so a request in the same step must not read them.
 
-A beam search's step requests (ortinf/tasks/beams.py) also leave their last, partly filled block
+One-step requests (RequestOptions.top_candidates: a beam search's steps, ortinf/tasks/beams.py) also leave their last, partly filled block
 cached when they end (`num_partial` slots of it computed), under its prefix: the next step's request
 that extends that beam takes it over whole (it is unhashed, so one request only; a second child of the
 same beam recomputes those tokens), instead of recomputing the tokens past the last full block.
@@ -90,7 +90,7 @@ class KVCacheManager:
                 break
             hits.append(block)
         num_hit_tokens = len(hits) * self.block_size
-        if request.sampling_params.beam_candidates and len(hits) == max_blocks:  # a beam's last step left its partial block?
+        if request.options.top_candidates and len(hits) == max_blocks:  # a beam's last step left its partial block?
             tail = self._tail_key(request, keys[-1][0] if keys else request.cache_salt, len(hits) * self.block_size, request.num_tokens - 1)
             if tail is not None:
                 block = self.pool.get_cached_block(*tail)
@@ -206,7 +206,7 @@ class KVCacheManager:
 
     def free(self, request: Request) -> None:
         """Releases all blocks of the request, tail first (tail blocks are evicted first)."""
-        if self.enable_caching and request.sampling_params.beam_candidates:
+        if self.enable_caching and request.options.top_candidates:
             self._cache_tail(request)
         self.free_id(request.request_id)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from ortinf.runtime.sample.request_options import DEFAULT, RequestOptions
 from ortinf.runtime.sample.sampling_params import SamplingParams
 from ortinf.runtime.worker.encoder_input import EncoderInput, PlacedImage
 
@@ -54,6 +55,7 @@ class Request:
     priority: int = 0  # lower runs first under the priority scheduling policy
     salt: str | None = None  # the client's cache_salt (vLLM's)
     images: tuple[PlacedImage, ...] = ()  # a vision-language request's images, where their placeholders are
+    options: RequestOptions = DEFAULT  # what its front-end asks of the engine (output kind, candidates, rules)
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids)

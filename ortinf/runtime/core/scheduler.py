@@ -208,7 +208,7 @@ class Scheduler:
         """Proposals for a decoding request (n-gram lookup now, or the draft model's from before the
         step), within its token, context and step budgets."""
         spec = self.config.speculative
-        if spec is None or not can_speculate(request.sampling_params, request.num_output_tokens):
+        if spec is None or not can_speculate(request.sampling_params, request.options, request.num_output_tokens):
             return []
         if spec.disable_by_batch_size is not None and len(self.running) > spec.disable_by_batch_size:
             return []
@@ -234,7 +234,7 @@ class Scheduler:
         if spec is None or (spec.disable_by_batch_size is not None and len(self.running) > spec.disable_by_batch_size):
             return []
         return [(r, self.proposal_limit(r)) for r in self.running
-                if r.num_tokens - r.num_computed_tokens == 1 and can_speculate(r.sampling_params, r.num_output_tokens)]
+                if r.num_tokens - r.num_computed_tokens == 1 and can_speculate(r.sampling_params, r.options, r.num_output_tokens)]
 
     def _scheduled(self, request: Request, num_new: int) -> ScheduledRequest:
         start = request.num_computed_tokens
@@ -247,6 +247,7 @@ class Scheduler:
             block_ids=self.kv_cache.block_ids(request.request_id),
             sample=start + num_new == request.num_tokens,
             sampling_params=request.sampling_params,
+            options=request.options,
             all_token_ids=request.all_token_ids,
             num_prompt_tokens=request.num_prompt_tokens,
             num_output_tokens=request.num_output_tokens,

@@ -4,8 +4,8 @@ A step gives a request one sampled token, or several (speculative decoding accep
 one). `judge` walks them in order and stops at the first token that ends the request, so the tokens
 after it are never appended: token ids, logprobs and `usage` are cut together, once, here.
 
-A beam search's step request (SamplingParams.beam_candidates) ends after its one step, whatever it
-sampled: the search (ortinf/tasks/beams.py) reads its candidates and decides.
+A one-step request (RequestOptions.top_candidates: a beam search's step) ends after its one step,
+whatever it sampled: the search (ortinf/tasks/beams.py) reads its candidates and decides.
 
 Per token, in this order:
 1. EOS (unless ignore_eos) or a stop token id, once min_tokens are out (EOS is not text; a stop
@@ -42,7 +42,7 @@ def judge(request: Request, tokens: Sequence[int], detokenizer: IncrementalDetok
     """The verdict on one step's sampled `tokens` for `request` (not yet appended to it). Feeds the
     kept tokens' text to `detokenizer` (None: a package without a tokenizer has no stop strings)."""
     params = request.sampling_params
-    if params.beam_candidates:
+    if request.options.top_candidates:
         return Verdict(len(tokens), FinishReason.LENGTH)
     before = request.num_output_tokens
     if params.max_tokens is not None and before >= params.max_tokens:  # max_tokens 0: the prompt's logprobs only (echo)

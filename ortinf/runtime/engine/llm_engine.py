@@ -23,8 +23,10 @@ from ortinf.runtime.engine.draft_proposer import DraftProposer
 from ortinf.runtime.engine.output_processor import OutputProcessor
 from ortinf.runtime.engine.outputs import CompletionOutput, EngineStats, RequestOutput
 from ortinf.runtime.sample.decoder_rules import DecoderRules
+from ortinf.runtime.sample.request_options import DEFAULT, RequestOptions
 from ortinf.runtime.sample.sampling_params import SamplingParams
 from ortinf.runtime.sample.structured_output import GrammarCompiler, one_line
+from ortinf.runtime.sample.whisper_rules import SpeechRules
 from ortinf.runtime.worker.cross_encoder import CrossEncoder
 from ortinf.runtime.worker.decoder_graph import DecoderGraph, cpu_kernels, pool_spec
 from ortinf.runtime.worker.encoder_input import EncoderInput, PlacedImage
@@ -51,6 +53,7 @@ class PreparedRequest:
     cache_salt: str | None = None  # a client's prefix-cache salt: blocks are shared only under the same salt
     output_token_ids: tuple[int, ...] = ()  # tokens already generated (a beam's, ortinf/tasks/beams.py): computed as the prompt is
     images: tuple[PlacedImage, ...] = ()  # a vision-language request's images and where their placeholders are
+    options: RequestOptions = DEFAULT  # what the front-end asks of the engine beside the client's params
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -96,14 +99,16 @@ class LLMEngine:
         encoder = rules = None
         if self.encoder_decoder:
             encoder = CrossEncoder(config.package_dir, manifest, self.graph.pool, found, config.intra_op_threads)
-        if self.seq2seq is not None:  # Whisper's rules depend on the request (timestamps): its logits processors
+        if self.seq2seq is not None:  # Marian, BART: every request's; Whisper's are chosen by request data (timestamps)
             rules = DecoderRules.load(config.package_dir, spec.vocab_size)
+        speech_rules = SpeechRules.load(config.package_dir, spec.vocab_size, manifest.eos_token_ids) if self.speech is not None else None
         vision = None
         if manifest.vision is not None:  # image embeddings in the graph's type (ortinf/exporter/vision_language.py)
             embeds_type = next(i.type for i in self.graph.session.get_inputs() if i.name == "image_embeds")
             vision = VisionEncoder(config.package_dir, manifest, found, config.intra_op_threads,
                                    np.dtype(np.float16 if "float16" in embeds_type else np.float32), config.cpu_kernel)
-        self.runner = ModelRunner(self.graph, seed=config.seed, grammars=self.grammars, encoder=encoder, rules=rules, vision=vision)
+        self.runner = ModelRunner(self.graph, seed=config.seed, grammars=self.grammars, encoder=encoder, rules=rules, vision=vision,
+                                 speech_rules=speech_rules)
         self.draft = self._draft_proposer(config, num_blocks, found)
         self.num_failed_steps_in_a_row = 0
         self._lora_loads = 0
@@ -188,17 +193,19 @@ class LLMEngine:
 
     def prepare(self, prompt: str | Sequence[int], params: SamplingParams | None = None, lora_name: str | None = None, *,
                 add_special_tokens: bool = True, priority: int = 0, cache_salt: str | None = None,
-                images: Sequence[object] = ()) -> PreparedRequest:
+                images: Sequence[object] = (), output_kind: str = "cumulative") -> PreparedRequest:
         """Tokenises and validates a request without touching engine state (safe from any thread).
         `lora_name`: a loaded LoRA adapter to run the request with (None: the base model);
         `priority`: lower runs first (only under the priority scheduling policy; 0 otherwise);
         `cache_salt`: prefix-cache blocks are shared only between requests with the same salt;
         `images` (a vision-language package's: PIL images, encoded bytes, paths or uint8 arrays): one per image
-        placeholder token of the prompt, which becomes the image's tokens (ortinf/runtime/worker/images.py)."""
+        placeholder token of the prompt, which becomes the image's tokens (ortinf/runtime/worker/images.py);
+        `output_kind`: what each of its outputs holds (RequestOptions)."""
         if priority and self.config.scheduling_policy != "priority":
             raise RequestError("priority needs the priority scheduling policy: serve with --scheduling-policy priority "
                                "(or send priority 0)", param="priority")
-        prepared = self._prepare(prompt, params or SamplingParams(), lora_name, add_special_tokens)
+        options = RequestOptions(output_kind=output_kind) if output_kind != DEFAULT.output_kind else DEFAULT
+        prepared = self._prepare(prompt, params or SamplingParams(), lora_name, add_special_tokens, options)
         if images or (self.manifest.vision is not None and self.manifest.vision.image_token_id in prepared.token_ids):
             prepared = self._place_images(prepared, list(images))
         return replace(prepared, priority=priority, cache_salt=cache_salt) if priority or cache_salt else prepared
@@ -221,7 +228,8 @@ class LLMEngine:
         check_fits(len(ids), params.max_tokens, self.max_model_len)
         return replace(prepared, token_ids=ids, params=params, images=placed, text=None)
 
-    def _prepare(self, prompt: str | Sequence[int], params: SamplingParams, lora_name: str | None, add_special_tokens: bool) -> PreparedRequest:
+    def _prepare(self, prompt: str | Sequence[int], params: SamplingParams, lora_name: str | None, add_special_tokens: bool,
+                 options: RequestOptions) -> PreparedRequest:
         if lora_name is not None and lora_name not in self.lora_names():
             loaded = ", ".join(self.lora_names()) or "none"
             raise RequestError(f"no LoRA adapter named '{lora_name}' is loaded (loaded: {loaded})", param="model")
@@ -235,7 +243,7 @@ class LLMEngine:
                 raise RequestError("structured output needs the package's tokenizer", param=params.structured_output.param)
             self.grammars.compile(params.structured_output)  # compiled (or found cached) here, off the engine loop
         if params.bad_words:
-            params = replace(params, bad_words_ids=params.bad_words_ids + self._bad_words_ids(params.bad_words))
+            options = replace(options, bad_words_ids=self._bad_words_ids(params.bad_words))
         if isinstance(prompt, str) and params.truncate_prompt_tokens is None and len(prompt) > self.max_prompt_chars:
             if self.seq2seq is not None:
                 raise RequestError(f"a source must hold 1 to {self.max_prompt_tokens} tokens: {len(prompt)} characters are more "
@@ -246,7 +254,7 @@ class LLMEngine:
             raise RequestError("a speech-recognition model takes audio: transcribe it (LLM.transcribe, ortinf transcribe, "
                                "/v1/audio/transcriptions)", param="prompt")
         if self.seq2seq is not None:
-            return self._prepare_source(prompt, params)
+            return replace(self._prepare_source(prompt, params), options=options)
         text, token_ids = self.tokenize(prompt, add_special_tokens)
         if params.truncate_prompt_tokens is not None and len(token_ids) > params.truncate_prompt_tokens:
             text, token_ids = None, token_ids[-params.truncate_prompt_tokens:]  # the prompt's end is what the model continues
@@ -255,7 +263,7 @@ class LLMEngine:
                 raise RequestError(f"the prompt has {len(token_ids)} tokens; the context length is {self.max_model_len}", param="prompt")
             params = replace(params, max_tokens=self.max_model_len - len(token_ids))
         check_fits(len(token_ids), params.max_tokens, self.max_model_len)
-        return PreparedRequest(text, token_ids, params, lora_name)
+        return PreparedRequest(text, token_ids, params, lora_name, options=options)
 
     def _prepare_source(self, prompt: str | Sequence[int], params: SamplingParams) -> PreparedRequest:
         """An encoder-decoder's request: the prompt is the encoder's source; the decoder starts from its
@@ -299,6 +307,8 @@ class LLMEngine:
         prepared = prompt if isinstance(prompt, PreparedRequest) else self.prepare(prompt, params, lora_name)
         if prepared.lora_name is not None and prepared.lora_name not in self._lora_keys:  # unloaded since prepare()
             raise RequestError(f"no LoRA adapter named '{prepared.lora_name}' is loaded", param="model")
+        if prepared.options.whisper_timestamps is not None and self.speech is None:
+            raise RequestError("Whisper's decoding rules are for speech-recognition packages", param="prompt")
         request = Request(
             request_id=request_id if request_id is not None else str(next(self._ids)),
             prompt_token_ids=prepared.token_ids,
@@ -311,6 +321,7 @@ class LLMEngine:
             priority=prepared.priority,
             salt=prepared.cache_salt,
             images=prepared.images,
+            options=prepared.options,
         )
         for token in prepared.output_token_ids:  # a beam's tokens so far: the rules (min_tokens, forced EOS) count them
             request.append_output_token(token)
@@ -383,7 +394,8 @@ class LLMEngine:
             merged.prompt_logprobs.update(output.prompt_logprobs)
             merged.format_complete.update(output.format_complete)
             merged.cannot_continue.update(output.cannot_continue)
-            merged.beam_candidates.update(output.beam_candidates)
+            merged.candidates.update(output.candidates)
+            merged.watched.update(output.watched)
         if not kept:  # nothing ran: the step failed as a whole
             raise exc
         results = []

@@ -42,7 +42,7 @@ class RequestMetrics:
 @dataclass(slots=True)
 class RequestOutput:
     """A request after a step: everything so far, or with `delta` only what is new since its previous
-    output (SamplingParams.output_kind)."""
+    output (RequestOptions.output_kind)."""
 
     request_id: str
     prompt: str | None
@@ -55,8 +55,10 @@ class RequestOutput:
     error: Exception | None = None  # set when an engine step failed this request (it is finished)
     num_output_tokens: int = 0  # tokens generated so far in all, whatever the output kind (metrics read it)
     delta: bool = False
-    # a beam search's step request: its best next (token, log-probability) pairs (ortinf/tasks/beams.py)
-    beam_candidates: list[tuple[int, float]] | None = None
+    # a one-step request's best next (token, log-probability) pairs (RequestOptions.top_candidates: ortinf/tasks/beams.py)
+    candidates: list[tuple[int, float]] | None = None
+    # the watched tokens' log-probabilities at the last sampled position, before any rule (RequestOptions.watch_token_ids)
+    watched: dict[int, float] | None = None
     pooled: np.ndarray | None = field(default=None, repr=False)  # an encoder request's output row (ortinf/runtime/engine/pooling_engine.py)
 
     def followed_by(self, later: RequestOutput) -> RequestOutput:

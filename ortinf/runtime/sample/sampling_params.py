@@ -1,9 +1,10 @@
-"""SamplingParams: how one request samples and when it stops. Validated once, at construction."""
+"""SamplingParams: how one request samples and when it stops, as the client asked; validated once, at
+construction. What the engine's front-ends ask beside it (output kind, beam candidates, Whisper's rules)
+is RequestOptions (ortinf/runtime/sample/request_options.py)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -16,9 +17,6 @@ MAX_BEAMS = 32
 EARLY_STOPPING = (True, False, "never")  # transformers' values
 SEED_RANGE = 2**64  # numpy's generators take seeds in [0, 2**64); any int maps into it (vLLM's rule)
 GREEDY_BELOW = 1e-5  # a temperature below this is greedy: dividing logits by it overflows float32 (vLLM's rule)
-
-
-OUTPUT_KINDS = ("cumulative", "delta", "final_only")
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,16 +51,6 @@ class SamplingParams:
     allowed_token_ids: tuple[int, ...] | None = None  # only these may be sampled
     truncate_prompt_tokens: int | None = None  # keep only the last k prompt tokens (vLLM's rule)
     bad_words: tuple[str, ...] = ()  # words that may not be generated (vLLM's rule: their last token is banned where it would complete one)
-    bad_words_ids: tuple[tuple[int, ...], ...] = ()  # the same as token sequences (filled from bad_words by the engine)
-    # What each engine output of the request holds (vLLM's RequestOutputKind): "cumulative", everything so
-    # far; "delta", only what is new since the request's previous output (the server's: no O(n) copy
-    # per step); "final_only", one output when it finishes (LLM.generate's).
-    output_kind: str = "cumulative"
-    # The engine's front-ends only (never set from an HTTP body): functions (output token ids so far, the
-    # row of logits) -> the row, applied first at every sampled position, as vLLM v0's logits processors.
-    # The request's logprobs are those of the processed row (transformers' scores): Whisper's timestamp
-    # rules and its fallback's mean log-probability (ortinf/tasks/speech/transcriber.py).
-    logits_processors: tuple[Callable[[Sequence[int], np.ndarray], np.ndarray], ...] = ()
     # Beam search (ortinf/runtime/sample/beam_search.py, transformers' rules): num_beams > 1 searches that many
     # beams and returns the n best hypotheses; length_penalty divides a hypothesis' log-probability by its
     # length to that power; early_stopping True ends once num_beams hypotheses are done, "never" only when
@@ -70,10 +58,6 @@ class SamplingParams:
     num_beams: int = 1
     length_penalty: float = 1.0
     early_stopping: bool | str = False
-    # The beam search's own step requests only (never set from an HTTP body): the step computes the
-    # request's tokens, returns this many best next tokens with their log-probabilities under the
-    # request's rules (RequestOutput.beam_candidates), and ends.
-    beam_candidates: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -112,8 +96,6 @@ class SamplingParams:
         if self.truncate_prompt_tokens is not None and (not isinstance(self.truncate_prompt_tokens, int) or self.truncate_prompt_tokens < 1):
             raise RequestError(f"truncate_prompt_tokens must be a positive integer, got {self.truncate_prompt_tokens}",
                                param="truncate_prompt_tokens")
-        if self.output_kind not in OUTPUT_KINDS:
-            raise RequestError(f"output_kind must be one of {', '.join(OUTPUT_KINDS)}, got {self.output_kind!r}", param="output_kind")
         if not isinstance(self.n, int) or self.n < 1:
             raise RequestError(f"n must be a positive integer, got {self.n}", param='n')
         if self.seed is not None:
@@ -145,13 +127,6 @@ class SamplingParams:
         object.__setattr__(self, "bad_words", tuple(self.bad_words))
         if any(not isinstance(w, str) or not w for w in self.bad_words):
             raise RequestError("bad_words must be non-empty strings", param="bad_words")
-        words = tuple(tuple(_token_id("bad_words", t) for t in word) for word in self.bad_words_ids)
-        if any(not word for word in words):
-            raise RequestError("bad_words must not be empty", param="bad_words")
-        object.__setattr__(self, "bad_words_ids", words)
-        object.__setattr__(self, "logits_processors", tuple(self.logits_processors))
-        if not all(callable(p) for p in self.logits_processors):
-            raise RequestError("logits_processors must be functions (output ids, logits) -> logits", param="logits_processors")
         self._check_beams()
 
     def _check_beams(self) -> None:
@@ -162,8 +137,6 @@ class SamplingParams:
             raise RequestError(f"length_penalty must be in [-10, 10], got {self.length_penalty}", param="length_penalty")
         if self.early_stopping not in EARLY_STOPPING or not isinstance(self.early_stopping, (bool, str)):
             raise RequestError(f"early_stopping must be true, false or \"never\", got {self.early_stopping!r}", param="early_stopping")
-        if not isinstance(self.beam_candidates, int) or self.beam_candidates < 0:
-            raise RequestError("beam_candidates must be a non-negative integer", param="beam_candidates")
         if self.num_beams == 1:
             return
         if self.max_tokens is not None and self.max_tokens < 1:
@@ -194,8 +167,7 @@ class SamplingParams:
     @property
     def token_ids_to_check(self) -> tuple[int, ...]:
         """Every token id the request names, to be checked against the model's vocabulary."""
-        return (*self.stop_token_ids, *(t for t, _ in self.logit_bias), *(self.allowed_token_ids or ()),
-                *(t for word in self.bad_words_ids for t in word))
+        return (*self.stop_token_ids, *(t for t, _ in self.logit_bias), *(self.allowed_token_ids or ()))
 
     @property
     def has_penalties(self) -> bool:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ortinf.errors import ConfigError
+from ortinf.runtime.sample.request_options import RequestOptions
 from ortinf.runtime.sample.sampling_params import SamplingParams
 
 METHODS = ("ngram", "draft_model")
@@ -107,10 +108,10 @@ class SpecStats:
         return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
 
 
-def can_speculate(params: SamplingParams, num_output_tokens: int) -> bool:
+def can_speculate(params: SamplingParams, options: RequestOptions, num_output_tokens: int) -> bool:
     """Whether a request's next distributions do not depend on what is accepted within the step."""
-    return not (params.has_penalties or params.structured_output is not None or params.bad_words_ids
-                or num_output_tokens < params.min_tokens or params.beam_candidates)
+    return not (params.has_penalties or params.structured_output is not None or options.bad_words_ids
+                or num_output_tokens < params.min_tokens or options.top_candidates or options.whisper_timestamps is not None)
 
 
 def propose_ngram(token_ids: list[int], config: SpeculativeConfig, limit: int) -> list[int]:

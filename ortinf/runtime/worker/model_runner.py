@@ -20,6 +20,7 @@ from ortinf.runtime.sample.decoder_rules import DecoderRules
 from ortinf.runtime.sample.sampler import Sampler, log_softmax
 from ortinf.runtime.sample.speculative import verify
 from ortinf.runtime.sample.structured_output import GrammarCompiler
+from ortinf.runtime.sample.whisper_rules import SpeechRules
 from ortinf.runtime.worker.call_planner import plan_calls
 from ortinf.runtime.worker.cross_encoder import CrossEncoder
 from ortinf.runtime.worker.decoder_graph import DecoderGraph
@@ -34,11 +35,13 @@ class ModelRunner:
     """Executes steps on a DecoderGraph; keeps one RNG per seeded request."""
 
     def __init__(self, graph: DecoderGraph, seed: int | None = None, grammars: GrammarCompiler | None = None,
-                 encoder: CrossEncoder | None = None, rules: DecoderRules | None = None, vision: VisionEncoder | None = None) -> None:
+                 encoder: CrossEncoder | None = None, rules: DecoderRules | None = None, vision: VisionEncoder | None = None,
+                 speech_rules: SpeechRules | None = None) -> None:
         self.graph = graph
         self.vision = vision  # a vision-language package's: the image embeddings of the positions a step covers
         self.encoder = encoder  # an encoder-decoder's: runs first for the requests whose cross blocks wait for it
-        self.rules = rules  # an encoder-decoder's generation rules (suppressed and forced tokens)
+        self.rules = rules  # a Marian or BART package's generation rules (suppressed and forced tokens), every request's
+        self.speech_rules = speech_rules  # a Whisper package's, for the requests whose options ask for them
         self.sampler = Sampler()
         self.shared_generator = np.random.default_rng(seed)
         self.grammars = grammars
@@ -147,6 +150,11 @@ class ModelRunner:
     def _sample(self, requests: list[ScheduledRequest], logits: np.ndarray, output: ModelRunnerOutput,
                 grammar_masks: dict[int, np.ndarray] | None) -> None:
         params = [s.sampling_params for s in requests]
+        for row, s in enumerate(requests):
+            if s.options.watch_token_ids:
+                ids = [t for t in s.options.watch_token_ids if 0 <= t < logits.shape[-1]]
+                row_logprobs = log_softmax(np.asarray(logits[row : row + 1], dtype=np.float32))[0]
+                output.watched[s.request_id] = {t: float(row_logprobs[t]) for t in ids}
         logits = self._processed(requests, logits)
         histories = [
             (s.all_token_ids[: s.num_prompt_tokens], s.all_token_ids[s.num_prompt_tokens :]) if s.sampling_params.has_penalties else ((), ())
@@ -161,10 +169,10 @@ class ModelRunner:
                 allowed[row] = None  # sampled anyway (all -inf would be NaN), then dropped
         tokens, logprobs = self.sampler(logits, params, histories, generators, banned, allowed)
         for row, s in enumerate(requests):
-            if s.sampling_params.beam_candidates and s.request_id not in output.cannot_continue:
+            if s.options.top_candidates and s.request_id not in output.cannot_continue:
                 forced = self.rules.forced(s.num_output_tokens, s.sampling_params.max_tokens) if self.rules else None
-                output.beam_candidates[s.request_id] = ([(forced, 0.0)] if forced is not None else  # transformers scores a forced token 0
-                                                        beam_candidates(logits[row], banned[row], allowed[row], s.sampling_params.beam_candidates))
+                output.candidates[s.request_id] = ([(forced, 0.0)] if forced is not None else  # transformers scores a forced token 0
+                                                   top_candidates(logits[row], banned[row], allowed[row], s.options.top_candidates))
         constrained: list[tuple[str, int]] = []
         for row, (s, token) in enumerate(zip(requests, tokens.tolist())):
             if s.request_id in output.cannot_continue:
@@ -185,19 +193,14 @@ class ModelRunner:
                 elif complete:
                     output.format_complete.add(rid)
 
-    @staticmethod
-    def _processed(requests: list[ScheduledRequest], logits: np.ndarray) -> np.ndarray:
-        """The rows after their requests' logits processors (SamplingParams.logits_processors), in a copy."""
-        rows = [row for row, s in enumerate(requests) if s.sampling_params.logits_processors]
-        if not rows:
+    def _processed(self, requests: list[ScheduledRequest], logits: np.ndarray) -> np.ndarray:
+        """The rows of the requests that ask for the package's Whisper rules (RequestOptions.whisper_timestamps)
+        after them, in a copy: their logprobs are of the processed rows, as transformers' scores are."""
+        rows = [(row, s.all_token_ids[s.num_prompt_tokens :], s.options.whisper_timestamps) for row, s in enumerate(requests)
+                if s.options.whisper_timestamps is not None]
+        if not rows or self.speech_rules is None:  # LLMEngine.add_request refuses them on other packages
             return logits
-        logits = np.array(logits, dtype=np.float32)
-        for row in rows:
-            s = requests[row]
-            output_ids = s.all_token_ids[s.num_prompt_tokens :]
-            for processor in s.sampling_params.logits_processors:
-                logits[row] = processor(output_ids, logits[row])
-        return logits
+        return self.speech_rules.apply(logits, rows)
 
     def _verify(self, scheduled: ScheduledRequest, rows: np.ndarray, output: ModelRunnerOutput) -> None:
         """Replaces the request's one sampled token by the proposals its logits accept plus one
@@ -246,9 +249,9 @@ class ModelRunner:
         if scheduled.num_output_tokens < params.min_tokens:
             eos = () if params.ignore_eos else self.graph.manifest.eos_token_ids
             banned += (*eos, *params.stop_token_ids)
-        if params.bad_words_ids:
+        if scheduled.options.bad_words_ids:
             output_ids = scheduled.all_token_ids[scheduled.num_prompt_tokens :]
-            for word in params.bad_words_ids:
+            for word in scheduled.options.bad_words_ids:
                 prefix = list(word[:-1])
                 if len(output_ids) >= len(prefix) and list(output_ids[len(output_ids) - len(prefix):]) == prefix:
                     banned += (word[-1],)
@@ -265,7 +268,7 @@ class ModelRunner:
         return np.random.default_rng([seed, scheduled.num_output_tokens + offset])
 
 
-def beam_candidates(row: np.ndarray, banned: Sequence[int], allowed: np.ndarray | None, k: int) -> list[tuple[int, float]]:
+def top_candidates(row: np.ndarray, banned: Sequence[int], allowed: np.ndarray | None, k: int) -> list[tuple[int, float]]:
     """The k best (token, log-probability) of a row, best first, as transformers' beam search scores them:
     the log-softmax of the logits, then the rules' masks (bans, forced and allowed tokens) at -inf, not
     renormalised; -inf tokens are left out."""

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ortinf.runtime.sample.request_options import DEFAULT, RequestOptions
 from ortinf.runtime.sample.sampling_params import SamplingParams
 from ortinf.runtime.worker.encoder_input import EncoderInput, PlacedImage
 
@@ -38,6 +39,7 @@ class ScheduledRequest:
     cross_len: int = 0
     encoder_input: EncoderInput | None = None  # set the step its cross blocks must be written (the encoder runs first)
     images: tuple[PlacedImage, ...] = ()  # a vision-language request's images (the runner feeds those this chunk covers)
+    options: RequestOptions = DEFAULT  # the front-end's (candidates, watched tokens, Whisper's rules, bad words)
 
     @property
     def wants_prompt_logprobs(self) -> bool:
@@ -78,8 +80,10 @@ class ModelRunnerOutput:
     prompt_logprobs: dict[str, tuple[int, list[TokenLogprobs]]] = field(default_factory=dict)
     format_complete: set[str] = field(default_factory=set)  # the sampled token completed the request's grammar
     cannot_continue: dict[str, str] = field(default_factory=dict)  # no token may follow (grammar, allowed ids, bans): why
-    # a beam search's step requests: their best next (token, log-probability) pairs, best first (SamplingParams.beam_candidates)
-    beam_candidates: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    # one-step requests' best next (token, log-probability) pairs, best first (RequestOptions.top_candidates)
+    candidates: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    # the model's log-probabilities of the watched tokens, before any rule (RequestOptions.watch_token_ids)
+    watched: dict[str, dict[int, float]] = field(default_factory=dict)
 
 
 def top_logprobs(logprobs_row: np.ndarray, token_id: int, k: int) -> TokenLogprobs:

@@ -26,12 +26,10 @@ from ortinf.errors import ConfigError, RequestError
 from ortinf.manifest import SPEECH_RECOGNITION, Manifest
 from ortinf.providers.session import create_session
 from ortinf.runtime.engine.llm_engine import LLMEngine
-from ortinf.runtime.sample.decoder_rules import DecoderRules
 from ortinf.tasks import driver
 from ortinf.tasks.speech import languages
 from ortinf.tasks.speech.audio_features import HOP_LENGTH, SAMPLE_RATE, log_mel
 from ortinf.tasks.speech.longform import Decoding, Segment
-from ortinf.tasks.speech.whisper_timestamps import TimestampRules
 from ortinf.tasks.speech.windows import DETECT, Job, Window, WindowDecoder, WindowJob
 from ortinf.tasks.speech.word_timing import token_times, words
 
@@ -63,16 +61,13 @@ class Transcriber(WindowDecoder):
         self.max_model_len = self.engine.max_model_len
         self.decoder_start = self.speech.decoder_start_token_id
         self.source_positions = self.speech.source_positions
-        rules = DecoderRules.load(self.package, self.vocab_size)
-        self.suppress, self.begin_suppress = np.array(rules.suppress, np.int64), np.array(rules.begin_suppress, np.int64)
         added = self.tokenizer.get_added_tokens_decoder() if self.tokenizer is not None else {}
         self.special = {i for i, token in added.items() if token.special} | self.eos
         self.window_seconds = self.speech.window_samples / SAMPLE_RATE
         self.mel_filters = np.load(self.package / self.speech.mel_filters)
         self.language_ids = np.array(sorted(self.generation.get("lang_to_id", {}).values()), dtype=np.int64)
         no_timestamps = self.generation.get("no_timestamps_token_id")
-        self.rules = (TimestampRules(no_timestamps, manifest.eos_token_ids[0], self.generation.get("max_initial_timestamp_index"))
-                      if no_timestamps is not None and manifest.eos_token_ids else None)
+        self.rules = self.engine.runner.speech_rules.timestamps  # the engine applies them; segments are read with them here
         self.no_speech = no_timestamps - 1 if no_timestamps is not None else None  # <|nospeech|>, before <|notimestamps|>
         self.prompt = self._prompt()
         self.outcomes = {"kept": 0, "retried": 0, "skipped": 0}  # windows, for metrics

@@ -3,8 +3,9 @@
 A window is one engine request: its prompt the forced start (start of transcript, language, task, maybe
 no-timestamps, behind <|startofprev|> and a prompt or the text so far), its encoder input the window's
 log-mel (ortinf/runtime/worker/encoder_input.py: the engine gives it cross blocks, runs the encoder into them, caches
-them by the audio's digest, preempts and isolates failures as for text), and a logits processor that
-applies what transformers' generate does (suppressed tokens, the timestamp rules). This module is the
+them by the audio's digest, preempts and isolates failures as for text), and its options ask the engine
+for the package's Whisper rules (suppressed tokens, the timestamp rules: RequestOptions.whisper_timestamps,
+ortinf/runtime/sample/whisper_rules.py), as transformers' generate applies them. This module is the
 logic between requests, with no loop of its own: a job is a program (WindowJob, below) that the one driver
 (ortinf/tasks/driver.py) runs on an LLMEngine (ortinf/tasks/speech/transcriber.py) or on the server's AsyncEngine
 (ortinf/tasks/speech/async_transcriber.py):
@@ -19,8 +20,9 @@ logic between requests, with no loop of its own: a job is a program (WindowJob, 
 
 from __future__ import annotations
 
+import math
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +31,7 @@ import numpy as np
 from ortinf.errors import RequestError
 from ortinf.runtime.engine.llm_engine import PreparedRequest
 from ortinf.runtime.engine.outputs import RequestOutput
+from ortinf.runtime.sample.request_options import RequestOptions
 from ortinf.runtime.sample.sampling_params import GREEDY_BELOW, SEED_RANGE, SamplingParams
 from ortinf.runtime.worker.encoder_input import EncoderInput
 from ortinf.tasks.programs import Handed, Program
@@ -102,8 +105,6 @@ class WindowDecoder:
     max_model_len: int
     decoder_start: int
     source_positions: int
-    suppress: np.ndarray
-    begin_suppress: np.ndarray
     rules = None  # TimestampRules when the model has timestamp tokens
     no_speech: int | None = None  # <|nospeech|>
     language_ids = np.zeros(0, dtype=np.int64)
@@ -124,8 +125,13 @@ class WindowDecoder:
         needs_probe = DETECT in window.prompt or (job.decoding.no_speech_threshold is not None and self.no_speech is not None)
         if needs_probe and not window.probed:
             sot = len(window.prompt) - 1 - window.prompt[::-1].index(self.decoder_start)
-            params = SamplingParams(max_tokens=1, temperature=0.0, output_kind="final_only", logits_processors=(self._probe(window),))
-            return PreparedRequest(None, list(window.prompt[: sot + 1]), params, None, window.encoder), True
+            # the probe: the no-speech probability off the logits after the start of transcript, and the
+            # language (only language tokens may come) when it is to be detected
+            detect = DETECT in window.prompt and self.language_ids.size
+            params = SamplingParams(max_tokens=1, temperature=0.0, allowed_token_ids=tuple(self.language_ids.tolist()) if detect else None)
+            watch = (self.no_speech,) if job.decoding.no_speech_threshold is not None and self.no_speech is not None else ()
+            options = RequestOptions(output_kind="final_only", watch_token_ids=watch)
+            return PreparedRequest(None, list(window.prompt[: sot + 1]), params, None, window.encoder, options=options), True
         decoding = job.decoding
         budget = self.max_model_len - len(window.prompt)
         budget = min(job.max_new_tokens or budget, budget)
@@ -134,38 +140,10 @@ class WindowDecoder:
         temperature = decoding.temperatures[window.attempt]
         seed = None if decoding.seed is None else (decoding.seed * 1_000_003 + window.index * 1009 + window.attempt) % SEED_RANGE
         params = SamplingParams(max_tokens=budget, temperature=temperature if temperature >= GREEDY_BELOW else 0.0, seed=seed,
-                                logprobs=0, output_kind="final_only",  # the fallback's judge and verbose_json's avg_logprob
-                                logits_processors=(self._scores(job),))
-        return PreparedRequest(None, list(window.prompt), params, None, window.encoder), False
-
-    def _scores(self, job: Job) -> Callable[[Sequence[int], np.ndarray], np.ndarray]:
-        """The window's logits processor: what generate's processors do (suppressed tokens, and Whisper's
-        timestamp rules when the job has timestamps); the fallback's log-probabilities are of its output."""
-        def scores(output: Sequence[int], row: np.ndarray) -> np.ndarray:
-            row = row.astype(np.float32, copy=True)
-            if self.suppress.size:
-                row[self.suppress] = -np.inf
-            if not output and self.begin_suppress.size:
-                row[self.begin_suppress] = -np.inf
-            if job.timestamps:
-                row = self.rules.apply(row, list(output))
-            return row
-
-        return scores
-
-    def _probe(self, window: Window) -> Callable[[Sequence[int], np.ndarray], np.ndarray]:
-        """The probe's logits processor: it reads the no-speech probability off the logits after the start
-        of transcript, and leaves only the language tokens when the language is to be detected."""
-        def probe(output: Sequence[int], row: np.ndarray) -> np.ndarray:
-            if window.job.decoding.no_speech_threshold is not None and self.no_speech is not None:
-                window.no_speech_prob = float(_softmax(row)[self.no_speech])
-            if DETECT not in window.prompt:
-                return row
-            only = np.full(row.shape, -np.inf, dtype=np.float32)
-            only[self.language_ids] = row[self.language_ids]
-            return only
-
-        return probe
+                                logprobs=0)  # the fallback's judge and verbose_json's avg_logprob (of the rows after the rules)
+        # the package's Whisper rules (suppressed tokens; timestamps when the job has them), by the engine
+        options = RequestOptions(output_kind="final_only", whisper_timestamps=bool(job.timestamps))
+        return PreparedRequest(None, list(window.prompt), params, None, window.encoder, options=options), False
 
     def finished(self, window: Window, probe: bool, output: RequestOutput | BaseException) -> list[Window]:
         """A window's request ended (its last output, or the error its driver got): the windows to request
@@ -179,6 +157,8 @@ class WindowDecoder:
         completion = output.outputs[0]
         if probe:
             window.probed = True
+            if output.watched and self.no_speech in output.watched:
+                window.no_speech_prob = math.exp(output.watched[self.no_speech])
             if DETECT in window.prompt:
                 language = completion.token_ids[0]
                 window.prompt[window.prompt.index(DETECT)] = language
@@ -303,11 +283,6 @@ class WindowJob(Program):
             with self.lock:
                 following = self.decoder._close(window)
         return [request for nxt in following for request in self._requests(nxt)]
-
-
-def _softmax(row: np.ndarray) -> np.ndarray:
-    shifted = np.exp(row.astype(np.float64) - np.max(row))
-    return shifted / shifted.sum()
 
 
 __all__ = ["CANCELLED", "DETECT", "Job", "Window", "WindowDecoder", "WindowJob", "WindowStats"]

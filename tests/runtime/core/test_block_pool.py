@@ -9,6 +9,7 @@ from ortinf.errors import ConfigError
 from ortinf.runtime.core.block_pool import BlockPool
 from ortinf.runtime.core.kv_cache_manager import KVCacheManager
 from ortinf.runtime.core.request import Request
+from ortinf.runtime.sample.request_options import RequestOptions
 from ortinf.runtime.sample.sampling_params import SamplingParams
 
 
@@ -85,12 +86,12 @@ def test_bad_sizes_and_options():
 
 
 def test_a_beam_steps_partial_block_is_taken_over_by_one_request():
-    """A beam step (SamplingParams.beam_candidates) that ends leaves its partly filled last block cached; the next
+    """A beam step (RequestOptions.top_candidates) that ends leaves its partly filled last block cached; the next
     step's request extending the beam takes it over whole (the 6-token history it holds counts as computed), and a
     second request with the same history finds nothing (the block is unhashed, it will be written)."""
     manager = KVCacheManager(num_blocks=8, block_size=4)
-    step = SamplingParams(beam_candidates=4)
-    parent = Request("p", list(range(10, 16)), step)  # 6 tokens: one full block and 2 in the second
+    step = RequestOptions(top_candidates=4)
+    parent = Request("p", list(range(10, 16)), SamplingParams(), options=step)  # 6 tokens: one full block and 2 in the second
     hits, _ = manager.get_computed_blocks(parent)
     assert manager.allocate_slots(parent, 6, hits) is not None
     parent.num_computed_tokens = 6
@@ -99,11 +100,11 @@ def test_a_beam_steps_partial_block_is_taken_over_by_one_request():
     manager.free(parent)
     plain = Request("x", [*range(10, 16), 99], SamplingParams())
     assert manager.get_computed_blocks(plain)[1] == 4  # partial blocks are for a beam's next step only
-    child = Request("c", [*range(10, 16), 99], step)  # the parent's history plus the chosen token
+    child = Request("c", [*range(10, 16), 99], SamplingParams(), options=step)  # the parent's history plus the chosen token
     hits, num_hit_tokens = manager.get_computed_blocks(child)
     assert num_hit_tokens == 6 and hits[-1].num_partial == 2
     assert manager.allocate_slots(child, 1, hits) is not None
     assert hits[-1].num_partial == 0 and hits[-1].block_hash is None and manager.num_cached_blocks["c"] == 1
-    sibling = Request("s", [*range(10, 16), 98], step)
+    sibling = Request("s", [*range(10, 16), 98], SamplingParams(), options=step)
     assert manager.get_computed_blocks(sibling)[1] == 4  # the full block only
     manager.check_invariants()

@@ -83,7 +83,7 @@ def test_one_mailbox_for_several_requests_joins_what_a_slow_reader_missed(engine
     many steps gets one joined delta per request (never a backlog), and the joined deltas are transformers' tokens."""
     engine, model = engine_and_model
     prompts = [[5, 9, 13], [7, 7, 7, 7, 7], [3, 100, 200, 50]]
-    prepared = [engine.engine.prepare(p, SamplingParams(temperature=0, max_tokens=16, output_kind="delta")) for p in prompts]
+    prepared = [engine.engine.prepare(p, SamplingParams(temperature=0, max_tokens=16), output_kind="delta") for p in prompts]
 
     async def main():
         tokens: dict[int, list[int]] = {i: [] for i in range(len(prompts))}

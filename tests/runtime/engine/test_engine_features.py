@@ -173,14 +173,13 @@ def test_admission_rejects_what_cannot_fit(llama):
 def test_output_kinds_deltas_join_to_the_cumulative_output(decoder_package):
     """output_kind "delta": each output holds only what is new (tokens, text, logprobs), and joined
     they are the cumulative output; "final_only": one output per request, when it finishes."""
-    from dataclasses import replace as with_
 
     _, package = decoder_package("llama")
     base = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=1, stop=["zz"])
     outputs = {}
     for kind in ("cumulative", "delta", "final_only"):
         engine = make_engine(package)
-        request_id = engine.add_request([5, 6, 7, 8], with_(base, output_kind=kind))
+        request_id = engine.add_request(engine.prepare([5, 6, 7, 8], base, output_kind=kind))
         steps = []
         while engine.has_unfinished_requests():
             steps += [o for o in engine.step() if o.request_id == request_id]

@@ -11,6 +11,7 @@ from tokenizers import Tokenizer
 from ortinf.runtime.core.request import FinishReason, Request, RequestStatus
 from ortinf.runtime.core.stopping import judge
 from ortinf.runtime.engine.output_processor import OutputProcessor
+from ortinf.runtime.sample.request_options import RequestOptions
 from ortinf.runtime.sample.sampling_params import SamplingParams
 from ortinf.runtime.worker.scheduler_output import ModelRunnerOutput, TokenLogprobs
 
@@ -27,8 +28,8 @@ def tokenizer(tmp_path_factory) -> Tokenizer:
 def run(tokenizer: Tokenizer, kind: str, per_step: int = 2, **params):
     """Feeds TEXT's tokens `per_step` at a time as the engine does (judge, append, record, output)."""
     processor = OutputProcessor(tokenizer)
-    sampling = SamplingParams(output_kind=kind, logprobs=0, max_tokens=100, **params)
-    request = Request("r", [5, 6], sampling, eos_token_ids=(2,))
+    sampling = SamplingParams(logprobs=0, max_tokens=100, **params)
+    request = Request("r", [5, 6], sampling, eos_token_ids=(2,), options=RequestOptions(output_kind=kind))
     processor.add_request(request, "prompt")
     tokens = tokenizer.encode(TEXT, add_special_tokens=False).ids + [2]
     outputs = []

@@ -1,4 +1,4 @@
-"""ortinf/tasks/speech/whisper_timestamps.py against transformers' WhisperTimeStampLogitsProcessor: the same tokens
+"""ortinf.runtime.sample.whisper_rules.py against transformers' WhisperTimeStampLogitsProcessor: the same tokens
 allowed after random histories of text and timestamps, and segments read back from the tokens."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 import transformers
 from transformers.generation.logits_process import WhisperTimeStampLogitsProcessor
 
-from ortinf.tasks.speech.whisper_timestamps import TimestampRules
+from ortinf.runtime.sample.whisper_rules import TimestampRules
 
 NO_TS, EOS, VOCAB = 100, 50, 160  # timestamps are 101..159
 

@@ -1,4 +1,12 @@
-"""Whisper's timestamp tokens: the rules that keep them well-formed while decoding, and segments from them.
+"""Whisper's decoding rules, as the engine applies them to the rows of the requests that ask for them
+(RequestOptions.whisper_timestamps), and segments read back from timestamp tokens.
+
+SpeechRules: the package's generation config (suppressed tokens always, begin-suppressed ones as the first
+output token) and the timestamp rules, applied as transformers' generate applies its logits processors:
+before the scores it reports, so a request's logprobs are of the processed row (the fallback's
+average log-probability is transformers').
+
+Timestamp tokens:
 
 With timestamps on (no <|notimestamps|> in the prompt), Whisper writes `<|t0|> text <|t1|>` segments;
 token `timestamp_begin + i` (timestamp_begin = no_timestamps_token_id + 1) means i * 0.02 s into the
@@ -12,6 +20,10 @@ window. The rules, per step (openai/whisper's, as transformers' WhisperTimeStamp
 """
 
 from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -65,3 +77,40 @@ class TimestampRules:
                 found.append((start, time, text))
                 start, text = None, []
         return found
+
+
+class SpeechRules:
+    """A Whisper package's rules, applied to a batch's rows by request data (never by functions)."""
+
+    def __init__(self, suppress: Sequence[int], begin_suppress: Sequence[int], timestamps: TimestampRules | None) -> None:
+        self.suppress = np.asarray(suppress, dtype=np.int64)
+        self.begin_suppress = np.asarray(begin_suppress, dtype=np.int64)
+        self.timestamps = timestamps
+
+    @classmethod
+    def load(cls, package_dir: str | Path, vocab_size: int, eos_token_ids: Sequence[int]) -> SpeechRules:
+        """From the package's generation_config.json (ids past the vocabulary ignored; one-token bad words
+        are suppressed, as DecoderRules has them)."""
+        path = Path(package_dir) / "generation_config.json"
+        config = json.loads(path.read_text()) if path.is_file() else {}
+        banned = [w[0] for w in config.get("bad_words_ids") or [] if len(w) == 1]
+        no_timestamps = config.get("no_timestamps_token_id")
+        stamps = (TimestampRules(no_timestamps, eos_token_ids[0], config.get("max_initial_timestamp_index"))
+                  if no_timestamps is not None and eos_token_ids else None)
+        return cls([t for t in (config.get("suppress_tokens") or []) + banned if t < vocab_size],
+                   [t for t in config.get("begin_suppress_tokens") or [] if t < vocab_size], stamps)
+
+    def apply(self, logits: np.ndarray, rows: Sequence[tuple[int, Sequence[int], bool]]) -> np.ndarray:
+        """A float32 copy of `logits` with each (row, its output so far, timestamps?) processed."""
+        out = np.array(logits, dtype=np.float32)
+        for row, output, timestamps in rows:
+            if self.suppress.size:
+                out[row, self.suppress] = -np.inf
+            if not output and self.begin_suppress.size:
+                out[row, self.begin_suppress] = -np.inf
+            if timestamps and self.timestamps is not None:
+                out[row] = self.timestamps.apply(out[row], list(output))
+        return out
+
+
+__all__ = ["PRECISION", "SpeechRules", "TimestampRules"]
