@@ -15,10 +15,9 @@ from ortinf.errors import ConfigError, RequestError
 from ortinf.manifest import TEXT2TEXT
 from ortinf.runtime.engine.outputs import RequestOutput
 from ortinf.runtime.sample.sampling_params import SamplingParams
-from ortinf.tasks import driver
-from ortinf.tasks.beams import BeamSearches
+from ortinf.tasks import driver, text
 from ortinf.tasks.package import open_package
-from ortinf.tasks.programs import Program, Samples
+from ortinf.tasks.programs import Program
 
 Prompt = str | Sequence[int] | dict  # a dict: {"prompt": text or ids, "multi_modal_data": {"image": one or a list}} (vLLM's)
 
@@ -117,12 +116,8 @@ class LLM:
         programs: list[Program] = []
         for i, (prompt, p, adapter) in enumerate(zip(batch, params, loras)):  # every request checked before any runs
             prompt, images = _with_images(prompt)
-            prepared = engine.prepare(prompt, p, adapter, images=images)  # tokenised (and its images read) once
-            if p.num_beams > 1:  # one search gives the n samples (ortinf/tasks/beams.py)
-                programs.append(BeamSearches([prepared] * p.n, engine, str(i)))
-            else:  # one output per sample, when it finishes: no per-step copies
-                final = replace(prepared.options, output_kind="final_only")
-                programs.append(Samples([replace(prepared, params=prepared.params.for_sample(j), options=final) for j in range(p.n)]))
+            # one output per sample, when it finishes (no per-step copies); a beam search gives the n best
+            programs.append(text.program(engine, text.samples(engine, prompt, p, lora_name=adapter, images=images), str(i)))
         bar = tqdm(total=len(programs), desc="generating", disable=not use_tqdm)
         try:
             driver.run(engine, programs, on_step=lambda: bar.update(sum(p.complete for p in programs) - bar.n))

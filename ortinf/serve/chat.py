@@ -10,47 +10,16 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from ortinf.runtime.engine.llm_engine import PreparedRequest
-from ortinf.runtime.sample.sampling_params import SamplingParams
 from ortinf.serve import field_policy, responses
-from ortinf.serve.completions import cached_tokens, prepare_samples, request_ids, usage
-from ortinf.serve.errors import APIError
+from ortinf.serve.generation import cached_tokens, chat_params, prepare_samples, render_prompt, request_ids, split_reasoning, tool_plan, usage
 from ortinf.serve.logprobs import chat_logprobs, prompt_logprobs
 from ortinf.serve.models import ServedModel
 from ortinf.serve.protocol import ChatCompletionRequest
 from ortinf.serve.state import ServerState
 from ortinf.serve.streaming import admit_and_run, merged, prepare_off_loop, sse_stream
-from ortinf.tasks.chat import tool_parsers
-from ortinf.tasks.chat.tools import ToolPlan, held_back, plan
+from ortinf.tasks.chat.tools import ToolPlan, held_back
 
 router = APIRouter()
-
-
-def render_prompt(model: ServedModel, body: ChatCompletionRequest, tools: ToolPlan | None = None, add_special_tokens: bool = False) -> list[int]:
-    """The conversation as token ids, through the model's chat (ortinf/tasks/chat/chat.py)."""
-    if model.chat_template is None or model.tokenizer is None:
-        raise APIError(400, f"model '{model.name}' has no chat template: use /v1/completions", param="messages")
-    return model.chat.prompt(body.messages, add_generation_prompt=body.add_generation_prompt, tools=tools.tools if tools else None,
-                             extra=body.template_kwargs(), continue_final_message=body.continue_final_message,
-                             add_special_tokens=add_special_tokens)
-
-
-def tool_plan(model: ServedModel, body: ChatCompletionRequest) -> ToolPlan:
-    tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
-    choice = body.tool_choice.model_dump() if hasattr(body.tool_choice, "model_dump") else body.tool_choice
-    return plan(tools, choice, body.parallel_tool_calls, model.tool_parser)
-
-
-def chat_params(model: ServedModel, body: ChatCompletionRequest, tools: ToolPlan, logprobs: int | None) -> SamplingParams:
-    """The sampling parameters of a chat request, with its tool plan's format and what its parser needs."""
-    params = body.sampling_params(body.max_new_tokens(), logprobs)
-    if tools.structured_output is not None:
-        # the reply must be a call: response_format (text.format) shapes text replies, so it has nothing to shape here
-        # (OpenAI accepts both; the Agents SDK sends both when an agent has an output type and a required tool)
-        params = replace(params, structured_output=tools.structured_output)
-    if ((tools.mode == "auto" and tool_parsers.PARSERS[model.tool_parser].keeps_special_tokens)
-            or (model.reasoning_parser is not None and model.reasoning_parser.keeps_special_tokens)):
-        params = replace(params, skip_special_tokens=False)  # the parser's markers are special tokens
-    return params
 
 
 @router.post("/v1/chat/completions", response_model=responses.ChatCompletion,
@@ -112,13 +81,6 @@ def _headers(ignored: list[str], tools: ToolPlan) -> dict[str, str]:
         headers[field_policy.WARNING_HEADER] = tools.warning
         field_policy.warn_once(tools.warning)
     return headers
-
-
-def split_reasoning(model: ServedModel, text: str, finished: bool = True) -> tuple[str | None, str | None]:
-    """(thinking, answer) of an output: the answer alone where the model has no reasoning parser."""
-    if model.reasoning_parser is None:
-        return None, text
-    return model.reasoning_parser.split(text, finished)
 
 
 def _finish_reason(reason: str | None, called: bool) -> str | None:

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import AsyncIterator
-from dataclasses import replace
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
@@ -15,58 +13,14 @@ from ortinf.runtime.engine.llm_engine import PreparedRequest
 from ortinf.runtime.engine.outputs import RequestOutput
 from ortinf.serve import field_policy, responses
 from ortinf.serve.errors import APIError
+from ortinf.serve.generation import cached_tokens, prepare_samples, request_ids, usage
 from ortinf.serve.logprobs import completion_logprobs, echo_logprobs, prompt_logprobs
 from ortinf.serve.models import ServedModel
-from ortinf.serve.protocol import CompletionRequest, SamplingFields
+from ortinf.serve.protocol import CompletionRequest
 from ortinf.serve.state import ServerState
 from ortinf.serve.streaming import admit_and_run, merged, sse_stream
 
 router = APIRouter()
-
-
-def prepare_samples(model: ServedModel, prompts: list, body_params, n: int, stream: bool, body: SamplingFields | None = None,
-                    add_special_tokens: bool = True, images: list | None = None, cache_salt: str | None = None) -> list[PreparedRequest]:
-    """One PreparedRequest per prompt x sample (prompt-major); validation happens here, before any runs.
-    A stream's engine outputs are deltas (each only what is new), which the route frames; a
-    non-streamed request's is one final output per sample (no per-step wake-up, no text rebuilt).
-    `body`: the request, for its priority and cache_salt (`cache_salt`: a route's salt without such a body, the
-    Responses API's); `images`: a chat's images (one prompt), in order."""
-    engine = model.require_engine().engine
-    priority, salt = (body.priority, body.cache_salt) if body is not None else (0, cache_salt)
-    prepared = []
-    for prompt in prompts:
-        if not prompt:
-            raise APIError(400, "the prompt is empty", param="prompt")
-        # tokenised and checked once per prompt
-        first = engine.prepare(prompt, body_params, model.lora_name, add_special_tokens=add_special_tokens, priority=priority,
-                               cache_salt=salt, images=images or (), output_kind="delta" if stream else "final_only")
-        if first.params.num_beams > 1:  # one beam search gives the n samples (ortinf/tasks/beams.py)
-            prepared += [first] * n
-        else:
-            prepared += [replace(first, params=first.params.for_sample(j)) for j in range(n)]
-    return prepared
-
-
-def usage(prepared: list[PreparedRequest], n: int, completion_tokens: int, cached_tokens: int | None = None) -> dict:
-    """OpenAI's usage; prompt_tokens_details.cached_tokens is the prefix-cache hit of each prompt's first sample."""
-    prompt_tokens = sum(p.num_prompt_tokens for p in prepared[::n])
-    body = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
-    if cached_tokens is not None:
-        body["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
-    return body
-
-
-def cached_tokens(outputs: list[RequestOutput], n: int) -> int:
-    return sum(o.num_cached_tokens or 0 for o in outputs[::n])
-
-
-def request_ids(prefix: str, body: SamplingFields) -> tuple[str, str]:
-    """(the response's id, the engine's id for its samples): the client's request_id names the response;
-    the engine's id adds a random part, so two clients sending the same request_id never collide."""
-    suffix = uuid.uuid4().hex
-    if body.request_id is None:
-        return f"{prefix}-{suffix}", f"{prefix}-{suffix}"
-    return f"{prefix}-{body.request_id}", f"{prefix}-{body.request_id}-{suffix[:12]}"
 
 
 @router.post("/v1/completions", response_model=responses.Completion,

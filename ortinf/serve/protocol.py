@@ -138,31 +138,33 @@ class SamplingFields(BaseModel):
 
     model: str | None = None
     temperature: Annotated[Finite, Field(ge=0.0, le=2.0, description="0 (or below 1e-5) is greedy")] | None = None
-    top_p: Annotated[Finite, Field(gt=0.0, le=1.0)] | None = None
-    top_k: Annotated[int, Field(strict=True, ge=-1)] | None = None
-    min_p: Annotated[Finite, Field(ge=0.0, le=1.0)] | None = None
-    repetition_penalty: Annotated[Finite, Field(gt=0.0)] | None = None
-    presence_penalty: Annotated[Finite, Field(ge=-2.0, le=2.0)] | None = None
-    frequency_penalty: Annotated[Finite, Field(ge=-2.0, le=2.0)] | None = None
+    # Types here, values once, in SamplingParams (ortinf/runtime/sample/sampling_params.py): a range is checked in
+    # one place for every route and for LLM; what the API itself limits (temperature <= 2, n, list lengths) stays here
+    top_p: Finite | None = Field(None, description="in (0, 1]")
+    top_k: Annotated[int, Field(strict=True)] | None = Field(None, description="-1 or 0 disable it")
+    min_p: Finite | None = Field(None, description="in [0, 1]")
+    repetition_penalty: Finite | None = Field(None, description="> 0")
+    presence_penalty: Finite | None = Field(None, description="in [-2, 2]")
+    frequency_penalty: Finite | None = Field(None, description="in [-2, 2]")
     seed: Annotated[int, Field(strict=True, description="any integer; mapped into [0, 2**64) as vLLM does")] | None = None
     n: Annotated[int, Field(strict=True, ge=1, le=MAX_N)] = 1
     stop: str | Annotated[list[str], Field(max_length=MAX_STOP)] | None = None
     stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP)] | None = None
     ignore_eos: bool = False
-    min_tokens: Annotated[int, Field(strict=True, ge=0)] = 0
+    min_tokens: Annotated[int, Field(strict=True)] = 0
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None
-    logit_bias: Annotated[dict[str, Annotated[Finite, Field(ge=-100.0, le=100.0)]], Field(max_length=MAX_LOGIT_BIAS)] | None = Field(
-        None, description=f"token id (as a string) -> bias added to its logit before sampling; at most {MAX_LOGIT_BIAS} entries")
+    logit_bias: Annotated[dict[str, Finite], Field(max_length=MAX_LOGIT_BIAS)] | None = Field(
+        None, description=f"token id (as a string) -> bias in [-100, 100] added to its logit before sampling; at most {MAX_LOGIT_BIAS} entries")
     allowed_token_ids: Annotated[list[TokenId], Field(min_length=1)] | None = None
     bad_words: Annotated[list[str], Field(max_length=MAX_STOP)] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
-    prompt_logprobs: Annotated[int, Field(strict=True, ge=0, le=MAX_LOGPROBS)] | None = None
-    truncate_prompt_tokens: Annotated[int, Field(strict=True, ge=1, description="keep only the last k prompt tokens (vLLM's field)")] | None = None
+    prompt_logprobs: Annotated[int, Field(strict=True)] | None = Field(None, description=f"in [0, {MAX_LOGPROBS}]")
+    truncate_prompt_tokens: Annotated[int, Field(strict=True)] | None = Field(None, description="keep only the last k >= 1 prompt tokens (vLLM's)")
     priority: Annotated[int, Field(strict=True, description="lower runs first (vLLM's; needs --scheduling-policy priority)")] = 0
     cache_salt: Annotated[str, Field(min_length=1, max_length=256)] | None = Field(
         None, description="prefix-cache blocks are shared only between requests with the same salt (vLLM's)")
@@ -202,11 +204,11 @@ class SamplingFields(BaseModel):
             max_tokens=max_tokens,
             temperature=1.0 if self.temperature is None else self.temperature,
             top_p=1.0 if self.top_p is None else self.top_p,
-            top_k=self.top_k or 0,
-            min_p=self.min_p or 0.0,
-            repetition_penalty=self.repetition_penalty or 1.0,
-            presence_penalty=self.presence_penalty or 0.0,
-            frequency_penalty=self.frequency_penalty or 0.0,
+            top_k=0 if self.top_k is None else self.top_k,
+            min_p=0.0 if self.min_p is None else self.min_p,
+            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            presence_penalty=0.0 if self.presence_penalty is None else self.presence_penalty,
+            frequency_penalty=0.0 if self.frequency_penalty is None else self.frequency_penalty,
             seed=self.seed,
             stop=tuple(stop),
             stop_token_ids=tuple(self.stop_token_ids or ()),
@@ -245,7 +247,7 @@ class CompletionRequest(SamplingFields):
 
     prompt: str | Annotated[list[str], Field(max_length=MAX_PROMPTS)] | TokenIds | Annotated[list[TokenIds], Field(max_length=MAX_PROMPTS)]
     max_tokens: Annotated[int, Field(strict=True, ge=0)] | None = 16
-    logprobs: Annotated[int, Field(strict=True, ge=0, le=MAX_LOGPROBS)] | None = None
+    logprobs: Annotated[int, Field(strict=True)] | None = Field(None, description=f"in [0, {MAX_LOGPROBS}]")
     echo: bool = False
 
     def prompts(self) -> list[str | list[int]]:
@@ -264,6 +266,7 @@ class ChatCompletionRequest(SamplingFields):
     max_tokens: Annotated[int, Field(strict=True, ge=1)] | None = None
     max_completion_tokens: Annotated[int, Field(strict=True, ge=1)] | None = None
     logprobs: bool = False
+    # checked here: SamplingParams would name its own field, logprobs
     top_logprobs: Annotated[int, Field(strict=True, ge=0, le=MAX_LOGPROBS)] | None = None
     tools: Annotated[list[Tool], Field(max_length=128)] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None

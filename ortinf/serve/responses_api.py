@@ -27,9 +27,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ortinf.serve import field_policy
-from ortinf.serve.chat import chat_params, render_prompt, split_reasoning, tool_plan
-from ortinf.serve.completions import prepare_samples
 from ortinf.serve.errors import APIError, from_exception
+from ortinf.serve.generation import chat_params, prepare_samples, render_prompt, split_reasoning, tool_plan
 from ortinf.serve.models import ServedModel
 from ortinf.serve.protocol import OPEN, ChatCompletionRequest, Finite, read_guided
 from ortinf.serve.response_store import ResponseStore

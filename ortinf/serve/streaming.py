@@ -14,10 +14,8 @@ from ortinf.runtime.engine.async_engine import AsyncEngine
 from ortinf.runtime.engine.llm_engine import PreparedRequest
 from ortinf.runtime.engine.outputs import RequestOutput
 from ortinf.serve.errors import APIError, error_body, from_exception
-from ortinf.tasks import driver
-from ortinf.tasks.beams import BeamSearches
+from ortinf.tasks import driver, text
 from ortinf.tasks.chat.media import in_media_pool
-from ortinf.tasks.programs import Program, Samples
 
 T = TypeVar("T")
 
@@ -86,23 +84,16 @@ class AdmittedStream(StreamingResponse):
             await self.body_iterator.aclose()  # type: ignore[attr-defined] - aborts the engine requests
 
 
-def program(engine: AsyncEngine, prepared: Sequence[PreparedRequest], request_id: str, keep: bool) -> Program:
-    """The program of a request's samples: beam searches (params.num_beams > 1) or sampled requests."""
-    if prepared and prepared[0].params.num_beams > 1:
-        return BeamSearches(prepared, engine.engine, request_id)
-    return Samples(prepared, keep=keep)
-
-
 def merged(engine: AsyncEngine, prepared: Sequence[PreparedRequest], request_id: str) -> AsyncIterator[tuple[int, RequestOutput]]:
     """Yields (sample index, output) from all samples as they advance, through the engine's one
     mailbox per caller (the routes ask for deltas: what a slow consumer has not taken is joined);
     closing it aborts them all. Beam searches yield each prompt's n best when its search ends."""
-    return driver.stream(engine, program(engine, prepared, request_id, keep=False), request_id)
+    return driver.stream(engine, text.program(engine, prepared, request_id, keep=False), request_id)
 
 
 async def final_outputs(engine: AsyncEngine, prepared: Sequence[PreparedRequest], request_id: str) -> list[RequestOutput]:
     """Each sample's whole output (one final output each when asked for final_only; deltas are joined)."""
-    run = program(engine, prepared, request_id, keep=True)
+    run = text.program(engine, prepared, request_id)
     await driver.finish(engine, run, request_id)
     return [run.finals[index] for index in range(len(prepared))]
 

@@ -7,14 +7,16 @@ from typing import Annotated
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 
+from ortinf.runtime.sample.sampling_params import SamplingParams
 from ortinf.serve import responses
-from ortinf.serve.chat import render_prompt
 from ortinf.serve.errors import APIError
+from ortinf.serve.generation import render_prompt
 from ortinf.serve.models import ServedModel
 from ortinf.serve.protocol import STRICT, ChatMessage, TokenId, Tool
 from ortinf.serve.state import ServerState
 from ortinf.serve.streaming import prepare_off_loop
 from ortinf.tasks.chat.tools import ToolPlan
+from ortinf.tasks.text import samples
 from ortinf.tokenizer import check_unicode
 
 router = APIRouter()
@@ -80,7 +82,7 @@ async def tokenize(body: TokenizeRequest, request: Request):
             ids = render_prompt(model, body, tools)  # type: ignore[arg-type] - it reads the chat fields only
             if model.image_placeholder is not None:  # each image's placeholder counts as the tokens it becomes (its size's)
                 images = model.chat.images(body.messages, state.config.media_policy)
-                ids = list(model.require_engine().engine.prepare(ids, images=images).token_ids) if images else ids
+                ids = list(samples(model.require_engine(), ids, SamplingParams(), images=images)[0].token_ids) if images else ids
             return ids
         return tokenizer.encode(check_unicode(body.prompt, "prompt"), add_special_tokens=body.add_special_tokens).ids
 

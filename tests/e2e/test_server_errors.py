@@ -39,6 +39,10 @@ def assert_error(response: httpx.Response, status: int, *fragments: str, param: 
         ({"prompt": "x", "max_tokens": "ten"}, "max_tokens", ""),
         ({"prompt": "x", "logprobs": 50}, "logprobs", ""),
         ({"prompt": "x", "top_k": -5}, "top_k", ""),
+        ({"prompt": "x", "repetition_penalty": 0}, "repetition_penalty", "> 0"),  # one range check, SamplingParams'
+        ({"prompt": "x", "min_tokens": -1}, "min_tokens", ""),
+        ({"prompt": "x", "logit_bias": {"5": 500}}, "logit_bias", "[-100, 100]"),
+        ({"prompt": "x", "prompt_logprobs": 21}, "prompt_logprobs", ""),
         ({"prompt": ""}, "prompt", "empty"),
         ({"prompt": []}, "prompt", "empty"),
         ({"max_tokens": 3}, "prompt", "Field required"),

@@ -218,3 +218,31 @@ def test_add_special_tokens_priority_and_cache_salt_reach_the_request(llama, tmp
     urgent.add_request(prepared, request_id="r")
     request = urgent.scheduler.requests["r"]
     assert request.priority == -3 and request.cache_salt == "salt:t1"
+
+
+def test_request_options_are_the_front_ends_not_the_clients(llama):
+    """RequestOptions (ortinf/runtime/sample/request_options.py): a watched token's log-probability is the model's,
+    before any rule (a banned token is still watched), top_candidates makes a one-step request whose candidates are
+    the best tokens under its rules, and Whisper's rules are refused on a text package."""
+    from dataclasses import replace
+
+    from ortinf.runtime.sample.request_options import RequestOptions
+
+    _, package = llama
+    engine = make_engine(package)
+    plain = engine.prepare([5, 6, 7, 8], SamplingParams(temperature=0, max_tokens=1, logprobs=5))
+    top = drain(engine, [engine.add_request(plain)])["0"].outputs[0].logprobs[0]
+    best, second = top.top_ids[0], top.top_ids[1]
+    banned = SamplingParams(temperature=0, max_tokens=1, allowed_token_ids=tuple(top.top_ids[1:]))
+    watching = replace(engine.prepare([5, 6, 7, 8], banned), options=RequestOptions(watch_token_ids=(best, second)))
+    one_step = replace(engine.prepare([5, 6, 7, 8], banned), options=RequestOptions(top_candidates=2))
+    done = drain(engine, [engine.add_request(watching), engine.add_request(one_step)])
+    watched, stepped = done["1"], done["2"]
+    assert watched.outputs[0].token_ids == [second]  # the best token is not allowed ...
+    assert watched.watched == pytest.approx({best: top.top_logprobs[0], second: top.top_logprobs[1]}, abs=1e-5)  # ... not its watch
+    assert stepped.finished and [t for t, _ in stepped.candidates][0] == second and len(stepped.candidates) == 2
+    with pytest.raises(RequestError, match="speech-recognition"):
+        engine.add_request(replace(plain, options=RequestOptions(whisper_timestamps=False)))
+    with pytest.raises(RequestError, match="output_kind"):
+        RequestOptions(output_kind="everything")
+    assert not hasattr(SamplingParams(), "output_kind") and not hasattr(SamplingParams(), "logits_processors")

@@ -1,0 +1,97 @@
+"""What the generating routes share (chat and text completions, the Responses API, and the Anthropic and Ollama
+front-ends): a request's samples prepared through ortinf/tasks/text.py, a conversation rendered through the
+model's Chat, its tool plan and sampling parameters, the reasoning split, usage and response ids. Routes import
+this, never each other."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import replace
+
+from ortinf.runtime.engine.llm_engine import PreparedRequest
+from ortinf.runtime.engine.outputs import RequestOutput
+from ortinf.runtime.sample.sampling_params import SamplingParams
+from ortinf.serve.errors import APIError
+from ortinf.serve.models import ServedModel
+from ortinf.serve.protocol import ChatCompletionRequest, SamplingFields
+from ortinf.tasks.chat import tool_parsers
+from ortinf.tasks.chat.tools import ToolPlan, plan
+from ortinf.tasks.text import samples
+
+
+def prepare_samples(model: ServedModel, prompts: list, body_params, n: int, stream: bool, body: SamplingFields | None = None,
+                    add_special_tokens: bool = True, images: list | None = None, cache_salt: str | None = None) -> list[PreparedRequest]:
+    """One PreparedRequest per prompt x sample (prompt-major); validation happens here, before any runs.
+    A stream's engine outputs are deltas (each only what is new), which the route frames; a
+    non-streamed request's is one final output per sample (no per-step wake-up, no text rebuilt).
+    `body`: the request, for its priority and cache_salt (`cache_salt`: a route's salt without such a body, the
+    Responses API's); `images`: a chat's images (one prompt), in order."""
+    engine = model.require_engine()
+    priority, salt = (body.priority, body.cache_salt) if body is not None else (0, cache_salt)
+    prepared = []
+    for prompt in prompts:
+        if not prompt:
+            raise APIError(400, "the prompt is empty", param="prompt")
+        prepared += samples(engine, prompt, body_params, n, output_kind="delta" if stream else "final_only", lora_name=model.lora_name,
+                                 add_special_tokens=add_special_tokens, priority=priority, cache_salt=salt, images=images or ())
+    return prepared
+
+
+def usage(prepared: list[PreparedRequest], n: int, completion_tokens: int, cached_tokens: int | None = None) -> dict:
+    """OpenAI's usage; prompt_tokens_details.cached_tokens is the prefix-cache hit of each prompt's first sample."""
+    prompt_tokens = sum(p.num_prompt_tokens for p in prepared[::n])
+    body = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
+    if cached_tokens is not None:
+        body["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return body
+
+
+def cached_tokens(outputs: list[RequestOutput], n: int) -> int:
+    return sum(o.num_cached_tokens or 0 for o in outputs[::n])
+
+
+def request_ids(prefix: str, body: SamplingFields) -> tuple[str, str]:
+    """(the response's id, the engine's id for its samples): the client's request_id names the response;
+    the engine's id adds a random part, so two clients sending the same request_id never collide."""
+    suffix = uuid.uuid4().hex
+    if body.request_id is None:
+        return f"{prefix}-{suffix}", f"{prefix}-{suffix}"
+    return f"{prefix}-{body.request_id}", f"{prefix}-{body.request_id}-{suffix[:12]}"
+
+
+def render_prompt(model: ServedModel, body: ChatCompletionRequest, tools: ToolPlan | None = None, add_special_tokens: bool = False) -> list[int]:
+    """The conversation as token ids, through the model's chat (ortinf/tasks/chat/chat.py)."""
+    if model.chat_template is None or model.tokenizer is None:
+        raise APIError(400, f"model '{model.name}' has no chat template: use /v1/completions", param="messages")
+    return model.chat.prompt(body.messages, add_generation_prompt=body.add_generation_prompt, tools=tools.tools if tools else None,
+                             extra=body.template_kwargs(), continue_final_message=body.continue_final_message,
+                             add_special_tokens=add_special_tokens)
+
+
+def tool_plan(model: ServedModel, body: ChatCompletionRequest) -> ToolPlan:
+    tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
+    choice = body.tool_choice.model_dump() if hasattr(body.tool_choice, "model_dump") else body.tool_choice
+    return plan(tools, choice, body.parallel_tool_calls, model.tool_parser)
+
+
+def chat_params(model: ServedModel, body: ChatCompletionRequest, tools: ToolPlan, logprobs: int | None) -> SamplingParams:
+    """The sampling parameters of a chat request, with its tool plan's format and what its parser needs."""
+    params = body.sampling_params(body.max_new_tokens(), logprobs)
+    if tools.structured_output is not None:
+        # the reply must be a call: response_format (text.format) shapes text replies, so it has nothing to shape here
+        # (OpenAI accepts both; the Agents SDK sends both when an agent has an output type and a required tool)
+        params = replace(params, structured_output=tools.structured_output)
+    if ((tools.mode == "auto" and tool_parsers.PARSERS[model.tool_parser].keeps_special_tokens)
+            or (model.reasoning_parser is not None and model.reasoning_parser.keeps_special_tokens)):
+        params = replace(params, skip_special_tokens=False)  # the parser's markers are special tokens
+    return params
+
+
+def split_reasoning(model: ServedModel, text: str, finished: bool = True) -> tuple[str | None, str | None]:
+    """(thinking, answer) of an output: the answer alone where the model has no reasoning parser."""
+    if model.reasoning_parser is None:
+        return None, text
+    return model.reasoning_parser.split(text, finished)
+
+
+__all__ = ["cached_tokens", "chat_params", "prepare_samples", "render_prompt", "request_ids", "split_reasoning", "tool_plan", "usage"]
