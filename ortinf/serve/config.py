@@ -59,7 +59,7 @@ class ServerConfig:
     limit_mm_per_prompt: int = option(8, "Images a conversation may hold on a vision-language model: image=N (vLLM's form; JSON "
                                       "{\"image\": N} too); more is a 400.", "server", shown="image=8", parse=_limit_mm)
     allowed_media_domains: tuple[str, ...] = option((), "Hosts whose http(s) image URLs the server fetches, on ports 80/443 unless "
-                                                    "written host:port (repeat, or separate with commas; redirects are held to "
+                                                    "written host:port or [v6 address]:port (repeat, or separate with commas; redirects are held to "
                                                     "them) [default: none: images come inline as data URLs].", "server",
                                                     multiple=True, parse=_domains)
     media_fetch_timeout: float = option(5.0, "Seconds an image URL's fetch may take in all, redirects and a slow sender included "

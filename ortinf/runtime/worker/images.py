@@ -78,10 +78,12 @@ def declared_pixels(source: Any) -> int:
 
         if isinstance(source, Image.Image):
             return source.size[0] * source.size[1]
-        data = Path(source).read_bytes() if isinstance(source, (str, Path)) else source
+        # a file is opened, not read: Pillow reads its header only (the image is read once, when it is decoded)
+        opened = Path(source) if isinstance(source, (str, Path)) else io.BytesIO(source)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            width, height = Image.open(io.BytesIO(data)).size
+            with Image.open(opened) as image:
+                width, height = image.size
         return width * height
     except Exception:  # noqa: BLE001 - not an image, no Pillow: load_image names the fault
         return 0

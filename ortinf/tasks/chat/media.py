@@ -17,10 +17,13 @@ import functools
 import http.client
 import logging
 import re
+import socket
+import threading
 import time
 import urllib.parse
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -34,6 +37,9 @@ DEFAULT_PORTS = {"http": 80, "https": 443}  # an allowed host is fetched on thes
 MEDIA_THREADS = 2  # image fetches and decodes at once, in their own pool (module docstring)
 T = TypeVar("T")
 _pool: ThreadPoolExecutor | None = None
+RESOLVER_THREADS = 4  # host-name lookups in flight; one that hangs holds its thread, never a request past its deadline
+_resolver: ThreadPoolExecutor | None = None
+_resolver_lock = threading.Lock()
 DATA_URL = re.compile(r"data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[\w.+-]+=[\w.+-]+)*)(?P<base64>;base64)?,(?P<data>.*)", re.S)
 
 
@@ -58,10 +64,23 @@ class MediaPolicy:
         if parts.scheme not in DEFAULT_PORTS or not host:
             return False
         for entry in self.allowed_domains:
-            name, _, named_port = entry.lower().rpartition(":") if entry.count(":") == 1 else (entry.lower(), "", "")
-            if name == host and (int(named_port) == port if named_port.isdigit() else port == DEFAULT_PORTS[parts.scheme]):
+            name, named_port = split_entry(entry)
+            if name == host and (named_port == port if named_port is not None else port == DEFAULT_PORTS[parts.scheme]):
                 return True
         return False
+
+
+def split_entry(entry: str) -> tuple[str, int | None]:
+    """(host, port or None) of an --allowed-media-domains entry: `host`, `host:8080`, an IPv6 address bare (`::1`) or
+    bracketed as in URLs (`[::1]`, `[::1]:8080`)."""
+    entry = entry.strip().lower()
+    if entry.startswith("["):
+        address, _, rest = entry[1:].partition("]")
+        return address, int(rest[1:]) if rest.startswith(":") and rest[1:].isdigit() else None
+    if entry.count(":") == 1:
+        name, _, port = entry.partition(":")
+        return name, int(port) if port.isdigit() else None
+    return entry, None
 
 
 def parse_limit_mm_per_prompt(value: str) -> int:
@@ -155,11 +174,46 @@ def _remaining(deadline: float) -> float:
     return left
 
 
+def _resolve(host: str, port: int, deadline: float) -> list[tuple]:
+    """The host's addresses, looked up under the fetch's deadline (the system resolver has no time limit of its own:
+    a lookup that hangs keeps one of the few resolver threads and this fetch fails at its deadline)."""
+    global _resolver
+    with _resolver_lock:
+        if _resolver is None:
+            _resolver = ThreadPoolExecutor(RESOLVER_THREADS, thread_name_prefix="ortinf-dns")
+    lookup = _resolver.submit(socket.getaddrinfo, host, port, 0, socket.SOCK_STREAM)
+    try:
+        return lookup.result(timeout=_remaining(deadline))
+    except FutureTimeout as exc:
+        lookup.cancel()
+        raise TimeoutError("the host name was not resolved within the fetch deadline") from exc
+
+
+def _connector(addresses: list[tuple], deadline: float) -> Callable:
+    """http.client's create_connection, over addresses already resolved (each tried in turn, as the standard one does)."""
+    def connect(_address, _timeout=None, source_address=None):  # noqa: ANN001, ANN202 - http.client's signature
+        error: OSError | None = None
+        for family, kind, proto, _, sockaddr in addresses:
+            sock = socket.socket(family, kind, proto)
+            try:
+                sock.settimeout(_remaining(deadline))
+                sock.connect(sockaddr)
+                return sock
+            except OSError as exc:
+                sock.close()
+                error = exc
+        raise error or OSError("the host has no address")
+
+    return connect
+
+
 def _get(url: str, policy: MediaPolicy, deadline: float) -> tuple[int, str | None, bytes]:
     """One GET: (status, the redirect's Location or None, the body of a 200)."""
     parts = urllib.parse.urlsplit(url)
     kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    connection = kind(parts.hostname, parts.port or DEFAULT_PORTS[parts.scheme], timeout=_remaining(deadline))
+    port = parts.port or DEFAULT_PORTS[parts.scheme]
+    connection = kind(parts.hostname, port, timeout=_remaining(deadline))
+    connection._create_connection = _connector(_resolve(parts.hostname, port, deadline), deadline)  # the name checked by TLS stays the host's
     try:
         target = urllib.parse.urlunsplit(("", "", parts.path or "/", parts.query, ""))
         connection.request("GET", target, headers={"User-Agent": "ortinf", "Accept": "image/*"})
