@@ -19,7 +19,7 @@ from ortinf import extras
 from ortinf.errors import ConfigError
 from ortinf.manifest import TEXT_GENERATION, Manifest
 from ortinf.runtime.engine.async_engine import AsyncEngine
-from ortinf.serve import chat, completions, embeddings, lora_routes, responses, responses_api, scoring, tokens
+from ortinf.serve import anthropic_api, chat, completions, embeddings, lora_routes, responses, responses_api, scoring, tokens
 from ortinf.serve.config import ServerConfig
 from ortinf.serve.errors import error_body, error_response, from_exception, install_error_handlers
 from ortinf.serve.models import ServedModel
@@ -53,7 +53,7 @@ class BodyLimit:
             return await self.app(scope, receive, send)
         path = scope["path"]
         limit = self.audio_limit if path.startswith("/v1/audio/") or path in self.media_paths else self.limit  # each bound by its own option
-        too_large = error_response(413, f"the request body is larger than {limit} bytes")
+        too_large = error_response(413, f"the request body is larger than {limit} bytes", path=path)
         length = dict(scope.get("headers") or []).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > limit:
             return await too_large(scope, receive, send)
@@ -106,7 +106,7 @@ class CatchAll:
             if started:
                 raise
             err = from_exception(exc)
-            await error_response(err.status, err.message, err.param, err.code)(scope, receive, send)
+            await error_response(err.status, err.message, err.param, err.code, path=scope["path"])(scope, receive, send)
 
 
 class ClientGone:
@@ -160,19 +160,22 @@ class Gate:
     def __init__(self, app: ASGIApp, state: ServerState) -> None:
         self.app, self.state = app, state
         key = state.config.api_key
-        self.expected = f"Bearer {key}".encode() if key else None
+        # OpenAI's clients send `Authorization: Bearer KEY`, Anthropic's `x-api-key: KEY`: either, once
+        self.expected = {b"authorization": f"Bearer {key}".encode(), b"x-api-key": key.encode()} if key else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
+            path = scope["path"]
             if self.expected is not None:
-                given = [value for name, value in scope.get("headers") or [] if name == b"authorization"]
-                if len(given) != 1 or not hmac.compare_digest(given[0], self.expected):  # two headers: neither wins
-                    message = ("send one Authorization header, not several" if len(given) > 1 else
-                               "missing or wrong API key: send `Authorization: Bearer <key>`")
-                    response = error_response(401, message, code="invalid_api_key")
+                given = [(name, value) for name, value in scope.get("headers") or [] if name in self.expected]
+                if len(given) != 1 or not hmac.compare_digest(given[0][1], self.expected[given[0][0]]):  # two: neither wins
+                    message = ("send one credential (an Authorization or an x-api-key header), not several" if len(given) > 1 else
+                               "missing or wrong API key: send `Authorization: Bearer <key>` (or `x-api-key: <key>`)")
+                    response = error_response(401, message, code="invalid_api_key", path=path)
                     return await response(scope, receive, send)
             if not self.state.ready:
-                response = error_response(503, "the model is loading; retry shortly", code="model_loading", headers={"Retry-After": "1"})
+                response = error_response(503, "the model is loading; retry shortly", code="model_loading", headers={"Retry-After": "1"},
+                                          path=path)
                 return await response(scope, receive, send)
         await self.app(scope, receive, send)
 
@@ -275,6 +278,7 @@ def build_app(config: ServerConfig, load_in_background: bool = True) -> FastAPI:
     app.include_router(completions.router)
     app.include_router(chat.router)
     app.include_router(responses_api.router)
+    app.include_router(anthropic_api.router)
     app.include_router(embeddings.router)
     app.include_router(scoring.router)
     app.include_router(tokens.router)
@@ -289,7 +293,7 @@ def build_app(config: ServerConfig, load_in_background: bool = True) -> FastAPI:
     app.add_middleware(CatchAll)
     vision = any(_has_vision(package) for package in config.packages)
     app.add_middleware(BodyLimit, limit=config.max_body_size, audio_limit=config.max_audio_body_size,
-                       media_paths=("/v1/chat/completions", "/v1/responses") if vision else ())
+                       media_paths=("/v1/chat/completions", "/v1/responses", "/v1/messages") if vision else ())
     app.add_middleware(Gate, state=state)
     app.add_middleware(ClientGone)
 

@@ -1,5 +1,6 @@
-"""OpenAI-shaped errors: `{"error": {"message", "type", "param", "code"}}`. The only place that maps
-ortinf's errors onto HTTP statuses."""
+"""Errors in the shape of the API a path speaks: OpenAI's `{"error": {"message", "type", "param", "code"}}`,
+Anthropic's `{"type": "error", "error": {"type", "message"}}` on /v1/messages, Ollama's `{"error": "..."}` on
+/api/. The only place that maps ortinf's errors onto HTTP statuses."""
 
 from __future__ import annotations
 
@@ -22,6 +23,20 @@ _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_f
           429: "rate_limit_error", 500: "server_error", 503: "service_unavailable"}
 
 
+# Anthropic's error types by status (https://docs.anthropic.com/en/api/errors)
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+                    413: "request_too_large", 429: "rate_limit_error", 500: "api_error", 503: "overloaded_error"}
+
+
+def dialect(path: str) -> str:
+    """The API a path speaks: "anthropic" (/v1/messages), "ollama" (/api/...) or "openai"."""
+    if path == "/v1/messages" or path.startswith("/v1/messages/"):
+        return "anthropic"
+    if path.startswith("/api/"):
+        return "ollama"
+    return "openai"
+
+
 class APIError(Exception):
     """An error the server answers with, raised from route code."""
 
@@ -30,17 +45,23 @@ class APIError(Exception):
         self.status, self.message, self.param, self.code, self.headers = status, message, param, code, headers
 
 
-def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
+def error_body(status: int, message: str, param: str | None = None, code: str | None = None, path: str = "") -> dict:
+    """The error as the API of `path` shapes it (dialect)."""
     if len(message) > MAX_MESSAGE:
         message = message[: MAX_MESSAGE - 3] + "..."
     # a message may quote the request (a model name): lone surrogates cannot be written as UTF-8
     message = message.encode("utf-8", "backslashreplace").decode("utf-8")
+    kind = dialect(path)
+    if kind == "anthropic":
+        return {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(status, "api_error"), "message": message}}
+    if kind == "ollama":
+        return {"error": message}
     return {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"), "param": param, "code": code}}
 
 
 def error_response(status: int, message: str, param: str | None = None, code: str | None = None,
-                   headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(error_body(status, message, param, code), status_code=status, headers=headers)
+                   headers: dict[str, str] | None = None, path: str = "") -> JSONResponse:
+    return JSONResponse(error_body(status, message, param, code, path), status_code=status, headers=headers)
 
 
 def from_exception(exc: BaseException) -> APIError:
@@ -138,24 +159,24 @@ def install_error_handlers(app: FastAPI) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
     @app.exception_handler(APIError)
-    async def _api_error(_request: Request, exc: APIError) -> JSONResponse:
-        return error_response(exc.status, exc.message, exc.param, exc.code, exc.headers)
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc.status, exc.message, exc.param, exc.code, exc.headers, request.url.path)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_request: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = _validation_message(exc)
-        return error_response(400, message, param)
+        return error_response(400, message, param, path=request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response(exc.status_code, str(exc.detail), headers=exc.headers)  # a 405 keeps its Allow header
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(exc.status_code, str(exc.detail), headers=exc.headers, path=request.url.path)  # a 405 keeps its Allow header
 
     @app.exception_handler(OrtinfError)
-    async def _ortinf(_request: Request, exc: OrtinfError) -> JSONResponse:
+    async def _ortinf(request: Request, exc: OrtinfError) -> JSONResponse:
         err = from_exception(exc)
-        return error_response(err.status, err.message, err.param, err.code)
+        return error_response(err.status, err.message, err.param, err.code, path=request.url.path)
 
     @app.exception_handler(Exception)
-    async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         err = from_exception(exc)
-        return error_response(err.status, err.message, err.param, err.code)
+        return error_response(err.status, err.message, err.param, err.code, path=request.url.path)

@@ -191,6 +191,37 @@ POLICY: dict[str, dict[str, Rule]] = {
     },
 }
 
+POLICY["/v1/messages"] = {  # Anthropic's Messages API (ortinf/serve/anthropic_api.py)
+    "model": _implemented("the served model; optional when one model is served"),
+    "messages": _implemented("user and assistant turns: text, image (base64; url from --allowed-media-domains hosts), tool_use and "
+                             "tool_result blocks; earlier turns' thinking blocks are dropped, as Anthropic's API does"),
+    "max_tokens": _implemented("required, as Anthropic's"),
+    "system": _implemented("a string or text blocks: the system message"),
+    "stop_sequences": _implemented("stop strings; stop_reason stop_sequence names the one matched"),
+    "stream": _implemented("Anthropic's events: message_start, content_block_start/delta/stop, message_delta, message_stop"),
+    "temperature": _implemented("0 to 1; 0 is greedy"),
+    "top_p": _implemented("nucleus sampling"),
+    "top_k": _implemented("top-k sampling"),
+    "tools": _implemented("client tools (name, description, input_schema); server tools are a 400"),
+    "tool_choice": _implemented("auto (read by the tool-call parser), any and tool (enforced by a grammar), none; "
+                                "disable_parallel_tool_use allows one call"),
+    "thinking": _implemented("enabled, adaptive, between_tools or disabled: the chat template's enable_thinking; thinking "
+                             "blocks come from --reasoning-parser; budget_tokens and display are not enforced"),
+    "output_config": _implemented("format (json_schema: enforced by a grammar); effort: the chat template's reasoning_effort"),
+    "metadata": _ignored("user_id identifies an end user; no effect on the output"),
+    "service_tier": _ignored("one tier"),
+    "speed": _ignored("one speed"),
+    "inference_geo": _ignored("it runs here"),
+    "diagnostics": _ignored("no prompt-cache divergence reports"),
+    "user_profile_id": _ignored("no user profiles"),
+    "workspace_id": _ignored("no workspaces"),
+    "context_management": _ignored("the conversation is rendered as sent"),
+    "cache_control": _ignored("the prefix cache is automatic"),
+    "container": _refused("this server runs no code-execution container: drop it"),
+    "mcp_servers": _refused("this server connects to no MCP server: call the tools from the client"),
+}
+POLICY["/v1/messages/count_tokens"] = POLICY["/v1/messages"]
+
 
 MAX_UNKNOWN_FIELDS = 256  # a request with more fields outside its model is refused before any is sorted or escaped
 

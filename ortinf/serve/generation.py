@@ -6,7 +6,7 @@ this, never each other."""
 from __future__ import annotations
 
 import uuid
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 from ortinf.runtime.engine.llm_engine import PreparedRequest
 from ortinf.runtime.engine.outputs import RequestOutput
@@ -15,7 +15,7 @@ from ortinf.serve.errors import APIError
 from ortinf.serve.models import ServedModel
 from ortinf.serve.protocol import ChatCompletionRequest, SamplingFields
 from ortinf.tasks.chat import tool_parsers
-from ortinf.tasks.chat.tools import ToolPlan, plan
+from ortinf.tasks.chat.tools import ToolCall, ToolPlan, held_back, plan
 from ortinf.tasks.text import samples
 
 
@@ -94,4 +94,56 @@ def split_reasoning(model: ServedModel, text: str, finished: bool = True) -> tup
     return model.reasoning_parser.split(text, finished)
 
 
-__all__ = ["cached_tokens", "chat_params", "prepare_samples", "render_prompt", "request_ids", "split_reasoning", "tool_plan", "usage"]
+def count_prompt_tokens(model: ServedModel, ids: list[int], images: list) -> int:
+    """A rendered prompt's tokens, each image's placeholder counted as the tokens it becomes (its size's)."""
+    if not images:
+        return len(ids)
+    return len(samples(model.require_engine(), ids, SamplingParams(), images=images)[0].token_ids)
+
+
+@dataclass(slots=True)
+class Reply:
+    """One sample's reply as its deltas arrive, for a route that streams it in its own framing: what of the
+    thinking (with a reasoning parser) and of the answer may be sent now (text that may belong to a tool call is
+    held back until the output ends), and once it ends the answer's content and tool calls, read by the plan."""
+
+    model: ServedModel
+    tools: ToolPlan
+    text: str = ""
+    said: int = 0  # thinking characters handed out
+    sent: int = 0  # answer characters handed out
+    reasoning: str | None = None  # once finished: the whole thinking (None: the model did not think)
+    content: str | None = None  # once finished: the answer's text besides its calls
+    calls: list[ToolCall] = field(default_factory=list)
+
+    def feed(self, delta: str, finished: bool) -> tuple[str, str]:
+        """(new thinking, new answer text) that may be sent after this delta of the output."""
+        self.text += delta
+        reasoning, answer = split_reasoning(self.model, self.text, finished)
+        thinking = ""
+        if reasoning is not None and len(reasoning) > self.said:
+            thinking, self.said = reasoning[self.said:], len(reasoning)
+        answer = answer or ""
+        visible = len(answer) if finished else held_back(answer, self.tools.mode, self.model.tool_parser)
+        if finished:
+            self.reasoning = reasoning
+            self.content, self.calls = self.tools.parse(answer, self.model.tool_parser) if self.tools.mode != "none" else (answer, [])
+            if self.calls:
+                visible = len(self.content or "") if self.tools.mode == "auto" else 0
+        new = answer[self.sent:max(visible, self.sent)]
+        self.sent = max(visible, self.sent)
+        return thinking, new
+
+
+__all__ = [
+    "Reply",
+    "count_prompt_tokens",
+    "cached_tokens",
+    "chat_params",
+    "prepare_samples",
+    "render_prompt",
+    "request_ids",
+    "split_reasoning",
+    "tool_plan",
+    "usage",
+]

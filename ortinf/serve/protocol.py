@@ -1,6 +1,7 @@
-"""OpenAI protocol request models (pydantic). Bounds live here so they appear in the OpenAPI schema;
-SamplingParams checks them again for the Python API, and the engine checks what depends on the
-model (token ids below its vocabulary size, prompt + max_tokens within its context length).
+"""OpenAI protocol request models (pydantic): types, and the limits that are the API's own (n, list lengths,
+temperature <= 2). A sampling value's range is checked once, by SamplingParams (for every route and the Python
+API alike), and the engine checks what depends on the model (token ids below its vocabulary size, prompt +
+max_tokens within its context length).
 
 The top-level request models take fields they do not declare (extra="allow"): what happens to each is
 the compatibility policy (ortinf/serve/field_policy.py: ignored and named in a response header, or

@@ -8,12 +8,13 @@ from pathlib import Path
 import pytest
 
 from ortinf.serve import field_policy
+from ortinf.serve.anthropic_api import CountTokensRequest, MessagesRequest
 from ortinf.serve.field_policy import IGNORED, IMPLEMENTED, MAPPED, POLICY, REFUSED
 from ortinf.serve.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from ortinf.serve.responses_api import ResponsesRequest
 
 MODELS = {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatCompletionRequest, "/v1/embeddings": EmbeddingRequest,
-          "/v1/responses": ResponsesRequest}
+          "/v1/responses": ResponsesRequest, "/v1/messages": MessagesRequest, "/v1/messages/count_tokens": CountTokensRequest}
 
 
 @pytest.mark.parametrize("route", sorted(MODELS))
