@@ -19,7 +19,7 @@ from ortinf import extras
 from ortinf.errors import ConfigError
 from ortinf.manifest import TEXT_GENERATION, Manifest
 from ortinf.runtime.engine.async_engine import AsyncEngine
-from ortinf.serve import anthropic_api, chat, completions, embeddings, lora_routes, responses, responses_api, scoring, tokens
+from ortinf.serve import anthropic_api, chat, completions, embeddings, lora_routes, ollama_api, responses, responses_api, scoring, tokens
 from ortinf.serve.config import ServerConfig
 from ortinf.serve.errors import error_body, error_response, from_exception, install_error_handlers
 from ortinf.serve.models import ServedModel
@@ -279,6 +279,7 @@ def build_app(config: ServerConfig, load_in_background: bool = True) -> FastAPI:
     app.include_router(chat.router)
     app.include_router(responses_api.router)
     app.include_router(anthropic_api.router)
+    app.include_router(ollama_api.router)
     app.include_router(embeddings.router)
     app.include_router(scoring.router)
     app.include_router(tokens.router)
@@ -293,7 +294,7 @@ def build_app(config: ServerConfig, load_in_background: bool = True) -> FastAPI:
     app.add_middleware(CatchAll)
     vision = any(_has_vision(package) for package in config.packages)
     app.add_middleware(BodyLimit, limit=config.max_body_size, audio_limit=config.max_audio_body_size,
-                       media_paths=("/v1/chat/completions", "/v1/responses", "/v1/messages") if vision else ())
+                       media_paths=("/v1/chat/completions", "/v1/responses", "/v1/messages", "/api/chat", "/api/generate") if vision else ())
     app.add_middleware(Gate, state=state)
     app.add_middleware(ClientGone)
 

@@ -222,6 +222,59 @@ POLICY["/v1/messages"] = {  # Anthropic's Messages API (ortinf/serve/anthropic_a
 }
 POLICY["/v1/messages/count_tokens"] = POLICY["/v1/messages"]
 
+_OLLAMA = {  # what /api/chat and /api/generate share (ortinf/serve/ollama_api.py)
+    "model": _implemented("the served name (a trailing :latest is accepted)"),
+    "stream": _implemented("NDJSON lines, the last with done true; default true, as Ollama's"),
+    "format": _implemented("\"json\" (any JSON object) or a JSON schema: enforced by a grammar"),
+    "options": _implemented("temperature, top_p, top_k, min_p, seed, num_predict, stop, repeat_penalty, presence_penalty, "
+                            "frequency_penalty; the runner's (num_ctx, num_gpu, num_thread, ...) are named as ignored "
+                            "(options.NAME): the server's options set them"),
+    "think": _implemented("true/false: the chat template's enable_thinking; low/medium/high also its reasoning_effort; thinking "
+                          "comes from --reasoning-parser"),
+    "keep_alive": _ignored("every served model stays loaded"),
+    "logprobs": _refused("no logprobs on Ollama's routes: use /v1/chat/completions or /v1/completions"),
+    "top_logprobs": _refused("no logprobs on Ollama's routes: use /v1/chat/completions or /v1/completions"),
+}
+POLICY["/api/chat"] = {
+    **_OLLAMA,
+    "messages": _implemented("system, user, assistant (with tool_calls), tool (tool_name); images as base64 on vision models; "
+                             "none: the model's load answer (done_reason load)"),
+    "tools": _implemented("function tools; the model's calls are read by the tool-call parser"),
+}
+POLICY["/api/generate"] = {
+    **_OLLAMA,
+    "prompt": _implemented("rendered as a user turn through the chat template, or as it is with raw (or without a template); "
+                           "empty: the model's load answer (done_reason load)"),
+    "system": _implemented("a system turn before the prompt"),
+    "images": _implemented("base64 images on vision models"),
+    "raw": _implemented("the prompt as it is, no template"),
+    "context": _ignored("Ollama's deprecated token context: send the conversation to /api/chat"),
+    "suffix": _refused("no fill-in-the-middle: put the text in the prompt"),
+    "template": _refused("the package's chat template renders prompts: send raw: true with the prompt formatted"),
+    "width": _refused("no image generation"),
+    "height": _refused("no image generation"),
+    "steps": _refused("no image generation"),
+}
+POLICY["/api/embed"] = {
+    "model": _implemented("the served embedding model"),
+    "input": _implemented("a string or a list of strings"),
+    "truncate": _implemented("default true: inputs past the context length are cut; false: they are a 400"),
+    "dimensions": _implemented("the first k dimensions, re-normalised when the model normalises"),
+    "options": _ignored("embeddings take no sampling options"),
+    "keep_alive": _ignored("every served model stays loaded"),
+}
+POLICY["/api/embeddings"] = {
+    "model": _implemented("the served embedding model"),
+    "prompt": _implemented("one text"),
+    "options": _ignored("embeddings take no sampling options"),
+    "keep_alive": _ignored("every served model stays loaded"),
+}
+POLICY["/api/show"] = {
+    "model": _implemented("the served name"),
+    "name": _implemented("the older spelling of model"),
+    "verbose": _ignored("model_info holds what there is"),
+}
+
 
 MAX_UNKNOWN_FIELDS = 256  # a request with more fields outside its model is refused before any is sorted or escaped
 

@@ -10,11 +10,14 @@ import pytest
 from ortinf.serve import field_policy
 from ortinf.serve.anthropic_api import CountTokensRequest, MessagesRequest
 from ortinf.serve.field_policy import IGNORED, IMPLEMENTED, MAPPED, POLICY, REFUSED
+from ortinf.serve.ollama_api import ChatRequest, EmbeddingsRequest, EmbedRequest, GenerateRequest, ModelRequest
 from ortinf.serve.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from ortinf.serve.responses_api import ResponsesRequest
 
 MODELS = {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatCompletionRequest, "/v1/embeddings": EmbeddingRequest,
-          "/v1/responses": ResponsesRequest, "/v1/messages": MessagesRequest, "/v1/messages/count_tokens": CountTokensRequest}
+          "/v1/responses": ResponsesRequest, "/v1/messages": MessagesRequest, "/v1/messages/count_tokens": CountTokensRequest,
+          "/api/chat": ChatRequest, "/api/generate": GenerateRequest, "/api/embed": EmbedRequest, "/api/embeddings": EmbeddingsRequest,
+          "/api/show": ModelRequest}
 
 
 @pytest.mark.parametrize("route", sorted(MODELS))

@@ -1,0 +1,448 @@
+"""Ollama's API (https://github.com/ollama/ollama/blob/main/docs/api.md) on the same server: /api/chat, /api/generate,
+/api/embed and /api/embeddings as front-ends over the chat, completion and pooling paths; /api/tags, /api/show,
+/api/ps and /api/version describe what is served. Streams are NDJSON (one JSON object a line, `done` on the last);
+errors are `{"error": "..."}` (ortinf/serve/errors.py). What Ollama manages itself (pulling, creating, copying and
+deleting models) is a 400 that says what to do instead: ortinf serves packages made by `ortinf export`.
+
+Sampling defaults are the package's, as on the OpenAI routes (Ollama's come from a Modelfile): `options` set them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import AsyncIterator
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+import ortinf
+from ortinf.manifest import FEATURE_EXTRACTION
+from ortinf.runtime.engine.outputs import RequestOutput
+from ortinf.serve import field_policy
+from ortinf.serve.encoding import embed
+from ortinf.serve.errors import APIError, from_exception
+from ortinf.serve.generation import Reply, chat_params, prepare_samples, render_prompt, tool_plan
+from ortinf.serve.models import ServedModel
+from ortinf.serve.protocol import MAX_EMBEDDING_INPUTS, MAX_STOP, OPEN, ChatCompletionRequest, CompletionRequest, Finite
+from ortinf.serve.state import ServerState
+from ortinf.serve.streaming import AdmittedStream, final_outputs, merged, prepare_off_loop, sequences, until_disconnected
+from ortinf.tasks.chat.tools import ToolPlan
+
+router = APIRouter()
+API_VERSION = "0.12.0"  # the Ollama API level these routes speak (clients gate features on it); ortinf's own is beside it
+FOREVER = "2318-01-01T00:00:00Z"  # expires_at of a model that stays loaded (Ollama's keep_alive -1)
+
+
+class Options(BaseModel):
+    """Ollama's `options`: the sampling ones are read; the rest (runner settings: num_ctx, num_gpu, num_thread, ...)
+    are named as ignored, as an unknown field is."""
+
+    model_config = ConfigDict(extra="allow")
+
+    temperature: Finite | None = None
+    top_p: Finite | None = None
+    top_k: Annotated[int, Field(strict=True)] | None = None
+    min_p: Finite | None = None
+    seed: Annotated[int, Field(strict=True)] | None = None
+    num_predict: Annotated[int, Field(strict=True)] | None = None
+    stop: Annotated[list[str], Field(max_length=MAX_STOP)] | None = None
+    repeat_penalty: Finite | None = None
+    presence_penalty: Finite | None = None
+    frequency_penalty: Finite | None = None
+
+    def sampling(self) -> dict:
+        """ChatCompletionRequest's fields for these options (num_predict -1 or -2: as long as the context allows)."""
+        fields = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p, "seed": self.seed,
+                  "stop": self.stop, "repetition_penalty": self.repeat_penalty, "presence_penalty": self.presence_penalty,
+                  "frequency_penalty": self.frequency_penalty}
+        if self.num_predict is not None and self.num_predict > 0:
+            fields["max_tokens"] = self.num_predict
+        elif self.num_predict is not None and self.num_predict not in (-1, -2):
+            raise APIError(400, "options.num_predict must be positive, or -1 (no limit) or -2 (fill the context)", param="options.num_predict")
+        return {key: value for key, value in fields.items() if value is not None}
+
+
+class GenerateFields(BaseModel):
+    model_config = OPEN
+
+    model: str
+    stream: bool = True  # Ollama streams unless told not to
+    format: str | dict | None = None
+    options: Options | None = None
+    think: bool | str | None = None
+
+
+class ChatRequest(GenerateFields):
+    messages: list[dict] = Field(default_factory=list)
+    tools: Annotated[list[dict], Field(max_length=128)] | None = None
+
+
+class GenerateRequest(GenerateFields):
+    prompt: str | None = None
+    system: str | None = None
+    images: list[str] | None = None
+    raw: bool = False
+
+
+class EmbedRequest(BaseModel):
+    model_config = OPEN
+
+    model: str
+    input: str | Annotated[list[str], Field(min_length=1, max_length=MAX_EMBEDDING_INPUTS)]
+    truncate: bool = True
+    dimensions: Annotated[int, Field(strict=True, ge=1)] | None = None
+
+
+class EmbeddingsRequest(BaseModel):
+    model_config = OPEN
+
+    model: str
+    prompt: str
+
+
+class ModelRequest(BaseModel):
+    model_config = OPEN
+
+    model: str | None = None
+    name: str | None = None  # the older spelling of model
+
+
+def _served(state: ServerState, name: str | None) -> ServedModel:
+    """The model by its Ollama name: a served name, or one with Ollama's default tag (`:latest`)."""
+    try:
+        return state.registry.get(name)
+    except APIError:
+        if name is not None and name.endswith(":latest"):
+            return state.registry.get(name.removesuffix(":latest"))
+        raise
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def _images(images: list, where: str) -> list[dict]:
+    """Ollama's base64 images as chat image parts (the decoder reads the format from the bytes)."""
+    if not isinstance(images, list) or not all(isinstance(image, str) for image in images):
+        raise APIError(400, f"{where}.images must be a list of base64 strings", param=f"{where}.images")
+    return [{"type": "image_url", "image_url": {"url": f"data:image/png;base64,{image}"}} for image in images]
+
+
+def _messages(messages: list[dict]) -> list[dict]:
+    """Ollama's messages as OpenAI's: images as image parts, tool calls with ids (Ollama's have none: a tool message
+    answers the earliest unanswered call of its tool_name, else the earliest unanswered one)."""
+    converted, pending = [], []
+    for index, message in enumerate(messages):
+        where = f"messages.{index}"
+        if not isinstance(message, dict) or message.get("role") not in ("system", "user", "assistant", "tool"):
+            raise APIError(400, f"{where}.role must be system, user, assistant or tool", param=f"{where}.role")
+        content = message.get("content") or ""
+        if not isinstance(content, str):
+            raise APIError(400, f"{where}.content must be a string", param=f"{where}.content")
+        body: dict[str, Any] = {"role": message["role"], "content": content}
+        if message.get("images"):
+            body["content"] = [{"type": "text", "text": content}, *_images(message["images"], where)]
+        if message["role"] == "assistant" and message.get("tool_calls"):
+            calls = []
+            for position, call in enumerate(message["tool_calls"]):
+                function = call.get("function") if isinstance(call, dict) else None
+                if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+                    raise APIError(400, f"{where}.tool_calls.{position} needs function.name", param=f"{where}.tool_calls")
+                arguments = function.get("arguments") or {}
+                call_id = f"call_{index}_{position}"
+                pending.append((call_id, function["name"]))
+                calls.append({"id": call_id, "type": "function", "function": {
+                    "name": function["name"], "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments)}})
+            body["tool_calls"] = calls
+            body["content"] = content or None
+        if message["role"] == "tool":
+            name = message.get("tool_name") or message.get("name")
+            match = next((p for p in pending if p[1] == name), pending[0] if pending else None)
+            if match is not None:
+                pending.remove(match)
+                body["tool_call_id"] = match[0]
+            if isinstance(name, str):
+                body["name"] = name
+        converted.append(body)
+    return converted
+
+
+def _chat_request(body: GenerateFields, messages: list[dict], tools: list[dict] | None = None) -> ChatCompletionRequest:
+    fields: dict = {"model": body.model, "messages": messages, "stream": body.stream, **(body.options.sampling() if body.options else {})}
+    if tools:
+        fields["tools"] = tools
+    if body.format == "json":
+        fields["response_format"] = {"type": "json_object"}
+    elif isinstance(body.format, dict):
+        fields["response_format"] = {"type": "json_schema", "json_schema": {"name": "format", "schema": body.format}}
+    elif body.format not in (None, ""):
+        raise APIError(400, "format must be \"json\" or a JSON schema object", param="format")
+    if body.think is not None:  # Qwen3's templates read enable_thinking, gpt-oss's reasoning_effort
+        template: dict = {"enable_thinking": body.think is not False}
+        if isinstance(body.think, str):
+            template["reasoning_effort"] = body.think
+        fields["chat_template_kwargs"] = template
+    try:
+        return ChatCompletionRequest.model_validate(fields)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(part) for part in error.get("loc", ()))
+        raise APIError(400, f"{where}: {error.get('msg', 'invalid value')}", param=where or None) from None
+
+
+def _ignored(route: str, body: BaseModel) -> list[str]:
+    ignored = field_policy.apply(route, body)
+    options = getattr(body, "options", None)
+    extra = options.model_extra if isinstance(options, Options) else (options or {}) if isinstance(options, dict) else {}
+    return ignored + [f"options.{name}" for name in extra]
+
+
+def _ndjson(line: dict) -> str:
+    return json.dumps(line, ensure_ascii=False) + "\n"
+
+
+def _timings(start: float, output: RequestOutput, prompt_tokens: int) -> dict:
+    """Ollama's counts and durations (nanoseconds): the prompt's evaluation until the first token, then the output's."""
+    metrics = output.metrics
+    now = time.monotonic()
+    first = metrics.first_token_time if metrics is not None and metrics.first_token_time is not None else now
+    arrival = metrics.arrival_time if metrics is not None else start
+    return {"total_duration": int((now - start) * 1e9), "load_duration": 0, "prompt_eval_count": prompt_tokens,
+            "prompt_eval_duration": int(max(first - arrival, 0) * 1e9), "eval_count": output.num_output_tokens,
+            "eval_duration": int(max(now - first, 0) * 1e9)}
+
+
+def _done_reason(reason: str | None) -> str:
+    return "length" if reason == "length" else "stop"
+
+
+def _calls(reply: Reply) -> list[dict]:
+    found = []
+    for call in reply.calls:
+        try:
+            arguments = json.loads(call.arguments) if call.arguments else {}
+        except ValueError:
+            arguments = {}
+        found.append({"function": {"name": call.name, "arguments": arguments if isinstance(arguments, dict) else {"value": arguments}}})
+    return found
+
+
+async def _run(request: Request, state: ServerState, model: ServedModel, prepared: list, tools: ToolPlan, frame, ignored: list[str]):
+    """Runs the prepared request; `frame(kind, ...)` shapes each line: ("delta", thinking, text), ("done", reply,
+    output) for the last. Streamed as NDJSON, or one object."""
+    start = time.monotonic()
+    request_id = f"ollama-{hashlib.sha1(str(start).encode()).hexdigest()[:12]}"
+    ticket = state.admission.acquire(sequences(prepared))
+    headers = field_policy.ignored_headers(ignored)
+    if prepared[0].options.output_kind != "delta":  # not streamed: one final output
+        try:
+            (output,) = await until_disconnected(request, final_outputs(model.require_engine(), prepared, request_id))
+        finally:
+            ticket.release()
+        reply = Reply(model, tools)
+        thinking, text = reply.feed(output.outputs[0].text, True)
+        return JSONResponse({**frame("done", reply, output, start, thinking, text)}, headers=headers)
+
+    async def lines() -> AsyncIterator[str]:
+        reply = Reply(model, tools)
+        samples = merged(model.require_engine(), prepared, request_id)
+        try:
+            async for _, output in samples:
+                delta = output.outputs[0]
+                thinking, text = reply.feed(delta.text, bool(delta.finish_reason))
+                if delta.finish_reason:
+                    yield _ndjson(frame("done", reply, output, start, thinking, text))
+                elif thinking or text:
+                    yield _ndjson(frame("delta", reply, output, start, thinking, text))
+        except Exception as exc:  # noqa: BLE001 - reported in the stream, whose headers are already sent
+            yield _ndjson({"error": from_exception(exc).message})
+        finally:
+            await samples.aclose()  # type: ignore[attr-defined] - aborts the request if the client went away
+
+    stream = AdmittedStream(lines(), ticket)
+    stream.media_type = "application/x-ndjson"
+    stream.headers["content-type"] = "application/x-ndjson"
+    stream.headers.update(headers)
+    return stream
+
+
+async def _chat_prepared(state: ServerState, model: ServedModel, chat: ChatCompletionRequest, stream: bool) -> tuple[ToolPlan, list]:
+    tools = tool_plan(model, chat)
+    params = chat_params(model, chat, tools, None)
+
+    def prepare() -> list:  # rendering, tokenising and decoding images are CPU work: off the event loop
+        images = model.chat.images(chat.messages, state.config.media_policy) if model.chat is not None else []
+        return prepare_samples(model, [render_prompt(model, chat, tools)], params, 1, stream, images=images)
+
+    return tools, await prepare_off_loop(state.admission, prepare, model.chat is not None and model.chat.has_images(chat.messages), 1)
+
+
+@router.post("/api/chat")
+async def chat(body: ChatRequest, request: Request):
+    state: ServerState = request.app.state.ortinf
+    ignored = _ignored("/api/chat", body)
+    model = _served(state, body.model)
+    model.require_engine()
+    if not body.messages:  # Ollama's way to load a model: nothing to say, done at once
+        return JSONResponse({"model": model.name, "created_at": _now(), "message": {"role": "assistant", "content": ""},
+                             "done_reason": "load", "done": True})
+    chat_body = _chat_request(body, _messages(body.messages), body.tools)
+    tools, prepared = await _chat_prepared(state, model, chat_body, body.stream)
+
+    def frame(kind: str, reply: Reply, output: RequestOutput, start: float, thinking: str, text: str) -> dict:
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if thinking:
+            message["thinking"] = thinking
+        line = {"model": model.name, "created_at": _now(), "message": message, "done": kind == "done"}
+        if kind == "done":
+            if reply.calls:
+                message["tool_calls"] = _calls(reply)
+            line.update(done_reason=_done_reason(output.outputs[0].finish_reason), **_timings(start, output, prepared[0].num_prompt_tokens))
+        return line
+
+    return await _run(request, state, model, prepared, tools, frame, ignored)
+
+
+@router.post("/api/generate")
+async def generate(body: GenerateRequest, request: Request):
+    state: ServerState = request.app.state.ortinf
+    ignored = _ignored("/api/generate", body)
+    model = _served(state, body.model)
+    model.require_engine()
+    if not body.prompt and not body.images:  # Ollama's way to load a model
+        return JSONResponse({"model": model.name, "created_at": _now(), "response": "", "done_reason": "load", "done": True})
+    if body.raw or model.chat_template is None:  # the prompt as it is: a completion
+        if body.images:
+            raise APIError(400, "images need the model's chat template: send them without raw", param="images")
+        completion = CompletionRequest.model_validate({"model": body.model, "prompt": body.prompt, "max_tokens": None,
+                                                       **(body.options.sampling() if body.options else {})})
+        params = completion.sampling_params(completion.max_tokens, None)
+        tools = ToolPlan(None, "none")
+        prepared = await prepare_off_loop(state.admission, lambda: prepare_samples(model, [body.prompt], params, 1, body.stream), False, 1)
+    else:
+        user: dict[str, Any] = {"role": "user", "content": body.prompt or ""}
+        messages = ([{"role": "system", "content": body.system}] if body.system else []) + _messages([{**user, "images": body.images}])
+        tools, prepared = await _chat_prepared(state, model, _chat_request(body, messages), body.stream)
+
+    def frame(kind: str, reply: Reply, output: RequestOutput, start: float, thinking: str, text: str) -> dict:
+        line: dict[str, Any] = {"model": model.name, "created_at": _now(), "response": text, "done": kind == "done"}
+        if thinking:
+            line["thinking"] = thinking
+        if kind == "done":
+            line.update(done_reason=_done_reason(output.outputs[0].finish_reason), **_timings(start, output, prepared[0].num_prompt_tokens))
+        return line
+
+    return await _run(request, state, model, prepared, tools, frame, ignored)
+
+
+@router.post("/api/embed")
+async def embed_route(body: EmbedRequest, request: Request):
+    state: ServerState = request.app.state.ortinf
+    ignored = _ignored("/api/embed", body)
+    model = _served(state, body.model)
+    start = time.monotonic()
+    items = [body.input] if isinstance(body.input, str) else body.input
+    limit = model.manifest.encoder.max_model_len if body.truncate and model.manifest.encoder is not None else None
+    vectors, tokens = await embed(request, state, model, items, limit, body.dimensions)
+    return JSONResponse({"model": model.name, "embeddings": vectors.tolist(), "total_duration": int((time.monotonic() - start) * 1e9),
+                         "load_duration": 0, "prompt_eval_count": tokens}, headers=field_policy.ignored_headers(ignored))
+
+
+@router.post("/api/embeddings")
+async def embeddings_route(body: EmbeddingsRequest, request: Request):
+    """The older embedding route: one prompt, one `embedding`."""
+    state: ServerState = request.app.state.ortinf
+    ignored = _ignored("/api/embeddings", body)
+    model = _served(state, body.model)
+    vectors, _ = await embed(request, state, model, [body.prompt], None, None)
+    return JSONResponse({"embedding": vectors[0].tolist()}, headers=field_policy.ignored_headers(ignored))
+
+
+def _size(package: Path) -> int:
+    return sum(path.stat().st_size for path in package.rglob("*") if path.is_file())
+
+
+def _details(model: ServedModel) -> dict:
+    manifest = model.manifest
+    return {"parent_model": model.parent or "", "format": "onnx", "family": manifest.model_type, "families": [manifest.model_type],
+            "parameter_size": "", "quantization_level": manifest.dtype}
+
+
+def _card(model: ServedModel) -> dict:
+    manifest_path = model.package_dir / "ortinf.json"
+    digest = hashlib.sha256(manifest_path.read_bytes()).hexdigest() if manifest_path.is_file() else ""
+    modified = datetime.fromtimestamp(manifest_path.stat().st_mtime if manifest_path.is_file() else model.created, timezone.utc)
+    return {"name": model.name, "model": model.name, "modified_at": modified.isoformat().replace("+00:00", "Z"),
+            "size": _size(model.package_dir), "digest": digest, "details": _details(model)}
+
+
+def _context_length(model: ServedModel) -> int | None:
+    if model.engine is not None:
+        return model.engine.engine.max_model_len
+    spec = model.manifest.decoder or model.manifest.encoder
+    return spec.max_model_len if spec is not None else None
+
+
+@router.get("/api/tags")
+async def tags(request: Request):
+    state: ServerState = request.app.state.ortinf
+    models = [*state.registry.models.values(), *state.registry.adapters()]
+    return {"models": [_card(m) for m in models]}
+
+
+@router.get("/api/ps")
+async def ps(request: Request):
+    """The loaded models: every served model stays loaded (expires_at far ahead, as Ollama's keep_alive -1)."""
+    state: ServerState = request.app.state.ortinf
+    models = [*state.registry.models.values(), *state.registry.adapters()]
+    return {"models": [{**_card(m), "expires_at": FOREVER, "size_vram": 0, "context_length": _context_length(m)} for m in models]}
+
+
+@router.post("/api/show")
+async def show(body: ModelRequest, request: Request):
+    state: ServerState = request.app.state.ortinf
+    field_policy.apply("/api/show", body)
+    model = _served(state, body.model or body.name)
+    manifest = model.manifest
+    capabilities = ["embedding"] if manifest.task == FEATURE_EXTRACTION else []
+    if model.engine is not None and model.transcriber is None:
+        capabilities.append("completion")
+        capabilities += ["tools"] if model.tool_parser is not None else []
+        capabilities += ["thinking"] if model.reasoning_parser is not None else []
+        capabilities += ["vision"] if manifest.vision is not None else []
+    info = {"general.architecture": manifest.model_type, "general.basename": manifest.architecture,
+            f"{manifest.model_type}.context_length": _context_length(model), "ortinf.task": manifest.task, "ortinf.dtype": manifest.dtype}
+    template = model.chat_template.source if model.chat_template is not None else ""
+    card = _card(model)
+    return {"license": "", "modelfile": f"# ortinf package {model.package_dir.name}\nFROM {model.package_dir}\n", "parameters": "",
+            "template": template, "details": card["details"], "model_info": info, "capabilities": capabilities,
+            "modified_at": card["modified_at"]}
+
+
+@router.get("/api/version")
+async def version():
+    return {"version": API_VERSION, "ortinf": ortinf.__version__}
+
+
+MANAGED = {"/api/pull": "pull", "/api/push": "push", "/api/create": "create", "/api/copy": "copy", "/api/delete": "delete"}
+
+
+def _managed(action: str):
+    async def refuse():
+        raise APIError(400, f"ortinf does not {action} models: it serves packages made by `ortinf export <hf-folder or gguf> -o DIR` "
+                            "(`ortinf serve DIR ...`)")
+    return refuse
+
+
+for _path, _action in MANAGED.items():
+    router.add_api_route(_path, _managed(_action), methods=["DELETE"] if _action == "delete" else ["POST"], include_in_schema=False)
+router.add_api_route("/api/blobs/{digest}", _managed("upload blobs for"), methods=["POST", "HEAD"], include_in_schema=False)
+
+
+__all__ = ["router"]
