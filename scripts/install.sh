@@ -3,7 +3,9 @@
 # WebGPU provider (scripts/setup_webgpu.sh: its plugin wheel, and Mesa's software Vulkan driver where
 # there is no GPU) and the serving-only OpenVINO environment in .venv-openvino (onnxruntime-openvino
 # replaces the onnxruntime wheel, so it cannot share .venv). Safe to run again: it only installs what
-# is missing. It also builds ortinf's CPU kernel library into ortinf/kernels/lib/. ORTINF_SKIP_WEBGPU=1 / ORTINF_SKIP_OPENVINO=1 leave those out.
+# is missing. It also builds ortinf's CPU kernel library into ortinf/kernels/lib/, and installs Debian's chromium for the
+# chat page's browser test (scripts/setup_browser.sh). ORTINF_SKIP_WEBGPU=1 / ORTINF_SKIP_OPENVINO=1 /
+# ORTINF_SKIP_BROWSER=1 leave those out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-python3}
@@ -29,6 +31,10 @@ echo "== building ortinf's CPU kernel library"
 if [ "${ORTINF_SKIP_WEBGPU:-0}" != 1 ]; then
   echo "== the WebGPU provider (scripts/setup_webgpu.sh)"
   bash scripts/setup_webgpu.sh
+fi
+if [ "${ORTINF_SKIP_BROWSER:-0}" != 1 ]; then
+  echo "== a headless browser for the chat page's test (scripts/setup_browser.sh)"
+  bash scripts/setup_browser.sh
 fi
 if [ "${ORTINF_SKIP_OPENVINO:-0}" != 1 ]; then
   echo "== the OpenVINO environment (scripts/setup_openvino_env.sh)"

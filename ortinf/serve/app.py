@@ -144,7 +144,8 @@ class ClientGone:
                 cycle.disconnected = True
 
 
-OPEN_PATHS = frozenset({"/health", "/version", "/load", "/metrics"})  # what a supervisor, router or scraper reads
+# what a supervisor, router or scraper reads, and the chat page (it holds no data: its calls carry the key)
+OPEN_PATHS = frozenset({"/health", "/version", "/load", "/metrics", "/"})
 
 
 class Gate:
@@ -304,7 +305,9 @@ def build_app(config: ServerConfig, load_in_background: bool = True) -> FastAPI:
         if m.lora_name is not None and m.engine is not None and m.engine.engine.loras is not None:
             adapter = m.engine.engine.loras.adapters.get(m.lora_name)
             root = str(adapter.path) if adapter is not None else None
-        return responses.ModelCard(id=m.name, created=m.created, task=m.manifest.task, max_model_len=length, root=root, parent=m.parent)
+        modalities = ["audio"] if m.manifest.speech is not None else ["text", "image"] if m.manifest.vision is not None else ["text"]
+        return responses.ModelCard(id=m.name, created=m.created, task=m.manifest.task, max_model_len=length, root=root, parent=m.parent,
+                                   input_modalities=modalities)
 
     @app.get("/v1/models", response_model=responses.ModelList)
     async def list_models():
@@ -313,6 +316,15 @@ def build_app(config: ServerConfig, load_in_background: bool = True) -> FastAPI:
     @app.get("/v1/models/{model_id:path}", response_model=responses.ModelCard)
     async def retrieve_model(model_id: str):
         return card(state.registry.get(model_id))
+
+    page = (Path(__file__).parent / "static" / "chat.html").read_bytes()
+
+    @app.get("/", include_in_schema=False)
+    async def chat_page():
+        """The chat page (ortinf/serve/static/chat.html): one file, nothing fetched from elsewhere."""
+        return Response(page, media_type="text/html; charset=utf-8",
+                        headers={"Content-Security-Policy": "default-src 'self'; img-src 'self' data: blob:; style-src 'unsafe-inline'; "
+                                                            "script-src 'unsafe-inline'; connect-src 'self'", "Cache-Control": "no-cache"})
 
     @app.get("/health")
     async def health():

@@ -130,6 +130,7 @@ class ModelCard(BaseModel):
     max_model_len: int
     root: str | None = None  # a LoRA adapter's folder
     parent: str | None = None  # a LoRA adapter's base model
+    input_modalities: list[str] = ["text"]  # what a request may carry: text, image (vision-language), audio (speech)
 
 
 class ModelList(BaseModel):

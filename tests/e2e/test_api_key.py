@@ -1,6 +1,7 @@
-"""--api-key guards every route but /health, /version, /load and /metrics (issue 41, finding 1: /rerank,
-/v2/rerank, /score and /classify answered without the key). The walk takes the routes from the app
-itself, so a route added later is walked too."""
+"""--api-key guards every route but /health, /version, /load, /metrics and the chat page at / (issue 41, finding 1:
+/rerank, /v2/rerank, /score and /classify answered without the key). The walk takes the routes from the app
+itself, so a route added later is walked too; the key comes as `Authorization: Bearer` or (Anthropic's clients)
+`x-api-key`, and the refusal is in the shape of the API the path speaks."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from ortinf.serve.app import OPEN_PATHS, build_app
 from ortinf.serve.state import ServerConfig
 
 KEY = "sk-test-key"
-DOCUMENTED_OPEN = {"/health", "/version", "/load", "/metrics"}
+DOCUMENTED_OPEN = {"/health", "/version", "/load", "/metrics", "/"}
 
 
 def _walk(routes, prefix: str = ""):
@@ -56,20 +57,29 @@ def test_every_route_but_the_open_ones_needs_the_key(keyed):
     routes = every_route()
     paths = {path for _, path in routes}
     for expected in ("/rerank", "/v2/rerank", "/v1/rerank", "/score", "/classify", "/tokenize", "/detokenize",
-                     "/v1/responses", "/v1/load_lora_adapter", "/openapi.json"):
+                     "/v1/responses", "/v1/load_lora_adapter", "/openapi.json", "/v1/messages", "/api/chat", "/api/tags"):
         assert expected in paths, f"{expected} is not a route of the app: the walk would miss it"
     with httpx.Client(base_url=keyed.url, timeout=30) as client:
         for method, path in [*routes, ("GET", "/no-such-route"), ("POST", "/v1/no-such-route")]:
-            for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": KEY}):
+            for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": KEY}, {"x-api-key": "wrong"},
+                            {"x-api-key": KEY, "authorization": f"Bearer {KEY}"}):
                 answer = client.request(method, path, headers=headers, json={})
                 if path in DOCUMENTED_OPEN:
                     assert answer.status_code != 401, (method, path)
                 else:
                     assert answer.status_code == 401, (method, path, headers, answer.status_code, answer.text[:200])
-                    if method != "HEAD":  # a HEAD answer has no body
-                        assert answer.json()["error"]["code"] == "invalid_api_key"
+                    if method == "HEAD":  # a HEAD answer has no body
+                        continue
+                    body = answer.json()
+                    if path.startswith("/v1/messages"):  # Anthropic's shape
+                        assert body["type"] == "error" and body["error"]["type"] == "authentication_error"
+                    elif path.startswith("/api/"):  # Ollama's
+                        assert set(body) == {"error"} and ("API key" in body["error"] or "credential" in body["error"])
+                    else:
+                        assert body["error"]["code"] == "invalid_api_key"
             with_key = client.request(method, path, headers={"authorization": f"Bearer {KEY}"}, json={})
             assert with_key.status_code != 401, (method, path)
+        assert client.get("/v1/models", headers={"x-api-key": KEY}).status_code == 200
 
 
 def test_rerank_runs_only_with_the_key(keyed):
@@ -90,5 +100,5 @@ def test_two_authorization_headers_are_refused(keyed):
     for pair in ([f"Bearer {KEY}", "Bearer wrong"], ["Bearer wrong", f"Bearer {KEY}"], [f"Bearer {KEY}"] * 2):
         answer = httpx.post(f"{keyed.url}/tokenize", json=body, headers=[("authorization", value) for value in pair], timeout=30)
         assert answer.status_code == 401, (pair, answer.text)
-        assert "send one Authorization header" in answer.json()["error"]["message"]
+        assert "send one credential" in answer.json()["error"]["message"]
     assert httpx.post(f"{keyed.url}/tokenize", json=body, headers={"authorization": f"Bearer {KEY}"}, timeout=30).status_code == 200
