@@ -40,9 +40,10 @@ def serve(packages: tuple[Path, ...], use_ray: bool, num_replicas: int, min_repl
     """Serve PACKAGES behind an OpenAI-compatible API (/v1/completions, /v1/chat/completions, /v1/embeddings).
 
     PACKAGES are folders made by `ortinf export`, or Hugging Face model folders, exported into the package
-    cache (~/.cache/ortinf, or $ORTINF_CACHE) on first use and reused after. With no PACKAGES, serves the
-    bundled demo language model and embedding model the same way. Requests are routed to a model by
-    their `model` field.
+    cache (~/.cache/ortinf, or $ORTINF_CACHE) on first use and reused after. With no PACKAGES (and no
+    --models-dir), serves the bundled demo language model and embedding model the same way. With
+    --models-dir DIR, the models under DIR load on their first request and unload when idle or to make
+    room. Requests are routed to a model by their `model` field.
     """
     from ortinf.config import EngineConfig
     from ortinf.serve.app import model_names
@@ -54,7 +55,17 @@ def serve(packages: tuple[Path, ...], use_ray: bool, num_replicas: int, min_repl
     served_model_names = server.pop("served_model_names")
     if not use_ray:
         check_port(server["host"], server["port"])  # before minutes of loading (or exporting) models, not after
-    if not packages:
+    models_dir = server.get("models_dir")
+    if models_dir is not None and not Path(models_dir).is_dir():
+        raise click.UsageError(f"--models-dir {models_dir}: no such folder")
+    on_demand = {"--max-loaded-models": server.get("max_loaded_models", 0) != 0, "--models-memory": server.get("models_memory") is not None,
+                 "--idle-unload": server.get("idle_unload", 0.0) != 0.0, "--model-load-timeout": server.get("model_load_timeout", 120.0) != 120.0}
+    needing = next((flag for flag, set_ in on_demand.items() if set_), None)
+    if needing is not None and models_dir is None:
+        raise click.UsageError(f"{needing} applies to --models-dir: add --models-dir DIR, or drop it")
+    if models_dir is not None and (engine.get("lora_modules") or server.get("allow_runtime_lora_updates")):
+        raise click.UsageError("LoRA adapters are served with the models given as PACKAGES, not with --models-dir")
+    if not packages and models_dir is None:
         from ortinf.bundled import ensure_exported
 
         bundled = ensure_exported()
@@ -94,7 +105,13 @@ def serve(packages: tuple[Path, ...], use_ray: bool, num_replicas: int, min_repl
     from ortinf.runtime.worker.kv_pool import check_budget
     from ortinf.tasks.package import check_server_options
 
-    check_server_options([Manifest.load(p) for p in packages], {k: v for k, v in engine.items() if k != "provider"})
+    manifests = [Manifest.load(p) for p in packages]
+    if models_dir is not None:  # the packages under it that read now (a broken one is an error for its own requests, later)
+        from ortinf.serve.model_manager import discover
+
+        manifests += [m for m in (_readable(entry.package) for entry in discover(Path(models_dir)).values()) if m is not None]
+    if manifests:
+        check_server_options(manifests, {k: v for k, v in engine.items() if k != "provider"})
     for package in packages:  # a context or KV budget a decoder can never run with: one line now, not after the URL
         manifest = Manifest.load(package)
         if manifest.decoder is not None and manifest.seq2seq is None and manifest.speech is None:
@@ -124,3 +141,11 @@ def serve(packages: tuple[Path, ...], use_ray: bool, num_replicas: int, min_repl
                                       gpus_per_replica, prefix_routing), log_level)
         return
     run(config, log_level)
+
+
+def _readable(package: Path) -> Manifest | None:
+    """A --models-dir package's manifest, None where there is none yet (a folder or GGUF not exported) or it is broken."""
+    try:
+        return Manifest.load(package)
+    except (ConfigError, OSError, ValueError):
+        return None

@@ -219,9 +219,10 @@ def _usage(prompt_tokens: int, output_tokens: int, cached: int) -> dict:
             "cache_creation_input_tokens": 0}
 
 
-async def _prepared(body: MessagesRequest, state: ServerState) -> tuple[ServedModel, ChatCompletionRequest, ToolPlan, list, list[str]]:
+async def _prepared(body: MessagesRequest, state: ServerState,
+                    request: Request) -> tuple[ServedModel, ChatCompletionRequest, ToolPlan, list, list[str]]:
     ignored = field_policy.apply(ROUTE, body)
-    model = state.registry.get(body.model)
+    model = await state.model(body.model, request)
     model.require_engine()
     chat = chat_request(body)
     tools = tool_plan(model, chat)
@@ -238,7 +239,7 @@ async def _prepared(body: MessagesRequest, state: ServerState) -> tuple[ServedMo
 @router.post(ROUTE, responses={200: {"description": "a message, or with stream=true its server-sent events"}})
 async def create_message(body: MessagesRequest, request: Request):
     state: ServerState = request.app.state.ortinf
-    model, chat, tools, prepared, ignored = await _prepared(body, state)
+    model, chat, tools, prepared, ignored = await _prepared(body, state, request)
     message_id = f"msg_{uuid.uuid4().hex}"
     headers = field_policy.ignored_headers(ignored)
     ticket = state.admission.acquire(sequences(prepared))
@@ -333,7 +334,7 @@ async def count_tokens(body: CountTokensRequest, request: Request):
     """The prompt's tokens as this model renders the request (its chat template, tools and images), as Anthropic's."""
     state: ServerState = request.app.state.ortinf
     field_policy.apply(f"{ROUTE}/count_tokens", body)
-    model = state.registry.get(body.model)
+    model = await state.model(body.model, request)
     model.require_engine()
     chat = chat_request(body)
     tools = tool_plan(model, chat)

@@ -22,6 +22,7 @@ from ortinf.runtime.engine.async_engine import AsyncEngine
 from ortinf.serve import anthropic_api, chat, completions, embeddings, lora_routes, ollama_api, responses, responses_api, scoring, tokens
 from ortinf.serve.config import ServerConfig
 from ortinf.serve.errors import error_body, error_response, from_exception, install_error_handlers
+from ortinf.serve.model_manager import Leases, ModelManager
 from ortinf.serve.models import ServedModel
 from ortinf.serve.state import ServerState
 from ortinf.tasks.chat.chat import Chat
@@ -257,6 +258,8 @@ def build_app(config: ServerConfig, load_in_background: bool = True) -> FastAPI:
     """The app for `config`; models load in the background while /health answers 503, or (for a Ray
     replica, which must be ready when its start-up ends) before start-up completes."""
     state = ServerState(config)
+    if config.models_dir is not None:  # models listed now, loaded on their first request (ortinf/serve/model_manager.py)
+        state.models = ModelManager(state, lambda package, name: load_model(package, name, config, state))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -265,9 +268,11 @@ def build_app(config: ServerConfig, load_in_background: bool = True) -> FastAPI:
             if state.load_error is not None:
                 raise RuntimeError(f"loading failed: {state.load_error}")
         loader = asyncio.create_task(_load_all(state)) if load_in_background else None
+        watcher = asyncio.create_task(state.models.watch()) if state.models is not None else None
         yield
-        if loader is not None:
-            loader.cancel()
+        for task in (loader, watcher):
+            if task is not None:
+                task.cancel()
         for model in state.registry.models.values():
             for engine in model.engines:  # a step still running (a long prefill) is not waited for past a second:
                 engine.shutdown(timeout=1.0)  # its thread is a daemon, and every client has had its answer
@@ -292,8 +297,10 @@ def build_app(config: ServerConfig, load_in_background: bool = True) -> FastAPI:
         app.include_router(audio.router)
 
     # the last added runs first: the API key is checked before a byte of the body is read
+    app.add_middleware(Leases, state=state)
     app.add_middleware(CatchAll)
-    vision = any(_has_vision(package) for package in config.packages)
+    listed = [entry.package for entry in state.models.catalog.values()] if state.models is not None else []
+    vision = any(_has_vision(package) for package in [*config.packages, *listed])
     app.add_middleware(BodyLimit, limit=config.max_body_size, audio_limit=config.max_audio_body_size,
                        media_paths=("/v1/chat/completions", "/v1/responses", "/v1/messages", "/api/chat", "/api/generate") if vision else ())
     app.add_middleware(Gate, state=state)
@@ -309,12 +316,22 @@ def build_app(config: ServerConfig, load_in_background: bool = True) -> FastAPI:
         return responses.ModelCard(id=m.name, created=m.created, task=m.manifest.task, max_model_len=length, root=root, parent=m.parent,
                                    input_modalities=modalities)
 
+    def unloaded_card(entry) -> responses.ModelCard:  # noqa: ANN001 - a --models-dir model not loaded now
+        described = entry.describe()
+        return responses.ModelCard(id=entry.name, created=int(entry.source.stat().st_mtime), task=described["task"],
+                                   max_model_len=described["max_model_len"], loaded=False)
+
     @app.get("/v1/models", response_model=responses.ModelList)
     async def list_models():
-        return responses.ModelList(data=[card(m) for m in (*state.registry.models.values(), *state.registry.adapters())])
+        cards = [card(m) for m in (*state.registry.models.values(), *state.registry.adapters())]
+        if state.models is not None:
+            cards += [unloaded_card(entry) for entry in state.models.unloaded()]
+        return responses.ModelList(data=sorted(cards, key=lambda c: c.id))
 
     @app.get("/v1/models/{model_id:path}", response_model=responses.ModelCard)
     async def retrieve_model(model_id: str):
+        if state.models is not None and model_id in state.models.catalog and not state.models.is_loaded(model_id):
+            return unloaded_card(state.models.catalog[model_id])
         return card(state.registry.get(model_id))
 
     page = (Path(__file__).parent / "static" / "chat.html").read_bytes()
@@ -346,6 +363,8 @@ def build_app(config: ServerConfig, load_in_background: bool = True) -> FastAPI:
     @app.get("/metrics")
     async def metrics():
         state.metrics.admitted.set(state.admission.in_flight)
+        if state.models is not None:
+            state.metrics.models_loaded.set(len(state.models.slots))
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
     return app

@@ -42,7 +42,7 @@ async def _run(request: Request, task: str, file: UploadFile, model: str | None,
     if include:
         raise APIError(400, f"include[] ({', '.join(include)[:80]}) is not supported by this server: token logprobs of a "
                             "transcription are not returned; verbose_json gives each segment's avg_logprob", param="include[]")
-    served = state.registry.get(model)
+    served = await state.model(model, request)
     if served.transcriber is None:
         raise APIError(400, f"model '{served.name}' is a {served.manifest.task} model, not speech recognition", param="model")
     if response_format not in FORMATS:

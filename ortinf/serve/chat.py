@@ -28,7 +28,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
     state: ServerState = request.app.state.ortinf
     ignored = field_policy.apply("/v1/chat/completions", body)
     body.check_unimplemented()
-    model = state.registry.get(body.model)
+    model = await state.model(body.model, request)
     engine = model.require_engine()
     logprobs = body.logprobs_count()
     tools = tool_plan(model, body)

@@ -29,7 +29,7 @@ async def create_completion(body: CompletionRequest, request: Request):
     state: ServerState = request.app.state.ortinf
     ignored = field_policy.apply("/v1/completions", body)
     body.check_unimplemented()
-    model = state.registry.get(body.model)
+    model = await state.model(body.model, request)
     engine = model.require_engine()
     prompt_logprobs = max(body.logprobs or 0, body.prompt_logprobs or 0) if body.echo else None  # echo shows the prompt's logprobs too
     params = body.sampling_params(body.max_tokens, body.logprobs, prompt_logprobs)

@@ -82,6 +82,20 @@ class ServerConfig:
     transcription_fallback: bool = option(True, "Whisper models: at temperature 0, retry windows that repeat or are unlikely at "
                                           "hotter temperatures and skip silent ones (OpenAI's and openai-whisper's behaviour); "
                                           "off: the request's temperature alone.", "server")
+    models_dir: str | None = option(None, "A folder of models served on demand: every package, Hugging Face folder and GGUF "
+                                    "directly under it is listed without loading, loads on its first request (a folder or GGUF is "
+                                    "exported once, into DIR/.ortinf/) and unloads when idle or to make room (ortinf/serve/model_manager.py).",
+                                    "server", metavar="DIR")
+    max_loaded_models: int = option(0, "With --models-dir: at most this many of its models loaded at once (the least recently used "
+                                    "idle one unloads to make room); 0: as many as --models-memory holds.", "server", minimum=0)
+    models_memory: int | str | None = option(None, "With --models-dir: the memory its loaded models may take together, e.g. 12GiB "
+                                       "(what each took when it loaded, its package's size before) [default: 90% of the memory "
+                                       "available at start].", "server", parse=lambda value: None if value is None else parse_size(value),
+                                       metavar="SIZE")
+    idle_unload: float = option(0.0, "With --models-dir: unload a model idle this many seconds (0: only to make room; Ollama's "
+                                "keep_alive of a request overrides it for its model).", "server", minimum=0.0)
+    model_load_timeout: float = option(120.0, "With --models-dir: seconds a request waits for its model to load (or for room) "
+                                       "before a 503; the load goes on.", "server", minimum=0.1)
     engine_options: dict = field(default_factory=dict)  # EngineConfig's keyword arguments (but package_dir)
 
     def engine_setting(self, name: str):  # noqa: ANN201

@@ -25,7 +25,7 @@ router = APIRouter()
 async def create_embeddings(body: EmbeddingRequest, request: Request):
     state: ServerState = request.app.state.ortinf
     ignored = field_policy.apply("/v1/embeddings", body)
-    model = state.registry.get(body.model)
+    model = await state.model(body.model, request)
     items = body.input
     if isinstance(items, str) or (items and all(isinstance(t, int) for t in items)):
         items = [items]

@@ -231,7 +231,8 @@ _OLLAMA = {  # what /api/chat and /api/generate share (ortinf/serve/ollama_api.p
                             "(options.NAME): the server's options set them"),
     "think": _implemented("true/false: the chat template's enable_thinking; low/medium/high also its reasoning_effort; thinking "
                           "comes from --reasoning-parser"),
-    "keep_alive": _ignored("every served model stays loaded"),
+    "keep_alive": _implemented("with --models-dir: how long the model stays loaded once idle after this request (seconds or "
+                               "5m/1h; negative: stays; 0: unloads at once); without it every model stays loaded"),
     "logprobs": _refused("no logprobs on Ollama's routes: use /v1/chat/completions or /v1/completions"),
     "top_logprobs": _refused("no logprobs on Ollama's routes: use /v1/chat/completions or /v1/completions"),
 }
@@ -261,13 +262,13 @@ POLICY["/api/embed"] = {
     "truncate": _implemented("default true: inputs past the context length are cut; false: they are a 400"),
     "dimensions": _implemented("the first k dimensions, re-normalised when the model normalises"),
     "options": _ignored("embeddings take no sampling options"),
-    "keep_alive": _ignored("every served model stays loaded"),
+    "keep_alive": _implemented("as on /api/chat"),
 }
 POLICY["/api/embeddings"] = {
     "model": _implemented("the served embedding model"),
     "prompt": _implemented("one text"),
     "options": _ignored("embeddings take no sampling options"),
-    "keep_alive": _ignored("every served model stays loaded"),
+    "keep_alive": _implemented("as on /api/chat"),
 }
 POLICY["/api/show"] = {
     "model": _implemented("the served name"),

@@ -46,6 +46,10 @@ class EngineMetrics:
                              buckets=LATENCY_BUCKETS, registry=r)
         self.queue = Histogram(f"{prefix}:request_queue_time_seconds", "Time waiting before first scheduled.", labels,
                                buckets=LATENCY_BUCKETS, registry=r)
+        self.models_loaded = Gauge(f"{prefix}:models_loaded", "--models-dir models loaded now.", registry=r)
+        self.model_loaded_flag = Gauge(f"{prefix}:model_loaded", "1 while a --models-dir model is loaded, 0 once it unloaded.", labels,
+                                       registry=r)
+        self.model_loads = Counter(f"{prefix}:model_loads", "--models-dir models loaded (on a request).", labels, registry=r)
         self.admitted = Gauge(f"{prefix}:num_requests_admitted", "Sequences admitted by the server (running, queued, or "
                               "being tokenised); past --max-num-seqs + --max-queued-requests requests get 429.", registry=r)
         self.spec_drafts = Counter(f"{prefix}:spec_decode_num_drafts", "Steps in which a request verified proposals.", labels, registry=r)
@@ -61,6 +65,12 @@ class EngineMetrics:
         self._live: dict[str, _Live] = {}
         self._seen: dict[str, EngineStats] = {}  # per model: the engine's running totals counted so far
         self._seen_speech: dict[str, dict[str, float]] = {}  # per speech model: the transcriber's totals counted so far
+
+    def model_loaded(self, name: str, loaded: bool) -> None:
+        """A --models-dir model loaded or unloaded (ortinf/serve/model_manager.py)."""
+        self.model_loaded_flag.labels(name).set(1 if loaded else 0)
+        if loaded:
+            self.model_loads.labels(name).inc()
 
     def hook(self, model_name: str):
         """The on_step callback for the engine serving `model_name`."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from collections.abc import AsyncIterator
 from datetime import datetime, timezone
@@ -76,6 +77,7 @@ class GenerateFields(BaseModel):
     format: str | dict | None = None
     options: Options | None = None
     think: bool | str | None = None
+    keep_alive: float | str | None = None
 
 
 class ChatRequest(GenerateFields):
@@ -97,6 +99,7 @@ class EmbedRequest(BaseModel):
     input: str | Annotated[list[str], Field(min_length=1, max_length=MAX_EMBEDDING_INPUTS)]
     truncate: bool = True
     dimensions: Annotated[int, Field(strict=True, ge=1)] | None = None
+    keep_alive: float | str | None = None
 
 
 class EmbeddingsRequest(BaseModel):
@@ -104,6 +107,7 @@ class EmbeddingsRequest(BaseModel):
 
     model: str
     prompt: str
+    keep_alive: float | str | None = None
 
 
 class ModelRequest(BaseModel):
@@ -113,14 +117,39 @@ class ModelRequest(BaseModel):
     name: str | None = None  # the older spelling of model
 
 
-def _served(state: ServerState, name: str | None) -> ServedModel:
-    """The model by its Ollama name: a served name, or one with Ollama's default tag (`:latest`)."""
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
+_UNIT = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def keep_alive_seconds(value: float | str) -> float:
+    """Ollama's keep_alive in seconds: a number of seconds or a Go duration (5m, 1h30m); negative: forever (inf)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float("inf") if value < 0 else float(value)
+    text = str(value).strip()
+    if text.startswith("-"):
+        return float("inf")
     try:
-        return state.registry.get(name)
-    except APIError:
-        if name is not None and name.endswith(":latest"):
-            return state.registry.get(name.removesuffix(":latest"))
-        raise
+        return float(text)
+    except ValueError:
+        pass
+    pieces = _DURATION.findall(text)
+    if not pieces or "".join(number + unit for number, unit in pieces) != text:
+        raise APIError(400, f"keep_alive must be seconds or a duration such as 5m or 1h30m (negative: stay loaded), not {text[:40]!r}",
+                       param="keep_alive")
+    return sum(float(number) * _UNIT[unit] for number, unit in pieces)
+
+
+async def _served(state: ServerState, name: str | None, request: Request, keep_alive: float | str | None = None) -> ServedModel:
+    """The model by its Ollama name: a served name, or one with Ollama's default tag (`:latest`); a request's keep_alive
+    says how long a --models-dir model stays loaded once idle after it."""
+    seconds = keep_alive_seconds(keep_alive) if keep_alive is not None else None
+    known = set(state.registry.names) | (set(state.models.catalog) if state.models is not None else set())
+    if name is not None and name not in known and name.endswith(":latest"):
+        name = name.removesuffix(":latest")
+    model = await state.model(name, request)
+    if seconds is not None and state.models is not None:
+        state.models.keep_alive(model.parent or model.name, seconds)
+    return model
 
 
 def _now() -> str:
@@ -287,7 +316,7 @@ async def _chat_prepared(state: ServerState, model: ServedModel, chat: ChatCompl
 async def chat(body: ChatRequest, request: Request):
     state: ServerState = request.app.state.ortinf
     ignored = _ignored("/api/chat", body)
-    model = _served(state, body.model)
+    model = await _served(state, body.model, request, body.keep_alive)
     model.require_engine()
     if not body.messages:  # Ollama's way to load a model: nothing to say, done at once
         return JSONResponse({"model": model.name, "created_at": _now(), "message": {"role": "assistant", "content": ""},
@@ -313,7 +342,7 @@ async def chat(body: ChatRequest, request: Request):
 async def generate(body: GenerateRequest, request: Request):
     state: ServerState = request.app.state.ortinf
     ignored = _ignored("/api/generate", body)
-    model = _served(state, body.model)
+    model = await _served(state, body.model, request, body.keep_alive)
     model.require_engine()
     if not body.prompt and not body.images:  # Ollama's way to load a model
         return JSONResponse({"model": model.name, "created_at": _now(), "response": "", "done_reason": "load", "done": True})
@@ -345,7 +374,7 @@ async def generate(body: GenerateRequest, request: Request):
 async def embed_route(body: EmbedRequest, request: Request):
     state: ServerState = request.app.state.ortinf
     ignored = _ignored("/api/embed", body)
-    model = _served(state, body.model)
+    model = await _served(state, body.model, request, body.keep_alive)
     start = time.monotonic()
     items = [body.input] if isinstance(body.input, str) else body.input
     limit = model.manifest.encoder.max_model_len if body.truncate and model.manifest.encoder is not None else None
@@ -359,7 +388,7 @@ async def embeddings_route(body: EmbeddingsRequest, request: Request):
     """The older embedding route: one prompt, one `embedding`."""
     state: ServerState = request.app.state.ortinf
     ignored = _ignored("/api/embeddings", body)
-    model = _served(state, body.model)
+    model = await _served(state, body.model, request, body.keep_alive)
     vectors, _ = await embed(request, state, model, [body.prompt], None, None)
     return JSONResponse({"embedding": vectors[0].tolist()}, headers=field_policy.ignored_headers(ignored))
 
@@ -389,26 +418,58 @@ def _context_length(model: ServedModel) -> int | None:
     return spec.max_model_len if spec is not None else None
 
 
+def _entry_card(entry) -> dict:  # noqa: ANN001 - a model_manager.Entry not loaded now
+    """An unloaded --models-dir model as /api/tags lists it (its package's manifest where it has been exported)."""
+    described = entry.describe()
+    manifest = entry.package / "ortinf.json"
+    stamp = (manifest if manifest.is_file() else entry.source).stat().st_mtime
+    digest = hashlib.sha256(manifest.read_bytes() if manifest.is_file() else str(entry.source).encode()).hexdigest()
+    details = {"parent_model": "", "format": "onnx" if entry.kind == "package" else entry.kind, "family": described.get("model_type", ""),
+               "families": [], "parameter_size": "", "quantization_level": described.get("dtype", "")}
+    return {"name": entry.name, "model": entry.name, "modified_at": datetime.fromtimestamp(stamp, timezone.utc).isoformat().replace("+00:00", "Z"),
+            "size": entry.size(), "digest": digest, "details": details}
+
+
 @router.get("/api/tags")
 async def tags(request: Request):
+    """Every model this server can serve: loaded ones, and with --models-dir the ones that load on request."""
     state: ServerState = request.app.state.ortinf
-    models = [*state.registry.models.values(), *state.registry.adapters()]
-    return {"models": [_card(m) for m in models]}
+    models = [_card(m) for m in (*state.registry.models.values(), *state.registry.adapters())]
+    if state.models is not None:
+        models += [_entry_card(entry) for entry in state.models.unloaded()]
+    return {"models": sorted(models, key=lambda m: m["name"])}
+
+
+def _expires(state: ServerState, name: str) -> str:
+    at = state.models.expires(name) if state.models is not None else None
+    return FOREVER if at is None else datetime.fromtimestamp(at, timezone.utc).isoformat().replace("+00:00", "Z")
 
 
 @router.get("/api/ps")
 async def ps(request: Request):
-    """The loaded models: every served model stays loaded (expires_at far ahead, as Ollama's keep_alive -1)."""
+    """The loaded models, with when each unloads if it stays idle (far ahead: it stays)."""
     state: ServerState = request.app.state.ortinf
     models = [*state.registry.models.values(), *state.registry.adapters()]
-    return {"models": [{**_card(m), "expires_at": FOREVER, "size_vram": 0, "context_length": _context_length(m)} for m in models]}
+    return {"models": [{**_card(m), "expires_at": _expires(state, m.parent or m.name), "size_vram": 0, "context_length": _context_length(m)}
+                       for m in models]}
 
 
 @router.post("/api/show")
 async def show(body: ModelRequest, request: Request):
+    """A model's description; a --models-dir model is described from its package, not loaded for it."""
     state: ServerState = request.app.state.ortinf
     field_policy.apply("/api/show", body)
-    model = _served(state, body.model or body.name)
+    name = body.model or body.name
+    if state.models is not None and name is not None and name.removesuffix(":latest") in state.models.catalog \
+            and not state.models.is_loaded(name.removesuffix(":latest")):
+        entry = state.models.catalog[name.removesuffix(":latest")]
+        described = entry.describe()
+        card = _entry_card(entry)
+        task = described["task"]
+        return {"license": "", "modelfile": f"FROM {entry.source}\n", "parameters": "", "template": "", "details": card["details"],
+                "model_info": {"ortinf.task": task, "ortinf.loaded": False},
+                "capabilities": ["embedding"] if task == FEATURE_EXTRACTION else ["completion"], "modified_at": card["modified_at"]}
+    model = await _served(state, name, request)
     manifest = model.manifest
     capabilities = ["embedding"] if manifest.task == FEATURE_EXTRACTION else []
     if model.engine is not None and model.transcriber is None:

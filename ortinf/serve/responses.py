@@ -131,6 +131,7 @@ class ModelCard(BaseModel):
     root: str | None = None  # a LoRA adapter's folder
     parent: str | None = None  # a LoRA adapter's base model
     input_modalities: list[str] = ["text"]  # what a request may carry: text, image (vision-language), audio (speech)
+    loaded: bool = True  # false: a --models-dir model that loads on its first request
 
 
 class ModelList(BaseModel):

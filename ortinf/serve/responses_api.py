@@ -320,7 +320,7 @@ def _usage(run: Run, output_tokens: int, cached: int) -> dict:
 async def create_response(body: ResponsesRequest, request: Request):
     state: ServerState = request.app.state.ortinf
     ignored = field_policy.apply("/v1/responses", body)
-    model = state.registry.get(body.model)
+    model = await state.model(body.model, request)
     engine = model.require_engine()
     store = state.responses
     previous = store.get(body.previous_response_id, "previous_response_id").conversation() if body.previous_response_id else []

@@ -115,7 +115,7 @@ def _usage(tokens: int) -> dict:
 @router.post("/v2/rerank")
 @router.post("/rerank")
 async def rerank(body: RerankRequest, request: Request):
-    model = request.app.state.ortinf.registry.get(body.model)
+    model = await request.app.state.ortinf.model(body.model, request)
     documents = [d if isinstance(d, str) else d.text for d in body.documents]
     scores, tokens = await pair_scores(request, model, [(body.query, d) for d in documents])
     order = sorted(range(len(documents)), key=lambda i: -scores[i])[: body.top_n or len(documents)]
@@ -128,7 +128,7 @@ async def rerank(body: RerankRequest, request: Request):
 @router.post("/score")
 @router.post("/v1/score")
 async def score(body: ScoreRequest, request: Request):
-    model = request.app.state.ortinf.registry.get(body.model)
+    model = await request.app.state.ortinf.model(body.model, request)
     _scorer(model)
     first = [body.text_1] if isinstance(body.text_1, str) else body.text_1
     second = [body.text_2] if isinstance(body.text_2, str) else body.text_2
@@ -148,7 +148,7 @@ async def score(body: ScoreRequest, request: Request):
 @router.post("/classify")
 @router.post("/v1/classify")
 async def classify(body: ClassifyRequest, request: Request):
-    model = request.app.state.ortinf.registry.get(body.model)
+    model = await request.app.state.ortinf.model(body.model, request)
     pooling = model.pooling
     if pooling is None or model.manifest.task != TEXT_CLASSIFICATION:
         raise APIError(400, f"model '{model.name}' is a {model.manifest.task} model: /classify needs a text-classification "

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from ortinf.serve.config import ServerConfig
 from ortinf.serve.metrics import EngineMetrics
-from ortinf.serve.models import ModelRegistry
+from ortinf.serve.models import ModelRegistry, ServedModel
 from ortinf.serve.response_store import ResponseStore
 from ortinf.serve.streaming import Admission
 
@@ -26,6 +26,14 @@ class ServerState:
     load_error: str | None = None
     fatal_error: str | None = None  # an engine died: the process exits non-zero (ortinf/serve/server.py)
     request_exit: Callable[[], None] | None = None  # set by the server: begins a graceful stop
+    models: object | None = None  # --models-dir's ModelManager (ortinf/serve/model_manager.py), set by the app
+
+    async def model(self, name: str | None, request) -> ServedModel:  # noqa: ANN001 - a starlette Request
+        """The served model a request names: with --models-dir, loaded if it is not and leased to the request until its
+        response has been sent; otherwise the registry's."""
+        if self.models is None:
+            return self.registry.get(name)
+        return await self.models.use(name, request)
 
     def __post_init__(self) -> None:
         self.admission = Admission(self.config.max_num_seqs, self.config.max_queued_requests)

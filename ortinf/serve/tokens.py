@@ -73,7 +73,7 @@ async def tokenize(body: TokenizeRequest, request: Request):
         raise APIError(400, "add_special_tokens applies to a prompt: a chat template writes its own special tokens",
                        param="add_special_tokens")
     state: ServerState = request.app.state.ortinf
-    model = state.registry.get(body.model)
+    model = await state.model(body.model, request)
     tokenizer = _tokenizer(model)
 
     def run() -> list[int]:
@@ -95,7 +95,7 @@ async def tokenize(body: TokenizeRequest, request: Request):
 @router.post("/detokenize", response_model=responses.DetokenizeResponse)
 async def detokenize(body: DetokenizeRequest, request: Request):
     state: ServerState = request.app.state.ortinf
-    model = state.registry.get(body.model)
+    model = await state.model(body.model, request)
     tokenizer = _tokenizer(model)
     vocab = (model.manifest.decoder or model.manifest.encoder).vocab_size
     bad = next((t for t in body.tokens if vocab is not None and t >= vocab), None)

@@ -1,0 +1,139 @@
+"""`ortinf serve --models-dir DIR` (ortinf/serve/model_manager.py) on a real server: three packages and a broken one
+under a one-model limit. Listed before any loads; requests to each in turn load and unload them; requests that come
+while a model loads wait and succeed; the broken package is an error for its own requests only; an idle model
+unloads and its memory goes back (the server's RSS, measured); Ollama's keep_alive and /api/ps say the same."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from support.server_helpers import metric, running_server
+
+ASK = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(scope="module")
+def models_dir(byte_package, tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("models")
+    for name in ("alpha", "beta", "gamma"):
+        shutil.copytree(byte_package, folder / name)
+    shutil.copytree(byte_package, folder / "broken")
+    for graph in (folder / "broken").glob("*.onnx"):  # its manifest reads; its graphs do not load
+        graph.write_bytes(b"not an onnx graph")
+    (folder / "notes.txt").write_text("not a model")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def server(models_dir, tmp_path_factory):
+    args = ["--models-dir", str(models_dir), "--max-loaded-models", "1", "--kv-cache-memory", "64MiB", "--max-num-seqs", "8"]
+    with running_server(args, tmp_path_factory.mktemp("logs")) as server:
+        yield server
+
+
+def chat(url: str, model: str, **fields) -> httpx.Response:
+    return httpx.post(f"{url}/v1/chat/completions", json={"model": model, "messages": ASK, "max_tokens": 4, **fields}, timeout=120)
+
+
+def loaded(url: str) -> set[str]:
+    return {card["id"] for card in httpx.get(f"{url}/v1/models").json()["data"] if card["loaded"]}
+
+
+def rss(server) -> int:  # noqa: ANN001
+    for line in Path(f"/proc/{server.process.pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_models_are_listed_before_any_loads(server):
+    cards = {card["id"]: card for card in httpx.get(f"{server.url}/v1/models").json()["data"]}
+    assert set(cards) == {"alpha", "beta", "gamma", "broken"} and not any(card["loaded"] for card in cards.values())
+    assert cards["alpha"]["task"] == "text-generation" and cards["alpha"]["max_model_len"] == 1024
+    assert {m["name"] for m in httpx.get(f"{server.url}/api/tags").json()["models"]} == set(cards)
+    assert httpx.get(f"{server.url}/api/ps").json()["models"] == []
+
+
+def test_one_at_a_time_in_turn(server):
+    greedy = {"temperature": 0}
+    first = chat(server.url, "alpha", **greedy)
+    assert first.status_code == 200 and loaded(server.url) == {"alpha"}
+    assert chat(server.url, "beta", **greedy).status_code == 200 and loaded(server.url) == {"beta"}  # alpha made room
+    again = chat(server.url, "alpha", **greedy)
+    assert again.json()["choices"][0]["message"]["content"] == first.json()["choices"][0]["message"]["content"]
+    text = httpx.get(f"{server.url}/metrics").text
+    assert metric(text, "ortinf:models_loaded") == 1 and metric(text, "ortinf:model_loads_total") >= 3
+    assert [m["name"] for m in httpx.get(f"{server.url}/api/ps").json()["models"]] == ["alpha"]
+
+
+def test_requests_that_come_while_a_model_loads_wait_and_succeed(server):
+    answers: list[int] = []
+
+    def ask() -> None:
+        answers.append(chat(server.url, "gamma").status_code)
+
+    threads = [threading.Thread(target=ask) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert answers == [200] * 4 and loaded(server.url) == {"gamma"}
+    assert metric(httpx.get(f"{server.url}/metrics").text, "ortinf:model_loads_total") >= 4  # gamma loaded once for the four
+
+
+def test_a_broken_package_fails_its_own_requests_only(server):
+    broken = chat(server.url, "broken")
+    assert broken.status_code == 500
+    error = broken.json()["error"]
+    assert error["code"] == "model_load_failed" and "broken" in error["message"]
+    assert chat(server.url, "alpha").status_code == 200  # the others go on
+    assert httpx.get(f"{server.url}/health").status_code == 200
+    ollama = httpx.post(f"{server.url}/api/chat", json={"model": "broken", "messages": ASK, "stream": False})
+    assert ollama.status_code == 500 and "could not be loaded" in ollama.json()["error"]
+
+
+def test_idle_unload_and_keep_alive_free_the_memory(models_dir, tmp_path):
+    args = ["--models-dir", str(models_dir), "--kv-cache-memory", "256MiB", "--idle-unload", "1"]
+    with running_server(args, tmp_path) as server:
+        base = rss(server)
+        sizes = []
+        for _ in range(2):  # the first load also imports what every load needs: the second cycle is the measure
+            assert chat(server.url, "alpha").status_code == 200
+            held = rss(server)
+            deadline = time.monotonic() + 30
+            while loaded(server.url):
+                assert time.monotonic() < deadline, "alpha did not unload when idle"
+                time.sleep(0.2)
+            time.sleep(1.5)  # its engines stop in a worker thread after it leaves the list
+            sizes.append((held, rss(server)))
+        (_, after_first), (held, after_second) = sizes
+        assert held - after_second > 16 << 20, (base, sizes)  # the model's memory went back ...
+        assert after_second - after_first < 16 << 20, (base, sizes)  # ... and nothing stays behind per load
+        reply = httpx.post(f"{server.url}/api/chat", json={"model": "beta", "messages": ASK, "stream": False, "keep_alive": "1h",
+                                                            "options": {"num_predict": 2}})
+        assert reply.status_code == 200
+        time.sleep(2)  # past --idle-unload: keep_alive holds it
+        (ps,) = httpx.get(f"{server.url}/api/ps").json()["models"]
+        assert ps["name"] == "beta" and ps["expires_at"] > "2026"
+        httpx.post(f"{server.url}/api/generate", json={"model": "beta", "prompt": "x", "stream": False, "keep_alive": 0,
+                                                         "options": {"num_predict": 1}})
+        deadline = time.monotonic() + 10
+        while loaded(server.url):
+            assert time.monotonic() < deadline, "keep_alive 0 did not unload beta"
+            time.sleep(0.1)
+
+
+def test_models_dir_options_are_checked_in_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    ortinf = str(Path(sys.executable).with_name("ortinf"))
+    for args, fragment in ((["--max-loaded-models", "2"], "--max-loaded-models applies to --models-dir"),
+                           (["--models-dir", str(tmp_path / "nope")], "no such folder")):
+        done = subprocess.run([ortinf, "serve", *args, "--port", "8798"], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and fragment in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
