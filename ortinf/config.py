@@ -54,6 +54,11 @@ class EngineConfig:
     kv_cache_memory: int | str | None = option(None, "KV cache size, e.g. 2GiB [default: 20% of free RAM, capped at what "
                                                "--max-num-seqs full-length sequences need].", "cache", metavar="SIZE")
     enable_prefix_caching: bool = option(True, "Reuse the KV blocks of prompt prefixes seen before.", "cache")
+    prefix_cache_dir: str | None = option(None, "Keep the prefix cache's full blocks on disk in DIR too: a restart (or another "
+                                          "server on the same disk) restores a long prompt's K/V instead of prefilling it "
+                                          "(host KV pools: the CPU and OpenVINO providers).", "cache", metavar="DIR")
+    prefix_cache_disk: int | str = option(4 << 30, "Disk the --prefix-cache-dir blocks may take; the least recently used go "
+                                          "first.", "cache", shown="4GiB", parse=lambda value: parse_size(value), metavar="SIZE")
     # scheduler
     max_num_seqs: int = option(64, "Most sequences in one batch (Whisper: windows; Marian, BART: sources).", "scheduler")
     max_num_batched_tokens: int = option(2048, "Token budget of one engine step.", "scheduler")
@@ -84,6 +89,10 @@ class EngineConfig:
         object.__setattr__(self, "speculative_config", SpeculativeConfig.parse(self.speculative_config))
         if isinstance(self.kv_cache_memory, str):  # the same sizes as --kv-cache-memory
             object.__setattr__(self, "kv_cache_memory", parse_size(self.kv_cache_memory))
+        if isinstance(self.prefix_cache_disk, str):
+            object.__setattr__(self, "prefix_cache_disk", parse_size(self.prefix_cache_disk))
+        if not isinstance(self.prefix_cache_disk, int) or isinstance(self.prefix_cache_disk, bool) or self.prefix_cache_disk < 1:
+            raise ConfigError(f"prefix_cache_disk must be a positive number of bytes or a size such as 8GiB, got {self.prefix_cache_disk!r}")
         if self.lora_modules and self.max_loras < len(self.lora_modules):
             object.__setattr__(self, "max_loras", len(self.lora_modules))
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_num_encoder_input_tokens", "max_lora_rank"):

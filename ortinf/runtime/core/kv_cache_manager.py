@@ -12,6 +12,11 @@ cached when they end (`num_partial` slots of it computed), under its prefix: the
 that extends that beam takes it over whole (it is unhashed, so one request only; a second child of the
 same beam recomputes those tokens), instead of recomputing the tokens past the last full block.
 
+With --prefix-cache-dir, full blocks also go to disk (ortinf/runtime/worker/prefix_store.py) as they are cached, and
+a lookup that misses in memory reads the request's next blocks from there into free blocks, which are then cached
+as if the engine had computed them (a restart finds a long prompt's K/V). Requests with a LoRA adapter and one-step
+requests are neither stored nor restored.
+
 Encoder-decoder requests (ortinf/runtime/worker/encoder_input.py) also hold cross blocks: the encoder's K/V of
 their input, taken with their first self blocks at admission, all or nothing. They are cached as one
 unit under the input's digest (a partial find is a miss, as the encoder writes them all), and the
@@ -52,6 +57,8 @@ class KVCacheManager:
         self.to_encode: set[str] = set()  # requests whose cross blocks wait for the encoder (this step's admissions)
         self.stats = PrefixCacheStats()
         self.num_cross_hits = 0  # admissions whose encoder output was found in the pool
+        self.store = None  # a PrefixStore (ortinf/runtime/worker/prefix_store.py) with --prefix-cache-dir
+        self.store_identity = ""
 
     @property
     def num_free_blocks(self) -> int:
@@ -89,6 +96,8 @@ class KVCacheManager:
             if block is None:
                 break
             hits.append(block)
+        if self.store is not None and len(hits) < max_blocks and not request.options.top_candidates:
+            hits += self._restore(request, keys, hits, max_blocks)
         num_hit_tokens = len(hits) * self.block_size
         if request.options.top_candidates and len(hits) == max_blocks:  # a beam's last step left its partial block?
             tail = self._tail_key(request, keys[-1][0] if keys else request.cache_salt, len(hits) * self.block_size, request.num_tokens - 1)
@@ -98,6 +107,41 @@ class KVCacheManager:
                     hits.append(block)
                     num_hit_tokens += block.num_partial
         return hits, num_hit_tokens
+
+    def _disk_keys(self, request: Request, num_full_blocks: int) -> list[str] | None:
+        """The stable keys of the request's first full blocks in the prefix store (None: it is not stored: LoRA)."""
+        if request.lora_key is not None:
+            return None
+        from ortinf.runtime.worker.prefix_store import chain
+
+        keys = request.disk_keys
+        if len(keys) < num_full_blocks:
+            size = self.block_size
+            blocks = [request.all_token_ids[i * size : (i + 1) * size] for i in range(num_full_blocks)]
+            keys[:] = chain(self.store_identity, request.cache_salt, blocks)
+        return keys[:num_full_blocks]
+
+    def _restore(self, request: Request, keys: list[tuple[int, PrefixKey]], hits: list[KVCacheBlock], max_blocks: int) -> list[KVCacheBlock]:
+        """The request's blocks after its in-memory hits that the prefix store holds, read into free blocks and cached
+        (left in the free queue, as hits are: allocate_slots takes them). At most half the free blocks are used."""
+        disk = self._disk_keys(request, max_blocks)
+        start = len(hits)
+        if disk is None or not self.store.has(disk[start]):
+            return []
+        self.pool.touch(hits)  # the hits in the free queue must not be the blocks the restore takes
+        restored: list[KVCacheBlock] = []
+        budget = self.pool.num_free_blocks // 2
+        for i in range(start, max_blocks):
+            if len(restored) >= budget or not self.store.has(disk[i]):
+                break
+            (block,) = self.pool.get_new_blocks(1)
+            if not self.store.load(disk[i], block.block_id):
+                self.pool.free_blocks([block])
+                break
+            self.pool.cache_full_block(block, *keys[i])
+            restored.append(block)
+        self.pool.free_blocks(reversed([*hits, *restored]))
+        return restored
 
     def _tail_key(self, request: Request, parent: int | str | None, start: int, end: int) -> tuple[int, PrefixKey] | None:
         """(hash, key) of a partial block holding the request's tokens [start, end), or None when there are none."""
@@ -183,6 +227,10 @@ class KVCacheManager:
         for i, (block_hash, key) in enumerate(self._prefix_keys(request, num_full)[start:], start):
             self.pool.cache_full_block(blocks[i], block_hash, key)
         self.num_cached_blocks[request.request_id] = num_full
+        if self.store is not None and not request.options.top_candidates:
+            disk = self._disk_keys(request, num_full)
+            for i in range(start, num_full) if disk is not None else ():
+                self.store.save(disk[i], blocks[i].block_id)
 
     def trim(self, request: Request) -> None:
         """Gives back the blocks past the request's tokens (slots written for rejected speculative

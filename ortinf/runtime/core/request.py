@@ -56,6 +56,7 @@ class Request:
     salt: str | None = None  # the client's cache_salt (vLLM's)
     images: tuple[PlacedImage, ...] = ()  # a vision-language request's images, where their placeholders are
     options: RequestOptions = DEFAULT  # what its front-end asks of the engine (output kind, candidates, rules)
+    disk_keys: list[str] = field(default_factory=list)  # its full blocks' keys in the prefix store (memoised, as block_hashes)
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids)

@@ -180,6 +180,9 @@ class AsyncEngine:
         self._stopping = True
         self._wake.set()
         self._thread.join(timeout)
+        close = getattr(self.engine, "close", None)
+        if close is not None and not self._thread.is_alive():
+            close()
 
     def _send(self, command: tuple) -> None:
         self._commands.put(command)
