@@ -53,9 +53,9 @@ def overheads(package: Path, kind: str, streams: int, tokens: int, max_len: int)
             graph_time[0] += time.perf_counter() - start
 
     engine.graph.run = timed  # type: ignore[method-assign]
-    params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True, logprobs=1, output_kind=kind)
+    params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True, logprobs=1)
     for i in range(streams):
-        engine.add_request([3 + (i + j) % 200 for j in range(8)], replace(params))
+        engine.add_request(engine.prepare([3 + (i + j) % 200 for j in range(8)], replace(params), output_kind=kind))
     steps, last_step_bytes = [], 0
     while engine.has_unfinished_requests():
         last = len(steps) == tokens - 1

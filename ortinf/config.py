@@ -114,15 +114,21 @@ def parse_size(text: str) -> int:
     return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
 
 
-def available_memory() -> int:
-    """Bytes of RAM available now (MemAvailable), or total RAM where /proc is missing."""
+def proc_bytes(path: str, key: str) -> int | None:
+    """A `key: N kB` line of a Linux /proc file, in bytes (None where there is none)."""
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(key + ":"):
                 return int(line.split()[1]) * 1024
     except OSError:
         pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return None
+
+
+def available_memory() -> int:
+    """Bytes of RAM available now (MemAvailable), or total RAM where /proc is missing."""
+    found = proc_bytes("/proc/meminfo", "MemAvailable")
+    return found if found is not None else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def _provider_options(values) -> dict[str, str]:  # noqa: ANN001

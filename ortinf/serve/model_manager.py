@@ -25,6 +25,7 @@ from pathlib import Path
 
 from starlette.requests import Request
 
+from ortinf.config import available_memory, proc_bytes
 from ortinf.serve.errors import APIError
 from ortinf.serve.models import ServedModel
 
@@ -96,23 +97,7 @@ class Slot:
 
 def resident_bytes() -> int:
     """This process's resident memory (Linux /proc; 0 elsewhere)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
-def available_bytes() -> int:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+    return proc_bytes("/proc/self/status", "VmRSS") or 0
 
 
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
@@ -152,7 +137,7 @@ class ModelManager:
         self.footprints: dict[str, int] = {}  # what each model took when it last loaded (bytes resident)
         self.room = asyncio.Lock()  # one load at a time: each decides room with the others' memory known
         self.idle = asyncio.Event()  # set whenever a model becomes idle or unloads
-        self.budget = config.models_memory or int(available_bytes() * 0.9)
+        self.budget = config.models_memory or int(available_memory() * 0.9)
         if self.catalog:
             keep_large_allocations_mapped()
         self.loads = self.unloads = 0

@@ -247,8 +247,10 @@ def _timings(start: float, output: RequestOutput, prompt_tokens: int) -> dict:
             "eval_duration": int(max(now - first, 0) * 1e9)}
 
 
-def _done_reason(reason: str | None) -> str:
-    return "length" if reason == "length" else "stop"
+def _ended(line: dict, output: RequestOutput, start: float, prepared: list) -> dict:
+    """The last line: why it ended ("length" at num_predict or the context, else "stop"), its counts and durations."""
+    reason = "length" if output.outputs[0].finish_reason == "length" else "stop"
+    return {**line, "done_reason": reason, **_timings(start, output, prepared[0].num_prompt_tokens)}
 
 
 def _calls(reply: Reply) -> list[dict]:
@@ -329,11 +331,9 @@ async def chat(body: ChatRequest, request: Request):
         if thinking:
             message["thinking"] = thinking
         line = {"model": model.name, "created_at": _now(), "message": message, "done": kind == "done"}
-        if kind == "done":
-            if reply.calls:
-                message["tool_calls"] = _calls(reply)
-            line.update(done_reason=_done_reason(output.outputs[0].finish_reason), **_timings(start, output, prepared[0].num_prompt_tokens))
-        return line
+        if kind == "done" and reply.calls:
+            message["tool_calls"] = _calls(reply)
+        return _ended(line, output, start, prepared) if kind == "done" else line
 
     return await _run(request, state, model, prepared, tools, frame, ignored)
 
@@ -363,9 +363,7 @@ async def generate(body: GenerateRequest, request: Request):
         line: dict[str, Any] = {"model": model.name, "created_at": _now(), "response": text, "done": kind == "done"}
         if thinking:
             line["thinking"] = thinking
-        if kind == "done":
-            line.update(done_reason=_done_reason(output.outputs[0].finish_reason), **_timings(start, output, prepared[0].num_prompt_tokens))
-        return line
+        return _ended(line, output, start, prepared) if kind == "done" else line
 
     return await _run(request, state, model, prepared, tools, frame, ignored)
 
