@@ -44,6 +44,7 @@ SCRIPTS = {
     "export_memory.py": ["--in-memory", "--serve"],
     "graph_nodes.py": [],
     "encoder_batching.py": [],  # issue 44's before/after: a worktree of the base revision beside this tree
+    "prefix_cache_disk.py": [],  # issue 45: a long prompt's TTFT across a restart, and --models-dir's swap
 }
 # ray_serve.py starts Ray clusters (minutes); compare.py and moe.py take ~40 s each in tiny mode (peer subprocesses,
 # MoE exports): in the slow run, which keeps the default suite near 20 minutes on 2 cores

@@ -144,3 +144,33 @@ def test_the_page_streams_stops_and_attaches_an_image(server, browser):
     assert "8 tokens" in reply.find_element(By.CLASS_NAME, "stats").text
     browser.save_screenshot(str(ARTIFACTS / "chat-page.png"))
     assert (ARTIFACTS / "chat-page.png").stat().st_size > 10_000
+
+
+def test_anthropic_and_ollama_images_reach_a_vision_model(server):
+    """The same image through Anthropic's image block and Ollama's images: the prompt holds its tokens, as many as the
+    OpenAI route's image_url part gives, and a text model's image is a 400 in each API's shape."""
+    import anthropic
+    import ollama
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (48, 40), (30, 200, 30)).save(buffer, format="PNG")
+    data = base64.b64encode(buffer.getvalue()).decode()
+    api = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0)
+    expected = api.chat.completions.create(model="llava", max_tokens=2, temperature=0, messages=[{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{data}"}}, {"type": "text", "text": "what is this?"}]}])
+    claude = anthropic.Anthropic(base_url=server.url, api_key=KEY, max_retries=0)
+    message = claude.messages.create(model="llava", max_tokens=2, extra_body={"temperature": 0}, messages=[{"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}}, {"type": "text", "text": "what is this?"}]}])
+    assert message.usage.input_tokens + message.usage.cache_read_input_tokens == expected.usage.prompt_tokens
+    assert message.content[0].text == expected.choices[0].message.content
+    local = ollama.Client(host=server.url, headers={"Authorization": f"Bearer {KEY}"})
+    reply = local.chat(model="llava", messages=[{"role": "user", "content": "what is this?", "images": [buffer.getvalue()]}],
+                       options={"temperature": 0, "num_predict": 2})
+    text_only = local.chat(model="llava", messages=[{"role": "user", "content": "what is this?"}], options={"num_predict": 1})
+    assert reply.prompt_eval_count > text_only.prompt_eval_count + 10  # the image's tokens
+    with pytest.raises(anthropic.BadRequestError, match="image"):
+        claude.messages.create(model="tiny", max_tokens=2, messages=[{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}}]}])
+    with pytest.raises(ollama.ResponseError, match="image"):
+        local.chat(model="tiny", messages=[{"role": "user", "content": "x", "images": [buffer.getvalue()]}])
