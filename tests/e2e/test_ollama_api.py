@@ -107,7 +107,9 @@ def test_errors_are_ollama_shaped(client, server):
     assert bad.status_code == 400 and set(bad.json()) == {"error"}
     ignored = httpx.post(f"{server.url}/api/chat", json={"model": "tiny", "messages": ASK, "stream": False, "keep_alive": "5m",
                                                           "options": {"num_ctx": 4096, "num_predict": 2}})
-    assert ignored.status_code == 200 and ignored.headers["x-ignored-fields"] == "keep_alive, options.num_ctx"
+    assert ignored.status_code == 200 and ignored.headers["x-ignored-fields"] == "options.num_ctx"  # keep_alive: --models-dir's
+    bad_keep = httpx.post(f"{server.url}/api/chat", json={"model": "tiny", "messages": ASK, "stream": False, "keep_alive": "soon"})
+    assert bad_keep.status_code == 400 and "keep_alive" in bad_keep.json()["error"]
     with pytest.raises(ollama.ResponseError) as refused:
         client.generate(model="tiny", prompt="x", suffix="y")
     assert "suffix" in refused.value.error
