@@ -79,10 +79,12 @@ def test_a_forced_tool_call_and_its_result_round_trip(client, model):
                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "sunny, 21 C"}]}]
     reply = client.messages.create(model=model, max_tokens=8, messages=history, tools=[WEATHER], extra_body=GREEDY)
     assert reply.stop_reason in ("end_turn", "max_tokens", "tool_use")
-    with client.messages.stream(model=model, max_tokens=80, messages=ASK, tools=[WEATHER], tool_choice={"type": "any"}) as stream:
+    # one call (a sampled reply may hold several, which 200 tokens might not finish)
+    with client.messages.stream(model=model, max_tokens=200, messages=ASK, tools=[WEATHER],
+                                tool_choice={"type": "any", "disable_parallel_tool_use": True}) as stream:
         final = stream.get_final_message()
-    assert final.stop_reason == "tool_use" and all(block.type == "tool_use" for block in final.content)
-    assert {block.name for block in final.content} == {"get_weather"}
+    assert final.stop_reason == "tool_use" and [block.type for block in final.content] == ["tool_use"]
+    assert final.content[0].name == "get_weather" and set(final.content[0].input) == {"city"}
 
 
 def test_count_tokens_is_the_prompt_of_the_message(client, model):
