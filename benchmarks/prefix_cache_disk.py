@@ -74,10 +74,10 @@ from llama_cpp import Llama
 gguf, threads, rounds, state_file = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 prompt = json.loads(sys.stdin.read())
 def new():
-    return Llama(model_path=gguf, n_ctx=len(prompt) + 64, n_batch=512, n_threads=threads, verbose=False, logits_all=False)
+    return Llama(model_path=gguf, n_ctx=len(prompt) + 512, n_batch=512, n_threads=threads, verbose=False, logits_all=False)
 def first(llm):
     start = time.perf_counter()
-    next(iter(llm.generate(prompt, temp=0.0, reset=False)))
+    next(iter(llm.generate(prompt, temp=0.0, reset=True)))
     return time.perf_counter() - start
 cold, hit, restart, load = [], [], [], []
 for _ in range(rounds):

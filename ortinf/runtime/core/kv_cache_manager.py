@@ -129,17 +129,17 @@ class KVCacheManager:
         if disk is None or not self.store.has(disk[start]):
             return []
         self.pool.touch(hits)  # the hits in the free queue must not be the blocks the restore takes
-        restored: list[KVCacheBlock] = []
-        budget = self.pool.num_free_blocks // 2
-        for i in range(start, max_blocks):
-            if len(restored) >= budget or not self.store.has(disk[i]):
+        stored = []
+        for i in range(start, min(max_blocks, start + self.pool.num_free_blocks // 2)):
+            if not self.store.has(disk[i]):
                 break
-            (block,) = self.pool.get_new_blocks(1)
-            if not self.store.load(disk[i], block.block_id):
-                self.pool.free_blocks([block])
-                break
+            stored.append(i)
+        blocks = self.pool.get_new_blocks(len(stored))
+        count = self.store.load_many([disk[i] for i in stored], [b.block_id for b in blocks])
+        for i, block in zip(stored[:count], blocks):
             self.pool.cache_full_block(block, *keys[i])
-            restored.append(block)
+        self.pool.free_blocks(reversed(blocks[count:]))  # unread: plain free blocks again
+        restored = blocks[:count]
         self.pool.free_blocks(reversed([*hits, *restored]))
         return restored
 

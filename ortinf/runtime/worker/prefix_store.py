@@ -155,12 +155,50 @@ class PrefixStore:
     def load(self, key: str, block_id: int) -> bool:
         """Reads a stored block into the pool's block `block_id`; False (and the file gone, with a warning) when it is
         missing, truncated or corrupt."""
+        return self.load_many([key], [block_id]) == 1
+
+    def load_many(self, keys: Sequence[str], block_ids: Sequence[int]) -> int:
+        """Reads stored blocks, in order, into the pool's blocks `block_ids`, until one is missing, truncated or corrupt
+        (that file is deleted, with a warning); returns how many were read. Each layer's tensor is written once for all
+        of them (a block's rows are strided in the pool: one copy per block and tensor cost more than the reads)."""
+        payloads = []
+        for key in keys:
+            payload = self._payload(key)
+            if payload is None:
+                break
+            payloads.append(payload)
+        if not payloads:
+            return 0
+        ids = np.asarray(block_ids[: len(payloads)])
+        offset = 0
+        for array in self.arrays:
+            view = self._view(array, 0)
+            rows = np.stack([np.frombuffer(p, dtype=array.dtype, count=view.size, offset=offset).reshape(view.shape) for p in payloads])
+            if self.blocks_first:
+                array[ids] = rows
+            else:
+                array[:, ids] = np.moveaxis(rows, 0, 1)
+            offset += view.nbytes
+        with self.lock:
+            for key in keys[: len(payloads)]:
+                if key in self.index:
+                    self.index.move_to_end(key)
+        for key in keys[: len(payloads)]:
+            try:
+                os.utime(self._path(key))  # its place in the eviction order survives a restart
+            except OSError:
+                pass
+        self.num_restored += len(payloads)
+        return len(payloads)
+
+    def _payload(self, key: str) -> memoryview | None:
+        """A stored block's checked bytes, None (the file gone, with a warning) when it cannot be used."""
         path = self._path(key)
         try:
             data = path.read_bytes()
         except OSError:
             self._forget(key)
-            return False
+            return None
         problem = None
         if len(data) < HEADER.size:
             problem = "truncated"
@@ -178,18 +216,8 @@ class PrefixStore:
             self.num_rejected += 1
             self._forget(key)
             path.unlink(missing_ok=True)
-            return False
-        offset = 0
-        for array in self.arrays:
-            view = self._view(array, block_id)
-            view[...] = np.frombuffer(payload, dtype=array.dtype, count=view.size, offset=offset).reshape(view.shape)
-            offset += view.nbytes
-        with self.lock:
-            if key in self.index:
-                self.index.move_to_end(key)
-        os.utime(path)  # its place in the eviction order survives a restart
-        self.num_restored += 1
-        return True
+            return None
+        return payload
 
     def _forget(self, key: str) -> None:
         with self.lock:
