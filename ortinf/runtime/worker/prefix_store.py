@@ -70,6 +70,7 @@ class PrefixStore:
         self.root.mkdir(parents=True, exist_ok=True)
         self.identity, self.limit, self.arrays, self.blocks_first = identity, limit, arrays, blocks_first
         self.block_nbytes = sum(self._view(array, 0).nbytes for array in arrays)
+        self._flat: list[tuple] | None = None  # each pool tensor's bytes and piece layout (made on the first restore)
         self.index: OrderedDict[str, int] = OrderedDict()  # key -> file bytes, least recently used first
         self.lock = threading.Lock()
         self.num_written = self.num_restored = self.num_rejected = 0
@@ -159,65 +160,77 @@ class PrefixStore:
 
     def load_many(self, keys: Sequence[str], block_ids: Sequence[int]) -> int:
         """Reads stored blocks, in order, into the pool's blocks `block_ids`, until one is missing, truncated or corrupt
-        (that file is deleted, with a warning); returns how many were read. Each layer's tensor is written once for all
-        of them (a block's rows are strided in the pool: one copy per block and tensor cost more than the reads)."""
-        payloads = []
-        for key in keys:
-            payload = self._payload(key)
-            if payload is None:
+        (that file is deleted, with a warning); returns how many were read. Each file is read straight into its
+        block's rows in the pool, one scatter read (readv) per file: no intermediate buffer (a fresh one faulted in
+        49 MB of pages for a 4,000-token prompt, and the copies out of it cost as much again), and the checksum is
+        taken over the rows it filled. A block that fails its check is left uncached (its rows are garbage nobody reads)."""
+        count = 0
+        for key, block_id in zip(keys, block_ids):
+            if not self._read_into(key, block_id):
                 break
-            payloads.append(payload)
-        if not payloads:
-            return 0
-        ids = np.asarray(block_ids[: len(payloads)])
-        offset = 0
-        for array in self.arrays:
-            view = self._view(array, 0)
-            rows = np.stack([np.frombuffer(p, dtype=array.dtype, count=view.size, offset=offset).reshape(view.shape) for p in payloads])
-            if self.blocks_first:
-                array[ids] = rows
-            else:
-                array[:, ids] = np.moveaxis(rows, 0, 1)
-            offset += view.nbytes
+            count += 1
         with self.lock:
-            for key in keys[: len(payloads)]:
+            for key in keys[:count]:
                 if key in self.index:
                     self.index.move_to_end(key)
-        for key in keys[: len(payloads)]:
+        for key in keys[:count]:
             try:
                 os.utime(self._path(key))  # its place in the eviction order survives a restart
             except OSError:
                 pass
-        self.num_restored += len(payloads)
-        return len(payloads)
+        self.num_restored += count
+        return count
 
-    def _payload(self, key: str) -> memoryview | None:
-        """A stored block's checked bytes, None (the file gone, with a warning) when it cannot be used."""
+    def _rows(self, block_id: int) -> list[memoryview]:
+        """The pool's memory of block `block_id`, as contiguous pieces in the order a stored block holds them: slices of
+        each tensor's bytes (a numpy view per piece cost 40 ms for a 4,000-token prompt; a slice costs nothing)."""
+        if self._flat is None:
+            # (bytes, piece size, stride between heads, heads) of each tensor; [blocks, block_size, heads, dim] is one piece
+            self._flat = [(memoryview(array.reshape(-1).view(np.uint8)), array[0].nbytes, 0, 1) if self.blocks_first else
+                          (memoryview(array.reshape(-1).view(np.uint8)), array[0, 0].nbytes, array[0].nbytes, array.shape[0])
+                          for array in self.arrays]
+        pieces = []
+        for flat, size, stride, heads in self._flat:
+            start = block_id * size
+            pieces += [flat[h * stride + start : h * stride + start + size] for h in range(heads)]
+        return pieces
+
+    def _read_into(self, key: str, block_id: int) -> bool:
         path = self._path(key)
+        header = bytearray(HEADER.size)
+        rows = self._rows(block_id)
         try:
-            data = path.read_bytes()
+            fd = os.open(path, os.O_RDONLY)
         except OSError:
             self._forget(key)
-            return None
+            return False
+        try:
+            got = os.readv(fd, [header, *rows])
+            extra = os.read(fd, 1)
+        except OSError:
+            got, extra = -1, b""
+        finally:
+            os.close(fd)
         problem = None
-        if len(data) < HEADER.size:
-            problem = "truncated"
+        if got < HEADER.size + self.block_nbytes or extra:
+            problem = "truncated" if got < HEADER.size + self.block_nbytes else "not a block of this pool"
         else:
-            magic, length, crc = HEADER.unpack_from(data)
-            payload = memoryview(data)[HEADER.size:]
+            magic, length, crc = HEADER.unpack_from(header)
             if magic != MAGIC or length != self.block_nbytes:
                 problem = "not a block of this pool"
-            elif len(payload) != length:
-                problem = "truncated"
-            elif zlib.crc32(payload) != crc:
-                problem = "its checksum does not match"
+            else:
+                found = 0
+                for row in rows:
+                    found = zlib.crc32(row, found)
+                if found != crc:
+                    problem = "its checksum does not match"
         if problem is not None:
             log.warning("prefix cache: ignoring %s (%s)", path, problem)
             self.num_rejected += 1
             self._forget(key)
             path.unlink(missing_ok=True)
-            return None
-        return payload
+            return False
+        return True
 
     def _forget(self, key: str) -> None:
         with self.lock:
