@@ -7,7 +7,7 @@ dtype, the block size) and the request's cache salt (its images' and encoder inp
 cache_salt); each block's key covers its parent's and its tokens. Requests with a LoRA adapter are not stored (an
 adapter's identity does not survive a restart).
 
-Files. DIR/<identity>/<key[:2]>/<key>.kv: a header (magic, version, payload length, CRC-32 of the payload) and the
+Files. DIR/<identity>/<key[:2]>/<key>.kv: a header (magic and version, payload length, CRC-32 of the payload) and the
 block's rows of every layer's K and V, as the pool holds them (any pool dtype: fp32, fp16, int8 rows with their
 scales). A file is written to a temporary name and renamed: a crash mid-write leaves no file under a key, and a file
 whose length or checksum is wrong is deleted with a warning and treated as a miss. Writes run on a thread of their own
@@ -36,7 +36,7 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 MAGIC = b"ORTKV\x01"
-HEADER = struct.Struct("<6sQI")  # magic, payload bytes, crc32
+HEADER = struct.Struct("<6sQI")  # magic, payload bytes, CRC-32 of the payload
 WRITE_QUEUE = 256  # blocks waiting for the writer; past that a block is not stored (it is a cache)
 
 
@@ -70,7 +70,7 @@ class PrefixStore:
         self.root.mkdir(parents=True, exist_ok=True)
         self.identity, self.limit, self.arrays, self.blocks_first = identity, limit, arrays, blocks_first
         self.block_nbytes = sum(self._view(array, 0).nbytes for array in arrays)
-        self._flat: list[tuple] | None = None  # each pool tensor's bytes and piece layout (made on the first restore)
+        self._pieces: list[tuple] | None = None  # the pool's pieces of a block (made on the first restore)
         self.index: OrderedDict[str, int] = OrderedDict()  # key -> file bytes, least recently used first
         self.lock = threading.Lock()
         self.num_written = self.num_restored = self.num_rejected = 0
@@ -184,16 +184,15 @@ class PrefixStore:
     def _rows(self, block_id: int) -> list[memoryview]:
         """The pool's memory of block `block_id`, as contiguous pieces in the order a stored block holds them: slices of
         each tensor's bytes (a numpy view per piece cost 40 ms for a 4,000-token prompt; a slice costs nothing)."""
-        if self._flat is None:
-            # (bytes, piece size, stride between heads, heads) of each tensor; [blocks, block_size, heads, dim] is one piece
-            self._flat = [(memoryview(array.reshape(-1).view(np.uint8)), array[0].nbytes, 0, 1) if self.blocks_first else
-                          (memoryview(array.reshape(-1).view(np.uint8)), array[0, 0].nbytes, array[0].nbytes, array.shape[0])
-                          for array in self.arrays]
-        pieces = []
-        for flat, size, stride, heads in self._flat:
-            start = block_id * size
-            pieces += [flat[h * stride + start : h * stride + start + size] for h in range(heads)]
-        return pieces
+        if self._pieces is None:  # (a tensor's bytes, where its piece of block 0 starts, the piece's size): one per head
+            self._pieces = []
+            for array in self.arrays:
+                flat = memoryview(array.reshape(-1).view(np.uint8))
+                if self.blocks_first:  # [blocks, block_size, heads, dim]: the block is one piece
+                    self._pieces.append((flat, 0, array[0].nbytes))
+                else:  # [heads, blocks, block_size, row]
+                    self._pieces += [(flat, h * array[0].nbytes, array[0, 0].nbytes) for h in range(array.shape[0])]
+        return [flat[base + block_id * size : base + (block_id + 1) * size] for flat, base, size in self._pieces]
 
     def _read_into(self, key: str, block_id: int) -> bool:
         path = self._path(key)
