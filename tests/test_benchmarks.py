@@ -47,8 +47,9 @@ SCRIPTS = {
     "prefix_cache_disk.py": [],  # issue 45: a long prompt's TTFT across a restart, and --models-dir's swap
 }
 # ray_serve.py starts Ray clusters (minutes); compare.py and moe.py take ~40 s each in tiny mode (peer subprocesses,
-# MoE exports): in the slow run, which keeps the default suite near 20 minutes on 2 cores
-SLOW = {"ray_serve.py", "compare.py", "moe.py"}
+# MoE exports), export_memory.py and encoder_batching.py ~30 s (measured 34 and 28 s, 2026-11-27): in the slow run,
+# which keeps the default suite near 20 minutes on 2 cores
+SLOW = {"ray_serve.py", "compare.py", "moe.py", "export_memory.py", "encoder_batching.py"}
 
 
 def test_every_script_is_covered():
