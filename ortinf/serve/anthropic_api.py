@@ -16,12 +16,12 @@ from typing import Annotated
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 
 from ortinf.runtime.engine.outputs import RequestOutput
 from ortinf.serve import field_policy
 from ortinf.serve.errors import APIError, error_body, from_exception
-from ortinf.serve.generation import Reply, chat_params, count_prompt_tokens, prepare_samples, render_prompt, tool_plan
+from ortinf.serve.generation import Reply, as_chat_request, chat_params, count_prompt_tokens, prepare_samples, render_prompt, tool_plan
 from ortinf.serve.models import ServedModel
 from ortinf.serve.protocol import MAX_STOP, OPEN, ChatCompletionRequest, Finite
 from ortinf.serve.state import ServerState
@@ -184,12 +184,7 @@ def chat_request(body: MessagesRequest) -> ChatCompletionRequest:
         fields["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}
     if template:
         fields["chat_template_kwargs"] = template
-    try:
-        return ChatCompletionRequest.model_validate({key: value for key, value in fields.items() if value is not None})
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        where = ".".join(str(part) for part in error.get("loc", ()))
-        raise APIError(400, f"{where}: {error.get('msg', 'invalid value')}", param=where or None) from None
+    return as_chat_request(fields, {"max_tokens": "max_tokens", "stop": "stop_sequences"})
 
 
 def _stop_reason(completion_reason: str | None, stop_reason, called: bool, stops: list[str] | None) -> tuple[str, str | None]:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field, replace
 
+from pydantic import ValidationError
+
 from ortinf.runtime.engine.llm_engine import PreparedRequest
 from ortinf.runtime.engine.outputs import RequestOutput
 from ortinf.runtime.sample.sampling_params import SamplingParams
@@ -94,6 +96,20 @@ def split_reasoning(model: ServedModel, text: str, finished: bool = True) -> tup
     return model.reasoning_parser.split(text, finished)
 
 
+def as_chat_request(fields: dict, names: dict[str, str] | None = None) -> ChatCompletionRequest:
+    """The chat completion another API's request means (the Responses, Anthropic and Ollama routes), its fields'
+    errors a 400 naming the field (`names`: how that API spells a chat field, for the message)."""
+    try:
+        return ChatCompletionRequest.model_validate({key: value for key, value in fields.items() if value is not None})
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        loc = [str(part) for part in error.get("loc", ())]
+        if loc and names:
+            loc[0] = names.get(loc[0], loc[0])
+        where = ".".join(loc)
+        raise APIError(400, f"{where}: {error.get('msg', 'invalid value')}", param=loc[0] if loc else None) from None
+
+
 def count_prompt_tokens(model: ServedModel, ids: list[int], images: list) -> int:
     """A rendered prompt's tokens, each image's placeholder counted as the tokens it becomes (its size's)."""
     if not images:
@@ -137,6 +153,7 @@ class Reply:
 
 __all__ = [
     "Reply",
+    "as_chat_request",
     "count_prompt_tokens",
     "cached_tokens",
     "chat_params",

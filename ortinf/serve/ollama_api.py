@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import time
 from collections.abc import AsyncIterator
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel
 
 import ortinf
 from ortinf.manifest import FEATURE_EXTRACTION
@@ -30,7 +29,18 @@ from ortinf.serve.encoding import embed
 from ortinf.serve.errors import APIError, from_exception
 from ortinf.serve.generation import Reply, chat_params, prepare_samples, render_prompt, tool_plan
 from ortinf.serve.models import ServedModel
-from ortinf.serve.protocol import MAX_EMBEDDING_INPUTS, MAX_STOP, OPEN, ChatCompletionRequest, CompletionRequest, Finite
+from ortinf.serve.ollama_protocol import (
+    ChatRequest,
+    EmbeddingsRequest,
+    EmbedRequest,
+    GenerateRequest,
+    ModelRequest,
+    Options,
+    chat_messages,
+    chat_request,
+    keep_alive_seconds,
+)
+from ortinf.serve.protocol import ChatCompletionRequest, CompletionRequest
 from ortinf.serve.state import ServerState
 from ortinf.serve.streaming import AdmittedStream, final_outputs, merged, prepare_off_loop, sequences, until_disconnected
 from ortinf.tasks.chat.tools import ToolPlan
@@ -38,105 +48,6 @@ from ortinf.tasks.chat.tools import ToolPlan
 router = APIRouter()
 API_VERSION = "0.12.0"  # the Ollama API level these routes speak (clients gate features on it); ortinf's own is beside it
 FOREVER = "2318-01-01T00:00:00Z"  # expires_at of a model that stays loaded (Ollama's keep_alive -1)
-
-
-class Options(BaseModel):
-    """Ollama's `options`: the sampling ones are read; the rest (runner settings: num_ctx, num_gpu, num_thread, ...)
-    are named as ignored, as an unknown field is."""
-
-    model_config = ConfigDict(extra="allow")
-
-    temperature: Finite | None = None
-    top_p: Finite | None = None
-    top_k: Annotated[int, Field(strict=True)] | None = None
-    min_p: Finite | None = None
-    seed: Annotated[int, Field(strict=True)] | None = None
-    num_predict: Annotated[int, Field(strict=True)] | None = None
-    stop: Annotated[list[str], Field(max_length=MAX_STOP)] | None = None
-    repeat_penalty: Finite | None = None
-    presence_penalty: Finite | None = None
-    frequency_penalty: Finite | None = None
-
-    def sampling(self) -> dict:
-        """ChatCompletionRequest's fields for these options (num_predict -1 or -2: as long as the context allows)."""
-        fields = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p, "seed": self.seed,
-                  "stop": self.stop, "repetition_penalty": self.repeat_penalty, "presence_penalty": self.presence_penalty,
-                  "frequency_penalty": self.frequency_penalty}
-        if self.num_predict is not None and self.num_predict > 0:
-            fields["max_tokens"] = self.num_predict
-        elif self.num_predict is not None and self.num_predict not in (-1, -2):
-            raise APIError(400, "options.num_predict must be positive, or -1 (no limit) or -2 (fill the context)", param="options.num_predict")
-        return {key: value for key, value in fields.items() if value is not None}
-
-
-class GenerateFields(BaseModel):
-    model_config = OPEN
-
-    model: str
-    stream: bool = True  # Ollama streams unless told not to
-    format: str | dict | None = None
-    options: Options | None = None
-    think: bool | str | None = None
-    keep_alive: float | str | None = None
-
-
-class ChatRequest(GenerateFields):
-    messages: list[dict] = Field(default_factory=list)
-    tools: Annotated[list[dict], Field(max_length=128)] | None = None
-
-
-class GenerateRequest(GenerateFields):
-    prompt: str | None = None
-    system: str | None = None
-    images: list[str] | None = None
-    raw: bool = False
-
-
-class EmbedRequest(BaseModel):
-    model_config = OPEN
-
-    model: str
-    input: str | Annotated[list[str], Field(min_length=1, max_length=MAX_EMBEDDING_INPUTS)]
-    truncate: bool = True
-    dimensions: Annotated[int, Field(strict=True, ge=1)] | None = None
-    keep_alive: float | str | None = None
-
-
-class EmbeddingsRequest(BaseModel):
-    model_config = OPEN
-
-    model: str
-    prompt: str
-    keep_alive: float | str | None = None
-
-
-class ModelRequest(BaseModel):
-    model_config = OPEN
-
-    model: str | None = None
-    name: str | None = None  # the older spelling of model
-
-
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
-_UNIT = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-def keep_alive_seconds(value: float | str) -> float:
-    """Ollama's keep_alive in seconds: a number of seconds or a Go duration (5m, 1h30m); negative: forever (inf)."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float("inf") if value < 0 else float(value)
-    text = str(value).strip()
-    if text.startswith("-"):
-        return float("inf")
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    pieces = _DURATION.findall(text)
-    if not pieces or "".join(number + unit for number, unit in pieces) != text:
-        raise APIError(400, f"keep_alive must be seconds or a duration such as 5m or 1h30m (negative: stay loaded), not {text[:40]!r}",
-                       param="keep_alive")
-    return sum(float(number) * _UNIT[unit] for number, unit in pieces)
 
 
 async def _served(state: ServerState, name: str | None, request: Request, keep_alive: float | str | None = None) -> ServedModel:
@@ -154,75 +65,6 @@ async def _served(state: ServerState, name: str | None, request: Request, keep_a
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
-
-
-def _images(images: list, where: str) -> list[dict]:
-    """Ollama's base64 images as chat image parts (the decoder reads the format from the bytes)."""
-    if not isinstance(images, list) or not all(isinstance(image, str) for image in images):
-        raise APIError(400, f"{where}.images must be a list of base64 strings", param=f"{where}.images")
-    return [{"type": "image_url", "image_url": {"url": f"data:image/png;base64,{image}"}} for image in images]
-
-
-def _messages(messages: list[dict]) -> list[dict]:
-    """Ollama's messages as OpenAI's: images as image parts, tool calls with ids (Ollama's have none: a tool message
-    answers the earliest unanswered call of its tool_name, else the earliest unanswered one)."""
-    converted, pending = [], []
-    for index, message in enumerate(messages):
-        where = f"messages.{index}"
-        if not isinstance(message, dict) or message.get("role") not in ("system", "user", "assistant", "tool"):
-            raise APIError(400, f"{where}.role must be system, user, assistant or tool", param=f"{where}.role")
-        content = message.get("content") or ""
-        if not isinstance(content, str):
-            raise APIError(400, f"{where}.content must be a string", param=f"{where}.content")
-        body: dict[str, Any] = {"role": message["role"], "content": content}
-        if message.get("images"):
-            body["content"] = [{"type": "text", "text": content}, *_images(message["images"], where)]
-        if message["role"] == "assistant" and message.get("tool_calls"):
-            calls = []
-            for position, call in enumerate(message["tool_calls"]):
-                function = call.get("function") if isinstance(call, dict) else None
-                if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-                    raise APIError(400, f"{where}.tool_calls.{position} needs function.name", param=f"{where}.tool_calls")
-                arguments = function.get("arguments") or {}
-                call_id = f"call_{index}_{position}"
-                pending.append((call_id, function["name"]))
-                calls.append({"id": call_id, "type": "function", "function": {
-                    "name": function["name"], "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments)}})
-            body["tool_calls"] = calls
-            body["content"] = content or None
-        if message["role"] == "tool":
-            name = message.get("tool_name") or message.get("name")
-            match = next((p for p in pending if p[1] == name), pending[0] if pending else None)
-            if match is not None:
-                pending.remove(match)
-                body["tool_call_id"] = match[0]
-            if isinstance(name, str):
-                body["name"] = name
-        converted.append(body)
-    return converted
-
-
-def _chat_request(body: GenerateFields, messages: list[dict], tools: list[dict] | None = None) -> ChatCompletionRequest:
-    fields: dict = {"model": body.model, "messages": messages, "stream": body.stream, **(body.options.sampling() if body.options else {})}
-    if tools:
-        fields["tools"] = tools
-    if body.format == "json":
-        fields["response_format"] = {"type": "json_object"}
-    elif isinstance(body.format, dict):
-        fields["response_format"] = {"type": "json_schema", "json_schema": {"name": "format", "schema": body.format}}
-    elif body.format not in (None, ""):
-        raise APIError(400, "format must be \"json\" or a JSON schema object", param="format")
-    if body.think is not None:  # Qwen3's templates read enable_thinking, gpt-oss's reasoning_effort
-        template: dict = {"enable_thinking": body.think is not False}
-        if isinstance(body.think, str):
-            template["reasoning_effort"] = body.think
-        fields["chat_template_kwargs"] = template
-    try:
-        return ChatCompletionRequest.model_validate(fields)
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        where = ".".join(str(part) for part in error.get("loc", ()))
-        raise APIError(400, f"{where}: {error.get('msg', 'invalid value')}", param=where or None) from None
 
 
 def _ignored(route: str, body: BaseModel) -> list[str]:
@@ -323,7 +165,7 @@ async def chat(body: ChatRequest, request: Request):
     if not body.messages:  # Ollama's way to load a model: nothing to say, done at once
         return JSONResponse({"model": model.name, "created_at": _now(), "message": {"role": "assistant", "content": ""},
                              "done_reason": "load", "done": True})
-    chat_body = _chat_request(body, _messages(body.messages), body.tools)
+    chat_body = chat_request(body, chat_messages(body.messages), body.tools)
     tools, prepared = await _chat_prepared(state, model, chat_body, body.stream)
 
     def frame(kind: str, reply: Reply, output: RequestOutput, start: float, thinking: str, text: str) -> dict:
@@ -356,8 +198,8 @@ async def generate(body: GenerateRequest, request: Request):
         prepared = await prepare_off_loop(state.admission, lambda: prepare_samples(model, [body.prompt], params, 1, body.stream), False, 1)
     else:
         user: dict[str, Any] = {"role": "user", "content": body.prompt or ""}
-        messages = ([{"role": "system", "content": body.system}] if body.system else []) + _messages([{**user, "images": body.images}])
-        tools, prepared = await _chat_prepared(state, model, _chat_request(body, messages), body.stream)
+        messages = ([{"role": "system", "content": body.system}] if body.system else []) + chat_messages([{**user, "images": body.images}])
+        tools, prepared = await _chat_prepared(state, model, chat_request(body, messages), body.stream)
 
     def frame(kind: str, reply: Reply, output: RequestOutput, start: float, thinking: str, text: str) -> dict:
         line: dict[str, Any] = {"model": model.name, "created_at": _now(), "response": text, "done": kind == "done"}

@@ -24,11 +24,11 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ortinf.serve import field_policy
 from ortinf.serve.errors import APIError, from_exception
-from ortinf.serve.generation import chat_params, prepare_samples, render_prompt, split_reasoning, tool_plan
+from ortinf.serve.generation import as_chat_request, chat_params, prepare_samples, render_prompt, split_reasoning, tool_plan
 from ortinf.serve.models import ServedModel
 from ortinf.serve.protocol import OPEN, ChatCompletionRequest, Finite, read_guided
 from ortinf.serve.response_store import ResponseStore
@@ -207,15 +207,7 @@ def chat_request(body: ResponsesRequest, messages: list[dict]) -> ChatCompletion
         fields["response_format"] = {"type": "json_schema", "json_schema": {"name": fmt.name, "schema": fmt.json_schema}}
     elif fmt is not None:
         fields["response_format"] = {"type": fmt.type}
-    try:
-        return ChatCompletionRequest.model_validate({key: value for key, value in fields.items() if value is not None})
-    except ValidationError as exc:  # named as the Responses request names it
-        error = exc.errors()[0]
-        loc = [str(part) for part in error.get("loc", ())]
-        if loc:
-            loc[0] = _RESPONSES_NAME.get(loc[0], loc[0])
-        where = ".".join(loc)
-        raise APIError(400, f"{where}: {error.get('msg', 'invalid value')}", param=loc[0] if loc else None) from None
+    return as_chat_request(fields, _RESPONSES_NAME)  # errors named as the Responses request names them
 
 
 def _message_item(text: str) -> dict:

@@ -111,6 +111,9 @@ def test_errors_are_ollama_shaped(client, server):
     assert ignored.status_code == 200 and ignored.headers["x-ignored-fields"] == "options.num_ctx"  # keep_alive: --models-dir's
     bad_keep = httpx.post(f"{server.url}/api/chat", json={"model": "tiny", "messages": ASK, "stream": False, "keep_alive": "soon"})
     assert bad_keep.status_code == 400 and "keep_alive" in bad_keep.json()["error"]
+    for worst in ("nan", "1e999999h"):  # neither reaches the model manager's clock
+        answer = httpx.post(f"{server.url}/api/chat", json={"model": "tiny", "messages": ASK, "stream": False, "keep_alive": worst})
+        assert answer.status_code == 400 and "keep_alive" in answer.json()["error"], answer.text
     with pytest.raises(ollama.ResponseError) as refused:
         client.generate(model="tiny", prompt="x", suffix="y")
     assert "suffix" in refused.value.error

@@ -10,7 +10,7 @@ import pytest
 from ortinf.serve import field_policy
 from ortinf.serve.anthropic_api import CountTokensRequest, MessagesRequest
 from ortinf.serve.field_policy import IGNORED, IMPLEMENTED, MAPPED, POLICY, REFUSED
-from ortinf.serve.ollama_api import ChatRequest, EmbeddingsRequest, EmbedRequest, GenerateRequest, ModelRequest
+from ortinf.serve.ollama_protocol import ChatRequest, EmbeddingsRequest, EmbedRequest, GenerateRequest, ModelRequest
 from ortinf.serve.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from ortinf.serve.responses_api import ResponsesRequest
 

@@ -58,7 +58,6 @@ class KVCacheManager:
         self.stats = PrefixCacheStats()
         self.num_cross_hits = 0  # admissions whose encoder output was found in the pool
         self.store = None  # a PrefixStore (ortinf/runtime/worker/prefix_store.py) with --prefix-cache-dir
-        self.store_identity = ""
 
     @property
     def num_free_blocks(self) -> int:
@@ -118,7 +117,7 @@ class KVCacheManager:
         if len(keys) < num_full_blocks:
             size = self.block_size
             blocks = [request.all_token_ids[i * size : (i + 1) * size] for i in range(num_full_blocks)]
-            keys[:] = chain(self.store_identity, request.cache_salt, blocks)
+            keys[:] = chain(self.store.identity, request.cache_salt, blocks)
         return keys[:num_full_blocks]
 
     def _restore(self, request: Request, keys: list[tuple[int, PrefixKey]], hits: list[KVCacheBlock], max_blocks: int) -> list[KVCacheBlock]:

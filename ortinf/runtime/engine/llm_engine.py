@@ -33,6 +33,7 @@ from ortinf.runtime.worker.encoder_input import EncoderInput, PlacedImage
 from ortinf.runtime.worker.kv_pool import check_context, resolve_num_blocks
 from ortinf.runtime.worker.lora import LoraAdapter, LoraSlots
 from ortinf.runtime.worker.model_runner import ModelRunner
+from ortinf.runtime.worker.prefix_store import open_store
 from ortinf.runtime.worker.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from ortinf.runtime.worker.vision_encoder import VisionEncoder
 from ortinf.tokenizer import check_unicode, load_checked_tokenizer
@@ -91,8 +92,8 @@ class LLMEngine:
                                   config.provider_options, config.allow_cpu_fallback, config.shape_buckets, config.cpu_kernel)
         self.loras = self._lora_slots(config)
         self.kv_cache = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
-        if config.prefix_cache_dir is not None:
-            self._open_prefix_store(config)
+        if config.prefix_cache_dir is not None:  # the prefix cache's full blocks kept on disk too
+            self.kv_cache.store = open_store(config, self.graph, self.encoder_decoder)
         scheduler_config = SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len,
                                            self.graph.max_query_len or 0, config.max_num_encoder_input_tokens,
                                            speculative=config.speculative_config, policy=config.scheduling_policy)
@@ -128,22 +129,6 @@ class LLMEngine:
         """Writes out what the prefix store still has queued (the engine's thread has stopped)."""
         if self.kv_cache.store is not None:
             self.kv_cache.store.close()
-
-    def _open_prefix_store(self, config: EngineConfig) -> None:
-        """--prefix-cache-dir: the prefix cache's full blocks kept on disk (ortinf/runtime/worker/prefix_store.py)."""
-        from ortinf.runtime.worker.prefix_store import PrefixStore, package_identity
-
-        pool = self.graph.pool
-        if not config.enable_prefix_caching:
-            raise ConfigError("--prefix-cache-dir stores the prefix cache: drop --no-enable-prefix-caching")
-        if not pool.arrays or self.encoder_decoder:
-            raise ConfigError(f"--prefix-cache-dir needs a text decoder with its KV pool in host memory; the {self.graph.provider.name} "
-                              "provider keeps it on the device" if not pool.arrays else
-                              "--prefix-cache-dir is for text-generation packages, not encoder-decoders")
-        identity = package_identity(config.package_dir, pool.shape, str(pool.arrays[0].dtype), config.block_size,
-                                    f"{self.graph.provider.name}/{self.graph.kernel_description}")
-        self.kv_cache.store = PrefixStore(config.prefix_cache_dir, identity, config.prefix_cache_disk, pool.arrays, pool.blocks_first)
-        self.kv_cache.store_identity = identity
 
     def _lora_slots(self, config: EngineConfig) -> LoraSlots | None:
         """The adapters' slots, with --lora-modules loaded; None when no adapter may load."""

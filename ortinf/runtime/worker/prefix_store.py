@@ -52,6 +52,23 @@ def package_identity(package_dir: Path, pool_shape: Sequence[int], dtype: str, b
     return digest.hexdigest()[:32]
 
 
+def open_store(config, graph, encoder_decoder: bool) -> PrefixStore:  # noqa: ANN001 - an EngineConfig, a DecoderGraph
+    """An engine's store (--prefix-cache-dir), or a ConfigError that says why its package or provider cannot have one."""
+    from ortinf.errors import ConfigError
+
+    pool = graph.pool
+    if not config.enable_prefix_caching:
+        raise ConfigError("--prefix-cache-dir stores the prefix cache: drop --no-enable-prefix-caching")
+    if encoder_decoder:
+        raise ConfigError("--prefix-cache-dir is for text-generation packages, not encoder-decoders")
+    if not pool.arrays:
+        raise ConfigError(f"--prefix-cache-dir needs the KV pool in host memory; the {graph.provider.name} provider keeps it on the "
+                          "device: run on the CPU (or OpenVINO), or drop --prefix-cache-dir")
+    identity = package_identity(config.package_dir, pool.shape, str(pool.arrays[0].dtype), config.block_size,
+                                f"{graph.provider.name}/{graph.kernel_description}")
+    return PrefixStore(config.prefix_cache_dir, identity, config.prefix_cache_disk, pool.arrays, pool.blocks_first)
+
+
 def chain(identity: str, salt: str | None, blocks: Sequence[Sequence[int]]) -> list[str]:
     """The stable key of each of a prompt's full blocks (`blocks`: their token ids, in order)."""
     parent = hashlib.sha256(f"{identity}|{salt or ''}".encode()).digest()
@@ -238,4 +255,4 @@ class PrefixStore:
                 self.bytes -= size
 
 
-__all__ = ["PrefixStore", "chain", "package_identity"]
+__all__ = ["PrefixStore", "chain", "open_store", "package_identity"]
