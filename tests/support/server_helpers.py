@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from support.run_report import REPORT
 
 ORTINF = str(Path(sys.executable).with_name("ortinf"))
 FAULT_INJECTION = Path(__file__).resolve().parent / "fault_injection.py"
@@ -55,7 +56,8 @@ def running_server(args: list[str], log_dir: Path, env: dict[str, str] | None = 
                                    stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
     server = Server(process, port, log_path)
     try:
-        deadline = time.monotonic() + timeout
+        started = time.monotonic()
+        deadline = started + timeout
         while True:
             assert process.poll() is None, f"server exited early:\n{server.log()}"
             try:
@@ -66,6 +68,8 @@ def running_server(args: list[str], log_dir: Path, env: dict[str, str] | None = 
                 pass
             assert time.monotonic() < deadline, f"server not healthy in {timeout}s:\n{server.log()}"
             time.sleep(0.1)
+        REPORT.counts["server"] += 1
+        REPORT.seconds["server"] += time.monotonic() - started
         yield server
     finally:
         if process.poll() is None:

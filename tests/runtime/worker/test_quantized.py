@@ -20,8 +20,15 @@ from ortinf.providers.registry import Found, resolve
 from ortinf.runtime.worker.decoder_graph import DecoderGraph
 
 
-@pytest.mark.parametrize("dtype", ["int8", "int4"])
-@pytest.mark.parametrize("model_type", sorted(DECODERS))
+# int4 for every architecture in the default suite (the harder gate; the same graph rewrites and kernels as int8).
+# int8 where an architecture's int8 graph differs beyond the bit width (gpt_oss: biased experts in ortinf.MoE at
+# 8 bits); the rest of the int8 matrix under `slow`, llama's int8 export in the default suite below.
+INT8_QUIRKS = {"gpt_oss"}
+MATRIX = [pytest.param(model_type, dtype, marks=() if dtype == "int4" or model_type in INT8_QUIRKS else pytest.mark.slow)
+          for model_type in sorted(DECODERS) for dtype in ("int8", "int4")]
+
+
+@pytest.mark.parametrize("model_type, dtype", MATRIX)
 def test_quantized_export_per_architecture(model_type, dtype, tmp_path):
     build_decoder(model_type, tmp_path / "hf")
     manifest = ortinf.export(tmp_path / "hf", tmp_path / "pkg", dtype=dtype, progress=False)
@@ -55,19 +62,18 @@ def test_quantized_export_per_architecture(model_type, dtype, tmp_path):
     assert len(finished["0"].outputs[0].token_ids) >= 1
 
 
-def test_int8_engine_is_exact_under_chunking_preemption_and_prefix_hits(tmp_path):
+def test_int8_engine_is_exact_under_chunking_preemption_and_prefix_hits(package_factory):
     """The paged machinery adds nothing to quantization error: chunked, preempted, prefix-hit runs
     give the tokens of an unconstrained run of the same package."""
-    build_decoder("llama", tmp_path / "hf")
     # the default export: on the CPU kernel graph ortinf.QMatMul quantizes each token's activations on
     # their own (batch invariant), and a half pool's step K/V are read rounded as the pool holds them,
     # so int8 activations are exact under scheduling too (MatMulNBits' level 4 was not: its kernels
     # differ by the call's row count)
-    ortinf.export(tmp_path / "hf", tmp_path / "pkg", dtype="int8", progress=False)
+    package = package_factory.package("decoder", model_type="llama", export={"dtype": "int8"})
     rng = np.random.default_rng(3)
     prompts = [rng.integers(3, 256, n).tolist() for n in (5, 40, 90, 130, 170)]
     prompts.append(prompts[3][:96] + [7, 8])  # shares 6 blocks with prompt 3
-    assert_scheduling_exact(tmp_path / "pkg", prompts)
+    assert_scheduling_exact(package, prompts)
 
 
 def test_quantized_options_and_refusals(tmp_path):
@@ -90,7 +96,7 @@ def test_quantized_options_and_refusals(tmp_path):
 
 
 @pytest.mark.parametrize("dtype", ["int8", "int4"])
-def test_default_level_engine_keeps_greedy_agreement_under_scheduling(dtype, tmp_path):
+def test_default_level_engine_keeps_greedy_agreement_under_scheduling(dtype, package_factory):
     """At the default accuracy level (4, not batch-invariant), a squeezed engine (chunked prefills,
     preemption, prefix hits) still agrees with transformers' fp32 greedy tokens as well as the export
     gate demands (the share of tokens before the first difference, averaged: int8 >= 0.25; int4 is
@@ -100,15 +106,14 @@ def test_default_level_engine_keeps_greedy_agreement_under_scheduling(dtype, tmp
 
     from ortinf.exporter.verify import THRESHOLDS
 
-    build_decoder("llama", tmp_path / "hf")
-    ortinf.export(tmp_path / "hf", tmp_path / "pkg", dtype=dtype, progress=False)
-    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    package = package_factory.package("decoder", model_type="llama", export={"dtype": dtype})
+    model = transformers.AutoModelForCausalLM.from_pretrained(package.parent / "hf").eval()
     rng = np.random.default_rng(11)
     prompts = [rng.integers(3, 256, n).tolist() for n in (6, 45, 100, 150)]
     prompts.append(prompts[2][:96] + [4, 4])
-    constrained = make_engine(tmp_path / "pkg", num_blocks=20, max_num_batched_tokens=48, max_model_len=256)
+    constrained = make_engine(package, num_blocks=20, max_num_batched_tokens=48, max_model_len=256)
     squeezed = run_to_completion(constrained, prompts)
-    free = run_to_completion(make_engine(tmp_path / "pkg", num_blocks=256), prompts)
+    free = run_to_completion(make_engine(package, num_blocks=256), prompts)
     assert constrained.scheduler.stats.num_preemptions > 0 and constrained.kv_cache.stats.num_hits > 0
 
     def share(got: list[int], want: list[int]) -> float:
