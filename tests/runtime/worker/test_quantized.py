@@ -19,7 +19,6 @@ from ortinf.manifest import CPU_MODEL_NAME, MODEL_NAME
 from ortinf.providers.registry import Found, resolve
 from ortinf.runtime.worker.decoder_graph import DecoderGraph
 
-
 # int4 for every architecture in the default suite (the harder gate; the same graph rewrites and kernels as int8).
 # int8 where an architecture's int8 graph differs beyond the bit width (gpt_oss: biased experts in ortinf.MoE at
 # 8 bits); the rest of the int8 matrix under `slow`, llama's int8 export in the default suite below.
