@@ -109,6 +109,29 @@ def minilm_package(package_factory) -> Path:
     return package_factory.package("minilm", name="minilm")
 
 
+@pytest.fixture(scope="session")
+def demo_cache(package_factory) -> Path:
+    """An ORTINF_CACHE folder that holds the bundled demo llama's package, exported once for the run. Tests that
+    add to a cache (or check what a first use writes) copy it or start from an empty one."""
+    from ortinf.bundled import DEMO_LLAMA, DEMO_NAME, resolve_package
+
+    if not (DEMO_LLAMA / "config.json").is_file():
+        pytest.skip("no committed demo checkpoint")
+
+    def make(folder: Path) -> None:
+        saved = os.environ.get("ORTINF_CACHE")
+        os.environ["ORTINF_CACHE"] = str(folder)
+        try:
+            resolve_package(DEMO_NAME, progress=False)
+        finally:
+            if saved is None:
+                del os.environ["ORTINF_CACHE"]
+            else:
+                os.environ["ORTINF_CACHE"] = saved
+
+    return package_factory.folder("demo-cache", make)
+
+
 CHAT_TEMPLATE = (
     "{% if greeting is defined %}{{ greeting }}\n{% endif %}"
     "{% if tools %}<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools>\n{% endif %}"

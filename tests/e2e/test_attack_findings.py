@@ -23,11 +23,6 @@ DEEP = 1200  # deeper than Python's recursion limit allows json.loads to go
 
 
 @pytest.fixture(scope="module")
-def demo_cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("cache")
-
-
-@pytest.fixture(scope="module")
 def demo(demo_cache, tmp_path_factory):
     with running_server([str(DEMO_LLAMA), "--served-model-name", "demo"], tmp_path_factory.mktemp("logs"),
                         env={"ORTINF_CACHE": str(demo_cache)}, timeout=300) as server:
@@ -95,10 +90,12 @@ def test_local_refs_in_tool_parameters_under_required(demo):
         assert call["name"] == "weather" and isinstance(json.loads(call["arguments"])["where"]["city"], str)
 
 
-def test_speculative_steps_stop_exactly_at_a_stop_string():
+def test_speculative_steps_stop_exactly_at_a_stop_string(demo_cache, monkeypatch):
     """A stop string inside a step that accepted several draft tokens: the tokens after it go, with
     their logprobs, exactly as without speculation."""
     from ortinf import LLM, SamplingParams
+
+    monkeypatch.setenv("ORTINF_CACHE", str(demo_cache))  # the run's demo package (not ~/.cache)
 
     prompt = "for i in range(10):\n    print(i)\n" * 12
     params = SamplingParams(temperature=0, max_tokens=40, stop=["print"], logprobs=1)

@@ -5,6 +5,7 @@ is named (issue 20)."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,8 +23,11 @@ def run(args: list[str], cache: Path, stdin: str | None = None) -> subprocess.Co
     return subprocess.run([ORTINF, *args], capture_output=True, text=True, timeout=600, env=env, input=stdin)
 
 
-def test_the_demo_by_name_folder_or_default_is_one_cache_entry(tmp_path):
+def test_the_demo_by_name_folder_or_default_is_one_cache_entry(demo_cache, tmp_path):
+    """The three ways of naming the demo find the one entry its first use wrote (the run's demo cache, copied; the
+    first use itself: test_demo_server.py): none of them exports again under another key."""
     cache = tmp_path / "cache"
+    shutil.copytree(demo_cache, cache)
     greedy = ["--prompt", "def add(a, b):", "-n", "8", "-t", "0"]
     outputs = []
     for ref in ([], [DEMO_NAME], [str(DEMO_LLAMA)]):

@@ -20,12 +20,11 @@ STOPS = ["print", "(", "\n\n", "return", "i)", "def", " ", "):\n", "zzz"]
 
 
 @pytest.fixture(scope="module", params=["plain", "ngram"])
-def server(request, tmp_path_factory):
+def server(request, demo_cache, tmp_path_factory):
     args = [str(DEMO_LLAMA), "--served-model-name", "demo"]
     if request.param == "ngram":
         args += ["--speculative-config", json.dumps({"method": "ngram", "num_speculative_tokens": 4})]
-    cache = tmp_path_factory.getbasetemp() / "stream-cache"  # one export for both servers
-    with running_server(args, tmp_path_factory.mktemp("logs"), env={"ORTINF_CACHE": str(cache)}, timeout=300) as running:
+    with running_server(args, tmp_path_factory.mktemp("logs"), env={"ORTINF_CACHE": str(demo_cache)}, timeout=300) as running:
         yield running
 
 

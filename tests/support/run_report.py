@@ -39,7 +39,7 @@ class RunReport:
             return f"{self.counts[kind]} {label} ({self.seconds[kind]:.0f} s)"
 
         return [
-            f"exports: {part('export', 'made')}, of them {part('factory_export', 'for the shared package factory')}; "
+            f"exports: {part('export', 'made')}; {part('factory_export', 'folders made by the package factory')}; "
             f"{self.counts['factory_hit']} packages reused from the cache of earlier runs",
             f"servers: {part('server', 'started')} (seconds from start to healthy)",
         ]
