@@ -22,11 +22,38 @@ FOLDER_MARKERS = {"exporter": "export", "e2e": "e2e", "serve": "server", "kernel
                   "providers": "providers", "tasks": "tasks"}
 
 
+def share_the_cores(workers: int) -> None:
+    """Under pytest-xdist each worker gets its share of the cores: torch's threads, and ORT's intra-op pool for every
+    session that does not choose its own size (a session that passes intra_op_threads keeps it). Two workers that
+    each spin a pool as wide as the machine make every test slower than it runs alone (measured: the suite's summed
+    test time 1.38x a serial run's with -n 2 on 2 cores)."""
+    import onnxruntime as ort
+    import torch
+
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    torch.set_num_threads(threads)
+    if getattr(ort.SessionOptions, "worker_share", None) is not None:
+        return
+
+    class SessionOptions(ort.SessionOptions):
+        worker_share = threads
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.intra_op_num_threads = threads
+
+    ort.SessionOptions = SessionOptions
+    os.environ["ORTINF_INTRA_OP_THREADS"] = str(threads)  # the servers and commands the tests start
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Counts and times every export this process makes (ortinf.export, the CLI in process, LLM on a checkpoint) for
     the run's report. ortinf.export resolves ortinf.exporter.api.export on each use, so wrapping it there counts all."""
     from ortinf.exporter import api
 
+    workers = int(getattr(config, "workerinput", {}).get("workercount", 0))
+    if workers > 1 and os.environ.get("ORTINF_TEST_SHARE_CORES", "1") == "1":
+        share_the_cores(workers)
     if getattr(api.export, "counted", False):
         return
     original, depth = api.export, [0]
@@ -46,12 +73,27 @@ def pytest_configure(config: pytest.Config) -> None:
     api.export = export
 
 
+# Files whose tests share nothing costly (each starts its own subprocess): under pytest-xdist their tests are spread
+# over the workers one by one. Every other file's tests stay together on one worker (--dist loadgroup), so that a
+# module's fixtures (a server, an export) are made once.
+SPREAD = {"test_benchmarks.py", "test_streaming.py"}
+SPREAD_TESTS = {"test_every_build_the_machine_runs"}  # a file's tests rerun in a subprocess under a narrower kernel build
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     tests = Path(__file__).parent
     for item in items:
         parts = item.path.relative_to(tests).parts
         if len(parts) > 1 and parts[0] in FOLDER_MARKERS:
             item.add_marker(FOLDER_MARKERS[parts[0]])
+        spread = item.path.name in SPREAD or getattr(item, "originalname", "") in SPREAD_TESTS
+        if not spread and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group("/".join(parts)))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem) -> None:
+    REPORT.current_file = item.nodeid.split("::")[0]
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -20,6 +20,6 @@ def rerun_under(isa: str, test_file: str, probe: str) -> None:
     picked = subprocess.run([sys.executable, "-c", f"from ortinf.kernels import library; print({probe})"],
                             capture_output=True, text=True, env=env, timeout=120)
     assert picked.stdout.strip() == isa, picked.stderr
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test_file, "-k", "not every_build"],
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", test_file, "-k", "not every_build"],
                           capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:]

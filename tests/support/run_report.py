@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 class RunReport:
     counts: Counter = field(default_factory=Counter)
     seconds: Counter = field(default_factory=Counter)
+    by_file: Counter = field(default_factory=Counter)  # "kind file" -> seconds
+    current_file: str = ""  # the test file running now (tests/conftest.py sets it)
 
     @contextlib.contextmanager
     def timed(self, kind: str) -> Iterator[None]:
@@ -24,15 +26,23 @@ class RunReport:
         try:
             yield
         finally:
-            self.counts[kind] += 1
-            self.seconds[kind] += time.monotonic() - start
+            self.record(kind, time.monotonic() - start)
+
+    def record(self, kind: str, seconds: float) -> None:
+        self.counts[kind] += 1
+        self.seconds[kind] += seconds
+        self.by_file[f"{kind} {self.current_file}"] += seconds
 
     def add(self, other: dict) -> None:
-        self.counts.update(other.get("counts", {}))
-        self.seconds.update(other.get("seconds", {}))
+        for name in ("counts", "seconds", "by_file"):
+            getattr(self, name).update(other.get(name, {}))
 
     def as_dict(self) -> dict:
-        return {"counts": dict(self.counts), "seconds": dict(self.seconds)}
+        return {"counts": dict(self.counts), "seconds": dict(self.seconds), "by_file": dict(self.by_file)}
+
+    def top(self, kind: str, n: int = 5) -> str:
+        found = [(seconds, key.split(" ", 1)[1]) for key, seconds in self.by_file.items() if key.startswith(kind + " ")]
+        return ", ".join(f"{name} {seconds:.0f} s" for seconds, name in sorted(found, reverse=True)[:n])
 
     def lines(self) -> list[str]:
         def part(kind: str, label: str) -> str:
@@ -41,7 +51,9 @@ class RunReport:
         return [
             f"exports: {part('export', 'made')}; {part('factory_export', 'folders made by the package factory')}; "
             f"{self.counts['factory_hit']} packages reused from the cache of earlier runs",
+            f"  most in: {self.top('export')}",
             f"servers: {part('server', 'started')} (seconds from start to healthy)",
+            f"  most in: {self.top('server')}",
         ]
 
 

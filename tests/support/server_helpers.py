@@ -69,8 +69,7 @@ def running_server(args: list[str], log_dir: Path, env: dict[str, str] | None = 
                 pass
             assert time.monotonic() < deadline, f"server not healthy in {timeout}s:\n{server.log()}"
             time.sleep(0.1)
-        REPORT.counts["server"] += 1
-        REPORT.seconds["server"] += time.monotonic() - started
+        REPORT.record("server", time.monotonic() - started)
         yield server
     finally:
         if process.poll() is None:
