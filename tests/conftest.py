@@ -1,4 +1,6 @@
-"""Shared fixtures. Exports are cached per session: tracing is the slow part of most tests."""
+"""Shared fixtures and the run's machinery (docs/testing.md): the package factory, the shares of the cores under
+pytest-xdist, markers by folder, grouping, and the report of what setup cost. Heavy imports stay inside fixtures, so
+that a run which needs none of them (a kernel file rerun under a narrower build) starts in a few seconds."""
 
 from __future__ import annotations
 
@@ -8,10 +10,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-import transformers
 from support.packages import PackageFactory
 from support.run_report import REPORT
-from support.tiny_models import DECODERS
 
 # WebGPU lists a device on Mesa's software Vulkan driver (lavapipe) only with this; it must be set
 # before the plugin is first registered. 'auto' never picks a software adapter, so CPU tests are unaffected.
@@ -22,16 +22,19 @@ FOLDER_MARKERS = {"exporter": "export", "e2e": "e2e", "serve": "server", "kernel
                   "providers": "providers", "tasks": "tasks"}
 
 
-def share_the_cores(workers: int) -> None:
+def share_the_cores(threads: int) -> None:
     """Under pytest-xdist each worker gets its share of the cores: torch's threads, and ORT's intra-op pool for every
     session that does not choose its own size (a session that passes intra_op_threads keeps it). Two workers that
-    each spin a pool as wide as the machine make every test slower than it runs alone (measured: the suite's summed
-    test time 1.38x a serial run's with -n 2 on 2 cores)."""
-    import onnxruntime as ort
-    import torch
+    each spin a pool as wide as the machine make every test slower than it runs alone (docs/testing.md). What the
+    worker starts inherits the share: servers and commands (ORTINF_INTRA_OP_THREADS), torch in any subprocess
+    (OMP_NUM_THREADS), a nested pytest (ORTINF_TEST_THREADS)."""
+    import sys
 
-    threads = max(1, (os.cpu_count() or 1) // workers)
-    torch.set_num_threads(threads)
+    import onnxruntime as ort
+
+    os.environ.update(ORTINF_INTRA_OP_THREADS=str(threads), OMP_NUM_THREADS=str(threads), ORTINF_TEST_THREADS=str(threads))
+    if "torch" in sys.modules:  # else OMP_NUM_THREADS sizes it when it is imported
+        sys.modules["torch"].set_num_threads(threads)
     if getattr(ort.SessionOptions, "worker_share", None) is not None:
         return
 
@@ -43,17 +46,23 @@ def share_the_cores(workers: int) -> None:
             self.intra_op_num_threads = threads
 
     ort.SessionOptions = SessionOptions
-    os.environ["ORTINF_INTRA_OP_THREADS"] = str(threads)  # the servers and commands the tests start
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """Counts and times every export this process makes (ortinf.export, the CLI in process, LLM on a checkpoint) for
     the run's report. ortinf.export resolves ortinf.exporter.api.export on each use, so wrapping it there counts all."""
+    workers = int(getattr(config, "workerinput", {}).get("workercount", 0))
+    nested = os.environ.get("ORTINF_TEST_THREADS")  # a pytest that a worker started (the kernel reruns)
+    if os.environ.get("ORTINF_TEST_SHARE_CORES", "1") == "1":
+        if workers > 1:
+            share_the_cores(max(1, (os.cpu_count() or 1) // workers))
+        elif nested:
+            share_the_cores(int(nested))
+    controller = bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")
+    if nested or controller:
+        return  # the controller of xdist workers, or a nested run: no tests of its own to count (it would import torch)
     from ortinf.exporter import api
 
-    workers = int(getattr(config, "workerinput", {}).get("workercount", 0))
-    if workers > 1 and os.environ.get("ORTINF_TEST_SHARE_CORES", "1") == "1":
-        share_the_cores(workers)
     if getattr(api.export, "counted", False):
         return
     original, depth = api.export, [0]
@@ -125,9 +134,11 @@ def package_factory(request, tmp_path_factory) -> PackageFactory:
 @pytest.fixture(scope="session")
 def decoder_package(package_factory):
     """Returns a function model_type -> (hf model, package folder), exporting each type once."""
-    models: dict[str, transformers.PreTrainedModel] = {}
+    from support.tiny_models import DECODERS
 
-    def get(model_type: str) -> tuple[transformers.PreTrainedModel, Path]:
+    models: dict = {}
+
+    def get(model_type: str) -> tuple:
         package = package_factory.package("decoder", model_type=model_type)
         if model_type not in models:
             model_class = DECODERS[model_type][1]
