@@ -89,6 +89,7 @@ SPREAD = {"test_benchmarks.py", "test_streaming.py"}
 SPREAD_TESTS = {"test_every_build_the_machine_runs"}  # a file's tests rerun in a subprocess under a narrower kernel build
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups into the node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     tests = Path(__file__).parent
     for item in items:

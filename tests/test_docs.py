@@ -6,6 +6,8 @@ the docs name. Docs link the repository's own architecture document, never ../sh
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import click
@@ -95,8 +97,18 @@ def script_options() -> set[str]:
     return found
 
 
+def tools_options() -> set[str]:
+    """The options of pytest (with this suite's plugins) and coverage, which docs/testing.md names."""
+    found: set[str] = set()
+    for command in ([sys.executable, "-m", "pytest", "--help"], [sys.executable, "-m", "coverage", "help", "run"]):
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ROOT)
+        found |= set(OPTION.findall(done.stdout))
+    return found
+
+
 def test_every_option_written_alone_exists_somewhere():
     known = set().union(*commands().values()) | script_options() | {"--dry-run", "--isolated", "--no-deps"}  # pip's
+    known |= tools_options()
     wrong = []
     for doc in DOCS:
         text = re.sub(r"```.*?```", "", doc.read_text(encoding="utf-8"), flags=re.S)

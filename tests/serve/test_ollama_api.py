@@ -1,4 +1,5 @@
-"""Ollama's API (ortinf/serve/ollama_api.py) through a real server and the official `ollama` Python client: chat and
+"""Ollama's API (ortinf/serve/ollama_api.py) in process (the real app and engine, support/app_helpers.py)
+and the official `ollama` Python client over an ASGI transport: chat and
 generate, streamed and not, format json, tools, embeddings, tags/show/ps/version, the same tokens as the OpenAI
 route at temperature 0, and Ollama-shaped errors."""
 
@@ -6,32 +7,32 @@ from __future__ import annotations
 
 import json
 
-import httpx
 import ollama
-import openai
 import pytest
-from support.server_helpers import running_server
+from support.app_helpers import serving
+
+from ortinf.serve.state import ServerConfig
 
 ASK = [{"role": "user", "content": "weather in Paris?"}]
 GREEDY = {"temperature": 0, "num_predict": 12}
 
 
 @pytest.fixture(scope="module")
-def server(byte_package, minilm_package, tmp_path_factory):
-    args = [str(byte_package), str(minilm_package), "--served-model-name", "tiny", "--served-model-name", "minilm",
-            "--kv-cache-memory", "64MiB"]
-    with running_server(args, tmp_path_factory.mktemp("logs")) as server:
+def server(byte_package, minilm_package):
+    config = ServerConfig(packages=(byte_package, minilm_package), served_model_names=("tiny", "minilm"),
+                          engine_options={"kv_cache_memory": "64MiB"})
+    with serving(config) as server:
         yield server
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    return ollama.Client(host=server.url)
+    return server.ollama()
 
 
 def test_chat_equals_the_chat_completion(client, server):
     reply = client.chat(model="tiny", messages=ASK, options=GREEDY)
-    chat = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0).chat.completions.create(
+    chat = server.openai("x").chat.completions.create(
         model="tiny", messages=ASK, temperature=0, max_tokens=12)
     assert reply.message.role == "assistant" and reply.message.content == chat.choices[0].message.content
     assert reply.done and reply.done_reason == {"length": "length", "stop": "stop"}[chat.choices[0].finish_reason]
@@ -48,7 +49,7 @@ def test_generate_streamed_and_raw(client, server):
     assert whole.response == chat.message.content  # a prompt is one user turn through the template
     assert "".join(p.response for p in client.generate(model="tiny", prompt="weather in Paris?", options=GREEDY, stream=True)) == whole.response
     raw = client.generate(model="tiny", prompt="abc", raw=True, options=GREEDY)
-    completion = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0).completions.create(
+    completion = server.openai("x").completions.create(
         model="tiny", prompt="abc", temperature=0, max_tokens=12)
     assert raw.response == completion.choices[0].text
     loaded = client.generate(model="tiny", prompt="")
@@ -80,7 +81,7 @@ def test_a_tool_call_and_its_result_go_back(client):
 def test_embed_and_the_older_embeddings(client, server):
     embedded = client.embed(model="minilm", input=["a cat", "a dog"])
     assert len(embedded.embeddings) == 2 and len(embedded.embeddings[0]) == 384 and embedded.prompt_eval_count > 4
-    data = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0).embeddings.create(model="minilm", input=["a cat"]).data
+    data = server.openai("x").embeddings.create(model="minilm", input=["a cat"]).data
     assert embedded.embeddings[0] == pytest.approx(data[0].embedding, abs=1e-6)
     assert client.embeddings(model="minilm", prompt="a cat").embedding == pytest.approx(data[0].embedding, abs=1e-6)
     assert len(client.embed(model="minilm", input="a cat", dimensions=64).embeddings[0]) == 64
@@ -94,7 +95,7 @@ def test_tags_show_ps_and_version(client, server):
     assert shown.details.format == "onnx" and shown.modelinfo["llama.context_length"] == 1024
     assert client.show("minilm").capabilities == ["embedding"]
     assert {m.model for m in client.ps().models} == names
-    assert httpx.get(f"{server.url}/api/version").json()["version"]
+    assert server.http.get("/api/version").json()["version"]
 
 
 def test_errors_are_ollama_shaped(client, server):
@@ -104,15 +105,15 @@ def test_errors_are_ollama_shaped(client, server):
     with pytest.raises(ollama.ResponseError) as pull:
         client.pull("llama3")
     assert pull.value.status_code == 400 and "ortinf export" in pull.value.error
-    bad = httpx.post(f"{server.url}/api/chat", json={"model": "tiny", "messages": ASK, "options": {"temperature": "hot"}, "stream": False})
+    bad = server.http.post("/api/chat", json={"model": "tiny", "messages": ASK, "options": {"temperature": "hot"}, "stream": False})
     assert bad.status_code == 400 and set(bad.json()) == {"error"}
-    ignored = httpx.post(f"{server.url}/api/chat", json={"model": "tiny", "messages": ASK, "stream": False, "keep_alive": "5m",
+    ignored = server.http.post("/api/chat", json={"model": "tiny", "messages": ASK, "stream": False, "keep_alive": "5m",
                                                           "options": {"num_ctx": 4096, "num_predict": 2}})
     assert ignored.status_code == 200 and ignored.headers["x-ignored-fields"] == "options.num_ctx"  # keep_alive: --models-dir's
-    bad_keep = httpx.post(f"{server.url}/api/chat", json={"model": "tiny", "messages": ASK, "stream": False, "keep_alive": "soon"})
+    bad_keep = server.http.post("/api/chat", json={"model": "tiny", "messages": ASK, "stream": False, "keep_alive": "soon"})
     assert bad_keep.status_code == 400 and "keep_alive" in bad_keep.json()["error"]
     for worst in ("nan", "1e999999h"):  # neither reaches the model manager's clock
-        answer = httpx.post(f"{server.url}/api/chat", json={"model": "tiny", "messages": ASK, "stream": False, "keep_alive": worst})
+        answer = server.http.post("/api/chat", json={"model": "tiny", "messages": ASK, "stream": False, "keep_alive": worst})
         assert answer.status_code == 400 and "keep_alive" in answer.json()["error"], answer.text
     with pytest.raises(ollama.ResponseError) as refused:
         client.generate(model="tiny", prompt="x", suffix="y")

@@ -1,14 +1,15 @@
-"""Anthropic's Messages API (ortinf/serve/anthropic_api.py) through a real server and the official `anthropic` SDK:
+"""Anthropic's Messages API (ortinf/serve/anthropic_api.py) in process (the real app and engine, support/app_helpers.py)
+and the official `anthropic` SDK over an ASGI transport:
 create and stream, stop reasons, a tool round trip, count_tokens, the same tokens as the chat completion the
 request means, and Anthropic-shaped errors (x-api-key with --api-key)."""
 
 from __future__ import annotations
 
 import anthropic
-import httpx
-import openai
 import pytest
-from support.server_helpers import running_server
+from support.app_helpers import serving
+
+from ortinf.serve.state import ServerConfig
 
 WEATHER = {"name": "get_weather", "description": "The weather in a city.",
            "input_schema": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"],
@@ -18,25 +19,25 @@ GREEDY = {"temperature": 0}  # the 2026 SDK's create() has no temperature argume
 
 
 @pytest.fixture(scope="module")
-def server(byte_package, tmp_path_factory):
-    with running_server([str(byte_package), "--kv-cache-memory", "64MiB", "--api-key", "sk-test"], tmp_path_factory.mktemp("logs")) as server:
+def server(byte_package):
+    with serving(ServerConfig(packages=(byte_package,), api_key="sk-test", engine_options={"kv_cache_memory": "64MiB"})) as server:
         yield server
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    return anthropic.Anthropic(base_url=server.url, api_key="sk-test", max_retries=0)
+    return server.anthropic("sk-test")
 
 
 @pytest.fixture(scope="module")
 def model(server):
-    return httpx.get(f"{server.url}/v1/models", headers={"x-api-key": "sk-test"}).json()["data"][0]["id"]
+    return server.http.get("/v1/models", headers={"x-api-key": "sk-test"}).json()["data"][0]["id"]
 
 
 def test_create_equals_the_chat_completion_it_means(client, server, model):
     """At temperature 0 a message is the chat completion of the same conversation: the same text, the same prompt."""
     message = client.messages.create(model=model, max_tokens=12, system="Be brief.", messages=ASK, extra_body=GREEDY)
-    chat = openai.OpenAI(base_url=f"{server.url}/v1", api_key="sk-test", max_retries=0).chat.completions.create(
+    chat = server.openai("sk-test").chat.completions.create(
         model=model, max_tokens=12, temperature=0, messages=[{"role": "system", "content": "Be brief."}, *ASK])
     assert message.type == "message" and message.role == "assistant" and message.id.startswith("msg_")
     assert [block.type for block in message.content] == ["text"]
@@ -95,7 +96,7 @@ def test_count_tokens_is_the_prompt_of_the_message(client, model):
 
 def test_errors_are_anthropic_shaped(client, server, model):
     with pytest.raises(anthropic.AuthenticationError) as denied:
-        anthropic.Anthropic(base_url=server.url, api_key="wrong", max_retries=0).messages.create(model=model, max_tokens=4, messages=ASK)
+        server.anthropic("wrong").messages.create(model=model, max_tokens=4, messages=ASK)
     assert denied.value.body["error"]["type"] == "authentication_error"
     with pytest.raises(anthropic.BadRequestError) as bad:
         client.messages.create(model=model, max_tokens=4, messages=[{"role": "system", "content": "x"}])
@@ -103,16 +104,16 @@ def test_errors_are_anthropic_shaped(client, server, model):
     assert "system" in bad.value.body["error"]["message"]
     with pytest.raises(anthropic.NotFoundError):
         client.messages.create(model="no-such-model", max_tokens=4, messages=ASK)
-    response = httpx.post(f"{server.url}/v1/messages", headers={"x-api-key": "sk-test"}, json={"model": model, "messages": ASK})
+    response = server.http.post("/v1/messages", headers={"x-api-key": "sk-test"}, json={"model": model, "messages": ASK})
     assert response.status_code == 400 and response.json()["error"]["type"] == "invalid_request_error"
     assert "max_tokens" in response.json()["error"]["message"]
-    refused = httpx.post(f"{server.url}/v1/messages", headers={"x-api-key": "sk-test"},
+    refused = server.http.post("/v1/messages", headers={"x-api-key": "sk-test"},
                          json={"model": model, "max_tokens": 4, "messages": ASK, "mcp_servers": [{"url": "x"}]})
     assert refused.status_code == 400 and "mcp_servers" in refused.json()["error"]["message"]
-    ignored = httpx.post(f"{server.url}/v1/messages", headers={"x-api-key": "sk-test", "anthropic-version": "2023-06-01"},
+    ignored = server.http.post("/v1/messages", headers={"x-api-key": "sk-test", "anthropic-version": "2023-06-01"},
                          json={"model": model, "max_tokens": 2, "messages": ASK, "metadata": {"user_id": "u1"}})
     assert ignored.status_code == 200 and ignored.headers["x-ignored-fields"] == "metadata"
-    both = httpx.post(f"{server.url}/v1/messages", headers={"x-api-key": "sk-test", "authorization": "Bearer sk-test"},
+    both = server.http.post("/v1/messages", headers={"x-api-key": "sk-test", "authorization": "Bearer sk-test"},
                       json={"model": model, "max_tokens": 2, "messages": ASK})
     assert both.status_code == 401 and "one credential" in both.json()["error"]["message"]
 

@@ -1,4 +1,4 @@
-"""Structured output through the real server and the official openai client, on a random-weight model:
+"""Structured output in process (the real app and engine) through the official openai client over an ASGI transport, on a random-weight model:
 whatever the model would say, the output follows the requested schema, regex, choice or grammar."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 
 @pytest.fixture(scope="module")
-def client(byte_server):
-    return openai.OpenAI(base_url=f"{byte_server.url}/v1", api_key="unused", max_retries=0)
+def client(byte_app_client):
+    return byte_app_client
 
 
 NAMES = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_", min_size=1, max_size=8)

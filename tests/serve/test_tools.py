@@ -1,4 +1,4 @@
-"""Tool calling through the real server and the official openai client, on a random-weight model with a
+"""Tool calling in process (the real app and engine) through the official openai client over an ASGI transport, on a random-weight model with a
 Hermes-style (Qwen) tools template."""
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ ASK = [{"role": "user", "content": "weather in Paris?"}]
 
 
 @pytest.fixture(scope="module")
-def client(byte_server):
-    return openai.OpenAI(base_url=f"{byte_server.url}/v1", api_key="unused", max_retries=0)
+def client(byte_app_client):
+    return byte_app_client
 
 
 @pytest.fixture(scope="module")

@@ -7,20 +7,24 @@ from __future__ import annotations
 import json
 import re
 
-import openai
 import pytest
-from support.server_helpers import running_server
+from support.app_helpers import serving
 
+from ortinf.serve.state import ServerConfig
 from ortinf.tasks.chat.reasoning import PARSERS, detect, resolve
 
 THOUGHT = "<think>\nweigh it\n</think>\n\nyes"
 
 
+def reasoning_server(byte_package, parser: str):
+    """The byte llama served in process (support/app_helpers.py) with --reasoning-parser PARSER."""
+    return serving(ServerConfig(packages=(byte_package,), reasoning_parser=parser, engine_options={"kv_cache_memory": "64MiB"}))
+
+
 @pytest.fixture(scope="module")
-def client(byte_package, tmp_path_factory):
-    with running_server([str(byte_package), "--kv-cache-memory", "64MiB", "--reasoning-parser", "qwen3"],
-                        tmp_path_factory.mktemp("logs")) as server:
-        yield openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+def client(byte_package):
+    with reasoning_server(byte_package, "qwen3") as server:
+        yield server.openai()
 
 
 def _forced(text: str) -> dict:
@@ -102,11 +106,11 @@ def test_harmony_parser_by_value_and_partial_splits_only_grow():
     assert detect("{{ '<|start|>assistant<|channel|>final<|message|>' }}") == "gpt_oss"
 
 
-def test_harmony_channels_through_the_server(byte_package, tmp_path):
+def test_harmony_channels_through_the_server(byte_package):
     """The tiny model spells harmony's markers byte by byte (guided_regex): the analysis channel comes back as
     reasoning_content, the final channel as the content, streamed or not."""
-    with running_server([str(byte_package), "--kv-cache-memory", "64MiB", "--reasoning-parser", "gpt_oss"], tmp_path) as server:
-        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    with reasoning_server(byte_package, "gpt_oss") as server:
+        client = server.openai()
         model = client.models.list().data[0].id
         request = dict(model=model, messages=[{"role": "user", "content": "well?"}], max_tokens=120, extra_body=_forced(HARMONY))
         message = client.chat.completions.create(**request).choices[0].message

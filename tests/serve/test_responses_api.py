@@ -1,11 +1,10 @@
-"""POST /v1/responses (and GET / DELETE), through the official openai client against the real server, on the
+"""POST /v1/responses (and GET / DELETE), through the official openai client in process (the real app and engine, over an ASGI transport), on the
 byte-level tiny llama with a Hermes-style tools template."""
 
 from __future__ import annotations
 
 import json
 
-import httpx
 import jsonschema
 import openai
 import pytest
@@ -16,13 +15,13 @@ WEATHER = {"type": "function", "name": "get_weather", "description": "The weathe
 
 
 @pytest.fixture(scope="module")
-def client(byte_client):
-    return byte_client
+def client(byte_app_client):
+    return byte_app_client
 
 
 @pytest.fixture(scope="module")
-def model(byte_model):
-    return byte_model
+def model(byte_app_model):
+    return byte_app_model
 
 
 def test_text_response_equals_the_chat_completion(client, model):
@@ -75,23 +74,23 @@ def test_function_call_round_trip_and_previous_response_id(client, model):
         client.responses.create(model=model, previous_response_id=first.id, input="again")
 
 
-def test_text_format_json_schema_and_policy(byte_server, client, model):
+def test_text_format_json_schema_and_policy(byte_app, client, model):
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False}
     response = client.responses.create(model=model, input="answer", max_output_tokens=40, temperature=0,
                                        text={"format": {"type": "json_schema", "name": "answer", "schema": schema, "strict": True}})
     jsonschema.validate(json.loads(response.output_text), schema)
-    url = f"{byte_server.url}/v1/responses"
-    hosted = httpx.post(url, json={"input": "x", "tools": [{"type": "web_search"}]})
+    url = "/v1/responses"
+    hosted = byte_app.http.post(url, json={"input": "x", "tools": [{"type": "web_search"}]})
     assert hosted.status_code == 400 and "hosted" in hosted.json()["error"]["message"]
-    image = httpx.post(url, json={"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:,"}]}]})
+    image = byte_app.http.post(url, json={"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:,"}]}]})
     assert image.status_code == 400 and "reads text" in image.json()["error"]["message"]
-    bad_name = httpx.post(url, json={"input": "x", "tools": [{"type": "function", "name": "has space"}]})
+    bad_name = byte_app.http.post(url, json={"input": "x", "tools": [{"type": "function", "name": "has space"}]})
     assert bad_name.status_code == 400 and bad_name.json()["error"]["param"] == "tools", bad_name.text
-    background = httpx.post(url, json={"input": "x", "background": True})
+    background = byte_app.http.post(url, json={"input": "x", "background": True})
     assert background.status_code == 400 and background.json()["error"]["param"] == "background"
-    plain = httpx.post(url, json={"input": "x", "max_output_tokens": 2, "tool_choice": "auto"})  # OpenAI's default, no tools
+    plain = byte_app.http.post(url, json={"input": "x", "max_output_tokens": 2, "tool_choice": "auto"})  # OpenAI's default, no tools
     assert plain.status_code == 200, plain.text
-    ignored = httpx.post(url, json={"input": "x", "max_output_tokens": 2, "reasoning": {"effort": "low"}, "include": [],
+    ignored = byte_app.http.post(url, json={"input": "x", "max_output_tokens": 2, "reasoning": {"effort": "low"}, "include": [],
                                     "truncation": "auto"})
     assert ignored.status_code == 200 and ignored.headers["x-ignored-fields"] == "include, reasoning, truncation"
 

@@ -1,18 +1,17 @@
-"""vLLM's and OpenAI's extra fields and endpoints, each checked by value against the real server
+"""vLLM's and OpenAI's extra fields and endpoints, each checked by value on the real app and engine in process
 (their meanings as vLLM documents them)."""
 
 from __future__ import annotations
 
 import json
 
-import httpx
 import openai
 import pytest
 
 
 @pytest.fixture(scope="module")
-def client(byte_server):
-    return openai.OpenAI(base_url=f"{byte_server.url}/v1", api_key="unused", max_retries=0)
+def client(byte_app_client):
+    return byte_app_client
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +20,7 @@ def model(client):
 
 
 def _tokenize(server, **body) -> dict:
-    response = httpx.post(f"{server.url}/tokenize", json=body, timeout=30)
+    response = server.http.post("/tokenize", json=body)
     assert response.status_code == 200, response.text
     return response.json()
 
@@ -32,33 +31,33 @@ def _one_token(server, text: str) -> int:
     return ids[0]
 
 
-def test_tokenize_and_detokenize_round_trip(byte_server):
-    body = _tokenize(byte_server, prompt='{"name": "fox"}', return_token_strs=True)
+def test_tokenize_and_detokenize_round_trip(byte_app):
+    body = _tokenize(byte_app, prompt='{"name": "fox"}', return_token_strs=True)
     assert body["count"] == len(body["tokens"]) == len(body["token_strs"]) and body["max_model_len"] == 1024
-    text = httpx.post(f"{byte_server.url}/detokenize", json={"tokens": body["tokens"]}).json()["prompt"]
+    text = byte_app.http.post("/detokenize", json={"tokens": body["tokens"]}).json()["prompt"]
     assert text == '{"name": "fox"}'
-    bad = httpx.post(f"{byte_server.url}/detokenize", json={"tokens": [10**6]})
+    bad = byte_app.http.post("/detokenize", json={"tokens": [10**6]})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
 
 
-def test_tokenize_chat_matches_the_chat_prompt(byte_server, client, model):
+def test_tokenize_chat_matches_the_chat_prompt(byte_app, client, model):
     messages = [{"role": "user", "content": "hello there"}]
-    counted = _tokenize(byte_server, messages=messages)["count"]
+    counted = _tokenize(byte_app, messages=messages)["count"]
     reply = client.chat.completions.create(model=model, messages=messages, max_tokens=1)
     assert reply.usage.prompt_tokens == counted
-    greeted = _tokenize(byte_server, messages=messages, chat_template_kwargs={"greeting": "hi all"})
+    greeted = _tokenize(byte_app, messages=messages, chat_template_kwargs={"greeting": "hi all"})
     assert greeted["count"] > counted  # the template's own variable, set by chat_template_kwargs
     reply = client.chat.completions.create(model=model, messages=messages, max_tokens=1,
                                            extra_body={"chat_template_kwargs": {"greeting": "hi all", "messages": []}})
     assert reply.usage.prompt_tokens == greeted["count"]  # kwargs cannot replace the conversation
 
 
-def test_continue_final_message(byte_server):
+def test_continue_final_message(byte_app):
     messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello wor"}]
-    body = _tokenize(byte_server, messages=messages, add_generation_prompt=False, continue_final_message=True)
-    text = httpx.post(f"{byte_server.url}/detokenize", json={"tokens": body["tokens"]}).json()["prompt"]
+    body = _tokenize(byte_app, messages=messages, add_generation_prompt=False, continue_final_message=True)
+    text = byte_app.http.post("/detokenize", json={"tokens": body["tokens"]}).json()["prompt"]
     assert text.endswith("assistant: Hello wor")
-    both = httpx.post(f"{byte_server.url}/tokenize", json={"messages": messages, "continue_final_message": True})
+    both = byte_app.http.post("/tokenize", json={"messages": messages, "continue_final_message": True})
     assert both.status_code == 400 and "add_generation_prompt" in both.json()["error"]["message"]
 
 
@@ -68,11 +67,11 @@ def test_retrieve_model(client, model):
         client.models.retrieve("nope")
 
 
-def test_logit_bias_and_allowed_token_ids(byte_server, client, model):
-    x = _one_token(byte_server, "x")
+def test_logit_bias_and_allowed_token_ids(byte_app, client, model):
+    x = _one_token(byte_app, "x")
     text = client.completions.create(model=model, prompt="a", max_tokens=6, temperature=0, logit_bias={str(x): 100}).choices[0].text
     assert text == "x" * 6
-    y = _one_token(byte_server, "y")
+    y = _one_token(byte_app, "y")
     text = client.completions.create(model=model, prompt="a", max_tokens=12, temperature=1.0, seed=3,
                                      extra_body={"allowed_token_ids": [x, y]}).choices[0].text
     assert set(text) <= {"x", "y"} and len(text) == 12
@@ -88,7 +87,7 @@ def test_bad_words_ban_their_last_token(client, model):
     assert word not in banned.logprobs.tokens and banned.text != plain.text
 
 
-def test_stop_string_in_output_and_special_tokens(byte_server, client, model):
+def test_stop_string_in_output_and_special_tokens(byte_app, client, model):
     plain = client.completions.create(model=model, prompt="the fox", max_tokens=12, temperature=0).choices[0].text
     stop = plain[3:5]
     cut = client.completions.create(model=model, prompt="the fox", max_tokens=12, temperature=0, stop=[stop]).choices[0]
@@ -102,9 +101,9 @@ def test_stop_string_in_output_and_special_tokens(byte_server, client, model):
     assert hidden == "" and shown == "<s>" * 3
 
 
-def test_prompt_logprobs_truncation_cached_tokens_and_fingerprint(byte_server, client, model):
+def test_prompt_logprobs_truncation_cached_tokens_and_fingerprint(byte_app, client, model):
     prompt = "the quick brown fox jumps over the lazy dog " * 4
-    ids = _tokenize(byte_server, prompt=prompt)["tokens"]
+    ids = _tokenize(byte_app, prompt=prompt)["tokens"]
     reply = client.completions.create(model=model, prompt=prompt, max_tokens=1, extra_body={"prompt_logprobs": 2})
     entries = reply.choices[0].model_extra["prompt_logprobs"]
     assert len(entries) == len(ids) and entries[0] is None
@@ -116,7 +115,7 @@ def test_prompt_logprobs_truncation_cached_tokens_and_fingerprint(byte_server, c
     assert short.usage.prompt_tokens == 5
 
 
-def test_cache_salt_request_id_add_special_tokens_and_priority(byte_server, client, model):
+def test_cache_salt_request_id_add_special_tokens_and_priority(byte_app, client, model):
     """vLLM's request fields, by value."""
     prompt = "salted prefixes are private: " * 4
     first = client.completions.create(model=model, prompt=prompt, max_tokens=1, extra_body={"cache_salt": "tenant-a"})
@@ -147,8 +146,8 @@ def test_continuous_usage_stats(client, model):
     assert counts == sorted(counts) and chunks[-1].usage.completion_tokens == 5
 
 
-def test_openapi_schema_describes_responses(byte_server):
-    schema = httpx.get(f"{byte_server.url}/openapi.json").json()
+def test_openapi_schema_describes_responses(byte_app):
+    schema = byte_app.http.get("/openapi.json").json()
     components = schema["components"]["schemas"]
     for name in ("Completion", "ChatCompletion", "EmbeddingList", "ModelList", "TokenizeResponse", "Usage", "ToolCallOut"):
         assert name in components, name
@@ -158,11 +157,11 @@ def test_openapi_schema_describes_responses(byte_server):
     assert "cached_tokens" in components["PromptTokensDetails"]["properties"]
 
 
-def test_worst_values_of_the_new_fields_are_400s(byte_server, client, model):
+def test_worst_values_of_the_new_fields_are_400s(byte_app, client, model):
     """Values that once reached int() or llguidance unchecked: each is a 400 naming the field, and the
     server goes on serving."""
     def error(path: str, body: dict) -> dict:
-        response = httpx.post(f"{byte_server.url}{path}", json=body, timeout=60)
+        response = byte_app.http.post(path, json=body)
         assert response.status_code == 400, (body, response.text)
         return response.json()["error"]
 
