@@ -83,22 +83,33 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 # Files whose tests share nothing costly (each starts its own subprocess): under pytest-xdist their tests are spread
-# over the workers one by one. Every other file's tests stay together on one worker (--dist loadgroup), so that a
-# module's fixtures (a server, an export) are made once.
+# over the workers one by one. Every other file's tests stay together on one worker, so that a module's fixtures (a
+# server, an export) are made once.
 SPREAD = {"test_benchmarks.py", "test_streaming.py"}
 SPREAD_TESTS = {"test_every_build_the_machine_runs"}  # a file's tests rerun in a subprocess under a narrower kernel build
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups into the node ids
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    tests = Path(__file__).parent
-    for item in items:
-        parts = item.path.relative_to(tests).parts
-        if len(parts) > 1 and parts[0] in FOLDER_MARKERS:
-            item.add_marker(FOLDER_MARKERS[parts[0]])
-        spread = item.path.name in SPREAD or getattr(item, "originalname", "") in SPREAD_TESTS
-        if not spread and item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group("/".join(parts)))
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Folder markers as each test is collected, before -m deselects."""
+    parts = item.path.relative_to(Path(__file__).parent).parts
+    if len(parts) > 1 and parts[0] in FOLDER_MARKERS:
+        item.add_marker(FOLDER_MARKERS[parts[0]])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """xdist's scheduler, grouping as SPREAD says. (xdist's own --dist loadgroup marks a group into each test's node id,
+    which pytest 9 no longer lets a plugin change: every test went its own way, module fixtures made twice.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByFile(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            file = nodeid.split("::", 1)[0]
+            if Path(file).name in SPREAD or nodeid.split("::")[-1].split("[")[0] in SPREAD_TESTS:
+                return nodeid
+            return file
+
+    return ByFile(config, log)
 
 
 @pytest.hookimpl(tryfirst=True)
