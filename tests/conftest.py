@@ -198,18 +198,6 @@ def demo_cache(package_factory) -> Path:
 
 
 CHAT_TEMPLATE = (
-    "{% if greeting is defined %}{{ greeting }}\n{% endif %}"
-    "{% if tools %}<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools>\n{% endif %}"
-    "{% for m in messages %}"
-    "{% if m.role == 'tool' %}<tool_response>{{ m.content }}</tool_response>\n"
-    "{% elif m.tool_calls %}{{ m.role }}: {% for c in m.tool_calls %}<tool_call>\n"
-    "{\"name\": \"{{ c.function.name }}\", \"arguments\": {{ c.function.arguments | tojson }}}\n</tool_call>{% endfor %}\n"
-    "{% else %}{{ m.role }}: {{ m.content }}\n{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}assistant:{% endif %}"
-)
-
-
-CHAT_TEMPLATE = (
     "{% if messages[0]['role'] == 'assistant' %}{{ raise_exception('the conversation must not start with the assistant') }}{% endif %}"
     "{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}assistant:{% endif %}"

@@ -16,11 +16,11 @@ def byte_app(byte_package):
 
 
 @pytest.fixture(scope="session")
-def byte_app_client(byte_app):
-    """The official openai client on byte_app."""
+def client(byte_app):
+    """The official openai client on byte_app (a module that serves otherwise has a `client` of its own)."""
     return byte_app.openai()
 
 
 @pytest.fixture(scope="session")
-def byte_app_model(byte_app_client) -> str:
-    return byte_app_client.models.list().data[0].id
+def model(client) -> str:
+    return client.models.list().data[0].id

@@ -14,16 +14,6 @@ WEATHER = {"type": "function", "name": "get_weather", "description": "The weathe
                           "required": ["city"], "additionalProperties": False}}
 
 
-@pytest.fixture(scope="module")
-def client(byte_app_client):
-    return byte_app_client
-
-
-@pytest.fixture(scope="module")
-def model(byte_app_model):
-    return byte_app_model
-
-
 def test_text_response_equals_the_chat_completion(client, model):
     response = client.responses.create(model=model, input="hello there", instructions="be brief", max_output_tokens=12, temperature=0)
     chat = client.chat.completions.create(model=model, messages=[{"role": "system", "content": "be brief"},

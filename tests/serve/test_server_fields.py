@@ -9,16 +9,6 @@ import openai
 import pytest
 
 
-@pytest.fixture(scope="module")
-def client(byte_app_client):
-    return byte_app_client
-
-
-@pytest.fixture(scope="module")
-def model(client):
-    return client.models.list().data[0].id
-
-
 def _tokenize(server, **body) -> dict:
     response = server.http.post("/tokenize", json=body)
     assert response.status_code == 200, response.text

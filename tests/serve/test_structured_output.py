@@ -12,12 +12,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-
-@pytest.fixture(scope="module")
-def client(byte_app_client):
-    return byte_app_client
-
-
 NAMES = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_", min_size=1, max_size=8)
 LEAVES = st.one_of(
     st.builds(lambda lo, span: {"type": "integer", "minimum": lo, "maximum": lo + span}, st.integers(-1000, 1000), st.integers(0, 5000)),

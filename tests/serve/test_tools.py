@@ -25,16 +25,6 @@ SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER,
 ASK = [{"role": "user", "content": "weather in Paris?"}]
 
 
-@pytest.fixture(scope="module")
-def client(byte_app_client):
-    return byte_app_client
-
-
-@pytest.fixture(scope="module")
-def model(client):
-    return client.models.list().data[0].id
-
-
 def _check_calls(calls) -> None:
     assert calls
     for call in calls:
