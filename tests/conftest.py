@@ -96,18 +96,23 @@ def pytest_itemcollected(item: pytest.Item) -> None:
         item.add_marker(FOLDER_MARKERS[parts[0]])
 
 
+def xdist_scope(nodeid: str) -> str:
+    """The unit a worker takes whole: the test's file, or the test alone (SPREAD, SPREAD_TESTS)."""
+    file = nodeid.split("::", 1)[0]
+    if Path(file).name in SPREAD or nodeid.split("::")[-1].split("[")[0] in SPREAD_TESTS:
+        return nodeid
+    return file
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """xdist's scheduler, grouping as SPREAD says. (xdist's own --dist loadgroup marks a group into each test's node id,
+    """xdist's scheduler, grouping by xdist_scope. (xdist's own --dist loadgroup marks a group into each test's node id,
     which pytest 9 no longer lets a plugin change: every test went its own way, module fixtures made twice.)"""
     from xdist.scheduler import LoadScopeScheduling
 
     class ByFile(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            file = nodeid.split("::", 1)[0]
-            if Path(file).name in SPREAD or nodeid.split("::")[-1].split("[")[0] in SPREAD_TESTS:
-                return nodeid
-            return file
+            return xdist_scope(nodeid)
 
     return ByFile(config, log)
 

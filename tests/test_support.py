@@ -97,3 +97,44 @@ def test_the_report_adds_up_the_workers():
     assert total.counts["export"] == 3 and total.seconds["export"] == 7.0 and total.counts["server"] == 1
     assert total.top("export") == "tests/b.py 4 s, tests/a.py 3 s"
     assert total.lines()[0].startswith("exports: 3 made (7 s)")
+
+
+@pytest.mark.parametrize(("nodeid", "scope"), [
+    ("tests/e2e/test_server_load.py::test_metrics_count_what_happened", "tests/e2e/test_server_load.py"),
+    ("tests/runtime/engine/test_engine_parity.py::test_prefix_caching_on_and_off[qwen2]", "tests/runtime/engine/test_engine_parity.py"),
+    ("tests/test_benchmarks.py::test_benchmark_runs_in_tiny_mode[serve.py]", None),
+    ("tests/exporter/test_streaming.py::test_bad_checkpoints_are_one_line_and_leave_nothing", None),
+    ("tests/kernels/test_qmatmul_op.py::test_every_build_the_machine_runs[avx2]", None),
+])
+def test_a_worker_takes_a_file_whole_but_subprocess_tests_one_by_one(nodeid, scope):
+    """A file's module fixtures (a server, an export) are made once because its tests share one worker; tests that
+    only start a subprocess each are spread (None: the test is its own unit)."""
+    from conftest import xdist_scope
+
+    assert xdist_scope(nodeid) == (scope or nodeid)
+
+
+def test_a_worker_runs_engines_on_its_share_of_the_cores(request, decoder_package):
+    """Under pytest-xdist an engine's session gets the worker's share of the cores (docs/testing.md), and a size passed
+    explicitly is kept; in one process nothing is changed."""
+    import os
+
+    from ortinf import LLM
+
+    _, package = decoder_package("llama")
+    workers = int(getattr(request.config, "workerinput", {}).get("workercount", 0))
+    share = max(1, (os.cpu_count() or 1) // workers) if workers > 1 else 0
+    default = LLM(package, provider="cpu", num_blocks=64).engine.graph.session.get_session_options().intra_op_num_threads
+    assert default == share  # 0: ORT sizes the pool itself
+    explicit = LLM(package, provider="cpu", num_blocks=64, intra_op_threads=3).engine.graph.session.get_session_options()
+    assert explicit.intra_op_num_threads == 3
+    if workers > 1:
+        assert os.environ["ORTINF_INTRA_OP_THREADS"] == os.environ["OMP_NUM_THREADS"] == str(share)
+
+
+def test_the_demo_cache_holds_the_bundled_demo_once(demo_cache):
+    from ortinf.bundled import DEMO_NAME
+
+    manifests = list(demo_cache.rglob("ortinf.json"))
+    assert len(manifests) == 1 and manifests[0].parent.name == DEMO_NAME
+    assert Manifest.load(manifests[0].parent).architecture == "LlamaForCausalLM"
