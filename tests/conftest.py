@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from support.packages import PackageFactory
 from support.run_report import REPORT
+from support.scheduling import xdist_scope
 
 # WebGPU lists a device on Mesa's software Vulkan driver (lavapipe) only with this; it must be set
 # before the plugin is first registered. 'auto' never picks a software adapter, so CPU tests are unaffected.
@@ -49,8 +50,7 @@ def share_the_cores(threads: int) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Counts and times every export this process makes (ortinf.export, the CLI in process, LLM on a checkpoint) for
-    the run's report. ortinf.export resolves ortinf.exporter.api.export on each use, so wrapping it there counts all."""
+    """Each xdist worker (and a pytest one starts) takes its share of the cores."""
     workers = int(getattr(config, "workerinput", {}).get("workercount", 0))
     nested = os.environ.get("ORTINF_TEST_THREADS")  # a pytest that a worker started (the kernel reruns)
     if os.environ.get("ORTINF_TEST_SHARE_CORES", "1") == "1":
@@ -58,8 +58,15 @@ def pytest_configure(config: pytest.Config) -> None:
             share_the_cores(max(1, (os.cpu_count() or 1) // workers))
         elif nested:
             share_the_cores(int(nested))
+
+
+@pytest.hookimpl(trylast=True)  # after pytest-cov starts measuring (a worker's import of ortinf before it went unseen)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Counts and times every export this process makes (ortinf.export, the CLI in process, LLM on a checkpoint) for
+    the run's report. ortinf.export resolves ortinf.exporter.api.export on each use, so wrapping it there counts all."""
+    config = session.config
     controller = bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")
-    if nested or controller:
+    if os.environ.get("ORTINF_TEST_THREADS") and not hasattr(config, "workerinput") or controller:
         return  # the controller of xdist workers, or a nested run: no tests of its own to count (it would import torch)
     from ortinf.exporter import api
 
@@ -82,13 +89,6 @@ def pytest_configure(config: pytest.Config) -> None:
     api.export = export
 
 
-# Files whose tests share nothing costly (each starts its own subprocess): under pytest-xdist their tests are spread
-# over the workers one by one. Every other file's tests stay together on one worker, so that a module's fixtures (a
-# server, an export) are made once.
-SPREAD = {"test_benchmarks.py", "test_streaming.py"}
-SPREAD_TESTS = {"test_every_build_the_machine_runs"}  # a file's tests rerun in a subprocess under a narrower kernel build
-
-
 def pytest_itemcollected(item: pytest.Item) -> None:
     """Folder markers as each test is collected, before -m deselects."""
     parts = item.path.relative_to(Path(__file__).parent).parts
@@ -96,17 +96,9 @@ def pytest_itemcollected(item: pytest.Item) -> None:
         item.add_marker(FOLDER_MARKERS[parts[0]])
 
 
-def xdist_scope(nodeid: str) -> str:
-    """The unit a worker takes whole: the test's file, or the test alone (SPREAD, SPREAD_TESTS)."""
-    file = nodeid.split("::", 1)[0]
-    if Path(file).name in SPREAD or nodeid.split("::")[-1].split("[")[0] in SPREAD_TESTS:
-        return nodeid
-    return file
-
-
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """xdist's scheduler, grouping by xdist_scope. (xdist's own --dist loadgroup marks a group into each test's node id,
+    """xdist's scheduler, sharing the tests as support/scheduling.py says. (xdist's own --dist loadgroup marks a group into each test's node id,
     which pytest 9 no longer lets a plugin change: every test went its own way, module fixtures made twice.)"""
     from xdist.scheduler import LoadScopeScheduling
 

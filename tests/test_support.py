@@ -109,7 +109,7 @@ def test_the_report_adds_up_the_workers():
 def test_a_worker_takes_a_file_whole_but_subprocess_tests_one_by_one(nodeid, scope):
     """A file's module fixtures (a server, an export) are made once because its tests share one worker; tests that
     only start a subprocess each are spread (None: the test is its own unit)."""
-    from conftest import xdist_scope
+    from support.scheduling import xdist_scope
 
     assert xdist_scope(nodeid) == (scope or nodeid)
 
