@@ -50,7 +50,7 @@ class RunReport:
 
         return [
             f"exports: {part('export', 'made')}; {part('factory_export', 'folders made by the package factory')}; "
-            f"{self.counts['factory_hit']} packages reused from the cache of earlier runs",
+            f"{self.counts['factory_hit']} taken from its store (made by the other worker or an earlier run)",
             f"  most in: {self.top('export')}",
             f"servers: {part('server', 'started')} (seconds from start to healthy)",
             f"  most in: {self.top('server')}",
