@@ -65,8 +65,10 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     """Counts and times every export this process makes (ortinf.export, the CLI in process, LLM on a checkpoint) for
     the run's report. ortinf.export resolves ortinf.exporter.api.export on each use, so wrapping it there counts all."""
     config = session.config
-    controller = bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")
-    if os.environ.get("ORTINF_TEST_THREADS") and not hasattr(config, "workerinput") or controller:
+    worker = hasattr(config, "workerinput")
+    controller = bool(getattr(config.option, "numprocesses", None)) and not worker
+    nested = bool(os.environ.get("ORTINF_TEST_THREADS")) and not worker
+    if controller or nested:
         return  # the controller of xdist workers, or a nested run: no tests of its own to count (it would import torch)
     from ortinf.exporter import api
 
@@ -98,8 +100,9 @@ def pytest_itemcollected(item: pytest.Item) -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """xdist's scheduler, sharing the tests as support/scheduling.py says. (xdist's own --dist loadgroup marks a group into each test's node id,
-    which pytest 9 no longer lets a plugin change: every test went its own way, module fixtures made twice.)"""
+    """xdist's scheduler, sharing the tests as support/scheduling.py says. (xdist's own --dist loadgroup writes a group
+    into each item's `_nodeid`, which pytest 9 no longer reads: node ids come from `_id`, so every test went its own way
+    and module fixtures were made on both workers.)"""
     from xdist.scheduler import LoadScopeScheduling
 
     class ByFile(LoadScopeScheduling):

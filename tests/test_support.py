@@ -70,11 +70,24 @@ def test_a_changed_source_is_a_new_store_and_the_old_one_goes(store, tmp_path, m
     assert any(p.is_dir() for p in (store / ("0" * 16)).iterdir())
 
 
-def test_the_source_hash_covers_the_builders_and_the_exporter():
+def test_the_source_hash_covers_the_builders_and_the_exporter(tmp_path):
     covered = {path.resolve() for path in packages.SOURCES}
     root = Path(__file__).resolve().parents[1]
     assert root / "ortinf" in covered and root / "tests" / "support" in covered
-    assert packages.source_hash() == packages.source_hash() and len(packages.source_hash()) == 16
+    tree = (tmp_path / "ortinf", tmp_path / "support")  # a copy's worth of each: any byte or name changed is a new hash
+    for folder in tree:
+        folder.mkdir()
+        (folder / "a.py").write_text("x = 1\n")
+    before = packages.source_hash(tmp_path, tree)
+    assert packages.source_hash(tmp_path, tree) == before and len(before) == 16
+    (tree[1] / "a.py").write_text("x = 2\n")
+    edited = packages.source_hash(tmp_path, tree)
+    (tree[0] / "a.py").rename(tree[0] / "b.py")
+    renamed = packages.source_hash(tmp_path, tree)
+    assert len({before, edited, renamed}) == 3
+    (tree[0] / "__pycache__").mkdir()
+    (tree[0] / "__pycache__" / "b.cpython-311.pyc").write_bytes(b"compiled")  # what importing writes: not a source
+    assert packages.source_hash(tmp_path, tree) == renamed
 
 
 @pytest.mark.parametrize("args", [["export", "/no/such/folder", "-o", "x"], ["serve", "--max-num-seqs", "0"], ["inspect", "/nowhere"]])

@@ -1,4 +1,4 @@
-"""Server fixtures: real `ortinf serve` processes over tiny exported packages, one of each for the whole run
+"""Server fixtures: real `ortinf serve` processes over tiny exported packages, one of each per pytest-xdist worker
 (their tests measure what they change: counters as differences, their own requests' outputs)."""
 
 from __future__ import annotations

