@@ -239,6 +239,8 @@ def rebind(model: onnx.ModelProto, skel: Skeleton, traced_names: dict[str, str],
         parameter = traced_names.get(tensor.name)
         if parameter is None:
             kept.append(tensor)  # a constant of the graph's own (shapes, indices, scalars)
+    shared = {name for name in parameters if traced_names[name].startswith(layer0)}
+    _unshare(graph, parameters, shared, skel.layers_name, data_type)
     for node in graph.node:
         for position, name in enumerate(node.input):
             parameter = traced_names.get(name)
@@ -254,6 +256,71 @@ def rebind(model: onnx.ModelProto, skel: Skeleton, traced_names: dict[str, str],
     graph.initializer.extend(kept + list(made.values()))
     _fold_transposes(graph, lazy)
     _fix_vocab_outputs(graph, skel)
+
+
+def _unshare(graph: onnx.GraphProto, parameters: set[str], shared: set[str], layers_name: str, data_type: int) -> None:
+    """Gives each layer its own copy of a computation over a shared parameter.
+
+    Every layer reads layer 0's parameter objects while tracing, and the tracer binds what it computes from
+    one to the next layer's use of it: Gemma's RMSNorm computes `1 + weight.float()`, `.float()` of an fp32
+    parameter is the parameter itself to PyTorch, so layer 1's Cast reads layer 0's Cast, and so on down the
+    layers (a common-subexpression pass would merge them into layer 0's node alike). Rebinding by scope then
+    gives every layer layer 0's norm, which a checkpoint whose norms are all equal (HF's init) never shows.
+    Here a Cast of a parameter to its own type reads the parameter, and any other computation on parameters
+    alone is copied into the scope of each layer that reads it (rebind binds a node by its scope)."""
+    outputs = {o.name for o in graph.output}
+    alias: dict[str, str] = {}
+    kept = []
+    for node in graph.node:
+        node.input[:] = [alias.get(name, name) for name in node.input]
+        to = next((a.i for a in node.attribute if a.name == "to"), None)
+        if node.op_type == "Cast" and node.input[0] in shared and to == data_type and node.output[0] not in outputs:
+            alias[node.output[0]] = node.input[0]
+        else:
+            kept.append(node)
+    static = {t.name for t in graph.initializer} | parameters  # tensors that no graph input reaches
+    derived: dict[str, onnx.NodeProto] = {}  # a tensor computed from parameters alone, one shared -> its node
+    for node in kept:
+        inputs = [name for name in node.input if name]
+        if all(name in static for name in inputs):
+            static.update(node.output)
+            if any(name in shared or name in derived for name in inputs):
+                pristine = onnx.NodeProto()
+                pristine.CopyFrom(node)
+                derived.update((out, pristine) for out in node.output)
+    scope = re.compile(rf"/{re.escape(layers_name)}\.(\d+)/")
+    clones: dict[tuple[str, str], str] = {}  # (derived tensor, layer) -> its copy's name
+    nodes: list[onnx.NodeProto] = []
+
+    def layer_of(node: onnx.NodeProto) -> str | None:
+        match = scope.search(node.name)
+        return match.group(1) if match else None
+
+    def clone(name: str, layer: str) -> str:
+        source = derived[name]
+        if layer_of(source) == layer:
+            return name
+        if (name, layer) not in clones:
+            copy = onnx.NodeProto()
+            copy.CopyFrom(source)
+            copy.name = scope.sub(f"/{layers_name}.{layer}/", source.name, count=1) + "/unshared"
+            for position, read in enumerate(source.input):
+                if read in derived:
+                    copy.input[position] = clone(read, layer)
+            for position, out in enumerate(source.output):
+                clones[(out, layer)] = copy.output[position] = f"{out}/{layers_name}.{layer}"
+            nodes.append(copy)
+        return clones[(name, layer)]
+
+    for node in kept:
+        layer = layer_of(node)
+        if layer is not None:
+            for position, name in enumerate(node.input):
+                if name in derived:
+                    node.input[position] = clone(name, layer)
+        nodes.append(node)
+    del graph.node[:]
+    graph.node.extend(nodes)
 
 
 def _drop_identities(graph: onnx.GraphProto, parameters: set[str]) -> None:
