@@ -24,6 +24,7 @@ from ortinf import LLM, SamplingParams
 from ortinf.errors import ExportError
 
 PROMPTS = [[5, 17, 200, 33, 9], [120, 7, 7, 300, 45, 61, 2, 88]]
+ACTIVATION_ROUNDING = 0.02  # logits, for int8 activations at this model's scale
 pytest.importorskip("gguf")
 
 
@@ -51,7 +52,17 @@ def test_a_gguf_exports_and_decodes_as_transformers_reads_it(hf, quantization):
                  transformers.AutoModelForCausalLM.from_pretrained(hf, gguf_file=path.name, dtype=torch.float32).eval())
     llm = LLM(hf / f"pkg-{quantization}", provider="cpu", num_blocks=64)
     got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))]
-    assert got == [greedy(reference, p) for p in PROMPTS]
+    if quantization == "F32":
+        assert got == [greedy(reference, p) for p in PROMPTS]
+        return
+    # int8 weights as the file has them, but the int8 kernels round activations to int8 too: every token ortinf
+    # chose is the one transformers chooses on the same sequence, or within ACTIVATION_ROUNDING of its best logit
+    # (a near tie, which random-weight models have; every parameter random since issue 55)
+    for prompt, tokens in zip(PROMPTS, got):
+        with torch.no_grad():
+            logits = reference(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1]
+        chosen = logits[torch.arange(len(tokens)), torch.tensor(tokens)]
+        assert (logits.max(-1).values - chosen).max() <= ACTIVATION_ROUNDING, (tokens, greedy(reference, prompt))
 
 
 def test_generate_on_a_gguf_file_exports_it_once(hf, tmp_path):

@@ -65,6 +65,48 @@ def test_the_streamed_package_computes_what_the_in_memory_one_does(tmp_path, mod
                                    atol=1e-5, rtol=0)
 
 
+def _issue_gemma2(folder: Path) -> torch.nn.Module:
+    """Issue 55's Gemma 2: sliding 32 / global layers, soft-capping, query_pre_attn_scalar 48, tied embeddings, every
+    parameter random (2-D N(0, 0.1), embeddings N(0, 0.02), every 1-D parameter N(0, 0.1): four norms a layer,
+    each read as 1 + weight, all different)."""
+    import transformers
+    from support.tiny_models import add_tokenizer
+
+    torch.manual_seed(0)
+    config = transformers.Gemma2Config(
+        vocab_size=1024, hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, sliding_window=32, query_pre_attn_scalar=48, attn_logit_softcapping=50.0,
+        final_logit_softcapping=30.0, tie_word_embeddings=True, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        max_position_embeddings=512, attn_implementation="eager")
+    model = transformers.Gemma2ForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            parameter.normal_(0, 0.02 if "embed" in name else 0.1)
+    model.save_pretrained(folder)
+    add_tokenizer(folder)
+    return model
+
+
+def test_a_gemma2_whose_norms_differ_per_layer_streams_to_the_right_logits(tmp_path):
+    """The chain the tracer makes of `weight.float()` over a shared norm (layer k's Cast read layer k-1's) bound
+    every layer to layer 0's norms: verification failed (0.3 off) and nothing was written. Streamed, the package
+    equals transformers on both graphs over a prompt that crosses the window, and greedy decoding agrees token for
+    token."""
+    model = _issue_gemma2(tmp_path / "hf")
+    export = ortinf.export(tmp_path / "hf", tmp_path / "pkg", dtype="fp32", progress=False)
+    assert export.parity.max_abs_diff < 1e-4
+    tokens = [int(t) for t in np.random.default_rng(1).integers(3, 1000, 45)]
+    with torch.no_grad():
+        expected = model(torch.tensor([tokens])).logits[0, -1].numpy()
+    for cpu_kernel in (False, export.cpu_kernel is not None):
+        np.testing.assert_allclose(_logits(tmp_path / "pkg", tokens, cpu_kernel)[-1], expected, atol=1e-4, rtol=0)
+    with torch.no_grad():
+        greedy = model.generate(torch.tensor([tokens]), max_new_tokens=12, do_sample=False)[0, len(tokens):].tolist()
+    llm = ortinf.LLM(tmp_path / "pkg")
+    output = llm.generate([tokens], ortinf.SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]
+    assert output.outputs[0].token_ids == greedy
+
+
 def test_pieces_are_written_as_whole_tensors(tmp_path, monkeypatch):
     source = _source(tmp_path / "hf")
     ortinf.export(source, tmp_path / "whole", dtype="int8", progress=False, quality_gate="record")

@@ -45,7 +45,7 @@ def test_windows_are_equal_runs_of_layers_within_the_budget():
     assert plan([10] * 5, 1) == [(i, i + 1) for i in range(5)]  # never less than one layer
 
 
-@pytest.mark.parametrize("model_type", ["llama", "gemma3_text", "gpt2"])
+@pytest.mark.parametrize("model_type", ["llama", "gemma2", "gemma3_text", "gpt2"])  # every parameter random per layer
 def test_each_window_equals_pytorch_with_the_same_layers(tmp_path, model_type):
     """One layer per window: every window's logits match the PyTorch model cut to the same layers, on both graphs;
     no window package is left behind."""

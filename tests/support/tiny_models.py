@@ -79,14 +79,28 @@ DECODERS = {
 
 
 def build_decoder(model_type: str, folder: Path, seed: int = 0, **overrides) -> transformers.PreTrainedModel:
-    """Saves a tiny random `model_type` decoder to `folder` and returns it (fp32, eval, eager)."""
+    """Saves a tiny random `model_type` decoder to `folder` and returns it (fp32, eval, eager), every parameter
+    distinct per layer (every_parameter_random)."""
     config_class, model_class, kwargs = DECODERS[model_type]
     torch.manual_seed(seed)
     config = config_class(**{**kwargs, **overrides})
     config._attn_implementation = "eager"
     model = model_class(config).eval()
+    every_parameter_random(model)
     model.save_pretrained(folder)
     return model
+
+
+def every_parameter_random(model: torch.nn.Module, spread: float = 0.1) -> None:
+    """Perturbs every 1-D parameter (norm weights, biases, attention sinks) by N(0, `spread`) around its initial
+    value. HF's init leaves every layer's norms at one value (1, or 0 where the model reads 1 + weight) and biases
+    at 0, so an export that binds layer 0's norm or bias to every layer computes the right logits on such a
+    checkpoint; a trained checkpoint's differ per layer, and so do these. 2-D weights are random already."""
+    generator = torch.Generator().manual_seed(1234)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() == 1 and parameter.is_floating_point():
+                parameter.add_(torch.randn(parameter.shape, generator=generator) * spread)
 
 
 def build_llava(folder: Path, image_token: int = 299, layers: int = 2, seed: int = 0) -> transformers.PreTrainedModel:
