@@ -43,7 +43,15 @@ class Derived:
     block_size: int
 
 
-Recipe = Source | Derived
+@dataclass(frozen=True, slots=True)
+class Alias:
+    """The bytes of another placeholder under dims of its own (a tied embedding's rows are its LM head's
+    MatMulNBits B and scales, [V, blocks, blob] read as [V, blocks * blob]): written once, referenced twice."""
+
+    target: str
+
+
+Recipe = Source | Derived | Alias
 
 
 class LazyWeights:
@@ -109,9 +117,12 @@ def write(graphs: list[tuple[onnx.ModelProto, Path]], lazy: LazyWeights, reader:
     quantized form of a piece (`memo` lives while one piece is written: the rounding both forms share)."""
     wanted: dict[str, Path] = {}  # tensor name -> file it is written to
     sizes: dict[str, int] = {}
+    aliases: dict[str, int] = {}  # an Alias placeholder -> its byte count (its target's)
     for model, data in graphs:
         for tensor in model.graph.initializer:
-            if lazy.is_lazy(tensor) and tensor.name not in wanted:
+            if lazy.is_lazy(tensor) and isinstance(lazy.recipes[tensor.name], Alias):
+                aliases[tensor.name] = _nbytes(tensor)
+            elif lazy.is_lazy(tensor) and tensor.name not in wanted:
                 wanted[tensor.name], sizes[tensor.name] = data, _nbytes(tensor)
     placed: dict[str, tuple[Path, int, int]] = {}
     ends: dict[Path, int] = {}
@@ -142,6 +153,10 @@ def write(graphs: list[tuple[onnx.ModelProto, Path]], lazy: LazyWeights, reader:
     finally:
         for handle in files.values():
             handle.close()
+    for name, length in aliases.items():
+        target = lazy.recipes[name].target
+        assert placed[target][2] == length, f"{name} is {length} bytes, its target {target} {placed[target][2]}"
+        placed[name] = placed[target]
     for model, _ in graphs:
         for tensor in model.graph.initializer:
             if tensor.name in placed:
@@ -192,4 +207,5 @@ def _write_group(source: Source, names: list[str], lazy: LazyWeights, reader: Re
 
 def num_groups(graphs: list[onnx.ModelProto], lazy: LazyWeights) -> int:
     """How many checkpoint reads `write` makes (for a progress bar)."""
-    return len({source_of(lazy.recipes[t.name]) for m in graphs for t in m.graph.initializer if lazy.is_lazy(t)})
+    return len({source_of(lazy.recipes[t.name]) for m in graphs for t in m.graph.initializer
+                if lazy.is_lazy(t) and not isinstance(lazy.recipes[t.name], Alias)})

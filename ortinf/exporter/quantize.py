@@ -22,7 +22,10 @@ and written in two forms of the same numbers:
 
 Both dequantize to the same weights, so the two graphs differ only in how they round activations.
 The LM head is a MatMul too and is quantized with the rest; mixture-of-experts routers are not
-(`routers`); embeddings (Gather) and the KV pool keep the export dtype.
+(`routers`); the KV pool keeps the export dtype. The token embedding is quantized too, per row in blocks of
+hidden (`com.microsoft.GatherBlockQuantized`, which dequantizes only the rows it gathers, on every provider
+ORT has it for): at fp32 it was half of a 1.5B int4 package (0.93 of 1.90 GB). Its rows are quantized as an
+LM head over the same table is, so a tied model's embedding is the LM head's B and scales, written once.
 
 Why numpy and not ORT's `MatMulNBitsQuantizer`: that tool walks the graph and quantizes each weight
 through per-block Python and C++ calls; on a 0.4B llama it took minutes (issue 29's measurements),
@@ -40,7 +43,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from ortinf.exporter.lazy import Derived, LazyWeights
+from ortinf.exporter.lazy import Alias, Derived, LazyWeights, Source
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +143,7 @@ def quantize(model: onnx.ModelProto, dtype: str, block_size: int | None = None,
             users[name] = users.get(name, 0) + 1
     cache = {} if cache is None else cache
     nodes, dropped, added, count, exact = [], set(), [], 0, 0
+    made: dict = {}  # a quantized weight's recipe (lazy) or rounding (eager) -> the base name of its B and scales
     for node in graph.node:
         if cpu and node.op_type == MOE_OP and node.domain == CPU_DOMAIN:
             added += pack_experts(node, weights, bits, block_size, cache, users, dropped)
@@ -155,6 +159,7 @@ def quantize(model: onnx.ModelProto, dtype: str, block_size: int | None = None,
         if lazy is not None and lazy.is_lazy(weight):
             base = f"{weight.name}.q{bits}"  # both graphs name (and so share) the same B and scales
             added += _lazy_forms(lazy, weight, base, bits, block_size)
+            made[lazy.recipes[weight.name]] = base
             nodes.append(_quantized_node(node, base, *weight.dims, bits, block_size, accuracy_level, cpu))
             users[weight.name] -= 1
             if users[weight.name] == 0:
@@ -169,6 +174,7 @@ def quantize(model: onnx.ModelProto, dtype: str, block_size: int | None = None,
         exact += qw.exact
         k, n = array.shape
         base = f"{weight.name}.q{bits}"
+        made[id(qw)] = base
         b, scales = matmul_nbits_tensors(qw)
         added += [numpy_helper.from_array(b, base + ".B"), numpy_helper.from_array(scales.reshape(-1), base + ".scales")]
         nodes.append(_quantized_node(node, base, k, n, bits, block_size, accuracy_level, cpu))
@@ -176,18 +182,78 @@ def quantize(model: onnx.ModelProto, dtype: str, block_size: int | None = None,
         if users[weight.name] == 0:
             dropped.add(weight.name)
         count += 1
+    embeddings, ids = 0, token_ids(graph)
+    for position, node in enumerate(nodes):
+        table = weights.get(node.input[0]) if node.op_type == "Gather" and node.input[1] in ids else None
+        if table is None or len(table.dims) != 2 or table.data_type != onnx.TensorProto.FLOAT or table.dims[1] % block_size:
+            continue
+        found = _quantized_rows(table, bits, block_size, lazy, cache, made)
+        if found is None:
+            continue
+        rows, scales, tensors, tied = found
+        added += tensors
+        nodes[position] = helper.make_node("GatherBlockQuantized", [rows, node.input[1], scales], list(node.output),
+                                           name=node.name + ".q", domain="com.microsoft", bits=bits, block_size=block_size,
+                                           gather_axis=0, quantize_axis=1)
+        users[table.name] -= 1
+        if users[table.name] == 0:
+            dropped.add(table.name)
+        embeddings += 1
+        log.info("the token embedding %s is gathered from %s-bit rows%s", table.name, bits,
+                 " (the LM head's own bytes: tied)" if tied else "")
     del graph.node[:]
     graph.node.extend(nodes)
     kept = [t for t in graph.initializer if t.name not in dropped]
     del graph.initializer[:]
     graph.initializer.extend(kept + added)
-    domain = CPU_DOMAIN if cpu else "com.microsoft"
-    if not any(o.domain == domain for o in model.opset_import):
-        model.opset_import.append(helper.make_opsetid(domain, 1))
+    for domain in (CPU_DOMAIN if cpu else "com.microsoft", "com.microsoft" if embeddings else None):
+        if domain is not None and not any(o.domain == domain for o in model.opset_import):
+            model.opset_import.append(helper.make_opsetid(domain, 1))
     log.info("quantized %d MatMul weights to %s (block size %d, %s); %d kept their values exactly (already on the grid, "
              "as a Q8_0/Q4_0 GGUF's are)", count, dtype, block_size, "ortinf.QMatMul" if cpu else f"MatMulNBits accuracy level {accuracy_level}",
              exact)
     return model
+
+
+def token_ids(graph: onnx.GraphProto) -> set[str]:
+    """input_ids and its reshapes: what a token embedding's Gather reads."""
+    return {"input_ids"} | {n.output[0] for n in graph.node if n.op_type in ("Unsqueeze", "Reshape") and n.input[0] == "input_ids"}
+
+
+def _quantized_rows(table: onnx.TensorProto, bits: int, block_size: int, lazy: LazyWeights | None, cache: dict,
+                    made: dict) -> tuple[str, str, list[onnx.TensorProto], bool] | None:
+    """The token embedding `table` [V, H] as GatherBlockQuantized's rows [V, H * bits / 8] and scales [V, H / block]:
+    rows quantized per block of H exactly as an LM head [H, V] over the same table is (MatMulNBits' B is [V, blocks,
+    blob] and its scales [V * blocks]: the same bytes), so a tied model's embedding is its LM head's B and scales,
+    written once (lazy Alias). Returns (rows name, scales name, new tensors, tied)."""
+    v, h = table.dims
+    blocks = h // block_size
+    shapes = ([v, blocks * block_size * bits // 8], [v, blocks])
+    base = f"{table.name}.q{bits}"
+    if lazy is not None and lazy.is_lazy(table):
+        recipe = lazy.recipes[table.name]
+        if not isinstance(recipe, Source):
+            return None
+        transposed = Source(recipe.name, recipe.dtype, not recipe.transpose)  # [H, V]: the LM head's recipe
+        head = made.get(transposed)
+        if head is not None:
+            forms = [Alias(head + ".B"), Alias(head + ".scales")]
+        else:
+            forms = [Derived(transposed, "nbits.B", bits, block_size), Derived(transposed, "nbits.scales", bits, block_size)]
+        tensors = [lazy.placeholder(base + suffix, form, shape, kind)
+                   for suffix, form, shape, kind in zip((".rows", ".row_scales"), forms, shapes,
+                                                        (onnx.TensorProto.UINT8, onnx.TensorProto.FLOAT))]
+        return tensors[0].name, tensors[1].name, tensors, head is not None
+    array = np.ascontiguousarray(numpy_helper.to_array(table).T)
+    key = (hashlib.blake2b(array.tobytes(), digest_size=20).digest(), array.shape, bits, block_size)
+    qw = cache.get(key)
+    tied = qw is not None and id(qw) in made
+    if qw is None:
+        qw = cache[key] = quantize_weight(array, bits, block_size)
+    b, scales = matmul_nbits_tensors(qw)
+    tensors = [numpy_helper.from_array(b.reshape(shapes[0]), base + ".rows"),
+               numpy_helper.from_array(scales.reshape(shapes[1]), base + ".row_scales")]
+    return tensors[0].name, tensors[1].name, tensors, tied
 
 
 def _quantized_node(node: onnx.NodeProto, base: str, k: int, n: int, bits: int, block_size: int, accuracy_level: int,

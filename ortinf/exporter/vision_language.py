@@ -113,12 +113,16 @@ def embedding_output(graph: onnx.GraphProto, gather: onnx.NodeProto) -> str:
 
 
 def embedding_gather(graph: onnx.GraphProto, hidden: int) -> onnx.NodeProto:
-    """The token embedding lookup: the Gather of an initializer [vocab, hidden] by input_ids (or input_ids unsqueezed)."""
+    """The token embedding lookup: the Gather of an initializer [vocab, hidden] by input_ids (or input_ids unsqueezed),
+    or in a quantized package the GatherBlockQuantized of its rows (ortinf/exporter/quantize.py)."""
+    from ortinf.exporter.quantize import token_ids
+
     weights = {t.name: t for t in graph.initializer}
-    sources = {"input_ids"} | {n.output[0] for n in graph.node if n.op_type in ("Unsqueeze", "Reshape") and n.input[0] == "input_ids"}
+    sources = token_ids(graph)
     for node in graph.node:
-        table = weights.get(node.input[0]) if node.op_type == "Gather" else None
-        if table is not None and len(table.dims) == 2 and table.dims[1] == hidden and node.input[1] in sources:
+        table = weights.get(node.input[0]) if node.op_type in ("Gather", "GatherBlockQuantized") else None
+        width = table is not None and (table.dims[-1] == hidden or node.op_type == "GatherBlockQuantized")
+        if table is not None and len(table.dims) == 2 and width and node.input[1] in sources:
             return node
     raise ExportError("the decoder graph has no token-embedding lookup to merge image embeddings into")
 
@@ -149,7 +153,8 @@ def add_image_inputs(path: Path, hidden: int) -> None:
     nodes = list(graph.node)
     del graph.node[:]
     graph.node.extend(nodes[:index] + merge + nodes[index:])
-    graph.input.extend([helper.make_tensor_value_info(IMAGE_EMBEDS, table.data_type, ["num_image_tokens", hidden]),
+    dtype = TensorProto.FLOAT if gather.op_type == "GatherBlockQuantized" else table.data_type  # the rows it gives
+    graph.input.extend([helper.make_tensor_value_info(IMAGE_EMBEDS, dtype, ["num_image_tokens", hidden]),
                         helper.make_tensor_value_info(IMAGE_ROWS, TensorProto.INT64, ["num_image_tokens"])])
     onnx.save_model(model, str(path))
 
