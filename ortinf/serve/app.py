@@ -22,7 +22,7 @@ from ortinf.runtime.engine.async_engine import AsyncEngine
 from ortinf.serve import anthropic_api, chat, completions, embeddings, lora_routes, ollama_api, responses, responses_api, scoring, tokens
 from ortinf.serve.config import ServerConfig
 from ortinf.serve.errors import error_body, error_response, from_exception, install_error_handlers
-from ortinf.serve.model_manager import Leases, ModelManager
+from ortinf.serve.model_manager import Leases, ModelManager, resident_bytes
 from ortinf.serve.models import ServedModel
 from ortinf.serve.state import ServerState
 from ortinf.tasks.chat.chat import Chat
@@ -207,6 +207,7 @@ def load_model(package: Path, name: str, config: ServerConfig, state: ServerStat
         if lacking:
             raise ConfigError(lacking)
     options = engine_options(package, config, lora_base and manifest.speech is None)
+    started, resident = time.perf_counter(), resident_bytes()
     opened = open_package(package, options, explicit=False, warm_up=True, name=name)
     if opened.transcriber is not None:  # the one engine: a window is an ordinary request of the model's AsyncEngine
         from ortinf.tasks.speech.async_transcriber import AsyncTranscriber
@@ -225,7 +226,19 @@ def load_model(package: Path, name: str, config: ServerConfig, state: ServerStat
         model.pooling = opened.pooling
         model.pooler = AsyncEngine(opened.pooling.engine, on_step=state.metrics.hook(name),
                                    on_dead=lambda exc: state.fatal(f"the encoder engine of '{name}' died", exc))
+    model.load_seconds = time.perf_counter() - started
+    log.info("loaded '%s' in %.2f s: %s of weights in the package, %s more resident in this process", name,
+             model.load_seconds, _gigabytes(weight_bytes(package)), _gigabytes(max(resident_bytes() - resident, 0)))
     return model
+
+
+def weight_bytes(package: Path) -> int:
+    """The bytes of a package's weight files (*.onnx.data): what loading maps or reads."""
+    return sum(path.stat().st_size for path in package.rglob("*.onnx.data"))
+
+
+def _gigabytes(count: int) -> str:
+    return f"{count / 1e9:.2f} GB" if count >= 1e8 else f"{count / 1e6:.1f} MB"
 
 
 def model_names(config: ServerConfig) -> list[str]:

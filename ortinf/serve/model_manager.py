@@ -124,6 +124,14 @@ def _trim() -> None:
         pass
 
 
+LOAD_WAIT = "ortinf_load_seconds"  # request state: the seconds a request waited for its model to load
+
+
+def load_wait(request: Request) -> float:
+    """The seconds `request` waited for its model to load (0 when it was loaded already): Ollama's load_duration."""
+    return float(request.scope.get("state", {}).get(LOAD_WAIT, 0.0))
+
+
 class ModelManager:
     """Loads, leases and unloads the --models-dir models of a server (ServerState.models)."""
 
@@ -151,7 +159,9 @@ class ModelManager:
         if entry is None or name in registry.models:
             model = registry.get(name)
         else:
+            started = time.monotonic()
             await self._loaded(entry)
+            request.scope.setdefault("state", {})[LOAD_WAIT] = time.monotonic() - started
             model = registry.get(name)
         slot = self.slots.get(model.parent or model.name)
         if slot is not None:  # a --models-dir model: leased (no await between finding it and counting the lease)
@@ -212,7 +222,7 @@ class ModelManager:
                 self.state.registry.add(model)
                 self.loads += 1
                 self.state.metrics.model_loaded(entry.name, True)
-                log.info("loaded '%s' (%.1f GB resident)", entry.name, self.slots[entry.name].footprint / 1e9)
+                log.info("'%s' takes %.2f GB of this process's resident memory", entry.name, self.slots[entry.name].footprint / 1e9)
         except APIError:
             raise
         except Exception as exc:  # noqa: BLE001 - this model's requests get it; the others go on

@@ -34,6 +34,7 @@ class ServedModel:
     transcriber: object | None = None  # a speech-recognition package's runtime/async_transcriber.AsyncTranscriber
     lora_name: str | None = None  # set on the view of a LoRA adapter (its requests run with it)
     parent: str | None = None  # the base model's name, for an adapter
+    load_seconds: float = 0.0  # opening the package until it was ready to serve (ortinf/serve/app.py load_model)
 
     @property
     def tokenizer(self) -> Tokenizer | None:

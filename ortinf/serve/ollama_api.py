@@ -28,6 +28,7 @@ from ortinf.serve import field_policy
 from ortinf.serve.encoding import embed
 from ortinf.serve.errors import APIError, from_exception
 from ortinf.serve.generation import Reply, chat_params, prepare_samples, render_prompt, tool_plan
+from ortinf.serve.model_manager import load_wait
 from ortinf.serve.models import ServedModel
 from ortinf.serve.ollama_protocol import (
     ChatRequest,
@@ -78,21 +79,29 @@ def _ndjson(line: dict) -> str:
     return json.dumps(line, ensure_ascii=False) + "\n"
 
 
-def _timings(start: float, output: RequestOutput, prompt_tokens: int) -> dict:
-    """Ollama's counts and durations (nanoseconds): the prompt's evaluation until the first token, then the output's."""
+def _timings(start: float, output: RequestOutput, prompt_tokens: int, load: float) -> dict:
+    """Ollama's counts and durations (nanoseconds): the model's load if the request waited for it (`load` seconds,
+    ModelManager.use), the prompt's evaluation until the first token, then the output's."""
     metrics = output.metrics
     now = time.monotonic()
     first = metrics.first_token_time if metrics is not None and metrics.first_token_time is not None else now
     arrival = metrics.arrival_time if metrics is not None else start
-    return {"total_duration": int((now - start) * 1e9), "load_duration": 0, "prompt_eval_count": prompt_tokens,
+    return {"total_duration": int((now - start + load) * 1e9), "load_duration": int(load * 1e9), "prompt_eval_count": prompt_tokens,
             "prompt_eval_duration": int(max(first - arrival, 0) * 1e9), "eval_count": output.num_output_tokens,
             "eval_duration": int(max(now - first, 0) * 1e9)}
 
 
-def _ended(line: dict, output: RequestOutput, start: float, prepared: list) -> dict:
+def _ended(line: dict, output: RequestOutput, start: float, prepared: list, request: Request) -> dict:
     """The last line: why it ended ("length" at num_predict or the context, else "stop"), its counts and durations."""
     reason = "length" if output.outputs[0].finish_reason == "length" else "stop"
-    return {**line, "done_reason": reason, **_timings(start, output, prepared[0].num_prompt_tokens)}
+    return {**line, "done_reason": reason, **_timings(start, output, prepared[0].num_prompt_tokens, load_wait(request))}
+
+
+def _loaded_answer(model: ServedModel, request: Request, body: dict) -> JSONResponse:
+    """Ollama's answer to a request with nothing to say (its way to load a model): done at once, with the load's time."""
+    load = int(load_wait(request) * 1e9)
+    return JSONResponse({"model": model.name, "created_at": _now(), **body, "done_reason": "load", "done": True,
+                         "total_duration": load, "load_duration": load})
 
 
 def _calls(reply: Reply) -> list[dict]:
@@ -163,8 +172,7 @@ async def chat(body: ChatRequest, request: Request):
     model = await _served(state, body.model, request, body.keep_alive)
     model.require_engine()
     if not body.messages:  # Ollama's way to load a model: nothing to say, done at once
-        return JSONResponse({"model": model.name, "created_at": _now(), "message": {"role": "assistant", "content": ""},
-                             "done_reason": "load", "done": True})
+        return _loaded_answer(model, request, {"message": {"role": "assistant", "content": ""}})
     chat_body = chat_request(body, chat_messages(body.messages), body.tools)
     tools, prepared = await _chat_prepared(state, model, chat_body, body.stream)
 
@@ -175,7 +183,7 @@ async def chat(body: ChatRequest, request: Request):
         line = {"model": model.name, "created_at": _now(), "message": message, "done": kind == "done"}
         if kind == "done" and reply.calls:
             message["tool_calls"] = _calls(reply)
-        return _ended(line, output, start, prepared) if kind == "done" else line
+        return _ended(line, output, start, prepared, request) if kind == "done" else line
 
     return await _run(request, state, model, prepared, tools, frame, ignored)
 
@@ -187,7 +195,7 @@ async def generate(body: GenerateRequest, request: Request):
     model = await _served(state, body.model, request, body.keep_alive)
     model.require_engine()
     if not body.prompt and not body.images:  # Ollama's way to load a model
-        return JSONResponse({"model": model.name, "created_at": _now(), "response": "", "done_reason": "load", "done": True})
+        return _loaded_answer(model, request, {"response": ""})
     if body.raw or model.chat_template is None:  # the prompt as it is: a completion
         if body.images:
             raise APIError(400, "images need the model's chat template: send them without raw", param="images")
@@ -205,7 +213,7 @@ async def generate(body: GenerateRequest, request: Request):
         line: dict[str, Any] = {"model": model.name, "created_at": _now(), "response": text, "done": kind == "done"}
         if thinking:
             line["thinking"] = thinking
-        return _ended(line, output, start, prepared) if kind == "done" else line
+        return _ended(line, output, start, prepared, request) if kind == "done" else line
 
     return await _run(request, state, model, prepared, tools, frame, ignored)
 
@@ -219,8 +227,9 @@ async def embed_route(body: EmbedRequest, request: Request):
     items = [body.input] if isinstance(body.input, str) else body.input
     limit = model.manifest.encoder.max_model_len if body.truncate and model.manifest.encoder is not None else None
     vectors, tokens = await embed(request, state, model, items, limit, body.dimensions)
-    return JSONResponse({"model": model.name, "embeddings": vectors.tolist(), "total_duration": int((time.monotonic() - start) * 1e9),
-                         "load_duration": 0, "prompt_eval_count": tokens}, headers=field_policy.ignored_headers(ignored))
+    load = load_wait(request)
+    return JSONResponse({"model": model.name, "embeddings": vectors.tolist(), "total_duration": int((time.monotonic() - start + load) * 1e9),
+                         "load_duration": int(load * 1e9), "prompt_eval_count": tokens}, headers=field_policy.ignored_headers(ignored))
 
 
 @router.post("/api/embeddings")
@@ -290,7 +299,8 @@ async def ps(request: Request):
     """The loaded models, with when each unloads if it stays idle (far ahead: it stays)."""
     state: ServerState = request.app.state.ortinf
     models = [*state.registry.models.values(), *state.registry.adapters()]
-    return {"models": [{**_card(m), "expires_at": _expires(state, m.parent or m.name), "size_vram": 0, "context_length": _context_length(m)}
+    return {"models": [{**_card(m), "expires_at": _expires(state, m.parent or m.name), "size_vram": 0, "context_length": _context_length(m),
+                        "load_duration": int(m.load_seconds * 1e9)}  # ortinf's: how long the model took to load
                        for m in models]}
 
 

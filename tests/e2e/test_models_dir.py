@@ -137,3 +137,22 @@ def test_models_dir_options_are_checked_in_one_line(tmp_path):
                            (["--models-dir", str(tmp_path / "nope")], "no such folder")):
         done = subprocess.run([ortinf, "serve", *args, "--port", "8798"], capture_output=True, text=True, timeout=120)
         assert done.returncode == 2 and fragment in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_a_load_is_timed_in_the_log_and_in_ollamas_durations(server):
+    """The request that loads a model reports the load as Ollama does (load_duration within total_duration), the next
+    one none; /api/ps and the log give the load's seconds, the log the package's weight bytes beside the resident ones."""
+    httpx.post(f"{server.url}/api/generate", json={"model": "beta", "keep_alive": 0})  # not loaded, whatever ran before
+    deadline = time.monotonic() + 10
+    while "beta" in loaded(server.url):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    first = httpx.post(f"{server.url}/api/generate", json={"model": "beta"}, timeout=120).json()
+    assert first["done_reason"] == "load" and 0 < first["load_duration"] <= first["total_duration"]
+    ask = {"model": "beta", "messages": ASK, "stream": False, "options": {"num_predict": 2}}
+    warm = httpx.post(f"{server.url}/api/chat", json=ask, timeout=120).json()
+    assert warm["load_duration"] == 0 and warm["total_duration"] > 0
+    (ps,) = [m for m in httpx.get(f"{server.url}/api/ps").json()["models"] if m["name"] == "beta"]
+    assert ps["load_duration"] > 0
+    line = next(line for line in reversed(server.log().splitlines()) if "loaded 'beta' in" in line)
+    assert "of weights in the package" in line and "more resident in this process" in line, line
