@@ -36,7 +36,7 @@ from ortinf.runtime.worker.model_runner import ModelRunner
 from ortinf.runtime.worker.prefix_store import open_store
 from ortinf.runtime.worker.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from ortinf.runtime.worker.vision_encoder import VisionEncoder
-from ortinf.tokenizer import check_unicode, load_checked_tokenizer
+from ortinf.tokenizer import check_unicode, checked_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ class LLMEngine:
         if self.encoder_decoder and (config.speculative_config is not None or config.max_loras):
             raise ConfigError("speculative decoding and LoRA adapters are for text-generation packages, not encoder-decoders")
         spec = manifest.decoder
-        self.tokenizer = load_checked_tokenizer(config.package_dir, spec.vocab_size) if manifest.has_tokenizer else None
+        self.tokenizer, vocab = checked_tokenizer(config.package_dir, spec.vocab_size) if manifest.has_tokenizer else (None, None)
         self.max_model_len = check_context(config, spec)
         # Marian and BART packages have no encoder graph that writes a device pool (Whisper's do): "auto"
         # keeps them on the CPU, where the pool is host memory
@@ -121,7 +121,7 @@ class LLMEngine:
         # A text prompt longer than this many characters cannot fit the context in any tokenization:
         # it is refused before the tokenizer spends seconds on megabytes (2x the longest vocabulary
         # entry per token, for normalizers that expand text).
-        longest = max((len(t) for t in self.tokenizer.get_vocab()), default=16) if self.tokenizer else 16
+        longest = vocab.longest if vocab is not None else 16
         self.max_prompt_tokens = self.seq2seq.max_source_positions if self.seq2seq is not None else self.max_model_len
         self.max_prompt_chars = self.max_prompt_tokens * 2 * max(longest, 1)
 

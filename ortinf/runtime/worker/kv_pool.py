@@ -28,6 +28,7 @@ at what max_num_seqs full-length sequences can use, and at the provider's larges
 from __future__ import annotations
 
 import logging
+import mmap
 
 import numpy as np
 import onnxruntime as ort
@@ -110,6 +111,22 @@ def check_budget(config: EngineConfig, specs: list[DecoderSpec]) -> None:
                           "max_model_len")
 
 
+def reserved_zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """Zeros whose every page is mapped now: no page faults on the request path, and the memory really reserved.
+    An anonymous mapping with MAP_POPULATE has the kernel fault the pages in itself, 4.5x faster than touching them
+    from here (np.zeros + fill: 512 MiB in 0.94 s, populated 0.20 s, on the 2-core EPYC VM, where each fault is a
+    VM exit): it was a third of a 1.5B package's load. Two threads populating halves are no faster (the process's
+    memory map lock). Elsewhere (no MAP_POPULATE): np.zeros, then a fill."""
+    count = int(np.prod(shape, dtype=np.int64))
+    populate = getattr(mmap, "MAP_POPULATE", 0)
+    if not populate or count == 0:
+        array = np.zeros(shape, dtype=dtype)
+        array.fill(0)
+        return array
+    mapping = mmap.mmap(-1, count * np.dtype(dtype).itemsize, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | populate)
+    return np.frombuffer(mapping, dtype=dtype).reshape(shape)  # the array keeps the mapping; freed with it
+
+
 class KVPool:
     """The pool of one decoder session: allocated at construction, bound with `bind`."""
 
@@ -132,8 +149,7 @@ class KVPool:
         self.values: list[ort.OrtValue] = []
         for _ in self.input_names:
             if provider.memory == HOST:
-                array = np.zeros(self.shape, dtype=dtype)
-                array.fill(0)  # maps every page now: no page faults on the request path, memory really reserved
+                array = reserved_zeros(self.shape, dtype)
                 self.arrays.append(array)
                 self.values.append(ort.OrtValue.ortvalue_from_numpy(array))
             else:
