@@ -35,8 +35,10 @@ and docs/performance.md) are recorded in each package's manifest.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import logging
+import os
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -98,6 +100,37 @@ def quantize_weight(w: np.ndarray, bits: int, block_size: int) -> Quantized:
     q = np.clip(np.rint(wb / safe[:, None, :]), low, high).astype(np.int8)
     exact = bool(np.array_equal(q.astype(np.float32) * scales[:, None, :], wb))
     return Quantized(q.reshape(-1, n), scales.astype(np.float32), bits, block_size, k, exact)
+
+
+def nbits_tensors(w: np.ndarray, bits: int, block_size: int) -> tuple[np.ndarray, np.ndarray, bool]:
+    """MatMulNBits' B [N, blocks, block * bits / 8] and scales [N, blocks] of a weight w [K, N], and whether they give
+    it back exactly: quantize_weight's rounding, by the kernel library's C++ on every core where it is built
+    (ortinf/kernels/cpu/quantize.cc, bit for bit the same; it reads w through its strides, so the transposed view
+    of a checkpoint's [N, K] rows is read in place), else by numpy."""
+    from ortinf.kernels import library
+
+    native = library.function("ortinf_quantize_nbits")
+    k, n = w.shape
+    if native is not None and w.dtype == np.float32 and all(s > 0 and s % 4 == 0 for s in w.strides) and k and n:
+        blocks = -(-k // block_size)
+        b = np.empty((n, blocks, block_size * bits // 8), np.uint8)
+        scales = np.empty((n, blocks), np.float32)
+        exact = native(ctypes.c_void_p(w.ctypes.data), ctypes.c_int64(k), ctypes.c_int64(n), ctypes.c_int64(w.strides[0] // 4),
+                       ctypes.c_int64(w.strides[1] // 4), ctypes.c_int(bits), ctypes.c_int64(block_size),
+                       ctypes.c_void_p(b.ctypes.data), ctypes.c_void_p(scales.ctypes.data), ctypes.c_int(_threads()))
+        if exact >= 0:
+            return b, scales, bool(exact)
+    qw = quantize_weight(np.asarray(w, np.float32), bits, block_size)
+    b, scales = matmul_nbits_tensors(qw)
+    return b, scales, qw.exact
+
+
+def _threads() -> int:
+    """Cores for the quantizer: OMP_NUM_THREADS where set (a test worker's share), else the cores this process may use."""
+    try:
+        return int(os.environ.get("OMP_NUM_THREADS") or 0) or len(os.sched_getaffinity(0))
+    except (ValueError, AttributeError):
+        return os.cpu_count() or 1
 
 
 def matmul_nbits_tensors(qw: Quantized) -> tuple[np.ndarray, np.ndarray]:
@@ -282,10 +315,10 @@ def derive_form(array: np.ndarray, recipe: Derived, memo: dict) -> np.ndarray:
     """A quantized tensor of a weight [K, N] (the writer of ortinf/exporter/lazy.py calls it); `memo` keeps the
     rounding while one weight's B and scales are written, so both come from one rounding."""
     key = (recipe.bits, recipe.block_size)
-    qw = memo.get(key)
-    if qw is None:
-        qw = memo[key] = quantize_weight(array.astype(np.float32, copy=False), recipe.bits, recipe.block_size)
-    b, scales = matmul_nbits_tensors(qw)
+    forms = memo.get(key)
+    if forms is None:
+        forms = memo[key] = nbits_tensors(array.astype(np.float32, copy=False), recipe.bits, recipe.block_size)
+    b, scales, _ = forms
     return b if recipe.form == "nbits.B" else scales.reshape(-1)
 
 

@@ -102,3 +102,17 @@ def describe() -> str:
         return "portable (ortinf's kernel library is not loaded)"
     return (f"ortinf.PagedAttention ({library.isa}), ortinf.QMatMul ({qmatmul_isa()}), ortinf.BMatMul ({panel_gemm_isa()}), "
             f"{library.path.name}")
+
+
+@functools.cache
+def function(name: str) -> ctypes._CFuncPtr | None:
+    """A C function the library exports for Python's own use (ctypes), or None where the library is not built or is
+    older than the function (the caller then takes its numpy route). The exporter's quantizer:
+    `ortinf_quantize_nbits` (ortinf/kernels/cpu/quantize.cc)."""
+    found = load()
+    if found is None:
+        return None
+    try:
+        return getattr(ctypes.CDLL(str(found.path)), name)
+    except (OSError, AttributeError):
+        return None
