@@ -26,7 +26,7 @@ from ortinf.exporter.kv_write import place_decoder
 from ortinf.exporter.package import staging, token_ids, versions, write_generation_config, write_tokenizer
 from ortinf.exporter.quantize import BITS, CPU_OP, DEFAULT_ACCURACY_LEVEL, DEFAULT_BLOCK_SIZES, MOE_OP, quantize
 from ortinf.exporter.source import ModelSource, resolve_model
-from ortinf.exporter.verify import gate, verify_decoder, verify_encoder, verify_quality
+from ortinf.exporter.verify import gate, verify_encoder, verify_package
 from ortinf.exporter.windows import VERIFY_MEMORY
 from ortinf.manifest import (
     CONTRIB_PAGED,
@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 # bf16: traced in fp32, its MatMul weights and embeddings then stored in bf16 (ortinf/exporter/bf16.py)
 DTYPES = {"fp32": torch.float32, "bf16": torch.float32, "fp16": torch.float16, "int8": torch.float32, "int4": torch.float32}
 QUANTIZED = ("int8", "int4")
-# Quantized packages are gated by quality figures (verify_quality), not by a logit tolerance.
+# Quantized packages are gated by quality figures (verify.py's verify_quality), not by a logit tolerance.
 # bf16: a bf16 checkpoint measures as fp32 does (the same weights, fp32 arithmetic); 5e-2 leaves room for a
 # wider checkpoint rounded to bf16
 DEFAULT_TOLERANCE = {"fp32": 1e-3, "bf16": 5e-2, "fp16": 5e-2, "int8": float("inf"), "int4": float("inf")}
@@ -290,8 +290,13 @@ def export(
         manifest.save(stage)
         bar.update()
         bar.set_description_str(STAGES[3])
-        if task == TEXT_GENERATION:
-            parity = verify_decoder(hf_model, stage, tolerance, progress, cpu_kernel=False, budget=verify_memory)
+        verified = None
+        if task == TEXT_GENERATION:  # every figure in one go: a session per graph, a PyTorch pass per kind of sequence
+            gated = dtype in QUANTIZED or cpu_kv_dtype  # on the CPU graph where there is one: int8 KV and weights together
+            verified = verify_package(hf_model, stage, tolerance, progress, cpu_kernel=manifest.cpu_kernel is not None,
+                                      quality_dtype=(dtype if dtype in QUANTIZED else "int8") if gated else None,
+                                      budget=verify_memory)
+            parity = verified.parity
         else:
             parity = verify_encoder(encoder, stage, tolerance, hf_model.config.vocab_size)
         if not parity.max_abs_diff <= tolerance:
@@ -303,7 +308,7 @@ def export(
         if manifest.cpu_kernel is not None:
             # an int8 pool rounds every K/V: its figures are the quality gate's, as for int8 weights
             cpu_tolerance = float("inf") if cpu_kv_dtype else tolerance
-            fused = verify_decoder(hf_model, stage, cpu_tolerance, progress, cpu_kernel=True, budget=verify_memory)
+            fused = replace(verified.cpu_parity, tolerance=cpu_tolerance)
             if not fused.max_abs_diff <= cpu_tolerance:
                 raise ExportError(f"verification failed: the CPU kernel graph differs from PyTorch by "
                                   f"{fused.max_abs_diff:.3g}, above the tolerance {tolerance:g} ({fused.description}); "
@@ -312,7 +317,7 @@ def export(
                                                             description=fused.description))
         if dtype in QUANTIZED or cpu_kv_dtype:  # on the CPU graph where there is one: int8 KV and weights together
             hint = quality_hints(dtype, accuracy_level, quant_block_size) if dtype in QUANTIZED else "--kv-dtype fp16"
-            quality = gate(verify_quality(hf_model, stage, dtype if dtype in QUANTIZED else "int8", verify_memory), quality_gate,
+            quality = gate(verified.quality, quality_gate,
                            f"Try {'--kv-dtype fp16, or ' if cpu_kv_dtype and dtype in QUANTIZED else ''}{hint}")
             manifest = replace(manifest, quality=quality)
         manifest.save(stage)

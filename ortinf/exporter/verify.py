@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +49,69 @@ def reference_logits(model: PreTrainedModel, sequences: list[list[int]]) -> np.n
         return model(torch.tensor(sequences), use_cache=False).logits.float().numpy()
 
 
+@dataclass(slots=True)
+class Verified:
+    """An export's figures: model.onnx's parity, model.cpu.onnx's (when asked), the quality gate's (when asked)."""
+
+    parity: Parity
+    cpu_parity: Parity | None = None
+    quality: Quality | None = None
+
+
+def verify_package(model: PreTrainedModel, package: Path, tolerance: float, progress: bool = True, cpu_kernel: bool = False,
+                   quality_dtype: str | None = None, budget: int = VERIFY_MEMORY) -> Verified:
+    """verify_decoder of model.onnx and (`cpu_kernel`) of model.cpu.onnx, and (`quality_dtype`) verify_quality, at the
+    cost of fewer sessions and PyTorch passes: per window one session per graph, the quality prompts run on the last
+    graph's session (the CPU graph where there is one, as verify_quality's) and decoded together, and one reference
+    pass for both graphs' parity sequences (one length) and one for the quality prompts. On the 1.5B shape the three
+    checks took three sessions and three passes over the weights (27 s of a 67 s export)."""
+    parts = [(window, _verify_window(window.model, window.package, tolerance, progress, cpu_kernel, quality_dtype))
+             for window in windows(model, package, budget)]
+    note = _windowed([window for window, _ in parts])
+    found = [figures for _, figures in parts]
+    worst = Verified(_worst_parity([f.parity for f in found], note))
+    if cpu_kernel:
+        worst.cpu_parity = _worst_parity([f.cpu_parity for f in found], note)
+    if quality_dtype is not None:
+        worst.quality = _worst_quality([f.quality for f in found], note)
+    return worst
+
+
+def _worst_parity(found: list[Parity], note: str) -> Parity:
+    # NaN (a window whose logits broke) is the worst of all: max() would keep whichever came first
+    worst = max(found, key=lambda parity: _nan_high(parity.max_abs_diff))
+    return replace(worst, description=worst.description + note)
+
+
+def _worst_quality(found: list[Quality], note: str) -> Quality:
+    worst = replace(found[0], top1_agreement=-max(_nan_high(-q.top1_agreement) for q in found),
+                    mean_kl=max(_nan_high(q.mean_kl) for q in found),
+                    greedy_agreement=-max(_nan_high(-q.greedy_agreement) for q in found))
+    return replace(worst, description=worst.description + note)
+
+
+def _verify_window(model: PreTrainedModel, package: Path, tolerance: float, progress: bool, cpu_kernel: bool,
+                   quality_dtype: str | None) -> Verified:
+    runs, runs_quality = [], None
+    kernels = [False, True] if cpu_kernel else [False]
+    for kernel in kernels:
+        graph, block_size = _parity_graph(package, kernel)
+        runs.append(_parity_run(graph, block_size, model.config.vocab_size, progress))
+        if quality_dtype is not None and kernel == kernels[-1] and graph.provider.name == "cpu":
+            runs_quality = _quality_runs(graph, block_size, model.config.vocab_size)
+        del graph  # the session's memory back before the next one's and the reference's
+    references = reference_logits(model, [tokens for _, tokens, _ in runs])  # one length: one pass for both graphs
+    parities = [_parity(rows, reference, tolerance, description) for (rows, _, description), reference in zip(runs, references)]
+    verified = Verified(parities[0], parities[1] if cpu_kernel else None)
+    if quality_dtype is not None:
+        if runs_quality is None:  # the parity graph ran elsewhere (a GPU kernel's package): quality on the CPU, as ever
+            graph = DecoderGraph(package, num_blocks=QUALITY_BLOCKS, block_size=QUALITY_BLOCK_SIZE, provider="cpu")
+            runs_quality = _quality_runs(graph, QUALITY_BLOCK_SIZE, model.config.vocab_size)
+            del graph
+        verified.quality = _quality_figures(model, runs_quality, quality_dtype)
+    return verified
+
+
 def verify_decoder(model: PreTrainedModel, package: Path, tolerance: float, progress: bool = True,
                    cpu_kernel: bool = False, budget: int = VERIFY_MEMORY) -> Parity:
     """Prefill + 8 decode steps (each feeding the graph's own greedy token) through shuffled blocks; the max
@@ -57,9 +120,7 @@ def verify_decoder(model: PreTrainedModel, package: Path, tolerance: float, prog
     `budget` bytes is verified in windows of layers (ortinf/exporter/windows.py): the worst window's figure."""
     parts = [(window, _verify_decoder(window.model, window.package, tolerance, progress, cpu_kernel))
              for window in windows(model, package, budget)]
-    # NaN (a window whose logits broke) is the worst of all: max() would keep whichever came first
-    worst = max((parity for _, parity in parts), key=lambda parity: _nan_high(parity.max_abs_diff))
-    return replace(worst, description=worst.description + _windowed([window for window, _ in parts]))
+    return _worst_parity([parity for _, parity in parts], _windowed([window for window, _ in parts]))
 
 
 def _nan_high(value: float) -> float:
@@ -76,13 +137,23 @@ def _windowed(parts: list[Window]) -> str:
 
 
 def _verify_decoder(model: PreTrainedModel, package: Path, tolerance: float, progress: bool, cpu_kernel: bool) -> Parity:
-    rng = np.random.default_rng(1234)
-    vocab = model.config.vocab_size
-    tokens = rng.integers(0, vocab, PROMPT_LEN).tolist()
+    graph, block_size = _parity_graph(package, cpu_kernel)
+    rows, tokens, description = _parity_run(graph, block_size, model.config.vocab_size, progress)
+    del graph  # the session's memory back before the reference's: the peak is the larger of the two, not their sum
+    return _parity(rows, reference_logits(model, [tokens])[0], tolerance, description)
 
+
+def _parity_graph(package: Path, cpu_kernel: bool) -> tuple[DecoderGraph, int]:
     provider = verification_provider(package)
     block_size = max(BLOCK_SIZE, min_block_size(Manifest.load(package).decoder.kernel))
-    graph = DecoderGraph(package, num_blocks=NUM_BLOCKS, block_size=block_size, provider=provider, cpu_kernel=cpu_kernel)
+    return DecoderGraph(package, num_blocks=NUM_BLOCKS, block_size=block_size, provider=provider, cpu_kernel=cpu_kernel), block_size
+
+
+def _parity_run(graph: DecoderGraph, block_size: int, vocab: int, progress: bool) -> tuple[dict[int, np.ndarray], list[int], str]:
+    """The graph's logits over a fixed random prompt and DECODE_STEPS greedy steps (position -> logits), the tokens,
+    and the run in words."""
+    rng = np.random.default_rng(1234)
+    tokens = rng.integers(0, vocab, PROMPT_LEN).tolist()
     num_needed = -(-(PROMPT_LEN + DECODE_STEPS) // block_size)
     block_table = rng.permutation(NUM_BLOCKS)[:num_needed].tolist()  # shuffled, non-contiguous
 
@@ -97,9 +168,11 @@ def _verify_decoder(model: PreTrainedModel, package: Path, tolerance: float, pro
         if end >= PROMPT_LEN and len(tokens) < PROMPT_LEN + DECODE_STEPS:
             tokens.append(int(rows[end - 1].argmax()))  # the graph's greedy token, fed to both sides
     description = (f"prefill {PROMPT_LEN} (in chunks of {chunk_len}) + {DECODE_STEPS} decode steps, "
-                   f"block_size {block_size}, shuffled blocks, on {provider} ({graph.kernel_description})")
-    del graph  # the session's memory back before the reference's: the peak is the larger of the two, not their sum
-    reference = reference_logits(model, [tokens])[0]
+                   f"block_size {block_size}, shuffled blocks, on {graph.provider.name} ({graph.kernel_description})")
+    return rows, tokens, description
+
+
+def _parity(rows: dict[int, np.ndarray], reference: np.ndarray, tolerance: float, description: str) -> Parity:
     worst = max(float(np.abs(row - reference[position]).max()) for position, row in rows.items())
     return Parity(max_abs_diff=worst, tolerance=tolerance, description=description)
 
@@ -136,31 +209,46 @@ def verify_quality(model: PreTrainedModel, package: Path, dtype: str, budget: in
     layers where the package's layer weights exceed `budget` (ortinf/exporter/windows.py): each figure is its
     worst window's."""
     parts = [(window, _verify_quality(window.model, window.package, dtype)) for window in windows(model, package, budget)]
-    found = [quality for _, quality in parts]
-    worst = replace(found[0], top1_agreement=-max(_nan_high(-q.top1_agreement) for q in found),
-                    mean_kl=max(_nan_high(q.mean_kl) for q in found),
-                    greedy_agreement=-max(_nan_high(-q.greedy_agreement) for q in found))
-    return replace(worst, description=worst.description + _windowed([window for window, _ in parts]))
+    return _worst_quality([quality for _, quality in parts], _windowed([window for window, _ in parts]))
+
+
+QUALITY_BLOCKS, QUALITY_BLOCK_SIZE = 48, 8  # the prompts' blocks (when no parity session runs on the CPU)
 
 
 def _verify_quality(model: PreTrainedModel, package: Path, dtype: str) -> Quality:
-    rng = np.random.default_rng(4321)
-    vocab = model.config.vocab_size
-    graph = DecoderGraph(package, num_blocks=8, block_size=16, provider="cpu")
-    table = list(range(-(-(QUALITY_LEN + GREEDY_TOKENS) // 16)))
-    agree, kls, greedy = [], [], []
-    prompts = [rng.integers(0, vocab, QUALITY_LEN).tolist() for _ in range(QUALITY_PROMPTS)]
-    runs = []  # per prompt: the graph's logits over the prompt and its greedy tokens
-    for prompt in prompts:
-        rows = graph.run(build_model_input([SequenceChunk(prompt, 0, table)], 16, [True])).astype(np.float32)
-        tokens = [*prompt, int(rows[-1].argmax())]
-        while len(tokens) < QUALITY_LEN + GREEDY_TOKENS:
-            step = graph.run(build_model_input([SequenceChunk(tokens[-1:], len(tokens) - 1, table)], 16))
-            tokens.append(int(step[0].argmax()))
-        runs.append((rows, tokens))
-    # the reference on the graph's tokens, all prompts in one pass: its greedy continuation is the graph's up to the
-    # first position where its argmax differs (reference_logits)
+    graph = DecoderGraph(package, num_blocks=QUALITY_BLOCKS, block_size=QUALITY_BLOCK_SIZE, provider="cpu")
+    runs = _quality_runs(graph, QUALITY_BLOCK_SIZE, model.config.vocab_size)
     del graph  # the session's memory back before the reference's (as in verify_decoder)
+    return _quality_figures(model, runs, dtype)
+
+
+def _quality_runs(graph: DecoderGraph, block_size: int, vocab: int) -> list[tuple[np.ndarray, list[int]]]:
+    """Per prompt: the graph's logits over the prompt and its greedy tokens; the prompts decoded together, one call a
+    step (the CPU graph's rows do not depend on the rows beside them: the same figures as one prompt at a time)."""
+    rng = np.random.default_rng(4321)
+    prompts = [rng.integers(0, vocab, QUALITY_LEN).tolist() for _ in range(QUALITY_PROMPTS)]
+    per_prompt = -(-(QUALITY_LEN + GREEDY_TOKENS) // block_size)
+    tables = [list(range(i * per_prompt, (i + 1) * per_prompt)) for i in range(len(prompts))]
+    chunk_len = graph.max_query_len or QUALITY_LEN
+    rows = [np.empty((0, vocab), np.float32)] * len(prompts)
+    for start in range(0, QUALITY_LEN, chunk_len):  # the prompts' prefill, in chunks where the provider limits them
+        end = min(start + chunk_len, QUALITY_LEN)
+        got = graph.run(build_model_input([SequenceChunk(p[start:end], start, t) for p, t in zip(prompts, tables)], block_size,
+                                          [True] * len(prompts))).astype(np.float32)
+        rows = [np.concatenate([r, got[i * (end - start):(i + 1) * (end - start)]]) for i, r in enumerate(rows)]
+    tokens = [[*prompt, int(r[-1].argmax())] for prompt, r in zip(prompts, rows)]
+    while len(tokens[0]) < QUALITY_LEN + GREEDY_TOKENS:
+        step = graph.run(build_model_input([SequenceChunk(t[-1:], len(t) - 1, table) for t, table in zip(tokens, tables)],
+                                           block_size))
+        for t, row in zip(tokens, step):
+            t.append(int(row.argmax()))
+    return list(zip(rows, tokens))
+
+
+def _quality_figures(model: PreTrainedModel, runs: list[tuple[np.ndarray, list[int]]], dtype: str) -> Quality:
+    """The reference on the graph's tokens, all prompts in one pass: its greedy continuation is the graph's up to the
+    first position where its argmax differs (reference_logits)."""
+    agree, kls, greedy = [], [], []
     references = reference_logits(model, [tokens[:-1] for _, tokens in runs])
     for (rows, tokens), reference in zip(runs, references):
         ref = torch.log_softmax(torch.from_numpy(reference[:QUALITY_LEN]), -1)
