@@ -16,7 +16,8 @@ peer's converter takes it), and the rows are bf16 beside fp32 (1.5b only: 7B at 
 512-token prompt first, on its own, for the "TTFT 512-token prompt" column. The conversion columns are each
 engine's conversion of the model (export, quantization, verification): its wall time and its peak RSS (the
 conversion runs in a forked child: wait4's ru_maxrss, its own children included), measured when it ran and cached;
-the load column is the time from opening the converted model to being ready to generate;
+the load column is the time from opening the converted model to being ready to generate; the package column is the
+bytes of what the conversion made (ortinf's package folder, llama.cpp's GGUF file);
 the roofline column is a single-request step's weight bytes over the machine's measured streaming
 bandwidth (benchmarks/bandwidth.py), divided by the step's time.
 
@@ -248,8 +249,8 @@ def reference_tokens(work: Path, hf_dir: Path, prompt_set: list[list[int]]) -> l
 
 def table(rows: list[Row], reference: list[list[int]] | None, config: dict, bandwidth: float) -> list[str]:
     lines = ["| engine | precision | requests | output tok/s | mean TTFT ms | TTFT 512-token prompt ms | mean TPOT ms | TPOT roofline "
-             "| greedy = transformers | conversion s | conversion peak GiB | load s |",
-             "|---|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
+             "| greedy = transformers | conversion s | conversion peak GiB | load s | package GB |",
+             "|---|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
 
     def number(value: float | None, scale: float = 1.0, digits: int = 0) -> str:
         return "" if value is None else f"{value * scale:,.{digits}f}"
@@ -259,7 +260,7 @@ def table(rows: list[Row], reference: list[list[int]] | None, config: dict, band
         label = f"{e.precision} ({PRECISION_LABEL[e.job_precision]})" if e.job_precision in PRECISION_LABEL else e.precision
         requests = f"{NUM_PROMPTS} at once" if row.mode == "batch" else f"{SINGLE.stop - SINGLE.start} one at a time"
         if row.result is None:
-            lines.append(f"| {e.name} | {label} | {requests} | {row.error} | | | | | | | | |")
+            lines.append(f"| {e.name} | {label} | {requests} | {row.error} | | | | | | | | | |")
             continue
         r = row.result
         tpot = statistics.mean(r["tpot"])
@@ -272,7 +273,8 @@ def table(rows: list[Row], reference: list[list[int]] | None, config: dict, band
             agree = f"{row.agreement(ref)}/{len(ref)}"
         lines.append(f"| {e.name} | {label} | {requests} | {row.throughput:,.1f} | {statistics.mean(r['ttft']) * 1e3:,.0f} | "
                      f"{number(r.get('ttft_long'), 1e3)} | {tpot * 1e3:.1f} | {roof} | {agree} | {number(r.get('conversion_seconds'))} | "
-                     f"{number(r.get('conversion_peak_gib'), digits=2)} | {number(r.get('load_seconds'), digits=1)} |")
+                     f"{number(r.get('conversion_peak_gib'), digits=2)} | {number(r.get('load_seconds'), digits=2)} | "
+                     f"{number(r.get('package_bytes'), 1e-9, 2)} |")
     return lines
 
 

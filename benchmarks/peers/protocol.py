@@ -40,7 +40,8 @@ def write_result(job: dict, engine: str, tokens: list[list[int]], seconds: float
     assert all(len(t) == job["new_tokens"] for t in tokens), [len(t) for t in tokens]
     result = {"engine": engine, "precision": job["precision"], "tokens": tokens, "seconds": seconds, "ttft": ttft, "tpot": tpot,
               "conversion_seconds": job.get("conversion_seconds"), "conversion_peak_gib": job.get("conversion_peak_gib"),
-              "load_seconds": job.get("load_seconds"), "ttft_long": job.get("ttft_long"), **extra}
+              "load_seconds": job.get("load_seconds"), "ttft_long": job.get("ttft_long"), "package_bytes": job.get("package_bytes"),
+              **extra}
     Path(sys.argv[2]).write_text(json.dumps(result))
 
 

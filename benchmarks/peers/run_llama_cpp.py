@@ -242,6 +242,7 @@ def main() -> None:
     job = load_job()
     llama.llama_backend_init()
     path = model_file(job, llama)
+    job["package_bytes"] = path.stat().st_size
     prompts, new = job["prompts"], job["new_tokens"]
     longest = max(len(p) for p in prompts) + new
     seqs = len(prompts) if job["mode"] == "batch" else 1

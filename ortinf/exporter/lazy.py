@@ -133,7 +133,7 @@ def write(graphs: list[tuple[onnx.ModelProto, Path]], lazy: LazyWeights, reader:
     groups: dict[Source, list[str]] = {}  # one checkpoint read -> the tensors made from it
     for name in wanted:
         groups.setdefault(source_of(lazy.recipes[name]), []).append(name)
-    files = {}
+    files, prefetching = {}, None
     try:
         for path, end in ends.items():
             files[path] = open(path, "w+b")  # noqa: SIM115 - closed below
@@ -141,6 +141,11 @@ def write(graphs: list[tuple[onnx.ModelProto, Path]], lazy: LazyWeights, reader:
                 files[path].truncate(end)  # sparse: the space is taken as pieces are written
             except OSError as exc:
                 raise OSError(exc.errno, exc.strerror, str(path)) from exc
+        reads = []
+        for source, names in groups.items():
+            _, rows, step = _pieces(source, names, lazy, reader)
+            reads += [(source, first, min(rows, first + step)) for first in range(0, rows, step)]
+        reader = prefetching = Prefetching(reader, reads)
         for source, names in groups.items():
             try:
                 _write_group(source, names, lazy, reader, derive, placed, files)
@@ -151,6 +156,8 @@ def write(graphs: list[tuple[onnx.ModelProto, Path]], lazy: LazyWeights, reader:
             if progress is not None:
                 progress(1)
     finally:
+        if prefetching is not None:
+            prefetching.close()
         for handle in files.values():
             handle.close()
     for name, length in aliases.items():
@@ -170,13 +177,8 @@ def write(graphs: list[tuple[onnx.ModelProto, Path]], lazy: LazyWeights, reader:
 def _write_group(source: Source, names: list[str], lazy: LazyWeights, reader: Reader,
                  derive: Callable[[np.ndarray, Derived, dict], np.ndarray], placed: dict, files: dict) -> None:
     """Writes the tensors made from one checkpoint tensor, piece by piece."""
-    shape = reader.shape(source)
-    rows = shape[0] if shape else 1
-    row_bytes = max(1, int(np.prod(shape[1:], dtype=np.int64)) * numpy_dtype(source.dtype).itemsize)
+    shape, rows, step = _pieces(source, names, lazy, reader)
     recipes = [lazy.recipes[name] for name in names]
-    # quantized forms of a weight stored [K, N] (not transposed) need whole columns: one piece
-    whole = len(shape) != 2 or any(isinstance(r, Derived) and not r.source.transpose for r in recipes)
-    step = rows if whole else max(16, CHUNK_BYTES // row_bytes // 16 * 16)  # whole tiles of QMatMul's 16 columns
     cursors = {name: placed[name][1] for name in names}
     for first in range(0, rows, step):
         piece = reader.read(source, first, min(rows, first + step))
@@ -194,7 +196,7 @@ def _write_group(source: Source, names: list[str], lazy: LazyWeights, reader: Re
                 value = piece.T if recipe.transpose else piece
             else:
                 value = derive(piece.T if recipe.source.transpose else piece, recipe, memo)
-            data = np.ascontiguousarray(value).tobytes()
+            data = memoryview(np.ascontiguousarray(value).reshape(-1).view(np.uint8))  # written from the array: no copy
             handle.seek(cursors[name])
             handle.write(data)
             cursors[name] += len(data)
@@ -203,6 +205,63 @@ def _write_group(source: Source, names: list[str], lazy: LazyWeights, reader: Re
     for name in names:
         if not (isinstance(lazy.recipes[name], Source) and lazy.recipes[name].transpose and step < rows):
             assert cursors[name] == placed[name][1] + placed[name][2], f"{name}: wrote {cursors[name] - placed[name][1]} bytes of {placed[name][2]}"
+
+
+def _pieces(source: Source, names: list[str], lazy: LazyWeights, reader: Reader) -> tuple[list[int], int, int]:
+    """A checkpoint tensor's shape, its rows, and the rows read at once to write the tensors `names` made from it."""
+    shape = reader.shape(source)
+    rows = shape[0] if shape else 1
+    row_bytes = max(1, int(np.prod(shape[1:], dtype=np.int64)) * numpy_dtype(source.dtype).itemsize)
+    # quantized forms of a weight stored [K, N] (not transposed) need whole columns: one piece
+    whole = len(shape) != 2 or any(isinstance(lazy.recipes[n], Derived) and not lazy.recipes[n].source.transpose for n in names)
+    return shape, rows, rows if whole else max(16, CHUNK_BYTES // row_bytes // 16 * 16)  # whole tiles of QMatMul's 16 columns
+
+
+class Prefetching:
+    """A Reader that reads `reads` (source, start, stop), in that order, on a thread of its own, at most `depth` pieces
+    ahead: the next piece comes off the disk (and is widened to the recipe's dtype) while this one is quantized and
+    written, which release the GIL as reading does. Pieces must be asked for in the planned order."""
+
+    def __init__(self, reader: Reader, reads: list[tuple[Source, int, int]], depth: int = 2) -> None:
+        import queue
+        import threading
+
+        self.reader = reader
+        self.pieces: queue.Queue = queue.Queue(maxsize=depth)
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(reads,), name="ortinf-checkpoint-reader", daemon=True)
+        self.thread.start()
+
+    def _run(self, reads: list[tuple[Source, int, int]]) -> None:
+        import queue
+
+        for key in reads:
+            try:
+                item: object = self.reader.read(*key)
+            except BaseException as exc:  # noqa: BLE001 - handed to the writer, which raises it in its own thread
+                item = exc
+            while not self.stopped.is_set():
+                try:
+                    self.pieces.put((key, item), timeout=0.1)
+                    break
+                except queue.Full:
+                    continue
+            if self.stopped.is_set() or isinstance(item, BaseException):
+                return
+
+    def shape(self, source: Source) -> list[int]:
+        return self.reader.shape(source)
+
+    def read(self, source: Source, start: int, stop: int) -> np.ndarray:
+        key, item = self.pieces.get()
+        assert key == (source, start, stop), f"read {source.name}[{start}:{stop}] out of the planned order {key}"
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def close(self) -> None:
+        self.stopped.set()
+        self.thread.join()
 
 
 def num_groups(graphs: list[onnx.ModelProto], lazy: LazyWeights) -> int:
