@@ -27,7 +27,9 @@ hidden (`com.microsoft.GatherBlockQuantized`, which dequantizes only the rows it
 ORT has it for): at fp32 it was half of a 1.5B int4 package (0.93 of 1.90 GB). Its rows are quantized as an
 LM head over the same table is, so a tied model's embedding is the LM head's B and scales, written once.
 
-Why numpy and not ORT's `MatMulNBitsQuantizer`: that tool walks the graph and quantizes each weight
+The rounding runs in the kernel library where it is built (`nbits_tensors`: ortinf/kernels/cpu/quantize.cc, on every
+core, bit for bit numpy's; tests/kernels/test_quantize_native.py), numpy otherwise and for ortinf.MoE's packing.
+Why not ORT's `MatMulNBitsQuantizer`: that tool walks the graph and quantizes each weight
 through per-block Python and C++ calls; on a 0.4B llama it took minutes (issue 29's measurements),
 where the vectorised rounding below takes seconds. Quantization figures (measured, ortinf/exporter/verify.py
 and docs/performance.md) are recorded in each package's manifest.
