@@ -55,10 +55,18 @@ def vocabulary(tokenizer: Tokenizer) -> Vocabulary:
     return Vocabulary(max(entries.values(), default=-1) + 1, max(map(len, entries), default=0))
 
 
+_VOCABULARIES: dict[tuple[str, int, int], Vocabulary] = {}  # tokenizer.json (path, size, mtime) -> what it says
+
+
 def checked_tokenizer(package_dir: Path, vocab_size: int | None) -> tuple[Tokenizer, Vocabulary]:
-    """load_checked_tokenizer's tokenizer, with its Vocabulary."""
+    """load_checked_tokenizer's tokenizer, with its Vocabulary (read once per file and process: `ortinf serve` checks
+    every package before it starts, then the engine loads it)."""
     tokenizer = load_tokenizer(package_dir)
-    facts = vocabulary(tokenizer)
+    stat = (package_dir / "tokenizer.json").stat()
+    key = (str((package_dir / "tokenizer.json").resolve()), stat.st_size, stat.st_mtime_ns)
+    facts = _VOCABULARIES.get(key)
+    if facts is None:
+        facts = _VOCABULARIES[key] = vocabulary(tokenizer)
     if vocab_size is not None and (mismatch := vocab_mismatch(tokenizer, vocab_size, facts)) is not None:
         raise ConfigError(f"{package_dir}: {mismatch}, then re-export the package")
     return tokenizer, facts
