@@ -27,8 +27,11 @@ at what max_num_seqs full-length sequences can use, and at the provider's larges
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import mmap
+import threading
+import time
 
 import numpy as np
 import onnxruntime as ort
@@ -111,20 +114,54 @@ def check_budget(config: EngineConfig, specs: list[DecoderSpec]) -> None:
                           "max_model_len")
 
 
-def reserved_zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """Zeros whose every page is mapped now: no page faults on the request path, and the memory really reserved.
-    An anonymous mapping with MAP_POPULATE has the kernel fault the pages in itself, 4.5x faster than touching them
-    from here (np.zeros + fill: 512 MiB in 0.94 s, populated 0.20 s, on the 2-core EPYC VM, where each fault is a
-    VM exit): it was a third of a 1.5B package's load. Two threads populating halves are no faster (the process's
-    memory map lock). Elsewhere (no MAP_POPULATE): np.zeros, then a fill."""
+POPULATE_NOW = 1 << 30  # a host pool up to this size is mapped before the load returns; a larger one in the background
+MADV_POPULATE_WRITE = 23  # Linux 5.14+: fault a range in, writable, in the kernel
+
+
+def reserved_zeros(shape: tuple[int, ...], dtype: np.dtype, populate: bool = True) -> np.ndarray:
+    """Zeros in an anonymous mapping (np.frombuffer keeps it; freed with the array). `populate`: every page mapped now
+    (MAP_POPULATE: the kernel faults them in itself, 4.5x faster than touching them from here, np.zeros + fill: 512
+    MiB in 0.94 s, populated 0.20 s, on the 2-core EPYC VM where each fault is a VM exit); else mapped on first use or
+    by `populate_in_background`. Where mmap has no MAP_POPULATE: np.zeros, touched now when `populate`."""
     count = int(np.prod(shape, dtype=np.int64))
-    populate = getattr(mmap, "MAP_POPULATE", 0)
-    if not populate or count == 0:
+    flag = getattr(mmap, "MAP_POPULATE", 0)
+    if not flag or count == 0:
         array = np.zeros(shape, dtype=dtype)
-        array.fill(0)
+        if populate:
+            array.fill(0)
         return array
-    mapping = mmap.mmap(-1, count * np.dtype(dtype).itemsize, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | populate)
-    return np.frombuffer(mapping, dtype=dtype).reshape(shape)  # the array keeps the mapping; freed with it
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | (flag if populate else 0)
+    return np.frombuffer(mmap.mmap(-1, count * np.dtype(dtype).itemsize, flags=flags), dtype=dtype).reshape(shape)
+
+
+def populate_in_background(arrays: list[np.ndarray], what: str) -> threading.Thread:
+    """Maps the arrays' pages on a daemon thread: a large pool's memory is reserved within seconds of the load, without
+    the load waiting for it (the 1.5B package's default pool, 20% of the free memory, took 13.6 s to populate on a
+    box whose page cache held the checkpoint: the kernel reclaimed cache as it went). madvise(MADV_POPULATE_WRITE)
+    through ctypes (the GIL released while the kernel works), else a write to each page. The thread holds the arrays:
+    a pool freed meanwhile is unmapped when it is done."""
+    def run() -> None:
+        started = time.perf_counter()
+        madvise = _libc_madvise()
+        for array in arrays:
+            if madvise is None or madvise(ctypes.c_void_p(array.ctypes.data), ctypes.c_size_t(array.nbytes), MADV_POPULATE_WRITE) != 0:
+                flat = array.reshape(-1).view(np.uint8)
+                flat[::mmap.PAGESIZE] = 0
+        log.debug("%s: %.2f GB of KV pool mapped in %.1f s", what, sum(a.nbytes for a in arrays) / 1e9, time.perf_counter() - started)
+
+    thread = threading.Thread(target=run, name="ortinf-kv-populate", daemon=True)
+    thread.start()
+    return thread
+
+
+def _libc_madvise():  # noqa: ANN202 - a ctypes function or None
+    try:
+        madvise = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    madvise.restype = ctypes.c_int
+    return madvise
 
 
 class KVPool:
@@ -147,15 +184,19 @@ class KVPool:
             self.output_names = new_kv_names(spec.num_layers)
         self.arrays: list[np.ndarray] = []  # host pools only
         self.values: list[ort.OrtValue] = []
+        now = len(self.input_names) * int(np.prod(self.shape, dtype=np.int64)) * np.dtype(dtype).itemsize <= POPULATE_NOW
+        self.populating: threading.Thread | None = None
         for _ in self.input_names:
             if provider.memory == HOST:
-                array = reserved_zeros(self.shape, dtype)
+                array = reserved_zeros(self.shape, dtype, populate=now)
                 self.arrays.append(array)
                 self.values.append(ort.OrtValue.ortvalue_from_numpy(array))
             else:
                 value = ort.OrtValue.ortvalue_from_shape_and_type(self.shape, dtype, provider.device_type, 0)
                 value.update_inplace(np.zeros(self.shape, dtype=dtype))  # device memory starts as garbage (NaN * 0 = NaN)
                 self.values.append(value)
+        if self.arrays and not now:
+            self.populating = populate_in_background(list(self.arrays), f"{num_blocks} blocks of {block_size}")
 
     def bind(self, binding: ort.IOBinding) -> None:
         """Binds every tensor as the graph's pool input and, with the graph write, as the output the

@@ -73,3 +73,34 @@ def test_host_write_and_graph_write_agree(decoder_package):
         np.testing.assert_allclose(host.run(model_input), graph.run(model_input), atol=1e-5)
     for i in range(4):
         np.testing.assert_array_equal(host.read_pool(i), graph.read_pool(i))
+
+
+def _resident() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * 4096
+
+
+@pytest.mark.skipif(not hasattr(__import__("mmap"), "MAP_POPULATE"), reason="Linux's MAP_POPULATE")
+def test_a_pool_is_mapped_now_or_in_the_background(monkeypatch):
+    """A pool up to POPULATE_NOW is resident when the KVPool is made; a larger one's mapping is made without its pages
+    and a thread maps them (the load no longer waits seconds for a default pool of 20% of the memory); zeros both."""
+    from ortinf.runtime.worker import kv_pool
+
+    spec = dataclasses.replace(SPEC, head_dim=64)
+    blocks = 2048  # 2 layers x K/V x 2 heads x 2049 blocks x 16 tokens x 64 x 4 bytes = 64 MiB
+    size = 4 * 2 * (blocks + 1) * 16 * 64 * 4
+    before = _resident()
+    now = kv_pool.KVPool(spec, blocks, 16, cpu.PROVIDER)
+    assert now.populating is None and _resident() - before > 0.9 * size
+    before = _resident()
+    lazy = kv_pool.reserved_zeros((size // 4,), np.float32, populate=False)
+    assert _resident() - before < 0.1 * size  # mapped, not yet resident
+    kv_pool.populate_in_background([lazy], "test").join(timeout=60)
+    assert _resident() - before > 0.9 * size
+    monkeypatch.setattr(kv_pool, "POPULATE_NOW", size // 2)
+    before = _resident()
+    later = kv_pool.KVPool(spec, blocks, 16, cpu.PROVIDER)
+    assert later.populating is not None
+    later.populating.join(timeout=60)
+    assert _resident() - before > 0.9 * size
+    assert all(not array.any() for array in (*now.arrays, *later.arrays, lazy))
