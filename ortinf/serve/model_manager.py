@@ -240,7 +240,12 @@ class ModelManager:
 
             log.info("exporting '%s' from %s into %s (once)", entry.name, entry.source, package)
             ortinf.export(entry.source, package, progress=False)
-        return self.loader(package, entry.name)
+        model = self.loader(package, entry.name)
+        for engine in model.engines:  # its footprint is measured next: a large KV pool's pages mapped first
+            resident = getattr(engine.engine, "wait_until_resident", None)
+            if resident is not None:
+                resident()
+        return model
 
     def _cost(self, entry: Entry) -> int:
         """The memory a model is expected to take: what it took when it last loaded, else its package's size."""

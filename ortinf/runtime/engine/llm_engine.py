@@ -125,6 +125,10 @@ class LLMEngine:
         self.max_prompt_tokens = self.seq2seq.max_source_positions if self.seq2seq is not None else self.max_model_len
         self.max_prompt_chars = self.max_prompt_tokens * 2 * max(longest, 1)
 
+    def wait_until_resident(self) -> None:
+        """Returns once the KV pool's memory is mapped (a large pool is mapped in the background: kv_pool.py)."""
+        self.graph.pool.wait_until_resident()
+
     def close(self) -> None:
         """Writes out what the prefix store still has queued (the engine's thread has stopped)."""
         if self.kv_cache.store is not None:

@@ -198,6 +198,11 @@ class KVPool:
         if self.arrays and not now:
             self.populating = populate_in_background(list(self.arrays), f"{num_blocks} blocks of {block_size}")
 
+    def wait_until_resident(self) -> None:
+        """Returns once every page of the pool is mapped (at once unless it is mapped in the background)."""
+        if self.populating is not None:
+            self.populating.join()
+
     def bind(self, binding: ort.IOBinding) -> None:
         """Binds every tensor as the graph's pool input and, with the graph write, as the output the
         graph writes it to (with the host write, the new K/V outputs come back to host memory)."""
