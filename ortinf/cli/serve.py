@@ -46,9 +46,7 @@ def serve(packages: tuple[Path, ...], use_ray: bool, num_replicas: int, min_repl
     room. Requests are routed to a model by their `model` field.
     """
     from ortinf.config import EngineConfig
-    from ortinf.serve.app import model_names
-    from ortinf.serve.config import ServerConfig
-    from ortinf.serve.server import run
+    from ortinf.serve.config import ServerConfig, model_names
 
     server = server_values(given)  # the server's options, as ServerConfig takes them (a bad size fails now, before models load)
     engine = engine_values(given)  # the engine's options, as EngineConfig takes them (both generated from their fields)
@@ -140,6 +138,17 @@ def serve(packages: tuple[Path, ...], use_ray: bool, num_replicas: int, min_repl
         run_on_ray(config, RayOptions(num_replicas, min_replicas, max_replicas, target_ongoing_requests, cpus_per_replica,
                                       gpus_per_replica, prefix_routing), log_level)
         return
+    import logging
+
+    from ortinf.serve import preload
+    from ortinf.serve.config import engine_options as served_options
+
+    logging.getLogger("ortinf").setLevel(log_level.upper())  # as server.run sets it: the preload logs at this level
+    if len(packages) == 1 and models_dir is None and not (engine.get("lora_modules") or engine.get("max_loras")
+                                                          or server.get("allow_runtime_lora_updates")):
+        preload.start(packages[0], names[0], served_options(packages[0], config, False))
+    from ortinf.serve.server import run  # FastAPI, the routes and uvicorn import while the package opens
+
     run(config, log_level)
 
 

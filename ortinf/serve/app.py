@@ -17,10 +17,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 import ortinf
 from ortinf import extras
 from ortinf.errors import ConfigError
-from ortinf.manifest import TEXT_GENERATION, Manifest
+from ortinf.manifest import Manifest
 from ortinf.runtime.engine.async_engine import AsyncEngine
-from ortinf.serve import anthropic_api, chat, completions, embeddings, lora_routes, ollama_api, responses, responses_api, scoring, tokens
-from ortinf.serve.config import ServerConfig
+from ortinf.serve import anthropic_api, chat, completions, embeddings, lora_routes, ollama_api, preload, responses, responses_api, scoring, tokens
+from ortinf.serve.config import ServerConfig, engine_options, model_names
 from ortinf.serve.errors import error_body, error_response, from_exception, install_error_handlers
 from ortinf.serve.model_manager import Leases, ModelManager, resident_bytes
 from ortinf.serve.models import ServedModel
@@ -182,18 +182,6 @@ class Gate:
         await self.app(scope, receive, send)
 
 
-def engine_options(package: Path, config: ServerConfig, lora_base: bool) -> dict:
-    """The server's engine settings for one package (EngineConfig's keyword arguments but package_dir):
-    only the LoRA base gets the adapters and their slots, and only a text decoder speculates."""
-    options = dict(config.engine_options)
-    if not lora_base:
-        options.pop("lora_modules", None)
-        options.pop("max_loras", None)
-    if Manifest.load(package).task != TEXT_GENERATION:
-        options.pop("speculative_config", None)
-    return options
-
-
 def load_model(package: Path, name: str, config: ServerConfig, state: ServerState, lora_base: bool = False) -> ServedModel:
     """Builds one served model (blocking: runs in a worker thread) and warms it up. `lora_base`: the
     model that serves --lora-modules (and runtime loads); the others get no LoRA slots."""
@@ -208,7 +196,11 @@ def load_model(package: Path, name: str, config: ServerConfig, state: ServerStat
             raise ConfigError(lacking)
     options = engine_options(package, config, lora_base and manifest.speech is None)
     started, resident = time.perf_counter(), resident_bytes()
-    opened = open_package(package, options, explicit=False, warm_up=True, name=name)
+    preloaded = preload.take(package, name, options)  # opened while the server's modules imported (serve/preload.py)
+    if preloaded is not None:
+        opened, started, resident = preloaded
+    else:
+        opened = open_package(package, options, explicit=False, warm_up=True, name=name)
     if opened.transcriber is not None:  # the one engine: a window is an ordinary request of the model's AsyncEngine
         from ortinf.tasks.speech.async_transcriber import AsyncTranscriber
 
@@ -239,11 +231,6 @@ def weight_bytes(package: Path) -> int:
 
 def _gigabytes(count: int) -> str:
     return f"{count / 1e9:.2f} GB" if count >= 1e8 else f"{count / 1e6:.1f} MB"
-
-
-def model_names(config: ServerConfig) -> list[str]:
-    """Served names: --served-model-name, else each package folder's name."""
-    return list(config.served_model_names) or [p.resolve().name for p in config.packages]
 
 
 async def _load_all(state: ServerState) -> None:

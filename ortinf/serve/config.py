@@ -122,3 +122,22 @@ class ServerConfig:
 
 
 __all__ = ["ServerConfig"]
+
+
+def model_names(config: ServerConfig) -> list[str]:
+    """Served names: --served-model-name, else each package folder's name."""
+    return list(config.served_model_names) or [p.resolve().name for p in config.packages]
+
+
+def engine_options(package: Path, config: ServerConfig, lora_base: bool) -> dict:
+    """The server's engine settings for one package (EngineConfig's keyword arguments but package_dir):
+    only the LoRA base gets the adapters and their slots, and only a text decoder speculates."""
+    from ortinf.manifest import TEXT_GENERATION, Manifest
+
+    options = dict(config.engine_options)
+    if not lora_base:
+        options.pop("lora_modules", None)
+        options.pop("max_loras", None)
+    if Manifest.load(package).task != TEXT_GENERATION:
+        options.pop("speculative_config", None)
+    return options

@@ -33,3 +33,23 @@ def test_a_whisper_model_obeys_the_engine_options(tmp_path: Path):
         assert used <= 8 * 2**20 and engine.kv_cache.pool.num_blocks >= 94 + 2  # the memory, and one whole window
     finally:
         model.engine.shutdown()
+
+
+def test_a_preloaded_package_is_the_one_served(byte_package):
+    """`ortinf serve PKG` opens the package on a thread while the app imports (serve/preload.py): load_model takes that
+    engine (no second session), times the load from the preload's start, and opens anew for other options."""
+    from ortinf.serve import preload
+    from ortinf.serve.config import engine_options
+
+    config = ServerConfig(packages=(byte_package,), engine_options={"kv_cache_memory": 16 * 2**20})
+    options = engine_options(byte_package, config, False)
+    preload.start(byte_package, "tiny-bytes", options)
+    opened, started, _ = preload._pending[(str(byte_package), "tiny-bytes")][1].result(timeout=120)
+    model = load_model(byte_package, "tiny-bytes", config, ServerState(config))
+    try:
+        assert model.engine.engine is opened.engine and model.load_seconds > 0
+        assert preload.take(byte_package, "tiny-bytes", options) is None  # taken once
+    finally:
+        model.engine.shutdown()
+    preload.start(byte_package, "tiny-bytes", options)
+    assert preload.take(byte_package, "tiny-bytes", {**options, "max_num_seqs": 3}) is None  # not what is asked: closed
