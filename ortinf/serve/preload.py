@@ -20,14 +20,15 @@ _pending: dict[tuple[str, str], tuple[dict, Future]] = {}
 
 def start(package: Path, name: str, options: dict) -> None:
     """Opens `package` as load_model would (open_package with the server's options and a warm-up), on a thread."""
-    from ortinf.serve.model_manager import resident_bytes
-
     future: Future = Future()
 
     def run() -> None:
-        started, resident = time.perf_counter(), resident_bytes()
+        started = time.perf_counter()
         try:
+            from ortinf.serve.model_manager import resident_bytes  # on this thread: the caller goes on importing
             from ortinf.tasks.package import open_package
+
+            resident = resident_bytes()
 
             future.set_result((open_package(package, options, explicit=False, warm_up=True, name=name), started, resident))
         except BaseException as exc:  # noqa: BLE001 - load_model raises it, where loading errors are handled
