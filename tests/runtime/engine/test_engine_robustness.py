@@ -156,7 +156,9 @@ def test_a_stalled_reader_gets_the_latest_output_not_a_backlog(decoder_package):
         seen = asyncio.run(main())
     finally:
         engine.shutdown()
-    assert seen[-1] == 40 and len(seen) == 2, seen  # coalesced: the latest output, not 39 queued ones
+    # coalesced: the latest output, not 39 queued ones (one output only where the engine finished before the reader's
+    # first read: a busy machine's event loop)
+    assert seen[-1] == 40 and len(seen) <= 2, seen
 
 
 def test_shutdown_ends_open_streams(decoder_package):
