@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -136,3 +137,17 @@ class TokenBytes:
         if self.metaspace:
             return token.replace("\u2581", " ").encode()
         return self.tokenizer.decode([token_id], skip_special_tokens=False).encode()
+
+
+def bad_words_ids(tokenizer: Tokenizer | None, words: Sequence[str]) -> tuple[tuple[int, ...], ...]:
+    """Each word's token ids, alone and after a space (vLLM's rule: a word mid-text is usually tokenised with its
+    leading space)."""
+    if tokenizer is None:
+        raise RequestError("bad_words needs the package's tokenizer", param="bad_words")
+    found: dict[tuple[int, ...], None] = {}
+    for word in words:
+        for text in (word, " " + word.lstrip()):
+            ids = tuple(tokenizer.encode(check_unicode(text, "bad_words"), add_special_tokens=False).ids)
+            if ids:
+                found[ids] = None
+    return tuple(found)

@@ -36,7 +36,7 @@ from ortinf.runtime.worker.model_runner import ModelRunner
 from ortinf.runtime.worker.prefix_store import open_store
 from ortinf.runtime.worker.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from ortinf.runtime.worker.vision_encoder import VisionEncoder
-from ortinf.tokenizer import check_unicode, checked_tokenizer
+from ortinf.tokenizer import bad_words_ids, check_unicode, checked_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -255,7 +255,7 @@ class LLMEngine:
                 raise RequestError("structured output needs the package's tokenizer", param=params.structured_output.param)
             self.grammars.compile(params.structured_output)  # compiled (or found cached) here, off the engine loop
         if params.bad_words:
-            options = replace(options, bad_words_ids=self._bad_words_ids(params.bad_words))
+            options = replace(options, bad_words_ids=bad_words_ids(self.tokenizer, params.bad_words))
         if isinstance(prompt, str) and params.truncate_prompt_tokens is None and len(prompt) > self.max_prompt_chars:
             if self.seq2seq is not None:
                 raise RequestError(f"a source must hold 1 to {self.max_prompt_tokens} tokens: {len(prompt)} characters are more "
@@ -299,19 +299,6 @@ class LLMEngine:
             raise RequestError("max_tokens must be at least 1 for text2text-generation models", param="max_tokens")
         check_fits(1, params.max_tokens, self.max_model_len)
         return PreparedRequest(text, token_ids, params, None, EncoderInput.of(np.asarray(source, dtype=np.int64), len(source), "source"))
-
-    def _bad_words_ids(self, words: Sequence[str]) -> tuple[tuple[int, ...], ...]:
-        """Each word's token ids, alone and after a space (vLLM's rule: a word mid-text is usually
-        tokenised with its leading space)."""
-        if self.tokenizer is None:
-            raise RequestError("bad_words needs the package's tokenizer", param="bad_words")
-        found: dict[tuple[int, ...], None] = {}
-        for word in words:
-            for text in (word, " " + word.lstrip()):
-                ids = tuple(self.tokenizer.encode(check_unicode(text, "bad_words"), add_special_tokens=False).ids)
-                if ids:
-                    found[ids] = None
-        return tuple(found)
 
     def add_request(self, prompt: str | Sequence[int] | PreparedRequest, params: SamplingParams | None = None, request_id: str | None = None,
                     lora_name: str | None = None) -> str:
