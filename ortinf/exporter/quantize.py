@@ -178,7 +178,7 @@ def quantize(model: onnx.ModelProto, dtype: str, block_size: int | None = None,
             users[name] = users.get(name, 0) + 1
     cache = {} if cache is None else cache
     nodes, dropped, added, count, exact = [], set(), [], 0, 0
-    made: dict = {}  # a quantized weight's recipe (lazy) or rounding (eager) -> the base name of its B and scales
+    made: dict = {}  # a quantized lazy weight's recipe -> the base name of its B and scales (a tied embedding's bytes)
     for node in graph.node:
         if cpu and node.op_type == MOE_OP and node.domain == CPU_DOMAIN:
             added += pack_experts(node, weights, bits, block_size, cache, users, dropped)
@@ -209,7 +209,6 @@ def quantize(model: onnx.ModelProto, dtype: str, block_size: int | None = None,
         exact += qw.exact
         k, n = array.shape
         base = f"{weight.name}.q{bits}"
-        made[id(qw)] = base
         b, scales = matmul_nbits_tensors(qw)
         added += [numpy_helper.from_array(b, base + ".B"), numpy_helper.from_array(scales.reshape(-1), base + ".scales")]
         nodes.append(_quantized_node(node, base, k, n, bits, block_size, accuracy_level, cpu))
@@ -220,7 +219,11 @@ def quantize(model: onnx.ModelProto, dtype: str, block_size: int | None = None,
     embeddings, ids = 0, token_ids(graph)
     for position, node in enumerate(nodes):
         table = weights.get(node.input[0]) if node.op_type == "Gather" and node.input[1] in ids else None
-        if table is None or len(table.dims) != 2 or table.data_type != onnx.TensorProto.FLOAT or table.dims[1] % block_size:
+        if table is None or len(table.dims) != 2 or table.data_type != onnx.TensorProto.FLOAT:
+            continue
+        if table.dims[1] % block_size:
+            log.info("the token embedding %s stays fp32: its %d columns are not whole blocks of %d", table.name,
+                     table.dims[1], block_size)
             continue
         found = _quantized_rows(table, bits, block_size, lazy, cache, made)
         if found is None:
@@ -279,16 +282,16 @@ def _quantized_rows(table: onnx.TensorProto, bits: int, block_size: int, lazy: L
                    for suffix, form, shape, kind in zip((".rows", ".row_scales"), forms, shapes,
                                                         (onnx.TensorProto.UINT8, onnx.TensorProto.FLOAT))]
         return tensors[0].name, tensors[1].name, tensors, head is not None
+    # in memory: the rows of their own (a tied head's rounding is reused through `cache`, its bytes are written again)
     array = np.ascontiguousarray(numpy_helper.to_array(table).T)
     key = (hashlib.blake2b(array.tobytes(), digest_size=20).digest(), array.shape, bits, block_size)
     qw = cache.get(key)
-    tied = qw is not None and id(qw) in made
     if qw is None:
         qw = cache[key] = quantize_weight(array, bits, block_size)
     b, scales = matmul_nbits_tensors(qw)
     tensors = [numpy_helper.from_array(b.reshape(shapes[0]), base + ".rows"),
                numpy_helper.from_array(scales.reshape(shapes[1]), base + ".row_scales")]
-    return tensors[0].name, tensors[1].name, tensors, tied
+    return tensors[0].name, tensors[1].name, tensors, False
 
 
 def _quantized_node(node: onnx.NodeProto, base: str, k: int, n: int, bits: int, block_size: int, accuracy_level: int,

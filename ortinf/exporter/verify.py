@@ -7,7 +7,6 @@ with the PyTorch model's logits at the same position.
 
 from __future__ import annotations
 
-import gc
 import logging
 import sys
 from dataclasses import dataclass, replace
@@ -100,8 +99,7 @@ def _verify_window(model: PreTrainedModel, package: Path, tolerance: float, prog
         runs.append(_parity_run(graph, block_size, model.config.vocab_size, progress))
         if quality_dtype is not None and kernel == kernels[-1] and graph.provider.name == "cpu":
             runs_quality = _quality_runs(graph, block_size, model.config.vocab_size)
-        del graph  # the session's memory back before the next one's and the reference's: collected now, as a session
-        gc.collect()  # in a reference cycle lives on (the 7B int4 export peaked at 6.19 GiB with two sessions alive)
+        del graph  # the session's memory back before the next one's and the reference's
     references = reference_logits(model, [tokens for _, tokens, _ in runs])  # one length: one pass for both graphs
     parities = [_parity(rows, reference, tolerance, description) for (rows, _, description), reference in zip(runs, references)]
     verified = Verified(parities[0], parities[1] if cpu_kernel else None)
@@ -110,7 +108,6 @@ def _verify_window(model: PreTrainedModel, package: Path, tolerance: float, prog
             graph = DecoderGraph(package, num_blocks=QUALITY_BLOCKS, block_size=QUALITY_BLOCK_SIZE, provider="cpu")
             runs_quality = _quality_runs(graph, QUALITY_BLOCK_SIZE, model.config.vocab_size)
             del graph
-            gc.collect()
         verified.quality = _quality_figures(model, runs_quality, quality_dtype)
     return verified
 
