@@ -36,6 +36,7 @@ from pathlib import Path
 import onnx
 import torch
 
+from ortinf.kernels import library
 from ortinf.manifest import Manifest
 
 log = logging.getLogger(__name__)
@@ -268,7 +269,7 @@ def windows(model: torch.nn.Module, package: Path, budget: int = VERIFY_MEMORY) 
             for name, graph_cuts in cuts.items():
                 onnx.save_model(graph_cuts[number], str(folder / name))
             replace(manifest, decoder=replace(manifest.decoder, num_layers=stop - first)).save(folder)
-            with reference_window(model, first, stop) as reference:
+            with reference_window(model, first, stop) as reference, library.temporary_packages():
                 yield Window(first, stop, folder, reference)
         finally:
             shutil.rmtree(folder, ignore_errors=True)

@@ -122,7 +122,7 @@ def build(out_dir: Path = LIB_DIR, cache: Path | None = None, verbose: bool = Fa
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         objects = []
-        units = [(SOURCES / f"{name}.cc", []) for name in ("paged_attention", "qmatmul", "moe", "bmatmul", "panel_gemm", "quantize")]
+        units = [(SOURCES / f"{name}.cc", []) for name in ("paged_attention", "qmatmul", "moe", "bmatmul", "panel_gemm", "quantize", "packed_store")]
         units += [(SOURCES / f"attention_{isa}.cc", MATH + ISA_FLAGS[isa]) for isa in isas]
         # no reassociation in the panel GEMMs: a row's sums must not depend on how many rows share its block
         units += [(SOURCES / f"panel_gemm_{isa}.cc", ISA_FLAGS[isa]) for isa in isas]

@@ -10,11 +10,13 @@ otherwise, saying so once in the log. Torch-free: the serving install imports it
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import logging
 import os
 from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 
 import onnxruntime as ort
@@ -116,3 +118,38 @@ def function(name: str) -> ctypes._CFuncPtr | None:
         return getattr(ctypes.CDLL(str(found.path)), name)
     except (OSError, AttributeError):
         return None
+
+
+_write_stores = True
+
+
+def flush_packed() -> list[str]:
+    """Writes the packed-weight store of every package whose kernels packed their weights at the session just made
+    (ortinf/kernels/cpu/packed_store.h: the next load maps it instead of packing) and returns one line per package:
+    what was mapped, packed and written. Empty where the library is older or nothing was packed or mapped. Inside
+    `temporary_packages()` nothing is written (what was packed is dropped)."""
+    flush = function("ortinf_packed_flush")
+    if flush is None:
+        return []
+    flush.restype = ctypes.c_char_p
+    flush.argtypes = [ctypes.c_int]
+    return flush(int(_write_stores)).decode(errors="replace").splitlines()
+
+
+@contextlib.contextmanager
+def temporary_packages() -> Iterator[None]:
+    """Sessions made inside write no packed-weight store: their packages are removed after (the exporter's
+    verification windows), so writing one would cost a write of their weights for nothing."""
+    global _write_stores
+    before, _write_stores = _write_stores, False
+    try:
+        yield
+    finally:
+        _write_stores = before
+
+
+def forget_packed() -> None:
+    """Closes the library's record of opened stores (a test that rewrites a store in place, then loads again)."""
+    forget = function("ortinf_packed_forget")
+    if forget is not None:
+        forget()

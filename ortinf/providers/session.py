@@ -16,13 +16,15 @@ from pathlib import Path
 
 import onnxruntime as ort
 
-from ortinf.errors import ProviderUnavailableError
+from ortinf.errors import ConfigError, ProviderUnavailableError
+from ortinf.kernels import library
 from ortinf.providers.base import Provider
 from ortinf.providers.registry import Found
 
 log = logging.getLogger(__name__)
 
 CPU = "CPUExecutionProvider"
+DAMAGED_STORE = "the packed weights in "  # how packed_store.cc starts a refusal
 # Ops that do the model's arithmetic: one of these on the CPU under a device provider costs copies.
 COMPUTE_OPS = frozenset({
     "MatMul", "Gemm", "MatMulNBits", "FusedMatMul", "Softmax", "ScatterND", "LayerNormalization",
@@ -96,7 +98,12 @@ def create_session(model_path: Path, found: Found, intra_op_threads: int = 0, op
     except Exception as exc:  # noqa: BLE001 - ORT raises bare Fail/InvalidArgument for bad options
         if "No such file" in str(exc) or "Load model" in str(exc):
             raise
+        if DAMAGED_STORE in str(exc):  # packed_store.cc's one line: the package is at fault, not the provider
+            raise ConfigError(str(exc)[str(exc).index(DAMAGED_STORE):].strip()) from None
         raise ProviderUnavailableError(f"the {provider.name} provider failed to start: {_first_line(exc)}") from exc
+    if custom_ops_library is not None:
+        for line in library.flush_packed():
+            log.info("packed weights: %s", line)
     placement = placement_of(session)
     check_placement(session, provider, placement, allow_cpu_fallback)
     return session, placement

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "mapped_pages.h"
+#include "packed_store.h"
 #include "ort_glue.h"
 #include "panel_gemm.h"
 
@@ -31,7 +32,8 @@ constexpr int64_t kJobRows = 64, kJobCols = 64;
 
 struct Kernel {
   int64_t K = 0, N = 0;
-  PackedBuffer<uint16_t> panels;  // [ceil(N / 16), K, 16]
+  Packed panels;  // region 0: [ceil(N / 16), K, 16], packed at creation or mapped from the packed store (packed_store.h)
+  const uint16_t* panel_data() const { return static_cast<const uint16_t*>(panels.region[0]); }
 };
 
 struct Job {
@@ -62,7 +64,7 @@ OrtStatus* compute(const Kernel& k, OrtKernelContext* context) {
   RETURN_IF_ERROR(g_api->GetTensorMutableData(output, reinterpret_cast<void**>(&out)));
   const int64_t M = a.size() / k.K;
   if (M == 0) return nullptr;
-  Call call{{static_cast<const float*>(a.data), k.panels.get(), nullptr, out, M, k.K, k.N}, {}};
+  Call call{{static_cast<const float*>(a.data), k.panel_data(), nullptr, out, M, k.K, k.N}, {}};
   for (int64_t m0 = 0; m0 < M; m0 += kJobRows)
     for (int64_t n0 = 0; n0 < k.N; n0 += kJobCols)
       call.jobs.push_back({m0, std::min(M, m0 + kJobRows), n0, std::min(k.N, n0 + kJobCols)});
@@ -76,14 +78,17 @@ OrtStatus* compute(const Kernel& k, OrtKernelContext* context) {
 // W [K, N] row-major -> panels [ceil(N / 16), K, 16], zero-padded columns.
 void pack(Kernel* k, const uint16_t* w) {
   const int64_t panels = (k->N + kPanel - 1) / kPanel;
-  k->panels = packed_buffer<uint16_t>(static_cast<size_t>(panels * k->K * kPanel));  // uninitialised: every value is written below
+  // uninitialised: every value is written below
+  auto owned = std::make_shared<PackedBuffer<uint16_t>>(packed_buffer<uint16_t>(static_cast<size_t>(panels * k->K * kPanel)));
+  uint16_t* out = owned->get();
+  k->panels = {owned, {out, nullptr}};
   if (k->N % kPanel != 0)  // the ragged last panel: zeros where no column is
-    std::memset(k->panels.get() + (panels - 1) * k->K * kPanel, 0, static_cast<size_t>(k->K * kPanel) * sizeof(uint16_t));
+    std::memset(out + (panels - 1) * k->K * kPanel, 0, static_cast<size_t>(k->K * kPanel) * sizeof(uint16_t));
   pack_in_parallel(panels, [&](int64_t first, int64_t last) {  // row by row: the mapped source is read front to back
     for (int64_t row = 0; row < k->K; ++row)
       for (int64_t p = first; p < last; ++p) {
         const int64_t n = p * kPanel, count = std::min<int64_t>(kPanel, k->N - n);
-        std::memcpy(k->panels.get() + (p * k->K + row) * kPanel, w + row * k->N + n, count * sizeof(uint16_t));
+        std::memcpy(out + (p * k->K + row) * kPanel, w + row * k->N + n, count * sizeof(uint16_t));
       }
   });
 }
@@ -107,8 +112,14 @@ OrtStatus* pack_constant_weight(const OrtKernelInfo* info, Kernel* k) {
     return fail("BMatMul: the weight must be bfloat16 [K, N] = [" + std::to_string(k->K) + ", " + std::to_string(k->N) + "]");
   void* data = nullptr;
   RETURN_IF_ERROR(g_api->GetTensorMutableData(const_cast<OrtValue*>(value), &data));
+  const std::string key = "BMatMul/1 K=" + std::to_string(k->K) + " N=" + std::to_string(k->N) + " panel=" + std::to_string(kPanel);
+  const size_t bytes[1] = {static_cast<size_t>((k->N + kPanel - 1) / kPanel * k->K * kPanel) * sizeof(uint16_t)};
+  bool mapped = false;
+  RETURN_IF_ERROR(find_packed(data, key, bytes, 1, &k->panels, &mapped));
+  if (mapped) return nullptr;
   pack(k, static_cast<const uint16_t*>(data));
   release_mapped(data, static_cast<size_t>(k->K * k->N) * sizeof(uint16_t));
+  remember_packed(data, key, k->panels, bytes, 1);
   return nullptr;
 }
 

@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "mapped_pages.h"
+#include "packed_store.h"
 #include "ort_glue.h"
 #include "qmatmul_impl.h"
 
@@ -131,12 +132,17 @@ Isa checked_isa() {
 
 const Isa g_isa = checked_isa();
 
+struct Owned {  // a kernel's own packed copy
+  PackedBuffer<uint8_t> tiles;
+  PackedBuffer<float> scales;
+};
+
 struct Kernel {
   int64_t K = 0, N = 0, bits = 0, block = 0;
   int64_t Kp = 0, blocks = 0, tiles = 0;  // tiles: of every part
-  // layout 1: the weights packed at creation (null for layout 0, which reads its inputs at every call)
-  PackedBuffer<uint8_t> packed;
-  PackedBuffer<float> scales;
+  // layout 1: the weights in this op's tiles (region 0) and their scales (region 1), packed at creation or mapped
+  // from the package's packed store (packed_store.h); no owner for layout 0, which reads its inputs at every call
+  Packed packed;
   // parts (N[0] = N) and where each tile's columns go (QParts); one part and no activation: column order
   int64_t parts = 1, widths[kMaxParts] = {0, 0, 0};
   bool swiglu = false;
@@ -147,8 +153,21 @@ struct Kernel {
   int64_t tile_bytes() const { return bits == 8 ? Kp * kTile : Kp * kTile / 2; }
   int64_t padded_tiles() const { return (tiles + group - 1) / group * group; }
   // packed tile t's line L (64 bytes: 4 rows of K at int8, 8 at int4) and block b's 16 scales
-  uint8_t* line(int64_t t, int64_t L) const { return packed.get() + (t - t % group) * tile_bytes() + (L * group + t % group) * 64; }
-  float* block_scales(int64_t t, int64_t b) const { return scales.get() + ((t - t % group) * blocks + b * group + t % group) * kTile; }
+  // (written only while packing, into the kernel's own buffers)
+  uint8_t* line(int64_t t, int64_t L) const {
+    return static_cast<uint8_t*>(const_cast<void*>(packed.region[0])) + (t - t % group) * tile_bytes() + (L * group + t % group) * 64;
+  }
+  float* block_scales(int64_t t, int64_t b) const {
+    return static_cast<float*>(const_cast<void*>(packed.region[1])) + ((t - t % group) * blocks + b * group + t % group) * kTile;
+  }
+  size_t tiles_bytes() const { return static_cast<size_t>(padded_tiles() * tile_bytes()); }
+  size_t scales_bytes() const { return static_cast<size_t>(padded_tiles() * blocks * kTile) * sizeof(float); }
+  // what the packed store knows this kernel's tiles by (with the weight's offset in its file)
+  std::string store_key() const {
+    return "QMatMul/1 K=" + std::to_string(K) + " N=" + std::to_string(widths[0]) + "," + std::to_string(widths[1]) + "," +
+           std::to_string(widths[2]) + " bits=" + std::to_string(bits) + " block=" + std::to_string(block) +
+           " swiglu=" + std::to_string(swiglu) + " group=" + std::to_string(group);
+  }
   // the packed tile that holds part p's local tile j
   int64_t tile_of(int64_t p, int64_t j) const {
     if (swiglu) return 2 * j + p;
@@ -261,9 +280,9 @@ OrtStatus* compute(const Kernel& k, OrtKernelContext* context) {
   const Tensor& a = t[0];
   if (a.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || a.shape.empty() || a.shape.back() != k.K)
     return fail("QMatMul: A must be float32 [..., K] with K = " + std::to_string(k.K));
-  const void* weights = k.packed.get();
-  const void* weight_scales = k.scales.get();
-  if (!k.packed) {  // layout 0: the inputs are the packed form
+  const void* weights = k.packed.region[0];
+  const void* weight_scales = k.packed.region[1];
+  if (!k.packed.owner) {  // layout 0: the inputs are the packed form
     const Tensor &packed = t[1], &scales = t[2];
     if (packed.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 || packed.size() != k.tiles * k.tile_bytes())
       return fail("QMatMul: packed_weight must be uint8 with " + std::to_string(k.tiles * k.tile_bytes()) + " bytes");
@@ -298,7 +317,7 @@ OrtStatus* compute(const Kernel& k, OrtKernelContext* context) {
   std::vector<int32_t> xsum(static_cast<size_t>(M * k.blocks));
   Call call{{xq.data(), xscale.data(), xsum.data(), static_cast<const uint8_t*>(weights),
              static_cast<const float*>(weight_scales), parts.bias[0], parts.out[0], M, k.N, k.Kp, k.blocks,
-             k.block, k.bits, k.tile_part.empty() ? nullptr : &parts, k.packed ? k.group : 1},
+             k.block, k.bits, k.tile_part.empty() ? nullptr : &parts, k.packed.owner ? k.group : 1},
             static_cast<const float*>(a.data), k.K, {}};
   const int64_t quantize_jobs = (M + kQuantizeRows - 1) / kQuantizeRows;
   if (quantize_jobs > 1) {
@@ -361,15 +380,27 @@ OrtStatus* ORT_API_CALL create_kernel(const OrtCustomOp*, const OrtApi*, const O
   if (layout == 1) {
     const int64_t tile_bytes = k->tile_bytes();
     k->group = g_isa.group;
-    // uninitialised: every byte of a real tile is packed; a padding tile (completing the last group) is never read
-    k->packed = packed_buffer<uint8_t>(static_cast<size_t>(k->padded_tiles() * tile_bytes));
-    k->scales = packed_buffer<float>(static_cast<size_t>(k->padded_tiles() * k->blocks * kTile));
-    for (int64_t t = k->tiles; t < k->padded_tiles(); ++t)
-      for (int64_t L = 0; L < tile_bytes / 64; ++L) std::memset(k->line(t, L), 0, 64);
-    for (int64_t p = 0; p < k->parts; ++p) {
-      pack_nbits(k.get(), p, static_cast<const uint8_t*>(data[p][0]), static_cast<const float*>(data[p][1]));
-      release_mapped(data[p][0], static_cast<size_t>(k->widths[p] * k->Kp * k->bits / 8));
-      release_mapped(data[p][1], static_cast<size_t>(k->widths[p] * k->blocks) * sizeof(float));
+    const std::string key = k->store_key();
+    const size_t sizes[2] = {k->tiles_bytes(), k->scales_bytes()};
+    bool mapped = false;
+    RETURN_IF_ERROR(find_packed(data[0][0], key, sizes, 2, &k->packed, &mapped));
+    if (!mapped) {
+      // uninitialised: every byte of a real tile is packed, and a padding tile (completing the last group) is zeroed
+      // below (never read; zero so that the store's copy is the same on every load)
+      auto owned = std::make_shared<Owned>();
+      owned->tiles = packed_buffer<uint8_t>(sizes[0]);
+      owned->scales = packed_buffer<float>(sizes[1] / sizeof(float));
+      k->packed = {owned, {owned->tiles.get(), owned->scales.get()}};
+      for (int64_t t = k->tiles; t < k->padded_tiles(); ++t) {
+        for (int64_t L = 0; L < tile_bytes / 64; ++L) std::memset(k->line(t, L), 0, 64);
+        for (int64_t blk = 0; blk < k->blocks; ++blk) std::fill(k->block_scales(t, blk), k->block_scales(t, blk) + kTile, 0.f);
+      }
+      for (int64_t p = 0; p < k->parts; ++p) {
+        pack_nbits(k.get(), p, static_cast<const uint8_t*>(data[p][0]), static_cast<const float*>(data[p][1]));
+        release_mapped(data[p][0], static_cast<size_t>(k->widths[p] * k->Kp * k->bits / 8));
+        release_mapped(data[p][1], static_cast<size_t>(k->widths[p] * k->blocks) * sizeof(float));
+      }
+      remember_packed(data[0][0], key, k->packed, sizes, 2);
     }
   }
   *kernel = k.release();
