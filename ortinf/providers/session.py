@@ -69,7 +69,9 @@ def create_session(model_path: Path, found: Found, intra_op_threads: int = 0, op
     provider = found.provider
     session_options = ort.SessionOptions()
     session_options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    session_options.log_severity_level = 3
+    # ORT's own log: errors only under --verbose's debug level; every error that matters is raised, and is shown as
+    # one line (ORT also logs a failed initialisation, which would print it twice, with a timestamp)
+    session_options.log_severity_level = 3 if log.isEnabledFor(logging.DEBUG) else 4
     session_options.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
     if intra_op_threads:
         session_options.intra_op_num_threads = intra_op_threads

@@ -55,7 +55,7 @@ struct Entry {
 
 struct Pending {
   std::string key;
-  std::shared_ptr<void> owner;
+  std::weak_ptr<void> owner;  // weak: a session dropped before the flush (or one never flushed) frees its copy
   const void* data[kMaxRegions];
   size_t sizes[kMaxRegions];
   int regions;
@@ -295,6 +295,10 @@ std::string write_store(Store* s) {
   std::vector<uint8_t> index;
   auto put = [&index](const void* p, size_t n) { index.insert(index.end(), static_cast<const uint8_t*>(p), static_cast<const uint8_t*>(p) + n); };
   uint64_t at = kHeaderBytes;
+  std::vector<std::shared_ptr<void>> alive;
+  for (const Pending& p : s->pending)
+    if (auto owner = p.owner.lock()) alive.push_back(std::move(owner));
+  if (alive.size() != s->pending.size()) return "not written (the session was closed before its weights were written)";
   std::vector<std::vector<Region>> regions(s->pending.size());
   for (size_t e = 0; e < s->pending.size(); ++e) {
     const Pending& p = s->pending[e];
