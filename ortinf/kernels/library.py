@@ -15,8 +15,8 @@ import ctypes
 import functools
 import logging
 import os
-from dataclasses import dataclass
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import onnxruntime as ort
