@@ -180,7 +180,7 @@ def serve_figures(package: Path) -> tuple[float, float, float]:
 
 
 def package_bytes(folder: Path) -> int:
-    return sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
+    return sum(p.stat().st_size for p in folder.iterdir() if p.is_file() and p.suffix != ".packed")  # the store is a cache
 
 
 def cpu_flags() -> str:

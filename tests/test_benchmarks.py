@@ -45,6 +45,7 @@ SCRIPTS = {
     "graph_nodes.py": [],
     "encoder_batching.py": [],  # issue 44's before/after: a worktree of the base revision beside this tree
     "prefix_cache_disk.py": [],  # issue 45: a long prompt's TTFT across a restart, and --models-dir's swap
+    "load.py": [],  # issue 55: load time and RSS, the packed store beside packing at load
 }
 # ray_serve.py starts Ray clusters (minutes); compare.py and moe.py take ~40 s each in tiny mode (peer subprocesses,
 # MoE exports), export_memory.py and encoder_batching.py ~30 s (measured 34 and 28 s, 2026-11-27): in the slow run,

@@ -28,7 +28,8 @@ def main() -> None:
     job["conversion_seconds"] = conversion(
         package.with_name(package.name + ".conversion_seconds"), stale,
         lambda: ortinf.export(job["hf_dir"], package, dtype=job["precision"], progress=False, overwrite=True, **gate, **export), job)
-    job["package_bytes"] = sum(f.stat().st_size for f in package.iterdir() if f.is_file())
+    # what `ortinf export` ships: the packed-weight store beside the weights is a cache, not part of it
+    job["package_bytes"] = sum(f.stat().st_size for f in package.iterdir() if f.is_file() and f.suffix != ".packed")
     llm = loading(job, lambda: LLM(package, provider="cpu", intra_op_threads=job["threads"], max_num_seqs=64, enable_prefix_caching=False,
                                    **job.get("options", {})))
     new = job["new_tokens"]
