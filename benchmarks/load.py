@@ -94,7 +94,8 @@ def main() -> None:
     for _ in range(args.repeats):
         for row in rows:
             figures[row].append(probe(*row))
-    lines = [f"Machine: CPU flags {cpu_flags()}, {os.cpu_count()} cores; {args.repeats} loads per row, interleaved.", "",
+    lines = ["### Load: ortinf's packed store beside packing at load" + (" and llama.cpp" if args.gguf else ""), "",
+             f"Machine: CPU flags {cpu_flags()}, {os.cpu_count()} cores; {args.repeats} loads per row, interleaved.", "",
              "| engine | model | load s (best-worst) | imports s | RSS after load GB | RSS / (weights + KV pool) |",
              "|---|---|---:|---:|---:|---:|"]
     for (engine, path), runs in figures.items():
