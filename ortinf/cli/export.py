@@ -87,21 +87,22 @@ def export(model: str | None, out: Path | None, task: str, dtype: str, vision_dt
     if out is None:
         raise click.UsageError("missing -o/--output: pass the package folder to write")
     from ortinf.config import parse_size
+    from ortinf.exporter.config import ExportConfig
     from ortinf.exporter.package import check_output
     from ortinf.exporter.source import resolve_model
     from ortinf.manifest import is_gguf
 
     # MODEL and OUT checked before the exporter imports torch (seconds): a wrong folder is one line at once
-    size = parse_size(verify_memory)
+    config = ExportConfig(task=task, dtype=dtype, overwrite=overwrite, tolerance=tolerance, progress=not quiet, kernel=kernel,
+                          quant_block_size=quant_block_size, accuracy_level=accuracy_level, kv_dtype=kv_dtype, cpu_kernel=cpu_kernel,
+                          enable_lora=enable_lora, quality_gate=quality_gate, vision_dtype=vision_dtype,
+                          verify_memory=parse_size(verify_memory)).check()
     check_output(out, overwrite)
     if not is_gguf(Path(model).expanduser()):
         resolve_model(model)
     from ortinf.exporter.api import export as run_export
 
-    manifest = run_export(model, out, task=task, dtype=dtype, overwrite=overwrite, tolerance=tolerance, progress=not quiet,
-                          kernel=kernel, quant_block_size=quant_block_size, accuracy_level=accuracy_level, kv_dtype=kv_dtype,
-                          cpu_kernel=cpu_kernel, enable_lora=enable_lora, quality_gate=quality_gate, vision_dtype=vision_dtype,
-                          verify_memory=size)
+    manifest = run_export(model, out, config)
     # The package is written (renamed into place): a Ctrl-C from here, while the result is printed and Python tears the
     # exporter down (torch's memory and threads), must not turn a finished export into exit 130.
     signal.signal(signal.SIGINT, signal.SIG_IGN)

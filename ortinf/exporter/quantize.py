@@ -47,13 +47,12 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from ortinf.exporter.config import DEFAULT_ACCURACY_LEVEL, DEFAULT_BLOCK_SIZES
 from ortinf.exporter.lazy import Alias, Derived, LazyWeights, Source
 
 log = logging.getLogger(__name__)
 
 BITS = {"int8": 8, "int4": 4}
-DEFAULT_BLOCK_SIZES = {"int8": 128, "int4": 32}
-DEFAULT_ACCURACY_LEVEL = 4
 TILE = 16  # columns per packed tile of ortinf.QMatMul
 CPU_OP = "QMatMul"
 MOE_OP = "MoE"  # ortinf.MoE (ortinf/kernels/cpu/moe.cc): its stacked expert weights are packed per expert

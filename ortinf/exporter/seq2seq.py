@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from transformers import AttentionInterface
 
+from ortinf.exporter.config import ExportConfig
 from ortinf.exporter.cross_decoder import ATTENTION_NAME, PagedCrossDecoder, decoder_dims, self_attention, trace_decoder
 from ortinf.exporter.t5 import T5_TYPES, PagedT5Decoder, T5EncoderGraph
 from ortinf.exporter.tracing import OPSET, quiet_tracing
@@ -135,10 +136,11 @@ def check_text_pool(encoder: object, decoder: object, model: torch.nn.Module, so
     return worst
 
 
-def export_seq2seq(source, out_path: Path, overwrite: bool, tolerance: float, progress: bool):  # noqa: ANN001, ANN201
+def export_seq2seq(source, out_path: Path, config: ExportConfig, tolerance: float):  # noqa: ANN001, ANN201
     """A text2text-generation package (Marian, BART): encoder.onnx, the paged decoder (model.onnx with
     the KV write, and the host-write graph), tokenizer, generation config, and a manifest with the
-    parity of a ragged batch against transformers. fp32."""
+    parity of a ragged batch against transformers. fp32. Options: `config` (ortinf/exporter/config.py)."""
+    overwrite, progress = config.overwrite, config.progress
     import shutil
 
     import onnx

@@ -35,6 +35,7 @@ from onnx import TensorProto, helper
 
 from ortinf.errors import ExportError
 from ortinf.exporter import idefics3, qwen_vl
+from ortinf.exporter.config import ExportConfig
 from ortinf.exporter.decoder import IMAGE_SPANS_ATTRIBUTE
 from ortinf.exporter.tracing import OPSET, quiet_tracing
 from ortinf.manifest import (
@@ -173,10 +174,10 @@ def image_processor(source: Path, model: torch.nn.Module) -> dict:
             "resample": int(config.get("resample", 3)), "do_convert_rgb": bool(config.get("do_convert_rgb", True))}
 
 
-def export_vision_language(source, out_path: Path, export_text, overwrite: bool, tolerance: float | None, progress: bool,  # noqa: ANN001
-                           vision_dtype: str = "fp32", **options) -> Manifest:
-    """A LLaVA package: the language model through the text decoder export (`export_text`: ortinf.exporter.api.export),
-    then the image inputs, vision.onnx and their verification."""
+def export_vision_language(source, out_path: Path, export_text, config: ExportConfig) -> Manifest:  # noqa: ANN001
+    """A LLaVA package: the language model through the text decoder export (`export_text`: ortinf.exporter.api.export,
+    with the same `config`), then the image inputs, vision.onnx and their verification."""
+    overwrite, tolerance, vision_dtype = config.overwrite, config.tolerance, config.vision_dtype
     import transformers
 
     from ortinf.exporter.package import staging
@@ -187,20 +188,20 @@ def export_vision_language(source, out_path: Path, export_text, overwrite: bool,
         raise ExportError(f"cannot load {source.name}: {str(exc).strip().splitlines()[0] if str(exc).strip() else exc}") from exc
     config = model.config
     hidden = config.text_config.hidden_size
-    if config.model_type == "gemma3" and options.get("kernel", PORTABLE) != PORTABLE:  # bidirectional image attention
+    if config.model_type == "gemma3" and config.kernel != PORTABLE:  # bidirectional image attention
         raise ExportError("Gemma 3's image tokens attend both ways, which the portable kernel and ortinf's CPU kernel draw: "
                           "drop --kernel")
     with tempfile.TemporaryDirectory(prefix="ortinf-vlm-") as tmp, qwen_vl.quiet_mrope_keys():
         text = text_folder(model, Path(source.path), Path(tmp) / "text")
-        manifest = export_text(text, Path(tmp) / "pkg", task="text-generation", overwrite=True, tolerance=tolerance, progress=progress,
-                               **options)
+        manifest = export_text(text, Path(tmp) / "pkg", dataclasses.replace(config, task="text-generation", overwrite=True,
+                                                                            vision_dtype="fp32"))
         package = Path(tmp) / "pkg"
         graphs = [name for name in (MODEL_NAME, HOST_WRITE_MODEL_NAME, CPU_MODEL_NAME) if (package / name).is_file()]
         for name in graphs:
             add_image_inputs(package / name, hidden)
         vision = export_vision_graph(model, Path(source.path), package / VISION_MODEL_NAME)
         if vision_dtype != "fp32":
-            vision = quantize_vision(package / VISION_MODEL_NAME, vision, vision_dtype, model, options)
+            vision = quantize_vision(package / VISION_MODEL_NAME, vision, vision_dtype, model, config)
         worst = check_image_path(model, package, vision)
         exact = manifest.dtype == "fp32" and vision_dtype == "fp32"
         limit = tolerance if tolerance is not None and exact else (1e-3 if exact else float("inf"))
@@ -287,7 +288,7 @@ def gemma_processor(source: Path, model: torch.nn.Module) -> dict:
 VISION_COSINE = {"int8": 0.99, "int4": 0.9}
 
 
-def quantize_vision(path: Path, vision: VisionSpec, dtype: str, model: torch.nn.Module, options: dict) -> VisionSpec:
+def quantize_vision(path: Path, vision: VisionSpec, dtype: str, model: torch.nn.Module, config: ExportConfig) -> VisionSpec:
     """vision.onnx with its MatMul weights at `dtype` (MatMulNBits, ortinf/exporter/quantize.py), gated by the cosine
     similarity of its embeddings to the fp32 graph's on random inputs (--quality-gate record keeps a miss)."""
     import onnxruntime
@@ -297,10 +298,10 @@ def quantize_vision(path: Path, vision: VisionSpec, dtype: str, model: torch.nn.
 
     fp32 = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     source = onnx.load(str(path))
-    graphs = {path: quantize(copy.deepcopy(source), dtype, options.get("quant_block_size"), options.get("accuracy_level", 4))}
+    graphs = {path: quantize(copy.deepcopy(source), dtype, config.quant_block_size, config.accuracy_level)}
     kernels = library.load()
     if kernels is not None:  # and the kernel library's QMatMul graph: 1.6x faster than fp32 where MatMulNBits is 1.2x (400M tower)
-        graphs[path.parent / VISION_CPU_MODEL_NAME] = quantize(copy.deepcopy(source), dtype, options.get("quant_block_size"), cpu=True)
+        graphs[path.parent / VISION_CPU_MODEL_NAME] = quantize(copy.deepcopy(source), dtype, config.quant_block_size, cpu=True)
     worst = 1.0
     for target, graph in graphs.items():
         onnx.save_model(graph, str(target))
@@ -320,7 +321,7 @@ def quantize_vision(path: Path, vision: VisionSpec, dtype: str, model: torch.nn.
     if not worst >= VISION_COSINE[dtype]:
         message = (f"the {dtype} vision tower's image embeddings reach a cosine similarity of {worst:.4f} to fp32's, below "
                    f"{VISION_COSINE[dtype]}")
-        if options.get("quality_gate", "enforce") == "enforce":
+        if config.quality_gate == "enforce":
             raise ExportError(f"verification failed: {message}; nothing was written. Export the tower at a wider --vision-dtype, "
                               "or --quality-gate record to keep the package with its figures")
         log.warning("quality gate not met, recorded and not enforced (--quality-gate record): %s", message)

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from transformers import AttentionInterface
 
+from ortinf.exporter.config import ExportConfig
 from ortinf.exporter.cross_decoder import ATTENTION_NAME, PagedCrossDecoder, self_attention, trace_decoder
 from ortinf.exporter.tracing import OPSET, quiet_tracing
 from ortinf.exporter.whisper_alignment import alignment_heads, check_alignment, export_alignment_graph
@@ -183,13 +184,12 @@ def speech_quality(pairs: list, dtype: str):  # noqa: ANN201 - a Manifest Qualit
                                "by the fp32 model), on cpu")
 
 
-def export_whisper(source, out_path: Path, overwrite: bool, tolerance: float, progress: bool, dtype: str = "fp32",  # noqa: ANN001, ANN201
-                   quant_block_size: int | None = None, accuracy_level: int = 4, quality_gate: str = "enforce"):
+def export_whisper(source, out_path: Path, config: ExportConfig, tolerance: float):  # noqa: ANN001, ANN201
     """A Whisper package: encoder.onnx, the paged decoder (model.onnx with the KV write, and the
     host-write graph), the mel filter bank, the tokenizer and generation config, and a manifest with
     the parity of a ragged two-request batch against transformers. `dtype` int8/int4: the encoder's
     and decoder's MatMul weights as MatMulNBits (ortinf/exporter/quantize.py), verified by quality figures
-    against the fp32 model instead of a tolerance."""
+    against the fp32 model instead of a tolerance. Options: `config` (ortinf/exporter/config.py)."""
     import dataclasses
     import shutil
 
@@ -201,7 +201,10 @@ def export_whisper(source, out_path: Path, overwrite: bool, tolerance: float, pr
     from ortinf.errors import ExportError
     from ortinf.exporter.kv_write import digest, place_decoder, share_weights
     from ortinf.exporter.package import staging, token_ids, write_generation_config, write_tokenizer
-    from ortinf.exporter.quantize import BITS, DEFAULT_BLOCK_SIZES
+    from ortinf.exporter.quantize import BITS
+
+    overwrite, progress, dtype, quality_gate = config.overwrite, config.progress, config.dtype or "fp32", config.quality_gate
+    quant_block_size, accuracy_level = config.block_size, config.accuracy_level
     from ortinf.manifest import (
         ALIGNMENT_MODEL_NAME,
         CPU_MODEL_NAME,
@@ -291,7 +294,7 @@ def export_whisper(source, out_path: Path, overwrite: bool, tolerance: float, pr
                             bos_token_id=generation.get("bos_token_id", config.bos_token_id),
                             pad_token_id=generation.get("pad_token_id", config.pad_token_id), decoder=spec, speech=speech,
                             has_tokenizer=has_tokenizer, source=str(source.name), versions=versions(),
-                            quantization=Quantization(BITS[dtype], quant_block_size or DEFAULT_BLOCK_SIZES[dtype], accuracy_level)
+                            quantization=Quantization(BITS[dtype], quant_block_size, accuracy_level)
                             if quantized else None)
         bar.update()
         bar.set_description_str("verifying")

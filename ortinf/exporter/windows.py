@@ -36,12 +36,12 @@ from pathlib import Path
 import onnx
 import torch
 
+from ortinf.exporter.config import VERIFY_MEMORY
 from ortinf.kernels import library
 from ortinf.manifest import Manifest
 
 log = logging.getLogger(__name__)
 
-VERIFY_MEMORY = 2 << 30  # layer weight bytes one verification session may hold; larger packages verify in windows
 PER_LAYER = re.compile(r"^(key_cache|value_cache|key_cache_out|value_cache_out|new_key|new_value)\.(\d+)$")
 LOGITS = "logits"
 
