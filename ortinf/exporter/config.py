@@ -81,6 +81,7 @@ class ExportConfig:
         if self.kv_dtype == "int8" and (self.kernel != PORTABLE or not self.cpu_kernel):
             raise ExportError("--kv-dtype int8 is read by ortinf's CPU kernel graph only: drop --kernel/--no-cpu-kernel, "
                               "or choose --kv-dtype fp16")
+        _ = self.block_size  # a power of two >= 16 where the dtype quantizes
         return self
 
     @property
