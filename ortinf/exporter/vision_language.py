@@ -174,10 +174,10 @@ def image_processor(source: Path, model: torch.nn.Module) -> dict:
             "resample": int(config.get("resample", 3)), "do_convert_rgb": bool(config.get("do_convert_rgb", True))}
 
 
-def export_vision_language(source, out_path: Path, export_text, config: ExportConfig) -> Manifest:  # noqa: ANN001
+def export_vision_language(source, out_path: Path, export_text, options: ExportConfig) -> Manifest:  # noqa: ANN001
     """A LLaVA package: the language model through the text decoder export (`export_text`: ortinf.exporter.api.export,
-    with the same `config`), then the image inputs, vision.onnx and their verification."""
-    overwrite, tolerance, vision_dtype = config.overwrite, config.tolerance, config.vision_dtype
+    with the same `options`), then the image inputs, vision.onnx and their verification."""
+    overwrite, tolerance, vision_dtype = options.overwrite, options.tolerance, options.vision_dtype
     import transformers
 
     from ortinf.exporter.package import staging
@@ -188,12 +188,12 @@ def export_vision_language(source, out_path: Path, export_text, config: ExportCo
         raise ExportError(f"cannot load {source.name}: {str(exc).strip().splitlines()[0] if str(exc).strip() else exc}") from exc
     config = model.config
     hidden = config.text_config.hidden_size
-    if config.model_type == "gemma3" and config.kernel != PORTABLE:  # bidirectional image attention
+    if config.model_type == "gemma3" and options.kernel != PORTABLE:  # bidirectional image attention
         raise ExportError("Gemma 3's image tokens attend both ways, which the portable kernel and ortinf's CPU kernel draw: "
                           "drop --kernel")
     with tempfile.TemporaryDirectory(prefix="ortinf-vlm-") as tmp, qwen_vl.quiet_mrope_keys():
         text = text_folder(model, Path(source.path), Path(tmp) / "text")
-        manifest = export_text(text, Path(tmp) / "pkg", dataclasses.replace(config, task="text-generation", overwrite=True,
+        manifest = export_text(text, Path(tmp) / "pkg", dataclasses.replace(options, task="text-generation", overwrite=True,
                                                                             vision_dtype="fp32"))
         package = Path(tmp) / "pkg"
         graphs = [name for name in (MODEL_NAME, HOST_WRITE_MODEL_NAME, CPU_MODEL_NAME) if (package / name).is_file()]
@@ -201,7 +201,7 @@ def export_vision_language(source, out_path: Path, export_text, config: ExportCo
             add_image_inputs(package / name, hidden)
         vision = export_vision_graph(model, Path(source.path), package / VISION_MODEL_NAME)
         if vision_dtype != "fp32":
-            vision = quantize_vision(package / VISION_MODEL_NAME, vision, vision_dtype, model, config)
+            vision = quantize_vision(package / VISION_MODEL_NAME, vision, vision_dtype, model, options)
         worst = check_image_path(model, package, vision)
         exact = manifest.dtype == "fp32" and vision_dtype == "fp32"
         limit = tolerance if tolerance is not None and exact else (1e-3 if exact else float("inf"))
