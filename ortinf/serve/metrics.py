@@ -62,6 +62,13 @@ class EngineMetrics:
                                     "(the same audio again).", labels, registry=r)
         self.spec_per_pos = Counter(f"{prefix}:spec_decode_num_accepted_tokens_per_pos", "Proposed tokens accepted, by position.",
                                     [*labels, "position"], registry=r)
+        disk = "--prefix-cache-dir blocks"
+        self.disk_restored = Counter(f"{prefix}:prefix_cache_disk_blocks_restored", f"{disk} read from the folder.", labels, registry=r)
+        self.disk_written = Counter(f"{prefix}:prefix_cache_disk_blocks_written", f"{disk} written to the folder.", labels, registry=r)
+        self.disk_evicted = Counter(f"{prefix}:prefix_cache_disk_blocks_evicted", f"{disk} removed to keep the folder within "
+                                    "--prefix-cache-disk (any package's).", labels, registry=r)
+        self.disk_bytes = Gauge(f"{prefix}:prefix_cache_disk_bytes", "Bytes of the --prefix-cache-dir folder's blocks (every "
+                                "package's, as this server knows them).", labels, registry=r)
         self._live: dict[str, _Live] = {}
         self._seen: dict[str, EngineStats] = {}  # per model: the engine's running totals counted so far
         self._seen_speech: dict[str, dict[str, float]] = {}  # per speech model: the transcriber's totals counted so far
@@ -85,10 +92,14 @@ class EngineMetrics:
         self.running.labels(model).set(stats.num_running)
         self.waiting.labels(model).set(stats.num_waiting)
         self.kv_usage.labels(model).set(stats.kv_cache_usage)
+        if stats.prefix_disk_bytes:
+            self.disk_bytes.labels(model).set(stats.prefix_disk_bytes)
         seen = self._seen.get(model, EngineStats())
         for counter, field in ((self.prefix_queries, "prefix_cache_queries"), (self.prefix_hits, "prefix_cache_hits"),
                                (self.preemptions, "num_preemptions"), (self.spec_drafts, "spec_num_drafts"),
-                               (self.spec_draft_tokens, "spec_num_draft_tokens"), (self.spec_accepted, "spec_num_accepted_tokens")):
+                               (self.spec_draft_tokens, "spec_num_draft_tokens"), (self.spec_accepted, "spec_num_accepted_tokens"),
+                               (self.disk_restored, "prefix_disk_restored"), (self.disk_written, "prefix_disk_written"),
+                               (self.disk_evicted, "prefix_disk_evicted")):
             child = counter.labels(model)  # exported from the first step on, at 0
             grown = getattr(stats, field) - getattr(seen, field)
             if grown > 0:

@@ -474,9 +474,10 @@ class LLMEngine:
     def stats(self) -> EngineStats:
         """The engine now, as data (the metrics' only source)."""
         scheduler, kv, spec = self.scheduler, self.kv_cache, self.scheduler.spec_stats
+        disk = kv.store.stats() if kv.store is not None else (0, 0, 0, 0)
         return EngineStats(len(scheduler.running), len(scheduler.waiting), kv.usage(), kv.stats.num_queries, kv.stats.num_hits,
                            scheduler.stats.num_preemptions, spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens,
-                           tuple(spec.accepted_per_position))
+                           tuple(spec.accepted_per_position), *disk)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.num_unfinished > 0

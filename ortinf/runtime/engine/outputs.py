@@ -87,3 +87,7 @@ class EngineStats:
     spec_num_draft_tokens: int = 0
     spec_num_accepted_tokens: int = 0
     spec_accepted_per_position: tuple[int, ...] = ()
+    prefix_disk_restored: int = 0  # --prefix-cache-dir: blocks read from the folder, written to it, evicted from it
+    prefix_disk_written: int = 0
+    prefix_disk_evicted: int = 0
+    prefix_disk_bytes: int = 0  # the folder's block files now, every identity's (as this server knows them)

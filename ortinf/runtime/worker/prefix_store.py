@@ -1,18 +1,29 @@
-"""PrefixStore: the prefix cache's full blocks on disk (`--prefix-cache-dir`), so that a restart, or a second replica
-on the same disk, finds the K/V of a long prompt it has seen instead of prefilling it again.
+"""PrefixStore: the prefix cache's full blocks on disk (`--prefix-cache-dir`), so that a restart, or a second server
+on the same folder, finds the K/V of a long prompt it has seen instead of prefilling it again.
 
 Keys. A block's key chains over the prompt as the in-memory cache's hashes do, but stably across processes (SHA-256,
-not Python's salted hash): the root covers the package's identity (its manifest and graph files, the pool's shape and
-dtype, the block size) and the request's cache salt (its images' and encoder input's digests, the client's
-cache_salt); each block's key covers its parent's and its tokens. Requests with a LoRA adapter are not stored (an
-adapter's identity does not survive a restart).
+not Python's salted hash): the root covers the package's identity (what a block's contents depend on: the manifest and
+graph files, the graph and kernel the engine runs with its instruction set, the pool's dtype, a block's shape, the
+block size; never the pool's block count, which --kv-cache-memory or 20% of free RAM sets anew at each start) and the
+request's cache salt (its images' and encoder input's digests, the client's cache_salt); each block's key covers its
+parent's and its tokens. Requests with a LoRA adapter are not stored (an adapter's identity does not survive a restart).
 
 Files. DIR/<identity>/<key[:2]>/<key>.kv: a header (magic and version, payload length, CRC-32 of the payload) and the
 block's rows of every layer's K and V, as the pool holds them (any pool dtype: fp32, fp16, int8 rows with their
-scales). A file is written to a temporary name and renamed: a crash mid-write leaves no file under a key, and a file
-whose length or checksum is wrong is deleted with a warning and treated as a miss. Writes run on a thread of their own
-(the block's bytes are copied off the pool on the engine thread first, so the pool may be reused at once); when the
-folder passes --prefix-cache-disk the least recently used files go.
+scales). A file is written to a temporary name and renamed: a crash mid-write leaves no file under a key. Writes run
+on a thread of their own (the block's bytes are copied off the pool on the engine thread first, so the pool may be
+reused at once).
+
+The budget (--prefix-cache-disk) bounds the whole folder, every identity's blocks together: one least-recently-used
+order by file modification time (a restore touches its files), so the blocks of a package that was re-exported or is
+no longer served (a stale identity) go first, and its folder with its last block. Several servers may share a folder:
+a block missing from this server's index is looked up in the folder before it counts as a miss, and the writer
+re-reads the folder now and then so that the others' files count toward the budget.
+
+The folder is not trusted: a file that is not a regular file of the right size (a FIFO, a link, a directory), fails
+its checksum or cannot be read is a miss, and so is every disk error (a full or read-only disk); they cost one
+warning a minute in the log, never a request or the start. The checksum finds damage, not tampering: whoever can
+write the folder can change the replies of every server that reads it.
 
 Restoring. On a prefix miss the KV cache manager asks for the request's next blocks here before it prefills:
 each found is read into a free block, which is then cached like a block the engine computed.
@@ -20,14 +31,17 @@ each found is read into a free block, which is then cached like a block the engi
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import os
 import queue
+import stat
 import struct
 import threading
+import time
 import zlib
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -38,17 +52,28 @@ log = logging.getLogger(__name__)
 MAGIC = b"ORTKV\x01"
 HEADER = struct.Struct("<6sQI")  # magic, payload bytes, CRC-32 of the payload
 WRITE_QUEUE = 256  # blocks waiting for the writer; past that a block is not stored (it is a cache)
+TEMP_AGE = 600.0  # seconds: an older temporary file is a write a crash cut short (a younger one: another server's, mid-write)
+RESCAN_SECONDS = 30.0  # how often the writer re-reads the folder while it writes (the other servers' blocks)
+WARN_SECONDS = 60.0  # one disk warning per this many seconds; the rest are counted in the next one
+READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)  # a FIFO must not block
+WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
-def package_identity(package_dir: Path, pool_shape: Sequence[int], dtype: str, block_size: int, graph: str) -> str:
+def block_shape(shape: Sequence[int], blocks_first: bool) -> tuple[int, ...]:
+    """A pool tensor's shape without its block count: the shape of one block's piece of it."""
+    return tuple(shape[1:]) if blocks_first else (shape[0], *shape[2:])
+
+
+def package_identity(package_dir: Path, block: Sequence[int], num_tensors: int, dtype: str, block_size: int, graph: str) -> str:
     """What a stored block's K/V depend on besides its tokens: the package (manifest and graph files: names, sizes,
-    modification times), the graph the engine runs and its pool's layout."""
+    modification times), the graph the engine runs (provider, kernel, instruction set) and a block's layout in the
+    pool (`block`: one tensor's piece of one block, `num_tensors` of them). The pool's block count is not part of it."""
     digest = hashlib.sha256()
     digest.update((Path(package_dir) / "ortinf.json").read_bytes())
     for path in sorted(Path(package_dir).glob("*.onnx*")):
-        stat = path.stat()
-        digest.update(f"{path.name}:{stat.st_size}:{int(stat.st_mtime)}".encode())
-    digest.update(f"{graph}|{tuple(pool_shape)}|{dtype}|{block_size}".encode())
+        info = path.stat()
+        digest.update(f"{path.name}:{info.st_size}:{int(info.st_mtime)}".encode())
+    digest.update(f"{graph}|{tuple(block)}x{num_tensors}|{dtype}|{block_size}".encode())
     return digest.hexdigest()[:32]
 
 
@@ -64,8 +89,8 @@ def open_store(config, graph, encoder_decoder: bool) -> PrefixStore:  # noqa: AN
     if not pool.arrays:
         raise ConfigError(f"--prefix-cache-dir needs the KV pool in host memory; the {graph.provider.name} provider keeps it on the "
                           "device: run on the CPU (or OpenVINO), or drop --prefix-cache-dir")
-    identity = package_identity(config.package_dir, pool.shape, str(pool.arrays[0].dtype), config.block_size,
-                                f"{graph.provider.name}/{graph.kernel_description}")
+    identity = package_identity(config.package_dir, block_shape(pool.shape, pool.blocks_first), len(pool.arrays),
+                                str(pool.arrays[0].dtype), config.block_size, f"{graph.provider.name}/{graph.kernel_description}")
     return PrefixStore(config.prefix_cache_dir, identity, config.prefix_cache_disk, pool.arrays, pool.blocks_first)
 
 
@@ -79,24 +104,74 @@ def chain(identity: str, salt: str | None, blocks: Sequence[Sequence[int]]) -> l
     return keys
 
 
+def scan(folder: Path, keep: str) -> list[tuple[float, str, str, int]]:
+    """(modification time, identity, key, bytes) of every block file in the folder, oldest first; removes temporary
+    files older than TEMP_AGE and identity folders left empty but `keep`'s. Regular files only; whatever cannot be read
+    is skipped, and whatever cannot be removed stays (a read-only folder)."""
+    found, now = [], time.time()
+    for identity in _entries(folder, directories=True):
+        count = 0
+        for sub in _entries(identity.path, directories=True):
+            for entry in _entries(sub.path, directories=False):
+                try:
+                    info = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if entry.name.endswith(".kv") and stat.S_ISREG(info.st_mode):
+                    found.append((info.st_mtime, identity.name, entry.name[:-3], info.st_size))
+                    count += 1
+                elif ".tmp" in entry.name and now - info.st_mtime > TEMP_AGE:
+                    _remove(entry.path)
+        if count == 0 and identity.name != keep:  # a stale identity's last block went: its folder goes too (rmdir: only if empty)
+            for sub in _entries(identity.path, directories=True):
+                _remove(sub.path, folder=True)
+            _remove(identity.path, folder=True)
+    found.sort()
+    return found
+
+
+def _entries(folder: str | Path, directories: bool) -> list[os.DirEntry]:
+    try:
+        with os.scandir(folder) as it:
+            return [e for e in it if e.is_dir(follow_symlinks=False) == directories]
+    except OSError:
+        return []
+
+
+def _remove(path: str | Path, folder: bool = False) -> bool:
+    try:
+        (os.rmdir if folder else os.unlink)(path)
+        return True
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+
+
 class PrefixStore:
-    """Blocks of a host KV pool kept on disk under a byte budget."""
+    """Blocks of a host KV pool kept on disk, the whole folder under a byte budget."""
 
     def __init__(self, folder: str | Path, identity: str, limit: int, arrays: list[np.ndarray], blocks_first: bool) -> None:
-        self.root = Path(folder) / identity
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.folder = Path(folder)
+        self.root = self.folder / identity
         self.identity, self.limit, self.arrays, self.blocks_first = identity, limit, arrays, blocks_first
         self.block_nbytes = sum(self._view(array, 0).nbytes for array in arrays)
+        self.file_nbytes = HEADER.size + self.block_nbytes
         self._pieces: list[tuple] | None = None  # the pool's pieces of a block (made on the first restore)
-        self.index: OrderedDict[str, int] = OrderedDict()  # key -> file bytes, least recently used first
         self.lock = threading.Lock()
-        self.num_written = self.num_restored = self.num_rejected = 0
-        files = sorted(self.root.glob("*/*.kv"), key=lambda p: p.stat().st_mtime)
-        for path in files:
-            self.index[path.stem] = path.stat().st_size
-        for stale in self.root.glob("*/*.tmp*"):  # a write a crash cut short
-            stale.unlink(missing_ok=True)
-        self.bytes = sum(self.index.values())
+        self.index: OrderedDict[tuple[str, str], int] = OrderedDict()  # (identity, key) -> bytes, least recently used first
+        self.per_identity: Counter[str] = Counter()
+        self.bytes = 0
+        self.num_written = self.num_restored = self.num_rejected = self.num_evicted = 0
+        self._quiet_until, self._unreported = 0.0, 0
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # a read-only or missing disk: every block a miss, the server still starts
+            self._warn("cannot create %s (%s): blocks are neither stored nor restored", self.root, exc)
+        self._load_index()
+        self._last_scan = time.monotonic()
+        log.info("prefix cache on disk: %d blocks of this package, %d blocks (%d bytes) in all in %s (budget %d bytes)",
+                 self.per_identity[identity], len(self.index), self.bytes, self.folder, self.limit)
         self.writes: queue.Queue = queue.Queue(WRITE_QUEUE)
         self.writer = threading.Thread(target=self._write_loop, name="ortinf-prefix-store", daemon=True)
         self.writer.start()
@@ -104,20 +179,72 @@ class PrefixStore:
     def _view(self, array: np.ndarray, block_id: int) -> np.ndarray:
         return array[block_id] if self.blocks_first else array[:, block_id]
 
-    def _path(self, key: str) -> Path:
-        return self.root / key[:2] / f"{key}.kv"
+    def _path(self, key: str, identity: str | None = None) -> Path:
+        return self.folder / (identity or self.identity) / key[:2] / f"{key}.kv"
+
+    def _load_index(self) -> None:
+        """The index from the folder as it is now (the files' modification times are the LRU order)."""
+        found = scan(self.folder, self.identity)
+        with self.lock:
+            self.index = OrderedDict(((identity, key), size) for _, identity, key, size in found)
+            self.per_identity = Counter(identity for _, identity, _, _ in found)
+            self.bytes = sum(self.index.values())
+
+    def stats(self) -> tuple[int, int, int, int]:
+        """(blocks restored, written, evicted, bytes on disk) since the start, for the metrics."""
+        return self.num_restored, self.num_written, self.num_evicted, self.bytes
+
+    def _warn(self, message: str, *args: object) -> None:
+        """A disk problem, logged at most once per WARN_SECONDS (a full disk fails every write)."""
+        now = time.monotonic()
+        with self.lock:
+            if now < self._quiet_until:
+                self._unreported += 1
+                return
+            self._quiet_until, unreported, self._unreported = now + WARN_SECONDS, self._unreported, 0
+        suffix = f" ({unreported} more disk problems since the last warning)" if unreported else ""
+        log.warning("prefix cache: " + message + suffix, *args)
 
     def has(self, key: str) -> bool:
+        """Whether the block is stored: in the index, or (another server's, written since this one read the folder) as a
+        regular file of a block's size in the folder, which then joins the index."""
+        entry = (self.identity, key)
         with self.lock:
-            return key in self.index
+            if entry in self.index:
+                return True
+        try:
+            info = os.stat(self._path(key), follow_symlinks=False)
+        except OSError:
+            return False
+        if not stat.S_ISREG(info.st_mode) or info.st_size != self.file_nbytes:
+            return False
+        with self.lock:
+            self._add(entry, info.st_size)
+        return True
+
+    def _add(self, entry: tuple[str, str], size: int) -> bool:  # (holding the lock)
+        if entry in self.index:
+            self.index.move_to_end(entry)
+            return False
+        self.index[entry] = size
+        self.per_identity[entry[0]] += 1
+        self.bytes += size
+        return True
+
+    def _drop(self, entry: tuple[str, str]) -> int | None:  # (holding the lock)
+        size = self.index.pop(entry, None)
+        if size is not None:
+            self.bytes -= size
+            self.per_identity[entry[0]] -= 1
+        return size
 
     # -- writing (the engine thread copies; the writer thread writes) -----------------------------------
 
     def save(self, key: str, block_id: int) -> None:
         """Stores a full block's K/V under `key` (no-op when stored already or the writer is behind)."""
         with self.lock:
-            if key in self.index:
-                self.index.move_to_end(key)
+            if (self.identity, key) in self.index:
+                self.index.move_to_end((self.identity, key))
                 return
         payload = b"".join(np.ascontiguousarray(self._view(array, block_id)).tobytes() for array in self.arrays)
         try:
@@ -126,39 +253,61 @@ class PrefixStore:
             pass
 
     def _write_loop(self) -> None:
+        self._evict()  # a folder above the budget (a smaller --prefix-cache-disk, another server's blocks) shrinks now
         while True:
             item = self.writes.get()
-            if item is None:
-                return
-            key, payload = item
             try:
-                self._write(key, payload)
-            except OSError as exc:
-                log.warning("the prefix cache could not write a block to %s: %s", self.root, exc)
+                if item is None:
+                    return
+                if time.monotonic() - self._last_scan > RESCAN_SECONDS:
+                    self._last_scan = time.monotonic()
+                    self._load_index()
+                self._write(*item)
+                self._evict()
+            except Exception as exc:  # noqa: BLE001 - a cache: a failed write is a block not stored, never a dead writer
+                self._warn("could not write a block to %s (%s): it is not stored", self.root, exc)
             finally:
                 self.writes.task_done()
 
     def _write(self, key: str, payload: bytes) -> None:
         path = self._path(key)
-        path.parent.mkdir(exist_ok=True)
-        temporary = path.with_suffix(f".tmp{threading.get_ident()}")
-        with open(temporary, "wb") as out:
-            out.write(HEADER.pack(MAGIC, len(payload), zlib.crc32(payload)))
-            out.write(payload)
-        os.replace(temporary, path)  # atomic: a reader sees the whole file or none
-        size = HEADER.size + len(payload)
+        temporary = path.with_name(f"{key}.tmp{os.getpid()}-{threading.get_ident()}")  # unique per process and thread
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(temporary, WRITE_FLAGS, 0o644)
+            with os.fdopen(fd, "wb") as out:
+                out.write(HEADER.pack(MAGIC, len(payload), zlib.crc32(payload)))
+                out.write(payload)
+            os.replace(temporary, path)  # atomic: a reader sees the whole file or none
+        except BaseException:
+            _remove(temporary)  # a full disk: no empty temporary file per failed write
+            raise
         with self.lock:
-            if key not in self.index:
-                self.index[key] = size
-                self.bytes += size
+            if self._add((self.identity, key), HEADER.size + len(payload)):
                 self.num_written += 1
-            evicted = []
-            while self.bytes > self.limit and len(self.index) > 1:
-                old, old_size = self.index.popitem(last=False)
-                self.bytes -= old_size
-                evicted.append(old)
-        for old in evicted:
-            self._path(old).unlink(missing_ok=True)
+
+    def _evict(self) -> None:
+        """Removes the least recently used blocks, of any identity, until the folder is within the budget (the newest
+        block stays: a budget below one block keeps one); an identity's folder goes with its last block."""
+        while True:
+            with self.lock:
+                if self.bytes <= self.limit or len(self.index) <= 1:
+                    return
+                entry, size = next(iter(self.index.items()))
+                self._drop(entry)
+                emptied = entry[0] != self.identity and self.per_identity[entry[0]] <= 0
+            if not _remove(self._path(entry[1], entry[0])):  # a read-only folder: it stays, counted, and nothing more goes
+                with self.lock:
+                    self._add(entry, size)
+                    self.index.move_to_end(entry, last=False)
+                self._warn("could not remove %s to keep the folder within --prefix-cache-disk", self._path(entry[1], entry[0]))
+                return
+            self.num_evicted += 1
+            if emptied:
+                del self.per_identity[entry[0]]
+                for sub in _entries(self.folder / entry[0], directories=True):
+                    _remove(sub.path, folder=True)
+                _remove(self.folder / entry[0], folder=True)
 
     def flush(self) -> None:
         """Waits until every queued block is on disk."""
@@ -171,16 +320,16 @@ class PrefixStore:
     # -- restoring (the engine thread) -----------------------------------------------------------------
 
     def load(self, key: str, block_id: int) -> bool:
-        """Reads a stored block into the pool's block `block_id`; False (and the file gone, with a warning) when it is
-        missing, truncated or corrupt."""
+        """Reads a stored block into the pool's block `block_id`; False when it is missing or bad (a miss)."""
         return self.load_many([key], [block_id]) == 1
 
     def load_many(self, keys: Sequence[str], block_ids: Sequence[int]) -> int:
-        """Reads stored blocks, in order, into the pool's blocks `block_ids`, until one is missing, truncated or corrupt
-        (that file is deleted, with a warning); returns how many were read. Each file is read straight into its
-        block's rows in the pool, one scatter read (readv) per file: no intermediate buffer (a fresh one faulted in
-        49 MB of pages for a 4,000-token prompt, and the copies out of it cost as much again), and the checksum is
-        taken over the rows it filled. A block that fails its check is left uncached (its rows are garbage nobody reads)."""
+        """Reads stored blocks, in order, into the pool's blocks `block_ids`, until one is missing, not a regular file of
+        a block's size, truncated or corrupt (that file is deleted, with a warning); returns how many were read. Each
+        file is read straight into its block's rows in the pool, one scatter read (readv) per file: no intermediate
+        buffer (a fresh one faulted in 49 MB of pages for a 4,000-token prompt, and the copies out of it cost as much
+        again), and the checksum is taken over the rows it filled. A block that fails its check is left uncached (its
+        rows are garbage nobody reads)."""
         count = 0
         for key, block_id in zip(keys, block_ids):
             if not self._read_into(key, block_id):
@@ -188,11 +337,11 @@ class PrefixStore:
             count += 1
         with self.lock:
             for key in keys[:count]:
-                if key in self.index:
-                    self.index.move_to_end(key)
+                if (self.identity, key) in self.index:
+                    self.index.move_to_end((self.identity, key))
         for key in keys[:count]:
             try:
-                os.utime(self._path(key))  # its place in the eviction order survives a restart
+                os.utime(self._path(key))  # its place in the eviction order survives a restart (and other servers see it)
             except OSError:
                 pass
         self.num_restored += count
@@ -212,47 +361,51 @@ class PrefixStore:
         return [flat[base + block_id * size : base + (block_id + 1) * size] for flat, base, size in self._pieces]
 
     def _read_into(self, key: str, block_id: int) -> bool:
+        """Reads one block; any problem is a miss. The file is opened non-blocking and without following a link (a FIFO
+        planted under a key's name would block a plain open, and the engine with it) and read only when fstat says it is
+        a regular file of a block's size."""
         path = self._path(key)
-        header = bytearray(HEADER.size)
-        rows = self._rows(block_id)
         try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:
-            self._forget(key)
-            return False
+            problem = self._check_and_read(path, block_id)
+        except Exception as exc:  # noqa: BLE001 - a disk error (EIO, a vanished mount), anything: a miss, never a failed request
+            problem = f"cannot be read: {exc}"
+        if problem is None:
+            return True
+        with self.lock:
+            self._drop((self.identity, key))
+        if problem != "missing":
+            self.num_rejected += 1
+            self._warn("ignoring %s (%s): a miss", path, problem)
+            if problem != "not a regular file":  # a FIFO or link is left alone: someone put it there on purpose
+                _remove(path)
+        return False
+
+    def _check_and_read(self, path: Path, block_id: int) -> str | None:
         try:
-            got = os.readv(fd, [header, *rows])
-            extra = os.read(fd, 1)
-        except OSError:
-            got, extra = -1, b""
+            fd = os.open(path, READ_FLAGS)
+        except FileNotFoundError:
+            return "missing"
+        except OSError as exc:  # ELOOP: a symbolic link
+            return "not a regular file" if exc.errno in (errno.ELOOP, errno.ENOTDIR) else f"cannot be opened: {exc}"
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                return "not a regular file"
+            if info.st_size != self.file_nbytes:
+                return "truncated" if info.st_size < self.file_nbytes else "not a block of this pool"
+            header = bytearray(HEADER.size)
+            rows = self._rows(block_id)
+            if os.readv(fd, [header, *rows]) != self.file_nbytes:
+                return "truncated"
         finally:
             os.close(fd)
-        problem = None
-        if got < HEADER.size + self.block_nbytes or extra:
-            problem = "truncated" if got < HEADER.size + self.block_nbytes else "not a block of this pool"
-        else:
-            magic, length, crc = HEADER.unpack_from(header)
-            if magic != MAGIC or length != self.block_nbytes:
-                problem = "not a block of this pool"
-            else:
-                found = 0
-                for row in rows:
-                    found = zlib.crc32(row, found)
-                if found != crc:
-                    problem = "its checksum does not match"
-        if problem is not None:
-            log.warning("prefix cache: ignoring %s (%s)", path, problem)
-            self.num_rejected += 1
-            self._forget(key)
-            path.unlink(missing_ok=True)
-            return False
-        return True
-
-    def _forget(self, key: str) -> None:
-        with self.lock:
-            size = self.index.pop(key, None)
-            if size is not None:
-                self.bytes -= size
+        magic, length, crc = HEADER.unpack_from(header)
+        if magic != MAGIC or length != self.block_nbytes:
+            return "not a block of this pool"
+        found = 0
+        for row in rows:
+            found = zlib.crc32(row, found)
+        return None if found == crc else "its checksum does not match"
 
 
-__all__ = ["PrefixStore", "chain", "open_store", "package_identity"]
+__all__ = ["PrefixStore", "block_shape", "chain", "open_store", "package_identity", "scan"]

@@ -1,11 +1,15 @@
 """The prefix cache on disk (--prefix-cache-dir, ortinf/runtime/worker/prefix_store.py): a new engine (a restart)
 restores a long prompt's blocks instead of prefilling them, for every pool dtype (fp32, fp16, the CPU kernel's int8
-rows), and its tokens equal those of an engine that computed everything; a truncated or corrupted file is ignored
-with a warning; the folder stays within its budget."""
+rows), and its tokens equal those of an engine that computed everything, whatever the new pool's size; a truncated or
+corrupted file is ignored with a warning; the whole folder, every package's blocks, stays within its budget, a stale
+package's go first; a FIFO is a miss, not a hang; a disk that fails writes or cannot be written leaves no temporary files
+and costs one warning; two engines on one folder see each other's blocks."""
 
 from __future__ import annotations
 
 import logging
+import os
+import threading
 
 import numpy as np
 import pytest
@@ -99,6 +103,113 @@ def test_the_budget_and_the_options(exported, tmp_path):
         make_engine(package, prefix_cache_dir=str(tmp_path), enable_prefix_caching=False, **options)
     with pytest.raises(ConfigError, match="size"):
         make_engine(package, prefix_cache_dir=str(tmp_path), prefix_cache_disk="lots", **options)
+
+
+def test_the_pool_size_is_not_in_the_identity(exported, tmp_path):
+    _, package, options = exported["fp32"]
+    expected, _ = run(make_engine(package, **options))
+    first = make_engine(package, prefix_cache_dir=str(tmp_path), num_blocks=512, **options)
+    run(first)
+    first.kv_cache.store.flush()
+    restarted = make_engine(package, prefix_cache_dir=str(tmp_path), num_blocks=100, **options)  # another --kv-cache-memory
+    assert restarted.kv_cache.store.identity == first.kv_cache.store.identity
+    assert run(restarted) == (expected, 96)
+    assert restarted.stats().prefix_disk_restored == 6 and restarted.stats().prefix_disk_bytes == 6 * first.kv_cache.store.file_nbytes
+
+
+def test_two_engines_on_one_folder_see_each_others_blocks(exported, tmp_path):
+    _, package, options = exported["fp32"]
+    one = make_engine(package, prefix_cache_dir=str(tmp_path), **options)
+    two = make_engine(package, prefix_cache_dir=str(tmp_path), **options)  # started before `one` wrote anything
+    expected, _ = run(one)
+    one.kv_cache.store.flush()
+    assert run(two) == (expected, 96)
+
+
+def test_the_budget_bounds_the_whole_folder_and_a_stale_package_goes_first(exported, tmp_path):
+    _, package, options = exported["fp32"]
+    old = make_engine(package, prefix_cache_dir=str(tmp_path), **options)
+    run(old)
+    old.kv_cache.store.flush()
+    stale = tmp_path / old.kv_cache.store.identity
+    assert len(list(stale.rglob("*.kv"))) == 6
+    # block size 32: another identity (as a re-exported package's), blocks twice the size; the budget holds two of them
+    probe = make_engine(package, prefix_cache_dir=str(tmp_path / "probe"), block_size=32, **options).kv_cache.store
+    limit = 2 * probe.file_nbytes + 100
+    new = make_engine(package, prefix_cache_dir=str(tmp_path), block_size=32, prefix_cache_disk=limit, **options)
+    new.kv_cache.store.flush()  # the start alone shrinks the folder to the budget: the stale blocks, oldest first
+    assert sum(p.stat().st_size for p in tmp_path.glob("*/*/*.kv")) <= limit and 0 < len(list(stale.rglob("*.kv"))) < 6
+    run(new)  # 3 full blocks of 32: each written one evicts
+    new.kv_cache.store.flush()
+    assert not stale.exists()  # the stale identity's last block went, and its folder with it
+    assert sum(p.stat().st_size for p in tmp_path.glob("*/*/*.kv")) <= limit
+    assert len(list((tmp_path / new.kv_cache.store.identity).rglob("*.kv"))) == 2 and new.stats().prefix_disk_evicted == 6 + 1
+
+
+def test_a_fifo_in_place_of_a_block_is_a_miss_not_a_hang(exported, tmp_path):
+    _, package, options = exported["fp32"]
+    expected, _ = run(make_engine(package, **options))
+    first = make_engine(package, prefix_cache_dir=str(tmp_path), **options)
+    run(first)
+    first.kv_cache.store.flush()
+    restarted = make_engine(package, prefix_cache_dir=str(tmp_path), **options)  # it indexed the block as a regular file
+    files = [restarted.kv_cache.store._path(key) for key in restarted.kv_cache._disk_keys(_request(PROMPT), 6)]
+    files[2].unlink()
+    os.mkfifo(files[2])  # a plain open() would wait for a writer forever, the engine with it
+    result = []
+    worker = threading.Thread(target=lambda: result.append(run(restarted)), daemon=True)
+    worker.start()
+    worker.join(30)
+    assert result == [(expected, 32)]
+    restarted.kv_cache.store.flush()
+    assert files[2].is_file()  # the block, computed again, was written over the FIFO
+    os.mkfifo(files[2].with_name("stray.tmp1-1"))  # FIFOs that are not blocks: a new engine's scan skips them
+    os.mkfifo(files[2].with_name("0" * 64 + ".kv"))
+    assert run(make_engine(package, prefix_cache_dir=str(tmp_path), **options)) == (expected, 96)
+
+
+def test_failed_writes_leave_no_temporary_files_and_one_warning(exported, tmp_path, caplog):
+    _, package, options = exported["fp32"]
+    expected, _ = run(make_engine(package, **options))
+    engine = make_engine(package, prefix_cache_dir=str(tmp_path), **options)
+    for key in engine.kv_cache._disk_keys(_request(PROMPT), 6):  # a directory where each block goes: every rename fails
+        engine.kv_cache.store._path(key).mkdir(parents=True)
+    with caplog.at_level(logging.WARNING, logger="ortinf.runtime.worker.prefix_store"):
+        assert run(engine) == (expected, 0)
+        engine.kv_cache.store.flush()
+    assert not [p for p in tmp_path.rglob("*") if ".tmp" in p.name] and engine.kv_cache.store.num_written == 0
+    assert len(caplog.records) == 1, caplog.text  # six failures, one warning (rate-limited)
+    assert run(make_engine(package, prefix_cache_dir=str(tmp_path), **options)) == (expected, 0)  # directories are misses
+
+
+def test_a_folder_that_cannot_be_created_or_written_is_a_miss(exported, tmp_path, caplog):
+    _, package, options = exported["fp32"]
+    expected, _ = run(make_engine(package, **options))
+    (tmp_path / "file").write_text("")
+    with caplog.at_level(logging.WARNING, logger="ortinf.runtime.worker.prefix_store"):
+        engine = make_engine(package, prefix_cache_dir=str(tmp_path / "file" / "kv"), **options)  # mkdir fails: it starts
+        assert run(engine) == (expected, 0)
+        engine.kv_cache.store.flush()
+    assert "cannot create" in caplog.text
+    if os.geteuid() == 0:
+        pytest.skip("root: chmod does not make a folder read-only")
+    first = make_engine(package, prefix_cache_dir=str(tmp_path / "ro"), **options)
+    run(first)
+    first.kv_cache.store.flush()
+    identity = tmp_path / "ro" / first.kv_cache.store.identity
+    stray = next(identity.glob("*/*.kv")).with_name("left.tmp1-1")
+    stray.write_bytes(b"")
+    os.utime(stray, (1, 1))  # an old temporary file: the start removes it, or tries
+    for folder in [tmp_path / "ro", identity, *identity.iterdir()]:
+        folder.chmod(0o555)
+    try:
+        restarted = make_engine(package, prefix_cache_dir=str(tmp_path / "ro"), prefix_cache_disk=100, **options)
+        assert run(restarted) == (expected, 96)  # reads work; eviction and writes fail quietly
+        assert run(restarted, PROMPT[:40] + [9] * 60)[1] == 32
+        restarted.kv_cache.store.flush()
+    finally:
+        for folder in [tmp_path / "ro", identity, *identity.iterdir()]:
+            folder.chmod(0o755)
 
 
 def _request(prompt):  # noqa: ANN001, ANN202
