@@ -173,6 +173,7 @@ class PrefixStore:
         log.info("prefix cache on disk: %d blocks of this package, %d blocks (%d bytes) in all in %s (budget %d bytes)",
                  self.per_identity[identity], len(self.index), self.bytes, self.folder, self.limit)
         self.writes: queue.Queue = queue.Queue(WRITE_QUEUE)
+        self.writes.put(())  # first, a folder above the budget (a smaller --prefix-cache-disk, other packages') shrinks
         self.writer = threading.Thread(target=self._write_loop, name="ortinf-prefix-store", daemon=True)
         self.writer.start()
 
@@ -253,7 +254,6 @@ class PrefixStore:
             pass
 
     def _write_loop(self) -> None:
-        self._evict()  # a folder above the budget (a smaller --prefix-cache-disk, another server's blocks) shrinks now
         while True:
             item = self.writes.get()
             try:
@@ -262,7 +262,8 @@ class PrefixStore:
                 if time.monotonic() - self._last_scan > RESCAN_SECONDS:
                     self._last_scan = time.monotonic()
                     self._load_index()
-                self._write(*item)
+                if item:
+                    self._write(*item)
                 self._evict()
             except Exception as exc:  # noqa: BLE001 - a cache: a failed write is a block not stored, never a dead writer
                 self._warn("could not write a block to %s (%s): it is not stored", self.root, exc)
