@@ -24,6 +24,7 @@ from ortinf.serve.config import ServerConfig, engine_options, model_names
 from ortinf.serve.errors import error_body, error_response, from_exception, install_error_handlers
 from ortinf.serve.model_manager import Leases, ModelManager, resident_bytes
 from ortinf.serve.models import ServedModel
+from ortinf.serve.page import PAGE_FILES, add_page_routes
 from ortinf.serve.state import ServerState
 from ortinf.tasks.chat.chat import Chat
 from ortinf.tasks.package import open_package
@@ -166,7 +167,7 @@ class Gate:
         self.expected = {b"authorization": f"Bearer {key}".encode(), b"x-api-key": key.encode()} if key else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
+        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS and scope["path"] not in PAGE_FILES:  # the page's own files
             path = scope["path"]
             if self.expected is not None:
                 given = [(name, value) for name, value in scope.get("headers") or [] if name in self.expected]
@@ -334,14 +335,7 @@ def build_app(config: ServerConfig, load_in_background: bool = True) -> FastAPI:
             return unloaded_card(state.models.catalog[model_id])
         return card(state.registry.get(model_id))
 
-    page = (Path(__file__).parent / "static" / "chat.html").read_bytes()
-
-    @app.get("/", include_in_schema=False)
-    async def chat_page():
-        """The chat page (ortinf/serve/static/chat.html): one file, nothing fetched from elsewhere."""
-        return Response(page, media_type="text/html; charset=utf-8",
-                        headers={"Content-Security-Policy": "default-src 'self'; img-src 'self' data: blob:; style-src 'unsafe-inline'; "
-                                                            "script-src 'unsafe-inline'; connect-src 'self'", "Cache-Control": "no-cache"})
+    add_page_routes(app)  # / and the page's files under /static/
 
     @app.get("/health")
     async def health():
