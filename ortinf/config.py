@@ -55,10 +55,13 @@ class EngineConfig:
                                                "--max-num-seqs full-length sequences need].", "cache", metavar="SIZE")
     enable_prefix_caching: bool = option(True, "Reuse the KV blocks of prompt prefixes seen before.", "cache")
     prefix_cache_dir: str | None = option(None, "Keep the prefix cache's full blocks on disk in DIR too: a restart (or another "
-                                          "server on the same disk) restores a long prompt's K/V instead of prefilling it "
-                                          "(host KV pools: the CPU and OpenVINO providers).", "cache", metavar="DIR")
-    prefix_cache_disk: int | str = option(4 << 30, "Disk the --prefix-cache-dir blocks may take; the least recently used go "
-                                          "first.", "cache", shown="4GiB", parse=lambda value: parse_size(value), metavar="SIZE")
+                                          "server of the same package on the same folder, running or not) restores a long "
+                                          "prompt's K/V instead of prefilling it (host KV pools: the CPU and OpenVINO "
+                                          "providers). Blocks are checksummed, not authenticated: whoever can write DIR can "
+                                          "change the replies.", "cache", metavar="DIR")
+    prefix_cache_disk: int | str = option(4 << 30, "Disk the whole --prefix-cache-dir folder may take, every package's blocks "
+                                          "together; the least recently used go first, so a package no longer served "
+                                          "loses its blocks first.", "cache", shown="4GiB", parse=lambda value: parse_size(value), metavar="SIZE")
     # scheduler
     max_num_seqs: int = option(64, "Most sequences in one batch (Whisper: windows; Marian, BART: sources).", "scheduler")
     max_num_batched_tokens: int = option(2048, "Token budget of one engine step.", "scheduler")

@@ -14,7 +14,8 @@ same beam recomputes those tokens), instead of recomputing the tokens past the l
 
 With --prefix-cache-dir, full blocks also go to disk (ortinf/runtime/worker/prefix_store.py) as they are cached, and
 a lookup that misses in memory reads the request's next blocks from there into free blocks, which are then cached
-as if the engine had computed them (a restart finds a long prompt's K/V). Requests with a LoRA adapter and one-step
+as if the engine had computed them (a restart, or another server on the same folder, finds a long prompt's K/V; a
+block that cannot be read is a miss). Requests with a LoRA adapter and one-step
 requests are neither stored nor restored.
 
 Encoder-decoder requests (ortinf/runtime/worker/encoder_input.py) also hold cross blocks: the encoder's K/V of
