@@ -156,7 +156,7 @@ def test_a_read_only_folder_starts_and_serves(byte_package, folder, pair, tmp_pa
     copy = tmp_path / "kv"
     shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("*.tmp*"))
     (identity,) = list(copy.iterdir())
-    stray = next(identity.glob("*/*.kv")).with_name("left.tmp1-1")  # a write a crash cut short: the start removes it, or tries
+    stray = next(identity.glob("*/*.kv")).with_name("0" * 64 + ".tmp1-1")  # a write a crash cut short: the start removes it, or tries
     stray.write_bytes(b"")
     os.utime(stray, (1, 1))
     folders = [copy, identity, *[p for p in identity.iterdir() if p.is_dir()]]

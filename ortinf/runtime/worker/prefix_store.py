@@ -36,6 +36,7 @@ import hashlib
 import logging
 import os
 import queue
+import re
 import stat
 import struct
 import threading
@@ -56,6 +57,8 @@ TEMP_AGE = 600.0  # seconds: an older temporary file is a write a crash cut shor
 RESCAN_SECONDS = 30.0  # how often the writer re-reads the folder while it writes (the other servers' blocks)
 WARN_SECONDS = 60.0  # one disk warning per this many seconds; the rest are counted in the next one
 READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)  # a FIFO must not block
+IDENTITY_NAME, SUBFOLDER_NAME = re.compile("[0-9a-f]{32}"), re.compile("[0-9a-f]{2}")
+BLOCK_NAME, TEMP_NAME = re.compile(r"[0-9a-f]{64}\.kv"), re.compile(r"[0-9a-f]{64}\.tmp\d+-\d+")
 WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
@@ -106,34 +109,38 @@ def chain(identity: str, salt: str | None, blocks: Sequence[Sequence[int]]) -> l
 
 def scan(folder: Path, keep: str) -> list[tuple[float, str, str, int]]:
     """(modification time, identity, key, bytes) of every block file in the folder, oldest first; removes temporary
-    files older than TEMP_AGE and identity folders left empty but `keep`'s. Regular files only; whatever cannot be read
-    is skipped, and whatever cannot be removed stays (a read-only folder)."""
+    files older than TEMP_AGE and identity folders left empty but `keep`'s. Only names this module writes are read or
+    removed (DIR may be a folder with other things in it); regular files only; whatever cannot be read is skipped, and
+    whatever cannot be removed stays (a read-only folder)."""
     found, now = [], time.time()
-    for identity in _entries(folder, directories=True):
+    for identity in _entries(folder, IDENTITY_NAME):
         count = 0
-        for sub in _entries(identity.path, directories=True):
-            for entry in _entries(sub.path, directories=False):
+        for sub in _entries(identity.path, SUBFOLDER_NAME):
+            for entry in _entries(sub.path, None):
                 try:
                     info = entry.stat(follow_symlinks=False)
                 except OSError:
                     continue
-                if entry.name.endswith(".kv") and stat.S_ISREG(info.st_mode):
+                if BLOCK_NAME.fullmatch(entry.name) and stat.S_ISREG(info.st_mode):
                     found.append((info.st_mtime, identity.name, entry.name[:-3], info.st_size))
                     count += 1
-                elif ".tmp" in entry.name and now - info.st_mtime > TEMP_AGE:
+                elif TEMP_NAME.fullmatch(entry.name) and now - info.st_mtime > TEMP_AGE:
                     _remove(entry.path)
         if count == 0 and identity.name != keep:  # a stale identity's last block went: its folder goes too (rmdir: only if empty)
-            for sub in _entries(identity.path, directories=True):
+            for sub in _entries(identity.path, SUBFOLDER_NAME):
                 _remove(sub.path, folder=True)
             _remove(identity.path, folder=True)
     found.sort()
     return found
 
 
-def _entries(folder: str | Path, directories: bool) -> list[os.DirEntry]:
+def _entries(folder: str | Path, directories: re.Pattern | None) -> list[os.DirEntry]:
+    """The folder's subfolders whose names match `directories` (links are not followed), or its other entries (None)."""
     try:
         with os.scandir(folder) as it:
-            return [e for e in it if e.is_dir(follow_symlinks=False) == directories]
+            if directories is None:
+                return [e for e in it if not e.is_dir(follow_symlinks=False)]
+            return [e for e in it if e.is_dir(follow_symlinks=False) and directories.fullmatch(e.name)]
     except OSError:
         return []
 
@@ -306,7 +313,7 @@ class PrefixStore:
             self.num_evicted += 1
             if emptied:
                 del self.per_identity[entry[0]]
-                for sub in _entries(self.folder / entry[0], directories=True):
+                for sub in _entries(self.folder / entry[0], SUBFOLDER_NAME):
                     _remove(sub.path, folder=True)
                 _remove(self.folder / entry[0], folder=True)
 

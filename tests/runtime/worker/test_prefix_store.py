@@ -133,6 +133,10 @@ def test_the_budget_bounds_the_whole_folder_and_a_stale_package_goes_first(expor
     old.kv_cache.store.flush()
     stale = tmp_path / old.kv_cache.store.identity
     assert len(list(stale.rglob("*.kv"))) == 6
+    (tmp_path / "empty").mkdir()  # not the store's: never read or removed, whatever their names and ages
+    (tmp_path / "notes" / "ab").mkdir(parents=True)
+    (tmp_path / "notes" / "ab" / "draft.tmp").write_text("mine")
+    os.utime(tmp_path / "notes" / "ab" / "draft.tmp", (1, 1))
     # block size 32: another identity (as a re-exported package's), blocks twice the size; the budget holds two of them
     probe = make_engine(package, prefix_cache_dir=str(tmp_path / "probe"), block_size=32, **options).kv_cache.store
     limit = 2 * probe.file_nbytes + 100
@@ -144,6 +148,7 @@ def test_the_budget_bounds_the_whole_folder_and_a_stale_package_goes_first(expor
     assert not stale.exists()  # the stale identity's last block went, and its folder with it
     assert sum(p.stat().st_size for p in tmp_path.glob("*/*/*.kv")) <= limit
     assert len(list((tmp_path / new.kv_cache.store.identity).rglob("*.kv"))) == 2 and new.stats().prefix_disk_evicted == 6 + 1
+    assert (tmp_path / "empty").is_dir() and (tmp_path / "notes" / "ab" / "draft.tmp").read_text() == "mine"
 
 
 def test_a_fifo_in_place_of_a_block_is_a_miss_not_a_hang(exported, tmp_path):
@@ -163,7 +168,7 @@ def test_a_fifo_in_place_of_a_block_is_a_miss_not_a_hang(exported, tmp_path):
     assert result == [(expected, 32)]
     restarted.kv_cache.store.flush()
     assert files[2].is_file()  # the block, computed again, was written over the FIFO
-    os.mkfifo(files[2].with_name("stray.tmp1-1"))  # FIFOs that are not blocks: a new engine's scan skips them
+    os.mkfifo(files[2].with_name("0" * 64 + ".tmp1-1"))  # FIFOs that are not blocks: a new engine's scan skips them
     os.mkfifo(files[2].with_name("0" * 64 + ".kv"))
     assert run(make_engine(package, prefix_cache_dir=str(tmp_path), **options)) == (expected, 96)
 
@@ -197,7 +202,7 @@ def test_a_folder_that_cannot_be_created_or_written_is_a_miss(exported, tmp_path
     run(first)
     first.kv_cache.store.flush()
     identity = tmp_path / "ro" / first.kv_cache.store.identity
-    stray = next(identity.glob("*/*.kv")).with_name("left.tmp1-1")
+    stray = next(identity.glob("*/*.kv")).with_name("0" * 64 + ".tmp1-1")
     stray.write_bytes(b"")
     os.utime(stray, (1, 1))  # an old temporary file: the start removes it, or tries
     for folder in [tmp_path / "ro", identity, *identity.iterdir()]:
