@@ -37,13 +37,15 @@ from ortinf.manifest import Manifest
 def serve(packages: tuple[Path, ...], use_ray: bool, num_replicas: int, min_replicas: int | None, max_replicas: int | None,
           target_ongoing_requests: float | None, cpus_per_replica: float, gpus_per_replica: float, prefix_routing: bool,
           log_level: str, **given: object) -> None:
-    """Serve PACKAGES behind an OpenAI-compatible API (/v1/completions, /v1/chat/completions, /v1/embeddings).
+    """Serve PACKAGES behind OpenAI-, Anthropic- and Ollama-compatible APIs: OpenAI's /v1/chat/completions,
+    /v1/completions, /v1/responses, /v1/embeddings and /v1/models; Anthropic's Messages API (/v1/messages);
+    Ollama's /api/chat, /api/generate, /api/embed, /api/tags and /api/ps.
 
     PACKAGES are folders made by `ortinf export`, or Hugging Face model folders, exported into the package
     cache (~/.cache/ortinf, or $ORTINF_CACHE) on first use and reused after. With no PACKAGES (and no
     --models-dir), serves the bundled demo language model and embedding model the same way. With
     --models-dir DIR, the models under DIR load on their first request and unload when idle or to make
-    room. Requests are routed to a model by their `model` field.
+    room (there every request must name its model). Requests are routed to a model by their `model` field.
     """
     from ortinf.config import EngineConfig
     from ortinf.serve.config import ServerConfig, model_names
@@ -156,5 +158,5 @@ def _readable(package: Path) -> Manifest | None:
     """A --models-dir package's manifest, None where there is none yet (a folder or GGUF not exported) or it is broken."""
     try:
         return Manifest.load(package)
-    except (ConfigError, OSError, ValueError):
+    except Exception:  # noqa: BLE001 - any wrong shape (`[]`, `{"decoder": []}`): that model's requests get the error, not the start
         return None

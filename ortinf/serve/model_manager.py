@@ -1,14 +1,16 @@
 """Models loaded on demand (`ortinf serve --models-dir DIR`), as Ollama and llama-server's router do.
 
-Every package, Hugging Face folder and GGUF file directly under DIR is listed (/v1/models, /api/tags) without loading.
-A request names one: it loads then (a Hugging Face folder or a GGUF is exported first, once, into DIR/.ortinf/), and
-requests that come while it loads wait for the same load, each at most --model-load-timeout seconds (a 503 that says
-it is still loading; the load goes on). At most --max-loaded-models are loaded, within --models-memory: to make room
-the least recently used idle model is unloaded (one with no request in flight: a request holds a lease on its model
-from the moment the route resolves it until its response, streamed or not, has been sent). A model idle for
---idle-unload seconds is unloaded too, or as Ollama's keep_alive of its last request says. Loads and unloads run in
-worker threads: the models already loaded go on serving. A package that fails to load is an error for its own
-requests (500, with the reason), retried by a request after RETRY_AFTER seconds.
+Every package, Hugging Face folder and GGUF file directly under DIR is listed (/v1/models, /api/tags) without loading
+(models_folder.py: what is there, surveyed off the event loop; a broken or removed one is marked, its requests alone get
+its error). A request names one (`model` is required here): it loads then, and requests that come while it loads wait
+for the same load, each at most --model-load-timeout seconds (a 503 that says it is still loading; the load goes on); a
+loaded model is theirs until they lease it. A Hugging Face folder or a GGUF is exported first, once, into DIR/.ortinf/,
+in a child process, its requests answered 503 with Retry-After meanwhile. At most --max-loaded-models are loaded, within
+--models-memory: to make room the least recently used idle model is unloaded (one with no request in flight or waiting:
+a request holds a lease on its model from the moment the route resolves it until its response, streamed or not, has
+been sent). A model idle for --idle-unload seconds is unloaded too, or as Ollama's keep_alive of its last request says.
+Loads and unloads run in worker threads: the models already loaded go on serving. A package that fails to load is an
+error for its own requests (500, with the reason), retried by a request after RETRY_AFTER seconds.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import gc
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -28,60 +29,12 @@ from starlette.requests import Request
 from ortinf.config import available_memory, proc_bytes
 from ortinf.serve.errors import APIError
 from ortinf.serve.models import ServedModel
+from ortinf.serve.models_folder import EXPORTS, Entry, ModelsFolder, discover, export_in_child
 
 log = logging.getLogger(__name__)
 
 RETRY_AFTER = 30.0  # seconds before a model that failed to load is tried again
-EXPORTS = ".ortinf"  # DIR/.ortinf/NAME: the package exported from a Hugging Face folder or a GGUF under DIR
 LEASES = "ortinf_leases"  # the request scope's list of the models it holds
-
-
-@dataclass(slots=True)
-class Entry:
-    """A model under --models-dir: its name (the folder's or the GGUF's stem), its source and its package."""
-
-    name: str
-    source: Path
-    kind: str  # "package", "hf" or "gguf"
-
-    @property
-    def package(self) -> Path:
-        return self.source if self.kind == "package" else self.source.parent / EXPORTS / self.name
-
-    def size(self) -> int:
-        """Bytes of its package (of its source before it is exported)."""
-        where = self.package if self.package.exists() else self.source
-        files = [where] if where.is_file() else where.rglob("*")
-        return sum(p.stat().st_size for p in files if p.is_file())
-
-    def describe(self) -> dict:
-        """What /v1/models shows of it before it loads: its task and context length where the package says."""
-        manifest = self.package / "ortinf.json"
-        try:
-            data = json.loads(manifest.read_text()) if manifest.is_file() else {}
-        except (OSError, ValueError):
-            data = {}
-        spec = data.get("decoder") or data.get("encoder") or {}
-        task = data.get("task") or ("text-generation" if self.kind == "gguf" else "unknown")
-        return {"task": task, "max_model_len": int(spec.get("max_model_len") or 0), "model_type": data.get("model_type", ""),
-                "dtype": data.get("dtype", "")}
-
-
-def discover(folder: Path) -> dict[str, Entry]:
-    """The models directly under `folder`: packages (ortinf.json), Hugging Face folders (config.json), GGUF files."""
-    if not folder.is_dir():
-        raise APIError(400, f"--models-dir {folder}: no such folder")
-    found: dict[str, Entry] = {}
-    for path in sorted(folder.iterdir()):
-        if path.name.startswith("."):
-            continue
-        if path.is_dir() and (path / "ortinf.json").is_file():
-            found[path.name] = Entry(path.name, path, "package")
-        elif path.is_dir() and (path / "config.json").is_file():
-            found[path.name] = Entry(path.name, path, "hf")
-        elif path.is_file() and path.suffix.lower() == ".gguf":
-            found[path.stem] = Entry(path.stem, path, "gguf")
-    return found
 
 
 @dataclass(slots=True)
@@ -138,36 +91,72 @@ class ModelManager:
     def __init__(self, state, loader: Callable[[Path, str], ServedModel]) -> None:  # noqa: ANN001 - the ServerState
         config = state.config
         self.state, self.loader = state, loader
-        self.catalog = discover(Path(config.models_dir)) if config.models_dir is not None else {}
+        self.folder = ModelsFolder(Path(config.models_dir)) if config.models_dir is not None else None
         self.slots: dict[str, Slot] = {}
         self.loading: dict[str, asyncio.Future] = {}
+        self.waiting: dict[str, int] = {}  # requests waiting for a model's load: it is theirs until they lease it
+        self.exporting: dict[str, tuple[float, asyncio.Future]] = {}  # exports running (or queued), with when they began
+        self.exports = asyncio.Semaphore(1)  # one export child at a time: each holds a whole model (and torch) in memory
         self.failed: dict[str, tuple[float, str]] = {}
         self.footprints: dict[str, int] = {}  # what each model took when it last loaded (bytes resident)
         self.room = asyncio.Lock()  # one load at a time: each decides room with the others' memory known
         self.idle = asyncio.Event()  # set whenever a model becomes idle or unloads
         self.budget = config.models_memory or int(available_memory() * 0.9)
-        if self.catalog:
+        if self.folder is not None:  # models may be added to DIR later
             keep_large_allocations_mapped()
         self.loads = self.unloads = 0
+
+    @property
+    def catalog(self) -> dict[str, Entry]:
+        """The models under DIR by name, as last scanned (the listings rescan: ModelsFolder.surveyed)."""
+        return self.folder.entries if self.folder is not None else {}
 
     # -- requests --------------------------------------------------------------------------------------
 
     async def use(self, name: str | None, request: Request) -> ServedModel:
         """The model `name` names, loaded if it is not, leased to `request` until its response has been sent."""
         registry = self.state.registry
-        entry = self.catalog.get(name) if name is not None else None
-        if entry is None or name in registry.models:
-            model = registry.get(name)
-        else:
+        if name is None:  # "the only model" means whichever another client loaded last here: never what was meant
+            raise APIError(400, f"pass `model`: this server serves the models folder {self.state.config.models_dir} "
+                                "(their names: GET /v1/models or /api/tags)", param="model")
+        if name not in registry.models:
+            entry = await self._entry(name)
             started = time.monotonic()
-            await self._loaded(entry)
+            # Waiting, the model is this request's from the moment its load ends: a load queued behind it cannot take it
+            # as idle before this request resumes and leases it (it did: two clients alternating two models under
+            # --max-loaded-models 1 got 404 for 4 requests of 6).
+            self.waiting[name] = self.waiting.get(name, 0) + 1
+            try:
+                while name not in registry.models:
+                    await self._loaded(entry)
+            finally:
+                self.waiting[name] -= 1
+                if not self.waiting[name]:
+                    del self.waiting[name]
+                self.idle.set()  # a request that gave up waiting may have left its model idle
             request.scope.setdefault("state", {})[LOAD_WAIT] = time.monotonic() - started
-            model = registry.get(name)
+        model = registry.get(name)
         slot = self.slots.get(model.parent or model.name)
         if slot is not None:  # a --models-dir model: leased (no await between finding it and counting the lease)
             slot.users += 1
             request.scope.setdefault("state", {}).setdefault(LEASES, []).append(model.parent or model.name)
         return model
+
+    async def _entry(self, name: str) -> Entry:
+        """The entry `name` names, its facts read again (off the event loop); a 404 for a name DIR does not hold (now),
+        this entry's own error for one that is broken. Checked before a load, so a broken one evicts nothing."""
+        entry = self.catalog.get(name)
+        if entry is None and self.folder is not None:
+            await asyncio.to_thread(self.folder.rescan)  # a model added to DIR since is served without a restart
+            entry = self.catalog.get(name)
+        facts = await asyncio.to_thread(entry.refresh) if entry is not None else None
+        if facts is None or facts.gone:
+            gone = "was removed from" if facts is not None else "is not in"
+            raise APIError(404, f"the model '{name[:100]}' {gone} the models folder {self.state.config.models_dir}; its models "
+                                "are listed at GET /v1/models", param="model", code="model_not_found")
+        if facts.error is not None:
+            raise APIError(500, f"model '{name}' cannot be served: {facts.error}", param="model", code="model_load_failed")
+        return entry
 
     def release(self, name: str) -> None:
         slot = self.slots.get(name)
@@ -194,12 +183,19 @@ class ModelManager:
         at = slot.last_used + slot.keep_alive if slot.keep_alive is not None else slot.last_used + idle_unload if idle_unload else None
         return None if at is None or at == float("inf") else time.time() + (at - time.monotonic())
 
+    def _idle(self, name: str) -> bool:
+        """Whether a loaded model may be unloaded: no request holds it, and none waits to (its load just ended)."""
+        slot = self.slots.get(name)
+        return slot is not None and slot.users == 0 and not self.waiting.get(name)
+
     # -- loading ---------------------------------------------------------------------------------------
 
     async def _loaded(self, entry: Entry) -> None:
         failed = self.failed.get(entry.name)
         if failed is not None and time.monotonic() - failed[0] < RETRY_AFTER:
             raise APIError(500, f"model '{entry.name}' could not be loaded: {failed[1]}", param="model", code="model_load_failed")
+        if entry.name in self.exporting or (entry.kind != "package" and not entry.exported):  # until its child has ended
+            self._export(entry)  # raises the 503 that says so
         future = self.loading.get(entry.name)
         if future is None:
             future = self.loading[entry.name] = asyncio.ensure_future(self._load(entry))
@@ -210,6 +206,31 @@ class ModelManager:
         except asyncio.TimeoutError:
             raise APIError(503, f"model '{entry.name}' is still loading after {timeout:g} s (--model-load-timeout): retry shortly",
                            param="model", code="model_loading", headers={"Retry-After": "5"}) from None
+
+    def _export(self, entry: Entry) -> None:
+        """Starts (or finds) the export of a Hugging Face folder or a GGUF, in a child process, and answers its requests
+        503 with Retry-After until it is done: an export takes minutes on a real model, longer than a client should hold
+        a connection open, and it takes no --models-memory room (its memory is the child's, and goes back when it ends)."""
+        running = self.exporting.get(entry.name)
+        if running is None:
+            async def export() -> None:
+                try:
+                    async with self.exports:
+                        self.exporting[entry.name] = (time.monotonic(), task)
+                        await export_in_child(entry)
+                except Exception as exc:  # noqa: BLE001 - this model's requests get it, after RETRY_AFTER a request retries
+                    message = str(exc).splitlines()[0][:240] if str(exc) else type(exc).__name__
+                    self.failed[entry.name] = (time.monotonic(), message)
+                    log.error("model '%s' could not be exported: %s", entry.name, message)
+                finally:
+                    self.exporting.pop(entry.name, None)
+
+            task = asyncio.ensure_future(export())
+            running = self.exporting[entry.name] = (time.monotonic(), task)
+        began, _ = running
+        raise APIError(503, f"model '{entry.name}' is being exported from {entry.source.name} into {EXPORTS}/{entry.name} (once, "
+                            f"{time.monotonic() - began:.0f} s so far; progress in the server's log): retry shortly",
+                       param="model", code="model_exporting", headers={"Retry-After": "10"})
 
     async def _load(self, entry: Entry) -> None:
         try:
@@ -233,14 +254,8 @@ class ModelManager:
         self.failed.pop(entry.name, None)
 
     def _open(self, entry: Entry) -> ServedModel:
-        """Exports a Hugging Face folder or a GGUF once (into DIR/.ortinf/NAME), then loads the package (worker thread)."""
-        package = entry.package
-        if entry.kind != "package" and not (package / "ortinf.json").is_file():
-            import ortinf
-
-            log.info("exporting '%s' from %s into %s (once)", entry.name, entry.source, package)
-            ortinf.export(entry.source, package, progress=False)
-        model = self.loader(package, entry.name)
+        """Loads an entry's package (worker thread); a folder or a GGUF has been exported by then (_export)."""
+        model = self.loader(entry.package, entry.name)
         for engine in model.engines:  # its footprint is measured next: a large KV pool's pages mapped first
             resident = getattr(engine.engine, "wait_until_resident", None)
             if resident is not None:
@@ -263,7 +278,7 @@ class ModelManager:
             over_memory = loaded and used + self._cost(entry) > self.budget
             if not over_count and not over_memory:
                 return
-            idle = sorted((slot.last_used, name) for name, slot in self.slots.items() if slot.users == 0)
+            idle = sorted((slot.last_used, name) for name, slot in self.slots.items() if self._idle(name))
             if idle:
                 await self.unload(idle[0][1])
                 continue
@@ -304,7 +319,7 @@ class ModelManager:
             await asyncio.sleep(0.25)
             now = time.monotonic()
             for name, slot in list(self.slots.items()):
-                if slot.users:
+                if not self._idle(name):
                     continue
                 limit = slot.keep_until if slot.keep_until is not None else (slot.last_used + idle_unload if idle_unload else None)
                 if limit is not None and now >= limit and not self.room.locked():
@@ -313,10 +328,23 @@ class ModelManager:
     # -- what is listed --------------------------------------------------------------------------------
 
     def unloaded(self) -> list[Entry]:
+        """The entries not loaded now, as last surveyed (no disk access: `listed` surveys first)."""
         return [entry for name, entry in self.catalog.items() if name not in self.state.registry.models]
+
+    async def listed(self) -> list[Entry]:
+        """The entries not loaded now, DIR rescanned and their facts read again off the event loop where their files
+        changed (a listing's: 3,000 folders, each stat'ed and summed on the loop, froze the server 4.4 s per call)."""
+        if self.folder is not None:
+            await self.folder.surveyed()
+        return self.unloaded()
 
     def is_loaded(self, name: str) -> bool:
         return name in self.state.registry.models
+
+    def summary(self) -> str:
+        """The start-up line's words for what is served."""
+        count = len(self.catalog)
+        return f"the models folder {self.state.config.models_dir} ({count} model{'s' if count != 1 else ''}, loaded on request)"
 
 
 class Leases:
@@ -336,4 +364,4 @@ class Leases:
                 self.state.models.release(name)
 
 
-__all__ = ["Entry", "Leases", "ModelManager", "discover"]
+__all__ = ["EXPORTS", "Entry", "Leases", "ModelManager", "discover"]

@@ -132,6 +132,7 @@ class ModelCard(BaseModel):
     parent: str | None = None  # a LoRA adapter's base model
     input_modalities: list[str] = ["text"]  # what a request may carry: text, image (vision-language), audio (speech)
     loaded: bool = True  # false: a --models-dir model that loads on its first request
+    error: str | None = None  # a --models-dir model that cannot be served (a wrong manifest, its files removed): why
 
 
 class ModelList(BaseModel):

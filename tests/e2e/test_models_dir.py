@@ -1,7 +1,8 @@
 """`ortinf serve --models-dir DIR` (ortinf/serve/model_manager.py) on a real server: three packages and a broken one
 under a one-model limit. Listed before any loads; requests to each in turn load and unload them; requests that come
 while a model loads wait and succeed; the broken package is an error for its own requests only; an idle model
-unloads and its memory goes back (the server's RSS, measured); Ollama's keep_alive and /api/ps say the same."""
+unloads and its memory goes back (the server's RSS, measured); Ollama's keep_alive and /api/ps say the same. Clients that
+alternate two models under the limit all get their answers; a request must name its model here."""
 
 from __future__ import annotations
 
@@ -156,3 +157,48 @@ def test_a_load_is_timed_in_the_log_and_in_ollamas_durations(server):
     assert ps["load_duration"] > 0
     line = next(line for line in reversed(server.log().splitlines()) if "loaded 'beta' in" in line)
     assert "of weights in the package" in line and "more resident in this process" in line, line
+
+
+def test_concurrent_clients_alternating_two_models_all_succeed(server):
+    """A model loaded for waiting requests is theirs until they lease it: the next queued load cannot unload it as
+    idle first (each client's requests: 404 model_not_found for models that exist, 4 of 6 with two clients)."""
+    answers: list[tuple[str, int, str]] = []
+
+    def client(first: int) -> None:
+        for turn in range(4):
+            model = ("alpha", "beta")[(first + turn) % 2]
+            reply = chat(server.url, model)
+            answers.append((model, reply.status_code, reply.text[:200] if reply.status_code != 200 else ""))
+
+    threads = [threading.Thread(target=client, args=(first,)) for first in (0, 1, 0)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(answers) == 12 and all(status == 200 for _, status, _ in answers), answers
+
+
+def test_a_request_must_name_its_model(server):
+    """Under --models-dir, "the only model" is whichever another client loaded last: a request without `model` is a
+    400 that says where the names are, whatever is loaded."""
+    assert chat(server.url, "alpha").status_code == 200  # one model loaded: the old fallback would answer with it
+    reply = httpx.post(f"{server.url}/v1/chat/completions", json={"messages": ASK, "max_tokens": 2}, timeout=60)
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == "model" and "/v1/models" in error["message"], error
+
+
+def test_the_start_line_names_the_models_folder(server, models_dir):
+    line = next(line for line in server.log_path.read_text().splitlines() if "ready: serving" in line)
+    assert f"ready: serving the models folder {models_dir} (4 models" in line and " on http://127.0.0.1:" in line, line
+
+
+def test_serve_help_names_the_three_apis():
+    import subprocess
+    import sys
+
+    ortinf = str(Path(sys.executable).with_name("ortinf"))
+    done = subprocess.run([ortinf, "serve", "--help"], capture_output=True, text=True, timeout=120)
+    words = " ".join(done.stdout.split())
+    assert done.returncode == 0 and "OpenAI" in words and "Anthropic" in words and "Ollama" in words, done.stdout[:600]
+    assert "/v1/messages" in words and "/api/chat" in words
