@@ -248,7 +248,8 @@ async def _load_all(state: ServerState) -> None:
         for adapter in lora_modules:
             state.registry.add_lora(adapter, base)
         state.ready = True
-        log.info("ready: serving %s on http://%s:%d", ", ".join(state.registry.models), config.host, config.port)
+        served = [*state.registry.models, *([state.models.summary()] if state.models is not None else [])]
+        log.info("ready: serving %s on http://%s:%d", " and ".join(served), config.host, config.port)
     except Exception as exc:  # noqa: BLE001 - reported by /health and the log, then the process exits 1
         state.load_error = str(exc)
         log.error("loading failed: %s", exc)
@@ -318,21 +319,22 @@ def build_app(config: ServerConfig, load_in_background: bool = True) -> FastAPI:
                                    input_modalities=modalities)
 
     def unloaded_card(entry) -> responses.ModelCard:  # noqa: ANN001 - a --models-dir model not loaded now
-        described = entry.describe()
-        return responses.ModelCard(id=entry.name, created=int(entry.source.stat().st_mtime), task=described["task"],
-                                   max_model_len=described["max_model_len"], loaded=False)
+        facts = entry.read()  # as surveyed (models_folder.py): no disk access here; `error` marks one that cannot serve
+        return responses.ModelCard(id=entry.name, created=int(facts.modified), task=facts.task, max_model_len=facts.max_model_len,
+                                   loaded=False, error=facts.error)
 
     @app.get("/v1/models", response_model=responses.ModelList)
     async def list_models():
         cards = [card(m) for m in (*state.registry.models.values(), *state.registry.adapters())]
         if state.models is not None:
-            cards += [unloaded_card(entry) for entry in state.models.unloaded()]
+            cards += [unloaded_card(entry) for entry in await state.models.listed()]
         return responses.ModelList(data=sorted(cards, key=lambda c: c.id))
 
     @app.get("/v1/models/{model_id:path}", response_model=responses.ModelCard)
     async def retrieve_model(model_id: str):
-        if state.models is not None and model_id in state.models.catalog and not state.models.is_loaded(model_id):
-            return unloaded_card(state.models.catalog[model_id])
+        entry = next((e for e in await state.models.listed() if e.name == model_id), None) if state.models is not None else None
+        if entry is not None:
+            return unloaded_card(entry)
         return card(state.registry.get(model_id))
 
     add_page_routes(app)  # / and the page's files under /static/

@@ -268,15 +268,14 @@ def _context_length(model: ServedModel) -> int | None:
 
 
 def _entry_card(entry) -> dict:  # noqa: ANN001 - a model_manager.Entry not loaded now
-    """An unloaded --models-dir model as /api/tags lists it (its package's manifest where it has been exported)."""
-    described = entry.describe()
-    manifest = entry.package / "ortinf.json"
-    stamp = (manifest if manifest.is_file() else entry.source).stat().st_mtime
-    digest = hashlib.sha256(manifest.read_bytes() if manifest.is_file() else str(entry.source).encode()).hexdigest()
-    details = {"parent_model": "", "format": "onnx" if entry.kind == "package" else entry.kind, "family": described.get("model_type", ""),
-               "families": [], "parameter_size": "", "quantization_level": described.get("dtype", "")}
-    return {"name": entry.name, "model": entry.name, "modified_at": datetime.fromtimestamp(stamp, timezone.utc).isoformat().replace("+00:00", "Z"),
-            "size": entry.size(), "digest": digest, "details": details}
+    """An unloaded --models-dir model as /api/tags lists it: its facts as surveyed (models_folder.py: no disk access
+    here), `error` on one that cannot be served."""
+    facts = entry.read()
+    details = {"parent_model": "", "format": "onnx" if entry.kind == "package" else entry.kind, "family": facts.model_type,
+               "families": [], "parameter_size": "", "quantization_level": facts.dtype}
+    modified = datetime.fromtimestamp(facts.modified, timezone.utc).isoformat().replace("+00:00", "Z")
+    card = {"name": entry.name, "model": entry.name, "modified_at": modified, "size": facts.size, "digest": facts.digest, "details": details}
+    return {**card, "error": facts.error} if facts.error is not None else card
 
 
 @router.get("/api/tags")
@@ -285,7 +284,7 @@ async def tags(request: Request):
     state: ServerState = request.app.state.ortinf
     models = [_card(m) for m in (*state.registry.models.values(), *state.registry.adapters())]
     if state.models is not None:
-        models += [_entry_card(entry) for entry in state.models.unloaded()]
+        models += [_entry_card(entry) for entry in await state.models.listed()]
     return {"models": sorted(models, key=lambda m: m["name"])}
 
 
@@ -310,14 +309,13 @@ async def show(body: ModelRequest, request: Request):
     state: ServerState = request.app.state.ortinf
     field_policy.apply("/api/show", body)
     name = body.model or body.name
-    if state.models is not None and name is not None and name.removesuffix(":latest") in state.models.catalog \
-            and not state.models.is_loaded(name.removesuffix(":latest")):
-        entry = state.models.catalog[name.removesuffix(":latest")]
-        described = entry.describe()
+    bare = name.removesuffix(":latest") if name is not None else None
+    entry = next((e for e in await state.models.listed() if e.name == bare), None) if state.models is not None else None
+    if entry is not None:
         card = _entry_card(entry)
-        task = described["task"]
+        task = entry.read().task
         return {"license": "", "modelfile": f"FROM {entry.source}\n", "parameters": "", "template": "", "details": card["details"],
-                "model_info": {"ortinf.task": task, "ortinf.loaded": False},
+                "model_info": {"ortinf.task": task, "ortinf.loaded": False, **({"ortinf.error": card["error"]} if "error" in card else {})},
                 "capabilities": ["embedding"] if task == FEATURE_EXTRACTION else ["completion"], "modified_at": card["modified_at"]}
     model = await _served(state, name, request)
     manifest = model.manifest
