@@ -383,6 +383,16 @@ def test_conversations_survive_a_reload_and_are_renamed_exported_and_deleted(ser
     wait(browser, lambda b: b.find_element(By.ID, "note").text == "Ready.")
     assert titles() == ["Renamed <b>chat</b>"] and [c["title"] for c in conversations(browser)] == ["Renamed <b>chat</b>"]
 
+    # a reply still streaming when another conversation opens stops, and stays with its own conversation
+    browser.execute_script("document.getElementById('max-tokens').value = '900'")
+    browser.find_element(By.ID, "input").send_keys("a long one\n")
+    wait(browser, lambda b: replies(b) and replies(b)[-1].find_element(By.CLASS_NAME, "content").text)
+    browser.find_element(By.ID, "clear").click()
+    wait(browser, lambda b: len(conversations(b)) == 2 and "stats" in conversations(b)[0]["messages"][-1])
+    stored = conversations(browser)[0]
+    assert stored["title"] == "a long one" and stored["messages"][-1]["stats"]["finish"] in ("stopped", "length", "stop")
+    assert not browser.find_elements(By.CSS_SELECTOR, ".message") and titles() == ["a long one", "Renamed <b>chat</b>"]
+
 
 def test_a_conversation_longer_than_the_context_leaves_its_oldest_turns_out(server, browser):
     """Counted by /tokenize before sending, or, without it, by the server's prompt-too-long 400: the oldest turns

@@ -124,7 +124,10 @@ function exportConversation(id) {
 
 function deleteConversation(c) {
   if (!confirm(`Delete the conversation "${c.title}"?`)) return;
-  if (controller && c.id === conversation.id) controller.abort();
+  if (c.id === conversation.id) {
+    conversation.deleted = true;  // a reply still streaming into it is not stored
+    if (controller) controller.abort();
+  }
   stored(Store.remove(c.id));
   if (c.id === conversation.id) newConversation();
   else showList();
@@ -281,12 +284,12 @@ async function send() {
 
 /** Writes the reply to the conversation's last (user) message, streamed into a new bubble, and stores it. */
 async function reply() {
-  const model = current();
+  const model = current(), owner = conversation;  // another conversation may be opened while this one streams
   if (!model) return status("Choose a model first.", true);
-  const history = Fit.messages(conversation.messages);
+  const history = Fit.messages(owner.messages);
   const message = { role: "assistant", content: "", reasoning: "", model: model.id };
-  conversation.messages.push(message);
-  const div = bubble(message, conversation.messages.length - 1);
+  owner.messages.push(message);
+  const div = bubble(message, owner.messages.length - 1);
   paint(div, message, true);
   $("messages").append(div);
   scroll(true);
@@ -323,9 +326,11 @@ async function reply() {
                       first_ms: run.first ? Math.round(run.first - run.started) : null, finish: run.finish,
                       max_model_len: model.max_model_len || null, left_out: run.left_out };
     controller = null;
-    stored(Store.save(conversation));
-    paint(div, message, false);
-    markLeftOut();
+    if (!owner.deleted) stored(Store.save(owner));
+    if (owner === conversation) {
+      paint(div, message, false);
+      markLeftOut();
+    }
     busy(false);
     showList();
     $("input").focus();
