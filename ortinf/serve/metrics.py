@@ -69,6 +69,7 @@ class EngineMetrics:
                                     "--prefix-cache-disk (any package's).", labels, registry=r)
         self.disk_bytes = Gauge(f"{prefix}:prefix_cache_disk_bytes", "Bytes of the --prefix-cache-dir folder's blocks (every "
                                 "package's, as this server knows them).", labels, registry=r)
+        self._disk_models: set[str] = set()
         self._live: dict[str, _Live] = {}
         self._seen: dict[str, EngineStats] = {}  # per model: the engine's running totals counted so far
         self._seen_speech: dict[str, dict[str, float]] = {}  # per speech model: the transcriber's totals counted so far
@@ -92,7 +93,8 @@ class EngineMetrics:
         self.running.labels(model).set(stats.num_running)
         self.waiting.labels(model).set(stats.num_waiting)
         self.kv_usage.labels(model).set(stats.kv_cache_usage)
-        if stats.prefix_disk_bytes:
+        if stats.prefix_disk_bytes or model in self._disk_models:  # a model with --prefix-cache-dir: from its first block on
+            self._disk_models.add(model)
             self.disk_bytes.labels(model).set(stats.prefix_disk_bytes)
         seen = self._seen.get(model, EngineStats())
         for counter, field in ((self.prefix_queries, "prefix_cache_queries"), (self.prefix_hits, "prefix_cache_hits"),
