@@ -305,6 +305,8 @@ def test_markdown_code_and_math_render_with_a_copy_button(server, browser):
     content.find_element(By.CSS_SELECTOR, ".code-bar .copy").click()
     wait(browser, lambda b: b.execute_script("return window.copied") == "def double(x):\n    return x * 2", timeout=5)
     assert content.find_element(By.CSS_SELECTOR, ".code-bar .copy").text == "Copied"
+    ARTIFACTS.mkdir(exist_ok=True)
+    browser.save_screenshot(str(ARTIFACTS / "chat-page-markdown.png"))
 
 
 XSS = ['<img src=x onerror="window.pwned=1">', "[click me](javascript:window.pwned=1)", "<script>window.pwned=1</script>",
