@@ -14,6 +14,7 @@ import asyncio
 import hashlib
 import logging
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ log = logging.getLogger(__name__)
 
 EXPORTS = ".ortinf"  # DIR/.ortinf/NAME: the package exported from a Hugging Face folder or a GGUF under DIR
 GONE = "its files were removed from the models folder"
+PROGRESS_EVERY = 10.0  # seconds between two log lines of one export stage's progress
 RECHECK = 2.0  # seconds a listing may show an entry's facts without looking at its files again (a folder added or removed shows at once)
 
 
@@ -217,7 +219,7 @@ class ModelsFolder:
         return self.entries
 
 
-# The export child: `ortinf -v export SOURCE -o PACKAGE -q`, at a lower priority than the server's own work, and ended by
+# The export child: `ortinf -v export SOURCE -o PACKAGE`, at a lower priority than the server's own work, and ended by
 # the kernel if the server's process goes (PR_SET_PDEATHSIG: no export left running after a SIGKILL of the server).
 CHILD = """
 import ctypes, os, signal, sys
@@ -229,9 +231,30 @@ try:
 except (OSError, AttributeError):
     pass
 from ortinf.cli import main
-sys.argv = ["ortinf", "-v", "export", sys.argv[2], "-o", sys.argv[3], "-q"]
+sys.argv = ["ortinf", "-v", "export", sys.argv[2], "-o", sys.argv[3]]
 main()
 """
+
+
+class Progress:
+    """The export child's output as server log lines: its progress bar (`tracing ███▌ 2/4 [00:01]`, rewritten in
+    place) once per stage and at most every PROGRESS_EVERY seconds within one; every other line as it is."""
+
+    BAR = re.compile(r"^([a-z][a-z ]*?)\s+[^\x00-\x7f ]*\s*(\d+)/(\d+)\s+\[([^\]]*)\]$")
+
+    def __init__(self, name: str) -> None:
+        self.name, self.stage, self.at = name, "", 0.0
+
+    def feed(self, line: str) -> None:
+        bar = self.BAR.match(line)
+        if bar is None:
+            log.info("export '%s': %s", self.name, line)
+            return
+        stage, done, total, elapsed = bar.groups()
+        now = time.monotonic()
+        if stage != self.stage or now - self.at >= PROGRESS_EVERY or done == total:
+            self.stage, self.at = stage, now
+            log.info("export '%s': %s %s/%s [%s]", self.name, stage, done, total, elapsed)
 
 
 async def export_in_child(entry: Entry) -> None:
@@ -245,14 +268,16 @@ async def export_in_child(entry: Entry) -> None:
     child = await asyncio.create_subprocess_exec(sys.executable, "-c", CHILD, str(os.getpid()), str(entry.source), str(entry.package),
                                                  stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
                                                  stdin=asyncio.subprocess.DEVNULL)
-    last = ""
+    last, progress = "", Progress(entry.name)
     try:
         assert child.stdout is not None
-        async for raw in child.stdout:
-            line = raw.decode(errors="replace").rstrip()
-            if line:
+        pending = ""
+        while chunk := await child.stdout.read(4096):
+            pending += chunk.decode(errors="replace")
+            *lines, pending = re.split(r"[\r\n]", pending)  # the progress bar rewrites its line with \r
+            for line in filter(None, (line.strip() for line in lines)):
                 last = line
-                log.info("export '%s': %s", entry.name, line)
+                progress.feed(line)
         code = await child.wait()
     except asyncio.CancelledError:  # the server stops: the half-done export goes with it (the exporter writes no partial package)
         child.terminate()
