@@ -32,3 +32,45 @@ def dumps(value: Any, **options: Any) -> str:
         return json.dumps(value, **options)
     except RecursionError as exc:
         raise ValueError(MAX_DEPTH_MESSAGE) from exc
+
+
+def closings(text: str, tries: int = 32) -> list[str]:
+    """`text` cut inside JSON (a tool call that max_tokens ended), completed: candidates from the longest, each a prefix
+    of `text` up to a point where a value may end, plus the quote and brackets that close what is open there. Text
+    outside brackets is copied as is (a tool-call format's markers around its JSON); the caller keeps the first
+    candidate its reader accepts. Empty when nothing is open."""
+    stack: list[str] = []
+    in_string = escaped = False
+    cuts: list[tuple[int, str, bool]] = []  # (end of the prefix, the closers open there, inside a string)
+    for index, char in enumerate(text):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+            continue
+        if not stack:
+            if char in "{[":
+                stack.append("}" if char == "{" else "]")
+                cuts.append((index + 1, "".join(reversed(stack)), False))
+            continue
+        if char == '"':
+            in_string = True
+        elif char in "{[":
+            stack.append("}" if char == "{" else "]")
+            cuts.append((index + 1, "".join(reversed(stack)), False))
+        elif char in "}]":
+            stack.pop()
+        elif char == ",":
+            cuts.append((index, "".join(reversed(stack)), False))
+    if not stack:
+        return []
+    end = "".join(reversed(stack))
+    whole = text[:-1] if escaped else text  # a lone backslash would escape the closing quote
+    candidates = [whole + ('"' if in_string else "") + end]
+    if in_string:
+        candidates.append(text + end)  # a key cut inside its quotes reads as a value with a missing key: try shorter too
+    candidates += [text[:at] + closers for at, closers, _ in reversed(cuts[-tries:])]
+    return candidates

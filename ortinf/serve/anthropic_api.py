@@ -92,9 +92,10 @@ def _turn(message: dict, index: int) -> list[dict]:
     (as Anthropic's own API drops them from the prompt of earlier turns)."""
     where = f"messages.{index}"
     role, content = message.get("role") if isinstance(message, dict) else None, message.get("content") if isinstance(message, dict) else None
-    if role not in ("user", "assistant"):
-        raise APIError(400, f"{where}.role must be user or assistant (a system prompt goes in the top-level system field)",
-                       param=f"{where}.role")
+    if role == "system":  # Claude Code's mid-conversation system messages: at their position where the template allows
+        return [{"role": "system", "content": _text_of(content if content is not None else "", f"{where}.content")}]
+    if role not in ("user", "assistant"):  # Anthropic's wording
+        raise APIError(400, f"{where}.role: Input should be 'user' or 'assistant'", param=f"{where}.role")
     if isinstance(content, str):
         return [{"role": role, "content": content}]
     if not isinstance(content, list):
@@ -132,13 +133,24 @@ def _turn(message: dict, index: int) -> list[dict]:
     return turns
 
 
-def _tools(body: MessagesRequest) -> tuple[list[dict] | None, object, bool]:
-    """(chat tools, chat tool_choice, parallel calls allowed) of the request's tools and tool_choice."""
+def _tools(body: MessagesRequest, hosted: str = "ignore", ignored: list[str] | None = None) -> tuple[list[dict] | None, object, bool]:
+    """(chat tools, chat tool_choice, parallel calls allowed) of the request's tools and tool_choice. A server tool
+    (web_search_..., code_execution_...: Anthropic runs them) is left out and named in `ignored` (--hosted-tools
+    ignore) or refused; so is a tool with defer_loading, which Anthropic's API keeps out of the model's context until
+    a tool search loads it (Claude Code declares one)."""
     converted = []
     for index, tool in enumerate(body.tools or []):
+        if not isinstance(tool, dict):
+            raise APIError(400, f"tools.{index}: a tool must be an object", param="tools")
+        if tool.get("type") not in (None, "custom") and hosted == "ignore" and ignored is not None:
+            ignored.append(f"tools.{index} ({str(tool.get('type'))[:40]})")
+            continue
         if tool.get("type") not in (None, "custom") or not isinstance(tool.get("name"), str):
             raise APIError(400, f"tools.{index}: tools of type '{str(tool.get('type'))[:40]}' are not supported: this server runs no "
                                 "server tools; declare a client tool (name, description, input_schema)", param="tools")
+        if tool.get("defer_loading") is True and ignored is not None:
+            ignored.append(f"tools.{index} (defer_loading)")
+            continue
         function = {"name": tool["name"], "parameters": tool.get("input_schema") or {"type": "object"}}
         if tool.get("description"):
             function["description"] = tool["description"]
@@ -159,12 +171,12 @@ def _tools(body: MessagesRequest) -> tuple[list[dict] | None, object, bool]:
     return converted or None, mapped, parallel
 
 
-def chat_request(body: MessagesRequest) -> ChatCompletionRequest:
-    """The chat completion a Messages request means."""
+def chat_request(body: MessagesRequest, hosted: str = "ignore", ignored: list[str] | None = None) -> ChatCompletionRequest:
+    """The chat completion a Messages request means (`hosted`, `ignored`: as `_tools` reads server tools)."""
     messages = [{"role": "system", "content": _text_of(body.system, "system")}] if body.system else []
     for index, message in enumerate(body.messages):
         messages += _turn(message, index)
-    tools, choice, parallel = _tools(body)
+    tools, choice, parallel = _tools(body, hosted, ignored)
     fields: dict = {"model": body.model, "messages": messages, "max_tokens": body.max_tokens, "stop": body.stop_sequences,
                     "temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k, "tools": tools,
                     "tool_choice": choice, "parallel_tool_calls": parallel, "stream": body.stream}
@@ -189,10 +201,10 @@ def chat_request(body: MessagesRequest) -> ChatCompletionRequest:
 
 def _stop_reason(completion_reason: str | None, stop_reason, called: bool, stops: list[str] | None) -> tuple[str, str | None]:
     """Anthropic's (stop_reason, stop_sequence) of a finished output."""
+    if completion_reason == "length":  # a call max_tokens cut too (its input as far as it came): Anthropic's stop reason
+        return "max_tokens", None
     if called:
         return "tool_use", None
-    if completion_reason == "length":
-        return "max_tokens", None
     if isinstance(stop_reason, str) and stop_reason in (stops or []):
         return "stop_sequence", stop_reason
     return "end_turn", None
@@ -219,8 +231,8 @@ async def _prepared(body: MessagesRequest, state: ServerState,
     ignored = field_policy.apply(ROUTE, body)
     model = await state.model(body.model, request)
     model.require_engine()
-    chat = chat_request(body)
-    tools = tool_plan(model, chat)
+    chat = chat_request(body, state.config.hosted_tools, ignored)
+    tools = tool_plan(model, chat, state.config.default_tool_choice)
     params = chat_params(model, chat, tools, None)
 
     def prepare() -> list:  # rendering, tokenising and decoding images are CPU work: off the event loop
@@ -252,7 +264,7 @@ async def create_message(body: MessagesRequest, request: Request):
 def _message(body: MessagesRequest, model: ServedModel, tools: ToolPlan, prepared: list, message_id: str, output: RequestOutput) -> dict:
     completion = output.outputs[0]
     reply = Reply(model, tools)
-    reply.feed(completion.text, True)
+    reply.feed(completion.text, True, completion.finish_reason == "length")
     content: list[dict] = []
     if reply.reasoning is not None:
         content.append({"type": "thinking", "thinking": reply.reasoning, "signature": ""})
@@ -270,12 +282,13 @@ def _event(kind: str, data: dict) -> str:
 
 
 async def _events(body: MessagesRequest, model: ServedModel, tools: ToolPlan, prepared: list, message_id: str) -> AsyncIterator[str]:
-    """The Messages stream: message_start, then each content block opened, its deltas and closed in order (the
+    """The Messages stream: message_start (with the first output: its usage splits the prompt into input and cache-read
+    tokens as message_delta's does), then each content block opened, its deltas and closed in order (the
     thinking, the text, each tool_use with its input as input_json_delta once the call is read), message_delta with
     the stop reason and usage, message_stop; an error event if anything fails (the headers are already sent)."""
     start = {"id": message_id, "type": "message", "role": "assistant", "model": model.name, "content": [], "stop_reason": None,
-             "stop_sequence": None, "usage": _usage(prepared[0].num_prompt_tokens, 0, 0)}
-    yield _event("message_start", {"message": start})
+             "stop_sequence": None}
+    started = False
     reply = Reply(model, tools)
     index, open_kind = -1, None
 
@@ -288,9 +301,13 @@ async def _events(body: MessagesRequest, model: ServedModel, tools: ToolPlan, pr
     samples = merged(model.require_engine(), prepared, message_id)
     try:
         async for _, output in samples:
+            if not started:  # sent with the first output, once the prefix cache's share of the prompt is known
+                started = True
+                usage = _usage(prepared[0].num_prompt_tokens, 0, output.num_cached_tokens or 0)
+                yield _event("message_start", {"message": {**start, "usage": usage}})
             delta = output.outputs[0]
             finished = bool(delta.finish_reason)
-            thinking, text = reply.feed(delta.text, finished)
+            thinking, text = reply.feed(delta.text, finished, delta.finish_reason == "length")
             if thinking:
                 if open_kind != "thinking":
                     for event in opened("thinking", {"type": "thinking", "thinking": "", "signature": ""}):
@@ -319,7 +336,7 @@ async def _events(body: MessagesRequest, model: ServedModel, tools: ToolPlan, pr
             yield _event("message_stop", {})
     except Exception as exc:  # noqa: BLE001 - reported in the stream, whose headers are already sent
         err = from_exception(exc)
-        yield _event("error", {"error": error_body(err.status, err.message, path=ROUTE)["error"]})
+        yield _event("error", {"error": error_body(err.status, err.message, path=ROUTE, wording=err.wording)["error"]})
     finally:
         await samples.aclose()  # type: ignore[attr-defined] - aborts the request if the client went away
 
@@ -331,8 +348,8 @@ async def count_tokens(body: CountTokensRequest, request: Request):
     field_policy.apply(f"{ROUTE}/count_tokens", body)
     model = await state.model(body.model, request)
     model.require_engine()
-    chat = chat_request(body)
-    tools = tool_plan(model, chat)
+    chat = chat_request(body, state.config.hosted_tools, [])
+    tools = tool_plan(model, chat, state.config.default_tool_choice)
 
     def count() -> int:
         images = model.chat.images(chat.messages, state.config.media_policy) if model.chat is not None else []

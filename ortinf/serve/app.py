@@ -21,7 +21,7 @@ from ortinf.manifest import Manifest
 from ortinf.runtime.engine.async_engine import AsyncEngine
 from ortinf.serve import anthropic_api, chat, completions, embeddings, lora_routes, ollama_api, preload, responses, responses_api, scoring, tokens
 from ortinf.serve.config import ServerConfig, engine_options, model_names
-from ortinf.serve.errors import error_body, error_response, from_exception, install_error_handlers
+from ortinf.serve.errors import error_body, error_response, from_exception, install_error_handlers, respond
 from ortinf.serve.model_manager import Leases, ModelManager, resident_bytes
 from ortinf.serve.models import ServedModel
 from ortinf.serve.page import PAGE_FILES, add_page_routes
@@ -107,8 +107,7 @@ class CatchAll:
         except Exception as exc:  # noqa: BLE001 - every error leaves as an OpenAI-shaped answer
             if started:
                 raise
-            err = from_exception(exc)
-            await error_response(err.status, err.message, err.param, err.code, path=scope["path"])(scope, receive, send)
+            await respond(from_exception(exc), scope["path"])(scope, receive, send)
 
 
 class ClientGone:
@@ -174,7 +173,9 @@ class Gate:
                 if len(given) != 1 or not hmac.compare_digest(given[0][1], self.expected[given[0][0]]):  # two: neither wins
                     message = ("send one credential (an Authorization or an x-api-key header), not several" if len(given) > 1 else
                                "missing or wrong API key: send `Authorization: Bearer <key>` (or `x-api-key: <key>`)")
-                    response = error_response(401, message, code="invalid_api_key", path=path)
+                    # x-should-retry: the Anthropic and OpenAI SDKs retry a 401 unless told not to (Claude Code: 7 times in 45 s)
+                    response = error_response(401, message, code="invalid_api_key", path=path, headers={"x-should-retry": "false"},
+                                              wording={"anthropic": "invalid x-api-key"} if len(given) < 2 else None)
                     return await response(scope, receive, send)
             if not self.state.ready:
                 response = error_response(503, "the model is loading; retry shortly", code="model_loading", headers={"Retry-After": "1"},

@@ -31,7 +31,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
     model = await state.model(body.model, request)
     engine = model.require_engine()
     logprobs = body.logprobs_count()
-    tools = tool_plan(model, body)
+    tools = tool_plan(model, body, state.config.default_tool_choice)
     params = chat_params(model, body, tools, logprobs)
 
     def prepare() -> list[PreparedRequest]:  # rendering, tokenising, decoding images are CPU work: off the event loop
@@ -52,7 +52,8 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
     for index, output in enumerate(outputs):
         completion = output.outputs[0]
         reasoning, answer = split_reasoning(model, completion.text)
-        content, calls = tools.parse(answer, model.tool_parser) if answer is not None else (None, [])
+        cut = completion.finish_reason == "length"
+        content, calls = tools.parse(answer, model.tool_parser, cut) if answer is not None else (None, [])
         message: dict = {"role": "assistant", "content": content, "reasoning_content": reasoning}
         if calls:
             message["tool_calls"] = [c.to_openai() for c in calls]
@@ -118,7 +119,7 @@ def _stream(state: ServerState, model: ServedModel, body: ChatCompletionRequest,
             visible = len(completion.text) if completion.finish_reason else held_back(completion.text, tools.mode, model.tool_parser)
             calls = []
             if completion.finish_reason and tools.mode != "none":
-                content, calls = tools.parse(completion.text, model.tool_parser)
+                content, calls = tools.parse(completion.text, model.tool_parser, completion.finish_reason == "length")
                 if calls:
                     visible = len(content or "") if tools.mode == "auto" else 0
             delta_text = completion.text[sent_text[index]:max(visible, sent_text[index])]

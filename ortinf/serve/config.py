@@ -69,6 +69,14 @@ class ServerConfig:
                                    "granite (<|tool_call|>), none, or auto (the one whose markers the chat template writes; a model "
                                    "with none answers tool_choice auto as plain text).", "server",
                                    choices=_choices("auto", *TOOL_PARSERS, "none"))
+    hosted_tools: str = option("ignore", "Tools a request declares that only the API's vendor runs (the Responses API's web_search, "
+                               "file_search, code_interpreter, ...; Anthropic's server tools): ignore (left out of what the model "
+                               "sees and named in X-Ignored-Fields: Codex sends web_search by default) or refuse (a 400).", "server",
+                               choices=_choices("ignore", "refuse"))
+    default_tool_choice: str = option("auto", "The tool_choice of a request that sends tools and leaves it at auto: required makes "
+                                      "the model call one of them every turn (a small model that never calls tools unprompted; an "
+                                      "agent's tool loop under test). A client's any, named or none still applies.", "server",
+                                      choices=_choices("auto", "required"))
     reasoning_parser: str = option("none", "Split a reasoning model's thinking into message.reasoning_content (vLLM's field): qwen3 "
                                    "(<think>...</think>, Qwen3, QwQ), deepseek_r1 (the template opens <think>: DeepSeek-R1 and its "
                                    "distills), gpt_oss (harmony's analysis and final channels), or auto (from the chat template's "

@@ -12,7 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ortinf.errors import ConfigError, OrtinfError, RequestError, ShuttingDownError, StepFailedError
+from ortinf.errors import ConfigError, ContextLengthError, OrtinfError, RequestError, ShuttingDownError, StepFailedError
 from ortinf.runtime.engine.async_engine import EngineDeadError
 
 log = logging.getLogger(__name__)
@@ -40,13 +40,17 @@ def dialect(path: str) -> str:
 class APIError(Exception):
     """An error the server answers with, raised from route code."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None) -> None:
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None,
+                 wording: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.headers = status, message, param, code, headers
+        self.wording = wording or {}  # the message as another dialect words the same case ({"anthropic": ...}), where its clients read it
 
 
-def error_body(status: int, message: str, param: str | None = None, code: str | None = None, path: str = "") -> dict:
-    """The error as the API of `path` shapes it (dialect)."""
+def error_body(status: int, message: str, param: str | None = None, code: str | None = None, path: str = "",
+               wording: dict[str, str] | None = None) -> dict:
+    """The error as the API of `path` shapes and words it (dialect; `wording`: a dialect's own words for the case)."""
+    message = (wording or {}).get(dialect(path), message)
     if len(message) > MAX_MESSAGE:
         message = message[: MAX_MESSAGE - 3] + "..."
     # a message may quote the request (a model name): lone surrogates cannot be written as UTF-8
@@ -60,14 +64,20 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
 
 
 def error_response(status: int, message: str, param: str | None = None, code: str | None = None,
-                   headers: dict[str, str] | None = None, path: str = "") -> JSONResponse:
-    return JSONResponse(error_body(status, message, param, code, path), status_code=status, headers=headers)
+                   headers: dict[str, str] | None = None, path: str = "", wording: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message, param, code, path, wording), status_code=status, headers=headers)
+
+
+def respond(err: APIError, path: str) -> JSONResponse:
+    return error_response(err.status, err.message, err.param, err.code, err.headers, path, err.wording)
 
 
 def from_exception(exc: BaseException) -> APIError:
     """The APIError for any exception raised while serving a request."""
     if isinstance(exc, APIError):
         return exc
+    if isinstance(exc, ContextLengthError):
+        return APIError(400, str(exc), param=exc.param, code="context_length_exceeded", wording={"anthropic": exc.anthropic_message()})
     if isinstance(exc, RequestError):
         return APIError(400, str(exc), param=exc.param)
     if isinstance(exc, StepFailedError):
@@ -160,7 +170,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
-        return error_response(exc.status, exc.message, exc.param, exc.code, exc.headers, request.url.path)
+        return respond(exc, request.url.path)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -173,10 +183,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(OrtinfError)
     async def _ortinf(request: Request, exc: OrtinfError) -> JSONResponse:
-        err = from_exception(exc)
-        return error_response(err.status, err.message, err.param, err.code, path=request.url.path)
+        return respond(from_exception(exc), request.url.path)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        err = from_exception(exc)
-        return error_response(err.status, err.message, err.param, err.code, path=request.url.path)
+        return respond(from_exception(exc), request.url.path)

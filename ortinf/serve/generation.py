@@ -70,9 +70,12 @@ def render_prompt(model: ServedModel, body: ChatCompletionRequest, tools: ToolPl
                              add_special_tokens=add_special_tokens)
 
 
-def tool_plan(model: ServedModel, body: ChatCompletionRequest) -> ToolPlan:
+def tool_plan(model: ServedModel, body: ChatCompletionRequest, default_choice: str = "auto") -> ToolPlan:
+    """The request's tool plan; `default_choice` (--default-tool-choice) replaces a tool_choice left at auto."""
     tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
     choice = body.tool_choice.model_dump() if hasattr(body.tool_choice, "model_dump") else body.tool_choice
+    if tools and choice in (None, "auto"):
+        choice = default_choice
     return plan(tools, choice, body.parallel_tool_calls, model.tool_parser)
 
 
@@ -132,8 +135,9 @@ class Reply:
     content: str | None = None  # once finished: the answer's text besides its calls
     calls: list[ToolCall] = field(default_factory=list)
 
-    def feed(self, delta: str, finished: bool) -> tuple[str, str]:
-        """(new thinking, new answer text) that may be sent after this delta of the output."""
+    def feed(self, delta: str, finished: bool, cut: bool = False) -> tuple[str, str]:
+        """(new thinking, new answer text) that may be sent after this delta of the output (`cut`: max_tokens ended it,
+        so a call it ended inside is read with the arguments produced so far)."""
         self.text += delta
         reasoning, answer = split_reasoning(self.model, self.text, finished)
         thinking = ""
@@ -143,7 +147,7 @@ class Reply:
         visible = len(answer) if finished else held_back(answer, self.tools.mode, self.model.tool_parser)
         if finished:
             self.reasoning = reasoning
-            self.content, self.calls = self.tools.parse(answer, self.model.tool_parser) if self.tools.mode != "none" else (answer, [])
+            self.content, self.calls = self.tools.parse(answer, self.model.tool_parser, cut) if self.tools.mode != "none" else (answer, [])
             if self.calls:
                 visible = len(self.content or "") if self.tools.mode == "auto" else 0
         new = answer[self.sent:max(visible, self.sent)]

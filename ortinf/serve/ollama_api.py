@@ -128,7 +128,7 @@ async def _run(request: Request, state: ServerState, model: ServedModel, prepare
         finally:
             ticket.release()
         reply = Reply(model, tools)
-        thinking, text = reply.feed(output.outputs[0].text, True)
+        thinking, text = reply.feed(output.outputs[0].text, True, output.outputs[0].finish_reason == "length")
         return JSONResponse({**frame("done", reply, output, start, thinking, text)}, headers=headers)
 
     async def lines() -> AsyncIterator[str]:
@@ -137,7 +137,7 @@ async def _run(request: Request, state: ServerState, model: ServedModel, prepare
         try:
             async for _, output in samples:
                 delta = output.outputs[0]
-                thinking, text = reply.feed(delta.text, bool(delta.finish_reason))
+                thinking, text = reply.feed(delta.text, bool(delta.finish_reason), delta.finish_reason == "length")
                 if delta.finish_reason:
                     yield _ndjson(frame("done", reply, output, start, thinking, text))
                 elif thinking or text:
@@ -155,7 +155,7 @@ async def _run(request: Request, state: ServerState, model: ServedModel, prepare
 
 
 async def _chat_prepared(state: ServerState, model: ServedModel, chat: ChatCompletionRequest, stream: bool) -> tuple[ToolPlan, list]:
-    tools = tool_plan(model, chat)
+    tools = tool_plan(model, chat, state.config.default_tool_choice)
     params = chat_params(model, chat, tools, None)
 
     def prepare() -> list:  # rendering, tokenising and decoding images are CPU work: off the event loop

@@ -15,7 +15,6 @@ instructions are not carried, as OpenAI's).
 
 from __future__ import annotations
 
-import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -32,9 +31,10 @@ from ortinf.serve.generation import as_chat_request, chat_params, prepare_sample
 from ortinf.serve.models import ServedModel
 from ortinf.serve.protocol import OPEN, ChatCompletionRequest, Finite, read_guided
 from ortinf.serve.response_store import ResponseStore
+from ortinf.serve.responses_tools import ResponsesTools, read_tools
 from ortinf.serve.state import ServerState
 from ortinf.serve.streaming import AdmittedStream, final_outputs, merged, prepare_off_loop, sse, until_disconnected
-from ortinf.tasks.chat.tools import ToolCall, ToolPlan, held_back, new_call_id
+from ortinf.tasks.chat.tools import ToolCall, ToolPlan, held_back
 
 router = APIRouter()
 
@@ -133,9 +133,10 @@ def _text(content, where: str) -> str | list[dict]:
     return "".join(p["text"] for p in parts)
 
 
-def conversation(body: ResponsesRequest, previous: list[dict]) -> list[dict]:
-    """The chat messages of a request: the previous response's conversation, then the input items.
-    `previous` is not changed (a stored conversation is read as a fresh copy anyway)."""
+def conversation(body: ResponsesRequest, previous: list[dict], tools: ResponsesTools | None = None) -> list[dict]:
+    """The chat messages of a request: the previous response's conversation, then the input items (a call of a
+    namespace's function under the name the model knows it by, `tools`). `previous` is not changed (a stored
+    conversation is read as a fresh copy anyway)."""
     messages = list(previous)
     items = [{"role": "user", "content": body.input}] if isinstance(body.input, str) else body.input
     for index, item in enumerate(items):
@@ -151,18 +152,20 @@ def conversation(body: ResponsesRequest, previous: list[dict]) -> list[dict]:
         elif kind == "function_call":
             if not isinstance(item.get("name"), str) or not isinstance(item.get("call_id"), str):
                 raise APIError(400, f"{where}: a function_call item needs name and call_id", param="input")
-            call = {"id": item["call_id"], "type": "function",
-                    "function": {"name": item["name"], "arguments": str(item.get("arguments") or "{}")}}
+            name = tools.model_name(item["name"], item.get("namespace")) if tools is not None else item["name"]
+            call = {"id": item["call_id"], "type": "function", "function": {"name": name, "arguments": str(item.get("arguments") or "{}")}}
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant":  # a reply's message and calls are one assistant turn
                 messages[-1] = {**last, "tool_calls": [*(last.get("tool_calls") or []), call]}
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output":
-            if not isinstance(item.get("call_id"), str):
+            # Codex also sends outputs no call asked for (a goal's objective): call_id absent, a name and namespace instead
+            call_id = item.get("call_id") if item.get("call_id") is not None else item.get("name")
+            if not isinstance(call_id, str):
                 raise APIError(400, f"{where}: a function_call_output item needs call_id", param="input")
             output = item.get("output")
-            messages.append({"role": "tool", "tool_call_id": item["call_id"],
+            messages.append({"role": "tool", "tool_call_id": call_id,
                              "content": output if isinstance(output, str) else _text(output, where)})
         elif kind == "reasoning":
             continue  # a reasoning model's summary: nothing this model reads
@@ -172,30 +175,15 @@ def conversation(body: ResponsesRequest, previous: list[dict]) -> list[dict]:
     return messages
 
 
-def _chat_tools(tools: list[dict] | None) -> list[dict] | None:
-    """Responses' flat function tools as chat completions' nested ones."""
-    if not tools:
-        return None
-    converted = []
-    for index, tool in enumerate(tools):
-        if not isinstance(tool, dict) or tool.get("type") != "function":
-            kind = tool.get("type") if isinstance(tool, dict) else None
-            raise APIError(400, f"tools.{index}: tools of type '{str(kind)[:40]}' are not supported: this server runs no hosted "
-                                "tools, declare a function tool", param="tools")
-        function = {key: tool[key] for key in ("name", "description", "parameters", "strict") if tool.get(key) is not None}
-        converted.append({"type": "function", "function": function})
-    return converted
-
-
 _RESPONSES_NAME = {"messages": "input", "max_completion_tokens": "max_output_tokens", "response_format": "text.format"}  # chat's names
 
 
-def chat_request(body: ResponsesRequest, messages: list[dict]) -> ChatCompletionRequest:
+def chat_request(body: ResponsesRequest, messages: list[dict], tools: ResponsesTools) -> ChatCompletionRequest:
     """The chat completion this response runs as."""
-    fields: dict = {"model": body.model, "messages": messages, "tools": _chat_tools(body.tools),
+    fields: dict = {"model": body.model, "messages": messages, "tools": tools.chat,
                     "parallel_tool_calls": body.parallel_tool_calls, "temperature": body.temperature, "top_p": body.top_p,
                     "max_completion_tokens": body.max_output_tokens}
-    if body.tool_choice is not None and (body.tools or body.tool_choice not in ("auto", "none")):  # auto/none without tools: no-ops
+    if body.tool_choice is not None and (tools.chat or body.tool_choice not in ("auto", "none")):  # auto/none without tools: no-ops
         choice = body.tool_choice
         fields["tool_choice"] = choice if isinstance(choice, str) else {"type": "function", "function": {"name": choice.name}}
     if body.structured_outputs is not None:
@@ -231,25 +219,6 @@ def _outputs(reasoning: str | None, content: str | None, calls: list[ToolCall]) 
     return items + [_call_item(call) for call in calls]
 
 
-_CALL_NAME = re.compile(r'"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
-_CALL_ARGUMENTS = re.compile(r'"parameters"\s*:\s*')
-
-
-def _cut_call(tools: ToolPlan, text: str) -> dict:
-    """The function_call item of a forced call (tool_choice required or a named function) that max_output_tokens cut:
-    status "incomplete", its arguments as far as they came, never a completed message holding the partial JSON.
-    `required`'s output is the grammar's [{"name": ..., "parameters": {...}}]: the name and arguments are read off it."""
-    name, arguments = tools.named or "", text
-    if tools.mode == "required":
-        found = _CALL_NAME.search(text)
-        name = found.group(1) if found else ""
-        start = _CALL_ARGUMENTS.search(text)
-        arguments = text[start.end():] if start else ""
-    item = _call_item(ToolCall(name, arguments, new_call_id()))
-    item["status"] = "incomplete"
-    return item
-
-
 @dataclass(slots=True)
 class Run:
     """One response in the making: its request, tool plan, samples and bookkeeping."""
@@ -261,6 +230,7 @@ class Run:
     response_id: str
     created: int
     messages: list[dict]
+    names: ResponsesTools
 
     def response(self, status: str, output: list[dict], usage: dict | None, incomplete: str | None = None) -> dict:
         body = self.body
@@ -282,12 +252,14 @@ class Run:
         """The final response, stored (a snapshot) when the request asked. `item_ids`: the ids a stream
         announced for its reasoning and message items, by item type."""
         reasoning, answer = split_reasoning(self.model, text)
-        content, calls = self.tools.parse(answer, self.model.tool_parser) if answer is not None else (None, [])
         incomplete = "max_output_tokens" if finish_reason == "length" else None
-        output = _outputs(reasoning, content, calls)
-        if incomplete and self.tools.mode in ("required", "named") and not calls and answer:  # a forced call, cut
-            output = [item for item in output if item["type"] != "message"] + [_cut_call(self.tools, answer)]
-            content = None
+        # a call max_output_tokens cut is a function_call item with the arguments produced so far (ToolPlan.parse), never
+        # a completed message holding the grammar's partial JSON
+        content, calls = self.tools.parse(answer, self.model.tool_parser, cut=bool(incomplete)) if answer is not None else (None, [])
+        output = [self.names.call_item(item) if item["type"] == "function_call" else item for item in _outputs(reasoning, content, calls)]
+        for item in output:
+            if incomplete and item["type"] == "function_call":
+                item["status"] = "incomplete"
         for item in output:
             item["id"] = (item_ids or {}).get(item["type"], item["id"])
         body = self.response("incomplete" if incomplete else "completed", output, usage, incomplete)
@@ -316,13 +288,15 @@ async def create_response(body: ResponsesRequest, request: Request):
     engine = model.require_engine()
     store = state.responses
     previous = store.get(body.previous_response_id, "previous_response_id").conversation() if body.previous_response_id else []
-    messages = conversation(body, previous)
+    declared = read_tools(body.tools, state.config.hosted_tools)
+    ignored += declared.ignored
+    messages = conversation(body, previous, declared)
     if body.instructions is not None:
         messages.insert(0, {"role": "system", "content": body.instructions})
     if not messages:
         raise APIError(400, "input is empty: send a string or at least one item", param="input")
-    chat = chat_request(body, messages)
-    tools = tool_plan(model, chat)
+    chat = chat_request(body, messages, declared)
+    tools = tool_plan(model, chat, state.config.default_tool_choice)
     params = chat_params(model, chat, tools, None)
     def prepare() -> list:  # rendering, tokenising and decoding images are CPU work: off the event loop
         images = model.chat.images(chat.messages, state.config.media_policy) if model.chat is not None else []
@@ -330,7 +304,7 @@ async def create_response(body: ResponsesRequest, request: Request):
                                cache_salt=body.cache_salt)
 
     prepared = await prepare_off_loop(state.admission, prepare, model.chat is not None and model.chat.has_images(chat.messages), 1)
-    run = Run(body, tools, model, prepared, f"resp_{uuid.uuid4().hex}", int(time.time()), messages)
+    run = Run(body, tools, model, prepared, f"resp_{uuid.uuid4().hex}", int(time.time()), messages, declared)
     headers = field_policy.ignored_headers(ignored)
     if tools.warning:
         headers[field_policy.WARNING_HEADER] = tools.warning

@@ -98,10 +98,12 @@ def test_errors_are_anthropic_shaped(client, server, model):
     with pytest.raises(anthropic.AuthenticationError) as denied:
         server.anthropic("wrong").messages.create(model=model, max_tokens=4, messages=ASK)
     assert denied.value.body["error"]["type"] == "authentication_error"
+    assert denied.value.body["error"]["message"] == "invalid x-api-key"  # Anthropic's words
+    assert denied.value.response.headers["x-should-retry"] == "false"  # the SDKs (and Claude Code) retry a 401 otherwise
     with pytest.raises(anthropic.BadRequestError) as bad:
-        client.messages.create(model=model, max_tokens=4, messages=[{"role": "system", "content": "x"}])
+        client.messages.create(model=model, max_tokens=4, messages=[{"role": "tool", "content": "x"}])
     assert bad.value.body["type"] == "error" and bad.value.body["error"]["type"] == "invalid_request_error"
-    assert "system" in bad.value.body["error"]["message"]
+    assert bad.value.body["error"]["message"] == "messages.0.role: Input should be 'user' or 'assistant'"
     with pytest.raises(anthropic.NotFoundError):
         client.messages.create(model="no-such-model", max_tokens=4, messages=ASK)
     response = server.http.post("/v1/messages", headers={"x-api-key": "sk-test"}, json={"model": model, "messages": ASK})

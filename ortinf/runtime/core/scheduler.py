@@ -16,7 +16,7 @@ import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
-from ortinf.errors import RequestError
+from ortinf.errors import ContextLengthError, RequestError
 from ortinf.runtime.core.kv_cache_manager import KVCacheManager
 from ortinf.runtime.core.request import FinishReason, Request, RequestStatus
 from ortinf.runtime.core.stopping import Verdict
@@ -51,9 +51,9 @@ def check_fits(num_prompt_tokens: int, max_tokens: int, max_model_len: int) -> N
     if num_prompt_tokens == 0:
         raise RequestError("the prompt is empty: pass at least one token", param="prompt")
     if num_prompt_tokens + max_tokens > max_model_len:
-        raise RequestError(
+        raise ContextLengthError(
             f"prompt ({num_prompt_tokens} tokens) + max_tokens ({max_tokens}) is "
-            f"{num_prompt_tokens + max_tokens}, beyond the context length {max_model_len}", param="max_tokens"
+            f"{num_prompt_tokens + max_tokens}, beyond the context length {max_model_len}", num_prompt_tokens, max_tokens, max_model_len
         )
 
 

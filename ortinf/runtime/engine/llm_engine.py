@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from ortinf.config import EngineConfig
-from ortinf.errors import ConfigError, RequestError, StepFailedError
+from ortinf.errors import ConfigError, ContextLengthError, RequestError, StepFailedError
 from ortinf.manifest import SPEECH_RECOGNITION, TEXT2TEXT, TEXT_GENERATION, Manifest
 from ortinf.providers.registry import resolve
 from ortinf.runtime.core.kv_cache_manager import KVCacheManager
@@ -233,8 +233,8 @@ class LLMEngine:
         ids, placed = place_images(list(prepared.token_ids), images, vision, step)
         params = prepared.params
         if len(ids) >= self.max_model_len:
-            raise RequestError(f"the prompt has {len(ids)} tokens with its images; the context length is {self.max_model_len}",
-                               param="prompt")
+            raise ContextLengthError(f"the prompt has {len(ids)} tokens with its images; the context length is {self.max_model_len}",
+                                     len(ids), None, self.max_model_len, param="prompt")
         if params.max_tokens is not None and len(ids) + params.max_tokens > self.max_model_len:
             params = replace(params, max_tokens=self.max_model_len - len(ids))
         check_fits(len(ids), params.max_tokens, self.max_model_len)
@@ -260,8 +260,9 @@ class LLMEngine:
             if self.seq2seq is not None:
                 raise RequestError(f"a source must hold 1 to {self.max_prompt_tokens} tokens: {len(prompt)} characters are more "
                                    "than that many tokens can hold", param="prompt")
-            raise RequestError(f"the prompt has {len(prompt)} characters, more than {self.max_model_len} tokens (the context "
-                               f"length) can hold: shorten it, or pass truncate_prompt_tokens", param="prompt")
+            raise ContextLengthError(f"the prompt has {len(prompt)} characters, more than {self.max_model_len} tokens (the context "
+                                     f"length) can hold: shorten it, or pass truncate_prompt_tokens", None, None, self.max_model_len,
+                                     param="prompt")
         if self.speech is not None:
             raise RequestError("a speech-recognition model takes audio: transcribe it (LLM.transcribe, ortinf transcribe, "
                                "/v1/audio/transcriptions)", param="prompt")
@@ -272,7 +273,8 @@ class LLMEngine:
             text, token_ids = None, token_ids[-params.truncate_prompt_tokens:]  # the prompt's end is what the model continues
         if params.max_tokens is None:  # as many as the context length leaves
             if len(token_ids) >= self.max_model_len:
-                raise RequestError(f"the prompt has {len(token_ids)} tokens; the context length is {self.max_model_len}", param="prompt")
+                raise ContextLengthError(f"the prompt has {len(token_ids)} tokens; the context length is {self.max_model_len}",
+                                         len(token_ids), None, self.max_model_len, param="prompt")
             params = replace(params, max_tokens=self.max_model_len - len(token_ids))
         check_fits(len(token_ids), params.max_tokens, self.max_model_len)
         return PreparedRequest(text, token_ids, params, lora_name, options=options)

@@ -17,7 +17,7 @@ from ortinf.errors import RequestError
 from ortinf.tasks.chat import reasoning
 from ortinf.tasks.chat.media import MediaPolicy, has_images, message_images
 from ortinf.tasks.chat.messages import ChatMessage
-from ortinf.tasks.chat.template import ChatTemplate
+from ortinf.tasks.chat.template import ChatTemplate, TemplateError
 from ortinf.tasks.chat.tools import resolve_parser, template_messages
 from ortinf.tokenizer import check_unicode
 
@@ -73,8 +73,22 @@ class Chat:
         if continue_final_message and add_generation_prompt:
             raise RequestError("continue_final_message and add_generation_prompt cannot both be true: set add_generation_prompt "
                                "to false", param="continue_final_message")
-        text = self.template.render(template_messages(list(messages), self.placeholder), add_generation_prompt=add_generation_prompt,
-                                    tools=tools, extra=extra, continue_final_message=continue_final_message)
+        rendered = template_messages(list(messages), self.placeholder)
+
+        def render(conversation: list[dict]) -> str:
+            return self.template.render(conversation, add_generation_prompt=add_generation_prompt, tools=tools, extra=extra,
+                                        continue_final_message=continue_final_message)
+
+        later = [m["content"] for m in _after_leading_system(rendered) if m["role"] == "system" and m["content"]]
+        if not later:
+            text = render(rendered)
+        else:  # a system message mid-conversation (Claude Code sends them): where it was, if the template writes it there
+            try:
+                text = render(rendered)
+            except TemplateError:
+                text = None
+            if text is None or not all(content in text for content in later):
+                text = render(merged_system(rendered))  # the template refused or dropped it: into the leading system prompt
         return self.tokenizer.encode(check_unicode(text, "messages"), add_special_tokens=add_special_tokens).ids
 
     def images(self, messages: Sequence[ChatMessage], policy: MediaPolicy | None = None) -> list[bytes]:
@@ -94,4 +108,18 @@ class Chat:
         return self.placeholder is not None and has_images(list(messages))
 
 
-__all__ = ["Chat"]
+def _after_leading_system(messages: list[dict]) -> list[dict]:
+    first = next((i for i, m in enumerate(messages) if m["role"] != "system"), len(messages))
+    return messages[first:]
+
+
+def merged_system(messages: list[dict]) -> list[dict]:
+    """The conversation with every system message after the first turn moved into the leading system prompt (joined by
+    blank lines, in order): what a template that accepts a system prompt only first can still show the model."""
+    leading = messages[:len(messages) - len(_after_leading_system(messages))]
+    rest = _after_leading_system(messages)
+    texts = [m["content"] for m in leading + [m for m in rest if m["role"] == "system"] if m["content"]]
+    return [{"role": "system", "content": "\n\n".join(texts)}, *(m for m in rest if m["role"] != "system")]
+
+
+__all__ = ["Chat", "merged_system"]

@@ -11,6 +11,7 @@ parallel_tool_calls), a named function generates its arguments object.
 
 from __future__ import annotations
 
+import re
 import uuid
 from dataclasses import dataclass
 
@@ -49,6 +50,9 @@ def resolve_parser(configured: str, template_source: str | None) -> str | None:
     return tool_parsers.detect(template_source)
 
 
+_PARTIAL_NAME = re.compile(r'"name"\s*:\s*"([^"\\]*)')  # the start of the first call's name in `required`'s grammar output
+
+
 @dataclass(frozen=True, slots=True)
 class ToolPlan:
     """How one request uses tools: what the template sees, what the output must match, how to read it."""
@@ -59,8 +63,26 @@ class ToolPlan:
     structured_output: StructuredOutput | None = None
     warning: str | None = None  # why "auto" answers as plain text (no parser for this model): a response header
 
-    def parse(self, text: str, parser: str | None) -> tuple[str | None, list[ToolCall]]:
-        """(content, tool calls) of a finished output."""
+    def parse(self, text: str, parser: str | None, cut: bool = False) -> tuple[str | None, list[ToolCall]]:
+        """(content, tool calls) of a finished output. `cut`: max_tokens ended it; a call it ended inside is still a call,
+        with the arguments produced so far closed into JSON (json_text.closings) and finish_reason "length" saying so,
+        never the call's half-written text as content (a call whose name was not finished is left out)."""
+        content, calls = self._parse(text, parser)
+        if calls or not cut or self.mode == "none":
+            return content, calls
+        names = {tool["function"]["name"] for tool in self.tools or ()}
+        for candidate in json_text.closings(text):
+            closed_content, closed = self._parse(candidate, parser)
+            closed = [call for call in closed if call.name in names]
+            if closed:
+                return closed_content, closed
+        if self.mode == "required":  # cut before its name was written: the one tool the grammar still allowed, if one
+            started = _PARTIAL_NAME.search(text)
+            allowed = [name for name in names if name.startswith(started.group(1) if started else "")]
+            return None, [ToolCall(allowed[0], "{}", new_call_id())] if len(allowed) == 1 else []
+        return (None, []) if self.mode == "named" else (content, calls)  # the grammar's JSON is no reply
+
+    def _parse(self, text: str, parser: str | None) -> tuple[str | None, list[ToolCall]]:
         if self.mode == "named":
             return (None, [ToolCall(self.named or "", text, new_call_id())]) if _is_json(text) else (text, [])
         if self.mode == "required":
