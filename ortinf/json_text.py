@@ -9,6 +9,8 @@ request, "not a tool call" for model output), never a 500.
 from __future__ import annotations
 
 import json
+import math
+import sys
 from typing import Any
 
 MAX_DEPTH_MESSAGE = "nested too deeply"
@@ -18,10 +20,18 @@ def _no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def finite_float(text: str) -> float:
+    """A JSON number beyond a double's range (1e999, valid JSON that a grammar lets a model write) as the largest double of
+    its sign: float() would make it inf, which json.dumps writes as Infinity, which is not JSON (a client sending such a
+    call's arguments back got a 400)."""
+    value = float(text)
+    return value if math.isfinite(value) else math.copysign(sys.float_info.max, value)
+
+
 def loads(text: str | bytes) -> Any:
-    """json.loads, with deep nesting and NaN/Infinity raised as ValueError."""
+    """json.loads, with deep nesting and NaN/Infinity raised as ValueError, and numbers beyond a double's range clamped."""
     try:
-        return json.loads(text, parse_constant=_no_constants)
+        return json.loads(text, parse_constant=_no_constants, parse_float=finite_float)
     except RecursionError as exc:
         raise ValueError(MAX_DEPTH_MESSAGE) from exc
 

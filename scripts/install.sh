@@ -4,8 +4,9 @@
 # there is no GPU) and the serving-only OpenVINO environment in .venv-openvino (onnxruntime-openvino
 # replaces the onnxruntime wheel, so it cannot share .venv). Safe to run again: it only installs what
 # is missing. It also builds ortinf's CPU kernel library into ortinf/kernels/lib/, and installs Debian's chromium for the
-# chat page's browser test (scripts/setup_browser.sh). ORTINF_SKIP_WEBGPU=1 / ORTINF_SKIP_OPENVINO=1 /
-# ORTINF_SKIP_BROWSER=1 leave those out.
+# chat page's browser test (scripts/setup_browser.sh) and, where node is present, Claude Code and Codex from npm for the
+# agent CLI tests (scripts/setup_agent_clis.sh). ORTINF_SKIP_WEBGPU=1 / ORTINF_SKIP_OPENVINO=1 / ORTINF_SKIP_BROWSER=1 /
+# ORTINF_SKIP_AGENT_CLIS=1 leave those out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-python3}
@@ -35,6 +36,10 @@ fi
 if [ "${ORTINF_SKIP_BROWSER:-0}" != 1 ]; then
   echo "== a headless browser for the chat page's test (scripts/setup_browser.sh)"
   bash scripts/setup_browser.sh
+fi
+if [ "${ORTINF_SKIP_AGENT_CLIS:-0}" != 1 ]; then
+  echo "== Claude Code and Codex from npm for the agent CLI tests (scripts/setup_agent_clis.sh)"
+  bash scripts/setup_agent_clis.sh
 fi
 if [ "${ORTINF_SKIP_OPENVINO:-0}" != 1 ]; then
   echo "== the OpenVINO environment (scripts/setup_openvino_env.sh)"

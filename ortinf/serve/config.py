@@ -84,6 +84,8 @@ class ServerConfig:
     metrics_prefix: str = option("ortinf", "Prefix of the /metrics names; vllm gives vllm:num_requests_waiting, "
                                  "vllm:kv_cache_usage_perc, ... for dashboards and cluster routers (llm-d, the Gateway API "
                                  "Inference Extension) that look for them.", "server", choices=_choices("ortinf", "vllm"))
+    access_log: bool = option(False, "Log one line per request: client, method, path and status (uvicorn's access log), as "
+                              "vLLM and llama-server do.", "server")
     allow_runtime_lora_updates: bool = option(False, "Mount /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's): a client "
                                               "may then make the server read any adapter folder it names; set --max-loras for the "
                                               "slots.", "server")

@@ -106,7 +106,7 @@ def run(config: ServerConfig, log_level: str = "info") -> None:
     app = build_app(config)
     server = _Server(uvicorn.Config(
         app, host=config.host, port=config.port, log_level=log_level,
-        timeout_graceful_shutdown=config.shutdown_timeout, access_log=False, http=http_protocol(config.request_header_timeout),
+        timeout_graceful_shutdown=config.shutdown_timeout, access_log=config.access_log, http=http_protocol(config.request_header_timeout),
     ))
     state = app.state.ortinf
     state.request_exit = lambda: setattr(server, "should_exit", True)  # uvicorn polls the flag

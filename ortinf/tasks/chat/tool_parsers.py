@@ -134,7 +134,7 @@ def _granite(rest: str) -> Calls:
 def _first_json(text: str) -> tuple[dict, int]:
     """The JSON object at the start of `text` and where it ends."""
     try:
-        obj, end = json.JSONDecoder().raw_decode(text)
+        obj, end = json.JSONDecoder(parse_float=json_text.finite_float).raw_decode(text)
     except RecursionError:
         raise ValueError(json_text.MAX_DEPTH_MESSAGE) from None
     if not isinstance(obj, dict):
