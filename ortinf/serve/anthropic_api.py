@@ -52,6 +52,7 @@ class MessagesRequest(BaseModel):
     tool_choice: dict | None = None
     thinking: dict | None = None
     output_config: dict | None = None
+    cache_salt: Annotated[str, Field(min_length=1, max_length=256)] | None = None  # vLLM's; or the x-cache-salt header
 
 
 class CountTokensRequest(MessagesRequest):
@@ -86,6 +87,22 @@ def _image(block: dict, where: str) -> dict:
     raise APIError(400, f"{where}.source: send a base64 source (type, media_type, data) or a url source (type, url)", param=where)
 
 
+def _document(block: dict, where: str) -> str:
+    """A document block's text (a text source, or a content source of text blocks), after its title and context."""
+    source = block.get("source")
+    kind = source.get("type") if isinstance(source, dict) else None
+    if kind == "text" and isinstance(source.get("data"), str):
+        text = source["data"]
+    elif kind == "content":
+        text = _text_of(source.get("content"), f"{where}.source.content")
+    else:
+        raise APIError(400, f"{where}.source: a document of source type '{str(kind)[:40]}' cannot be read here (a PDF has no "
+                            "text this server extracts): send its text as a text source (type text, media_type text/plain, data)",
+                       param=where)
+    head = [value for value in (block.get("title"), block.get("context")) if isinstance(value, str) and value]
+    return "\n".join([*head, text])
+
+
 def _turn(message: dict, index: int) -> list[dict]:
     """One Anthropic message as OpenAI chat messages: a user turn's tool results become tool messages (before its
     other content), an assistant turn's tool_use blocks its tool calls; thinking blocks of earlier turns are dropped
@@ -108,6 +125,8 @@ def _turn(message: dict, index: int) -> list[dict]:
             parts.append({"type": "text", "text": block["text"]})
         elif kind == "image" and role == "user":
             parts.append(_image(block, at))
+        elif kind == "document" and role == "user":
+            parts.append({"type": "text", "text": _document(block, at)})
         elif kind == "tool_use" and role == "assistant":
             if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
                 raise APIError(400, f"{at}: a tool_use block needs an id and a name", param=at)
@@ -120,8 +139,8 @@ def _turn(message: dict, index: int) -> list[dict]:
         elif kind in ("thinking", "redacted_thinking") and role == "assistant":
             continue
         else:
-            raise APIError(400, f"{at}: a {role} message cannot hold a block of type '{str(kind)[:40]}' here (text, image "
-                                "and tool_result in user turns; text, tool_use and thinking in assistant turns)", param=at)
+            raise APIError(400, f"{at}: a {role} message cannot hold a block of type '{str(kind)[:40]}' here (text, image, "
+                                "document and tool_result in user turns; text, tool_use and thinking in assistant turns)", param=at)
     turns = list(results)
     if parts or (role == "assistant" and calls) or not results:
         text_only = all(p["type"] == "text" for p in parts)
@@ -234,10 +253,14 @@ async def _prepared(body: MessagesRequest, state: ServerState,
     chat = chat_request(body, state.config.hosted_tools, ignored)
     tools = tool_plan(model, chat, state.config.default_tool_choice)
     params = chat_params(model, chat, tools, None)
+    salt = body.cache_salt or request.headers.get("x-cache-salt") or None  # a header, for clients that send only Anthropic's fields
+    if salt is not None and len(salt) > 256:
+        raise APIError(400, "x-cache-salt: at most 256 characters", param="cache_salt")
 
     def prepare() -> list:  # rendering, tokenising and decoding images are CPU work: off the event loop
         images = model.chat.images(chat.messages, state.config.media_policy) if model.chat is not None else []
-        return prepare_samples(model, [render_prompt(model, chat, tools)], params, 1, body.stream, images=images)
+        return prepare_samples(model, [render_prompt(model, chat, tools)], params, 1, body.stream, images=images,
+                               cache_salt=salt)
 
     prepared = await prepare_off_loop(state.admission, prepare, model.chat is not None and model.chat.has_images(chat.messages), 1)
     return model, chat, tools, prepared, ignored
@@ -249,6 +272,8 @@ async def create_message(body: MessagesRequest, request: Request):
     model, chat, tools, prepared, ignored = await _prepared(body, state, request)
     message_id = f"msg_{uuid.uuid4().hex}"
     headers = field_policy.ignored_headers(ignored)
+    if tools.warning:  # tools sent to a model whose tool-call format is unknown: answered as text, and said so
+        headers[field_policy.WARNING_HEADER] = tools.warning
     ticket = state.admission.acquire(sequences(prepared))
     if body.stream:
         stream = AdmittedStream(_events(body, model, tools, prepared, message_id), ticket)

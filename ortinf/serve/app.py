@@ -305,7 +305,8 @@ def build_app(config: ServerConfig, load_in_background: bool = True) -> FastAPI:
     listed = [entry.package for entry in state.models.catalog.values()] if state.models is not None else []
     vision = any(_has_vision(package) for package in [*config.packages, *listed])
     app.add_middleware(BodyLimit, limit=config.max_body_size, audio_limit=config.max_audio_body_size,
-                       media_paths=("/v1/chat/completions", "/v1/responses", "/v1/messages", "/api/chat", "/api/generate") if vision else ())
+                       media_paths=("/v1/chat/completions", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens", "/api/chat",
+                                    "/api/generate") if vision else ())
     app.add_middleware(Gate, state=state)
     app.add_middleware(ClientGone)
 

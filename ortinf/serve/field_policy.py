@@ -193,8 +193,10 @@ POLICY: dict[str, dict[str, Rule]] = {
 
 POLICY["/v1/messages"] = {  # Anthropic's Messages API (ortinf/serve/anthropic_api.py)
     "model": _implemented("the served model; optional when one model is served"),
-    "messages": _implemented("user and assistant turns: text, image (base64; url from --allowed-media-domains hosts), tool_use and "
-                             "tool_result blocks; earlier turns' thinking blocks are dropped, as Anthropic's API does"),
+    "messages": _implemented("user and assistant turns: text, image (base64; url from --allowed-media-domains hosts), document "
+                             "(text and plain-text sources; a PDF is a 400), tool_use and tool_result blocks; earlier turns' "
+                             "thinking blocks are dropped, as Anthropic's API does; system turns where the template writes "
+                             "them, else in the system prompt"),
     "max_tokens": _implemented("required, as Anthropic's"),
     "system": _implemented("a string or text blocks: the system message"),
     "stop_sequences": _implemented("stop strings; stop_reason stop_sequence names the one matched"),
@@ -202,7 +204,11 @@ POLICY["/v1/messages"] = {  # Anthropic's Messages API (ortinf/serve/anthropic_a
     "temperature": _implemented("0 to 1; 0 is greedy"),
     "top_p": _implemented("nucleus sampling"),
     "top_k": _implemented("top-k sampling"),
-    "tools": _implemented("client tools (name, description, input_schema); server tools are a 400"),
+    "tools": _implemented("client tools (name, description, input_schema); server tools (web_search_..., code_execution_...) "
+                          "and tools with defer_loading are left out and named in X-Ignored-Fields (--hosted-tools refuse: "
+                          "a 400)"),
+    "cache_salt": _implemented("vLLM's: prefix-cache blocks are shared only between requests with the same salt (or the "
+                               "x-cache-salt header); cache_read_input_tokens then tells nothing across salts"),
     "tool_choice": _implemented("auto (read by the tool-call parser), any and tool (enforced by a grammar), none; "
                                 "disable_parallel_tool_use allows one call"),
     "thinking": _implemented("enabled, adaptive, between_tools or disabled: the chat template's enable_thinking; thinking "

@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import io
 
+import httpx
 import numpy as np
 import openai
 import pytest
@@ -314,6 +315,10 @@ def test_a_photo_sized_image_passes_the_body_limit(client):
     assert len(big) > 2 << 20
     reply = client.chat.completions.create(model="llava", messages=[{"role": "user", "content": [part(big)]}], max_tokens=2)
     assert reply.usage.prompt_tokens > 16
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": base64.b64encode(big).decode()}}
+    counted = httpx.post(f"{client.base_url}messages/count_tokens", timeout=60,  # it was 413 where /v1/messages took the image
+                         json={"model": "llava", "messages": [{"role": "user", "content": [image]}]})
+    assert counted.status_code == 200 and counted.json()["input_tokens"] > 16, counted.text
 
 
 def test_llm_chat_with_images_equals_the_server(client, qwen_package, chat_package):
