@@ -232,15 +232,19 @@ _OLLAMA = {  # what /api/chat and /api/generate share (ortinf/serve/ollama_api.p
     "model": _implemented("the served name (a trailing :latest is accepted)"),
     "stream": _implemented("NDJSON lines, the last with done true; default true, as Ollama's"),
     "format": _implemented("\"json\" (any JSON object) or a JSON schema: enforced by a grammar"),
-    "options": _implemented("temperature, top_p, top_k, min_p, seed, num_predict, stop, repeat_penalty, presence_penalty, "
-                            "frequency_penalty; the runner's (num_ctx, num_gpu, num_thread, ...) are named as ignored "
-                            "(options.NAME): the server's options set them"),
+    "options": _implemented("temperature, top_p, top_k, min_p, seed, num_predict (stops at the context's end, done_reason "
+                            "length, as Ollama), stop, repeat_penalty, presence_penalty, frequency_penalty, cache_salt; the "
+                            "runner's (num_ctx, num_gpu, num_thread, ...) are named as ignored (options.NAME): the server's "
+                            "options set them"),
     "think": _implemented("true/false: the chat template's enable_thinking; low/medium/high also its reasoning_effort; thinking "
                           "comes from --reasoning-parser"),
     "keep_alive": _implemented("with --models-dir: how long the model stays loaded once idle after this request (seconds or "
-                               "5m/1h; negative: stays; 0: unloads at once); without it every model stays loaded"),
-    "logprobs": _refused("no logprobs on Ollama's routes: use /v1/chat/completions or /v1/completions"),
-    "top_logprobs": _refused("no logprobs on Ollama's routes: use /v1/chat/completions or /v1/completions"),
+                               "5m/1h30m; negative or longer than Go's longest duration (~292 years): stays; 0: unloads at "
+                               "once; NaN or infinite: a 400); without it every model stays loaded"),
+    "logprobs": _implemented("each line's tokens with their logprob and bytes, as Ollama's logprobs list"),
+    "top_logprobs": _implemented("0 to 20 alternatives per token, with logprobs true"),
+    "cache_salt": _implemented("vLLM's (also as options.cache_salt): prefix-cache blocks are shared only between requests with "
+                               "the same salt"),
 }
 POLICY["/api/chat"] = {
     **_OLLAMA,

@@ -5,6 +5,9 @@ errors are `{"error": "..."}` (ortinf/serve/errors.py). What Ollama manages itse
 deleting models) is a 400 that says what to do instead: ortinf serves packages made by `ortinf export`.
 
 Sampling defaults are the package's, as on the OpenAI routes (Ollama's come from a Modelfile): `options` set them.
+As Ollama does, bodies are read as JSON whatever their Content-Type says (curl -d sends form-urlencoded, litellm's
+ollama providers none), num_predict stops at the context's end instead of failing, and HEAD / answers 200 (the Go
+client's heartbeat).
 """
 
 from __future__ import annotations
@@ -12,14 +15,16 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
-from pydantic import BaseModel
+from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
+from pydantic import BaseModel, ValidationError
 
 import ortinf
 from ortinf.manifest import FEATURE_EXTRACTION
@@ -28,12 +33,14 @@ from ortinf.serve import field_policy
 from ortinf.serve.encoding import embed
 from ortinf.serve.errors import APIError, from_exception
 from ortinf.serve.generation import Reply, chat_params, prepare_samples, render_prompt, tool_plan
+from ortinf.serve.logprobs import chat_logprobs
 from ortinf.serve.model_manager import load_wait
 from ortinf.serve.models import ServedModel
 from ortinf.serve.ollama_protocol import (
     ChatRequest,
     EmbeddingsRequest,
     EmbedRequest,
+    GenerateFields,
     GenerateRequest,
     ModelRequest,
     Options,
@@ -46,8 +53,36 @@ from ortinf.serve.state import ServerState
 from ortinf.serve.streaming import AdmittedStream, final_outputs, merged, prepare_off_loop, sequences, until_disconnected
 from ortinf.tasks.chat.tools import ToolPlan
 
-router = APIRouter()
-API_VERSION = "0.12.0"  # the Ollama API level these routes speak (clients gate features on it); ortinf's own is beside it
+
+class JSONBodies(APIRoute):
+    """Ollama reads every request body as JSON whatever its Content-Type says: curl -d (its documentation's examples)
+    sends application/x-www-form-urlencoded, litellm's ollama/ and ollama_chat/ providers send none. So do these
+    routes: a body that is not JSON is still a 400 (`{"error": ...}`: the request body is not valid JSON)."""
+
+    def get_route_handler(self) -> Callable:
+        handler = super().get_route_handler()
+        if self.body_field is None:  # a route that reads no body (the refused model management ones)
+            return handler
+
+        async def handle(request: Request) -> Response:
+            kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+            if request.method == "POST" and not (kind == "application/json" or kind.endswith("+json")):
+                headers = [(name, value) for name, value in request.scope["headers"] if name != b"content-type"]
+                request = Request({**request.scope, "headers": [*headers, (b"content-type", b"application/json")]}, request.receive)
+            if request.method == "POST" and not (await request.body()).lstrip().startswith(b"{"):  # read once: the handler reuses it
+                raise APIError(400, "the request body must be a JSON object" if await request.body() else "missing request body")
+            return await handler(request)
+
+        return handle
+
+
+router = APIRouter(route_class=JSONBodies)
+# The Ollama API whose behaviour these routes implement (clients gate features on it: Codex's --oss ollama provider
+# wants >= 0.13.4); ortinf's own version is beside it. Ollama 0.13.5's API as ortinf has it: /api/chat and /api/generate
+# with tools, thinking (think), format schemas, logprobs and top_logprobs (0.12.11), images, keep_alive; /api/embed;
+# HEAD / as the heartbeat; and on the same port the OpenAI routes, /v1/responses among them (what 0.13.4 added and
+# Codex uses). Model management (pull, create, ...) is a 400 that says what to do instead.
+API_VERSION = "0.13.5"
 FOREVER = "2318-01-01T00:00:00Z"  # expires_at of a model that stays loaded (Ollama's keep_alive -1)
 
 
@@ -94,7 +129,7 @@ def _timings(start: float, output: RequestOutput, prompt_tokens: int, load: floa
 def _ended(line: dict, output: RequestOutput, start: float, prepared: list, request: Request) -> dict:
     """The last line: why it ended ("length" at num_predict or the context, else "stop"), its counts and durations."""
     reason = "length" if output.outputs[0].finish_reason == "length" else "stop"
-    return {**line, "done_reason": reason, **_timings(start, output, prepared[0].num_prompt_tokens, load_wait(request))}
+    return {**line, "done": True, "done_reason": reason, **_timings(start, output, prepared[0].num_prompt_tokens, load_wait(request))}
 
 
 def _loaded_answer(model: ServedModel, request: Request, body: dict) -> JSONResponse:
@@ -115,33 +150,59 @@ def _calls(reply: Reply) -> list[dict]:
     return found
 
 
-async def _run(request: Request, state: ServerState, model: ServedModel, prepared: list, tools: ToolPlan, frame, ignored: list[str]):
-    """Runs the prepared request; `frame(kind, ...)` shapes each line: ("delta", thinking, text), ("done", reply,
-    output) for the last. Streamed as NDJSON, or one object."""
+def _clipped(prepared: list, limit: int | None) -> list:
+    """num_predict as Ollama has it: at most `limit` tokens, and never past the context's end (prepared without a
+    limit, each request's max_tokens is what its context leaves; a prompt alone past it was a 400 there)."""
+    if limit is None:
+        return prepared
+    return [replace(p, params=replace(p.params, max_tokens=min(p.params.max_tokens, limit))) for p in prepared]
+
+
+def _headers(ignored: list[str], tools: ToolPlan) -> dict[str, str]:
+    """The ignored fields, and why tools were not offered to the model (no tool-call format), as on /v1/chat/completions."""
+    headers = field_policy.ignored_headers(ignored)
+    if tools.warning:
+        headers[field_policy.WARNING_HEADER] = tools.warning
+        field_policy.warn_once(tools.warning)
+    return headers
+
+
+Frame = Callable[..., dict]  # (thinking, text, calls, logprobs) -> a line's body, done aside
+
+
+async def _run(request: Request, state: ServerState, model: ServedModel, prepared: list, tools: ToolPlan, frame: Frame,
+               headers: dict[str, str], logprobs: bool):
+    """Runs the prepared request; `frame(thinking, text, calls, logprobs)` shapes a line's body. Streamed as NDJSON (the
+    text and calls in lines before the last, which is done with empty text, as Ollama's), or one object."""
     start = time.monotonic()
     request_id = f"ollama-{hashlib.sha1(str(start).encode()).hexdigest()[:12]}"
     ticket = state.admission.acquire(sequences(prepared))
-    headers = field_policy.ignored_headers(ignored)
     if prepared[0].options.output_kind != "delta":  # not streamed: one final output
         try:
             (output,) = await until_disconnected(request, final_outputs(model.require_engine(), prepared, request_id))
         finally:
             ticket.release()
-        reply = Reply(model, tools)
-        thinking, text = reply.feed(output.outputs[0].text, True, output.outputs[0].finish_reason == "length")
-        return JSONResponse({**frame("done", reply, output, start, thinking, text)}, headers=headers)
+        reply, completion = Reply(model, tools), output.outputs[0]
+        thinking, text = reply.feed(completion.text, True, completion.finish_reason == "length")
+        entries = chat_logprobs(model, completion.logprobs or [])["content"] if logprobs else None
+        return JSONResponse(_ended(frame(thinking, text, _calls(reply), entries), output, start, prepared, request), headers=headers)
 
     async def lines() -> AsyncIterator[str]:
         reply = Reply(model, tools)
         samples = merged(model.require_engine(), prepared, request_id)
+        pending: list = []  # logprobs of tokens whose text is not sent yet (held back as a possible tool call)
         try:
             async for _, output in samples:
                 delta = output.outputs[0]
                 thinking, text = reply.feed(delta.text, bool(delta.finish_reason), delta.finish_reason == "length")
+                pending += delta.logprobs or [] if logprobs else []
+                calls = _calls(reply) if delta.finish_reason else []
+                if thinking or text or calls or (delta.finish_reason and pending):
+                    entries = chat_logprobs(model, pending)["content"] if logprobs else None
+                    yield _ndjson({**frame(thinking, text, calls, entries), "done": False})
+                    pending = []
                 if delta.finish_reason:
-                    yield _ndjson(frame("done", reply, output, start, thinking, text))
-                elif thinking or text:
-                    yield _ndjson(frame("delta", reply, output, start, thinking, text))
+                    yield _ndjson(_ended(frame("", "", [], None), output, start, prepared, request))
         except Exception as exc:  # noqa: BLE001 - reported in the stream, whose headers are already sent
             yield _ndjson({"error": from_exception(exc).message})
         finally:
@@ -154,15 +215,21 @@ async def _run(request: Request, state: ServerState, model: ServedModel, prepare
     return stream
 
 
-async def _chat_prepared(state: ServerState, model: ServedModel, chat: ChatCompletionRequest, stream: bool) -> tuple[ToolPlan, list]:
+async def _chat_prepared(state: ServerState, model: ServedModel, chat: ChatCompletionRequest, body: GenerateFields) -> tuple[ToolPlan, list]:
     tools = tool_plan(model, chat, state.config.default_tool_choice)
-    params = chat_params(model, chat, tools, None)
+    params = chat_params(model, chat, tools, body.logprobs_count())
 
     def prepare() -> list:  # rendering, tokenising and decoding images are CPU work: off the event loop
         images = model.chat.images(chat.messages, state.config.media_policy) if model.chat is not None else []
-        return prepare_samples(model, [render_prompt(model, chat, tools)], params, 1, stream, images=images)
+        prepared = prepare_samples(model, [render_prompt(model, chat, tools)], params, 1, body.stream, images=images, cache_salt=chat.cache_salt)
+        return _clipped(prepared, body.options.max_tokens() if body.options else None)
 
     return tools, await prepare_off_loop(state.admission, prepare, model.chat is not None and model.chat.has_images(chat.messages), 1)
+
+
+def _line(model: ServedModel, logprobs: list | None, **fields: Any) -> dict:
+    line = {"model": model.name, "created_at": _now(), **fields}
+    return {**line, "logprobs": logprobs} if logprobs else line
 
 
 @router.post("/api/chat")
@@ -174,18 +241,28 @@ async def chat(body: ChatRequest, request: Request):
     if not body.messages:  # Ollama's way to load a model: nothing to say, done at once
         return _loaded_answer(model, request, {"message": {"role": "assistant", "content": ""}})
     chat_body = chat_request(body, chat_messages(body.messages), body.tools)
-    tools, prepared = await _chat_prepared(state, model, chat_body, body.stream)
+    tools, prepared = await _chat_prepared(state, model, chat_body, body)
 
-    def frame(kind: str, reply: Reply, output: RequestOutput, start: float, thinking: str, text: str) -> dict:
+    def frame(thinking: str, text: str, calls: list, logprobs: list | None) -> dict:
         message: dict[str, Any] = {"role": "assistant", "content": text}
         if thinking:
             message["thinking"] = thinking
-        line = {"model": model.name, "created_at": _now(), "message": message, "done": kind == "done"}
-        if kind == "done" and reply.calls:
-            message["tool_calls"] = _calls(reply)
-        return _ended(line, output, start, prepared, request) if kind == "done" else line
+        if calls:
+            message["tool_calls"] = calls
+        return _line(model, logprobs, message=message)
 
-    return await _run(request, state, model, prepared, tools, frame, ignored)
+    return await _run(request, state, model, prepared, tools, frame, _headers(ignored, tools), body.logprobs)
+
+
+def _completion(body: GenerateRequest) -> CompletionRequest:
+    """A raw prompt's completion request; its fields' errors a 400 worded as on the templated path (as_chat_request)."""
+    fields = {"model": body.model, "prompt": body.prompt, "cache_salt": body.salt(), **(body.options.sampling() if body.options else {})}
+    try:
+        return CompletionRequest.model_validate({**{key: value for key, value in fields.items() if value is not None}, "max_tokens": None})
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(part) for part in error.get("loc", ()))
+        raise APIError(400, f"{where}: {error.get('msg', 'invalid value')}", param=where or None) from None
 
 
 @router.post("/api/generate")
@@ -199,23 +276,25 @@ async def generate(body: GenerateRequest, request: Request):
     if body.raw or model.chat_template is None:  # the prompt as it is: a completion
         if body.images:
             raise APIError(400, "images need the model's chat template: send them without raw", param="images")
-        completion = CompletionRequest.model_validate({"model": body.model, "prompt": body.prompt, "max_tokens": None,
-                                                       **(body.options.sampling() if body.options else {})})
-        params = completion.sampling_params(completion.max_tokens, None)
+        completion = _completion(body)
+        params = completion.sampling_params(None, body.logprobs_count())
         tools = ToolPlan(None, "none")
-        prepared = await prepare_off_loop(state.admission, lambda: prepare_samples(model, [body.prompt], params, 1, body.stream), False, 1)
+        limit = body.options.max_tokens() if body.options else None
+
+        def prepare() -> list:
+            return _clipped(prepare_samples(model, [body.prompt], params, 1, body.stream, cache_salt=completion.cache_salt), limit)
+
+        prepared = await prepare_off_loop(state.admission, prepare, False, 1)
     else:
         user: dict[str, Any] = {"role": "user", "content": body.prompt or ""}
         messages = ([{"role": "system", "content": body.system}] if body.system else []) + chat_messages([{**user, "images": body.images}])
-        tools, prepared = await _chat_prepared(state, model, chat_request(body, messages), body.stream)
+        tools, prepared = await _chat_prepared(state, model, chat_request(body, messages), body)
 
-    def frame(kind: str, reply: Reply, output: RequestOutput, start: float, thinking: str, text: str) -> dict:
-        line: dict[str, Any] = {"model": model.name, "created_at": _now(), "response": text, "done": kind == "done"}
-        if thinking:
-            line["thinking"] = thinking
-        return _ended(line, output, start, prepared, request) if kind == "done" else line
+    def frame(thinking: str, text: str, calls: list, logprobs: list | None) -> dict:
+        line = _line(model, logprobs, response=text)
+        return {**line, "thinking": thinking} if thinking else line
 
-    return await _run(request, state, model, prepared, tools, frame, ignored)
+    return await _run(request, state, model, prepared, tools, frame, _headers(ignored, tools), body.logprobs)
 
 
 @router.post("/api/embed")
@@ -278,7 +357,7 @@ def _entry_card(entry) -> dict:  # noqa: ANN001 - a model_manager.Entry not load
     return {**card, "error": facts.error} if facts.error is not None else card
 
 
-@router.get("/api/tags")
+@router.api_route("/api/tags", methods=["GET", "HEAD"])
 async def tags(request: Request):
     """Every model this server can serve: loaded ones, and with --models-dir the ones that load on request."""
     state: ServerState = request.app.state.ortinf
@@ -289,8 +368,13 @@ async def tags(request: Request):
 
 
 def _expires(state: ServerState, name: str) -> str:
+    """When the model unloads once idle; FOREVER when it stays, or when no date can say when (keep_alive is bounded
+    where it is read, ollama_protocol.keep_alive_seconds, and /api/ps answers every client: it must not fail)."""
     at = state.models.expires(name) if state.models is not None else None
-    return FOREVER if at is None else datetime.fromtimestamp(at, timezone.utc).isoformat().replace("+00:00", "Z")
+    try:
+        return FOREVER if at is None else datetime.fromtimestamp(at, timezone.utc).isoformat().replace("+00:00", "Z")
+    except (OverflowError, ValueError, OSError):
+        return FOREVER
 
 
 @router.get("/api/ps")
@@ -334,9 +418,16 @@ async def show(body: ModelRequest, request: Request):
             "modified_at": card["modified_at"]}
 
 
-@router.get("/api/version")
+@router.api_route("/api/version", methods=["GET", "HEAD"])
 async def version():
     return {"version": API_VERSION, "ortinf": ortinf.__version__}
+
+
+@router.head("/", include_in_schema=False)
+async def heartbeat():
+    """Ollama's Go client's heartbeat (api.Client.Heartbeat: HEAD /, 200). GET / is the chat page; both are open
+    with --api-key (app.OPEN_PATHS), as Ollama, which has no key, answers them."""
+    return Response(status_code=200)
 
 
 MANAGED = {"/api/pull": "pull", "/api/push": "push", "/api/create": "create", "/api/copy": "copy", "/api/delete": "delete"}

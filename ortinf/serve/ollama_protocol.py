@@ -15,6 +15,8 @@ from ortinf.serve.errors import APIError
 from ortinf.serve.generation import as_chat_request
 from ortinf.serve.protocol import MAX_EMBEDDING_INPUTS, MAX_STOP, OPEN, ChatCompletionRequest, Finite
 
+MAX_TOP_LOGPROBS = 20  # Ollama's bound
+
 
 class Options(BaseModel):
     """Ollama's `options`: the sampling ones are read; the rest (runner settings: num_ctx, num_gpu, num_thread, ...)
@@ -32,17 +34,23 @@ class Options(BaseModel):
     repeat_penalty: Finite | None = None
     presence_penalty: Finite | None = None
     frequency_penalty: Finite | None = None
+    cache_salt: str | None = None  # vLLM's, where a client sends only options (the ollama client); checked as the top level's
 
     def sampling(self) -> dict:
-        """ChatCompletionRequest's fields for these options (num_predict -1 or -2: as long as the context allows)."""
+        """ChatCompletionRequest's fields for these options, num_predict aside (`max_tokens`)."""
         fields = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p, "seed": self.seed,
                   "stop": self.stop, "repetition_penalty": self.repeat_penalty, "presence_penalty": self.presence_penalty,
                   "frequency_penalty": self.frequency_penalty}
-        if self.num_predict is not None and self.num_predict > 0:
-            fields["max_tokens"] = self.num_predict
-        elif self.num_predict is not None and self.num_predict not in (-1, -2):
-            raise APIError(400, "options.num_predict must be positive, or -1 (no limit) or -2 (fill the context)", param="options.num_predict")
         return {key: value for key, value in fields.items() if value is not None}
+
+    def max_tokens(self) -> int | None:
+        """num_predict as a limit, None for none (-1 or -2: as long as the context allows). Ollama stops at the
+        context's end whatever num_predict says, so the route clips it there (ollama_api._clipped), not a 400."""
+        if self.num_predict is not None and self.num_predict > 0:
+            return self.num_predict
+        if self.num_predict is not None and self.num_predict not in (-1, -2):
+            raise APIError(400, "options.num_predict must be positive, or -1 (no limit) or -2 (fill the context)", param="options.num_predict")
+        return None
 
 
 class GenerateFields(BaseModel):
@@ -54,6 +62,18 @@ class GenerateFields(BaseModel):
     options: Options | None = None
     think: bool | str | None = None
     keep_alive: float | str | None = None
+    logprobs: bool = False  # Ollama 0.12.11's: each line's tokens with their logprobs
+    top_logprobs: Annotated[int, Field(strict=True, ge=0, le=MAX_TOP_LOGPROBS)] = 0  # alternatives per token, with logprobs
+    cache_salt: str | None = None  # vLLM's: prefix-cache blocks are shared only between requests with the same salt
+
+    def salt(self) -> str | None:
+        """The request's cache salt: the top level's, else options.cache_salt."""
+        return self.cache_salt or (self.options.cache_salt if self.options is not None else None) or None
+
+    def logprobs_count(self) -> int | None:
+        """SamplingParams' logprobs: the alternatives per token, None without logprobs (top_logprobs alone asks for
+        nothing, as in Ollama)."""
+        return self.top_logprobs if self.logprobs else None
 
 
 class ChatRequest(GenerateFields):
@@ -95,28 +115,32 @@ class ModelRequest(BaseModel):
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
 _UNIT = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+# Ollama holds keep_alive as a Go time.Duration, whose longest is 2^63 ns (~292 years); a longer one means what its
+# negative does, forever, here (its expires_at in /api/ps is ollama_api.FOREVER), and never reaches a clock or a date
+LONGEST_KEEP_ALIVE = 2**63 * 1e-9
 
 
 def keep_alive_seconds(value: float | str) -> float:
-    """Ollama's keep_alive in seconds: a number of seconds or a Go duration (5m, 1h30m); negative: forever (inf)."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float("inf") if value < 0 else float(value)
+    """Ollama's keep_alive in seconds: a number of seconds or a Go duration (5m, 1h30m, "0", "-1"); negative, or longer
+    than LONGEST_KEEP_ALIVE: forever (inf). NaN and infinity, or any other text, are a 400."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise APIError(400, "keep_alive must be seconds or a duration such as 5m", param="keep_alive")
     text = str(value).strip()
-    if text.startswith("-"):
-        return float("inf")
+    negative = text.startswith("-")
     try:
-        seconds = float(text)
+        seconds = float(value) if not isinstance(value, str) else float(text)
     except ValueError:
-        pass
+        pieces = _DURATION.findall(text.removeprefix("-"))
+        if not pieces or "".join(number + unit for number, unit in pieces) != text.removeprefix("-"):
+            raise APIError(400, f"keep_alive must be seconds or a duration such as 5m or 1h30m (negative: stay loaded), not "
+                                f"{text[:40]!r}", param="keep_alive") from None
+        seconds = sum(float(number) * _UNIT[unit] for number, unit in pieces)
     else:
-        if math.isnan(seconds):
-            raise APIError(400, "keep_alive must be seconds or a duration such as 5m, not NaN", param="keep_alive")
-        return seconds
-    pieces = _DURATION.findall(text)
-    if not pieces or "".join(number + unit for number, unit in pieces) != text:
-        raise APIError(400, f"keep_alive must be seconds or a duration such as 5m or 1h30m (negative: stay loaded), not {text[:40]!r}",
-                       param="keep_alive")
-    return sum(float(number) * _UNIT[unit] for number, unit in pieces)
+        if not math.isfinite(seconds):
+            raise APIError(400, f"keep_alive must be a finite number of seconds (negative: stay loaded), not {text[:40]}", param="keep_alive")
+    if negative or seconds < 0 or seconds > LONGEST_KEEP_ALIVE:
+        return float("inf")
+    return seconds
 
 
 def images_as_parts(images: list, where: str) -> list[dict]:
@@ -166,7 +190,8 @@ def chat_messages(messages: list[dict]) -> list[dict]:
 
 
 def chat_request(body: GenerateFields, messages: list[dict], tools: list[dict] | None = None) -> ChatCompletionRequest:
-    fields: dict = {"model": body.model, "messages": messages, "stream": body.stream, **(body.options.sampling() if body.options else {})}
+    fields: dict = {"model": body.model, "messages": messages, "stream": body.stream, "cache_salt": body.salt(),
+                    **(body.options.sampling() if body.options else {})}
     if tools:
         fields["tools"] = tools
     if body.format == "json":
