@@ -79,9 +79,9 @@ class JSONBodies(APIRoute):
 router = APIRouter(route_class=JSONBodies)
 # The Ollama API whose behaviour these routes implement (clients gate features on it: Codex's --oss ollama provider
 # wants >= 0.13.4); ortinf's own version is beside it. Ollama 0.13.5's API as ortinf has it: /api/chat and /api/generate
-# with tools, thinking (think), format schemas, logprobs and top_logprobs (0.12.11), images, keep_alive; /api/embed;
-# HEAD / as the heartbeat; and on the same port the OpenAI routes, /v1/responses among them (what 0.13.4 added and
-# Codex uses). Model management (pull, create, ...) is a 400 that says what to do instead.
+# with tools, thinking (think), format schemas, logprobs and top_logprobs (0.12 on), images, keep_alive; /api/embed;
+# HEAD / as the heartbeat; and on the same port the OpenAI routes, /v1/responses among them (what Codex speaks once
+# the version passes). Model management (pull, create, ...) is a 400 that says what to do instead.
 API_VERSION = "0.13.5"
 FOREVER = "2318-01-01T00:00:00Z"  # expires_at of a model that stays loaded (Ollama's keep_alive -1)
 
@@ -195,7 +195,7 @@ async def _run(request: Request, state: ServerState, model: ServedModel, prepare
             async for _, output in samples:
                 delta = output.outputs[0]
                 thinking, text = reply.feed(delta.text, bool(delta.finish_reason), delta.finish_reason == "length")
-                pending += delta.logprobs or [] if logprobs else []
+                pending += (delta.logprobs or []) if logprobs else []
                 calls = _calls(reply) if delta.finish_reason else []
                 if thinking or text or calls or (delta.finish_reason and pending):
                     entries = chat_logprobs(model, pending)["content"] if logprobs else None

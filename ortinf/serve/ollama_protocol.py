@@ -62,7 +62,7 @@ class GenerateFields(BaseModel):
     options: Options | None = None
     think: bool | str | None = None
     keep_alive: float | str | None = None
-    logprobs: bool = False  # Ollama 0.12.11's: each line's tokens with their logprobs
+    logprobs: bool = False  # Ollama's (0.12 on): each line's tokens with their logprobs
     top_logprobs: Annotated[int, Field(strict=True, ge=0, le=MAX_TOP_LOGPROBS)] = 0  # alternatives per token, with logprobs
     cache_salt: str | None = None  # vLLM's: prefix-cache blocks are shared only between requests with the same salt
 
