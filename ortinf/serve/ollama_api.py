@@ -357,7 +357,7 @@ def _entry_card(entry) -> dict:  # noqa: ANN001 - a model_manager.Entry not load
     return {**card, "error": facts.error} if facts.error is not None else card
 
 
-@router.api_route("/api/tags", methods=["GET", "HEAD"])
+@router.get("/api/tags")
 async def tags(request: Request):
     """Every model this server can serve: loaded ones, and with --models-dir the ones that load on request."""
     state: ServerState = request.app.state.ortinf
@@ -418,9 +418,14 @@ async def show(body: ModelRequest, request: Request):
             "modified_at": card["modified_at"]}
 
 
-@router.api_route("/api/version", methods=["GET", "HEAD"])
+@router.get("/api/version")
 async def version():
     return {"version": API_VERSION, "ortinf": ortinf.__version__}
+
+
+# Ollama answers HEAD on these as on GET (a client checks a server is there before it asks)
+router.add_api_route("/api/tags", tags, methods=["HEAD"], include_in_schema=False)
+router.add_api_route("/api/version", version, methods=["HEAD"], include_in_schema=False)
 
 
 @router.head("/", include_in_schema=False)
