@@ -103,6 +103,8 @@ def run(config: ServerConfig, log_level: str = "info") -> None:
     """Serves until SIGTERM/SIGINT (exit 0) or until an engine dies (exit 1, after a graceful stop
     that lets the open streams receive their error events)."""
     logging.getLogger("ortinf").setLevel(log_level.upper())
+    if hasattr(sys.stdout, "reconfigure"):  # uvicorn's access log goes to stdout: a line as it happens, also into a file
+        sys.stdout.reconfigure(line_buffering=True)
     app = build_app(config)
     server = _Server(uvicorn.Config(
         app, host=config.host, port=config.port, log_level=log_level,

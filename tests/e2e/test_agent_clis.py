@@ -10,10 +10,12 @@ status of every request the CLIs sent."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -43,9 +45,13 @@ def server(package_factory, tmp_path_factory):
         yield server
 
 
+def _log(server) -> str:  # noqa: ANN001 - the whole log (Server.log() keeps its last 4,000 characters)
+    return server.log_path.read_text(errors="replace")
+
+
 def _statuses(server, path: str, since: int) -> list[int]:
     """The statuses the access log shows for `path` (query strings aside) after the log's first `since` characters."""
-    return [int(m["status"]) for m in ACCESS.finditer(server.log()[since:]) if m["path"].split("?")[0] == path]
+    return [int(m["status"]) for m in ACCESS.finditer(_log(server)[since:]) if m["path"].split("?")[0] == path]
 
 
 def _home(tmp_path: Path) -> dict[str, str]:
@@ -59,7 +65,7 @@ def test_claude_code_runs_a_tool_round_trip(server, tmp_path):
     Claude Code (Read of a file that does not exist) and its tool_result goes back in the second request."""
     _installed(CLAUDE)
     env = {**_home(tmp_path), "ANTHROPIC_BASE_URL": server.url, "ANTHROPIC_API_KEY": "sk-unused", "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "256"}
-    since = len(server.log())
+    since = len(_log(server))
     done = subprocess.run([str(CLAUDE), "-p", "read the notes", "--max-turns", "2", "--tools", "Read", "--model", "agent",
                            "--output-format", "stream-json", "--verbose"], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=180)
@@ -81,13 +87,43 @@ def test_claude_code_retries_a_max_tokens_beyond_the_context(server, tmp_path):
     recovers from, and its retry with a max_tokens that fits is a 200."""
     _installed(CLAUDE)
     env = {**_home(tmp_path), "ANTHROPIC_BASE_URL": server.url, "ANTHROPIC_API_KEY": "sk-unused"}
-    since = len(server.log())
+    since = len(_log(server))
     done = subprocess.run([str(CLAUDE), "-p", "hi", "--max-turns", "1", "--tools", "Read", "--model", "agent", "--output-format", "json"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
     statuses = _statuses(server, "/v1/messages", since)
     assert statuses[0] == 400 and statuses[1:] and set(statuses[1:]) == {200}, (statuses, done.stdout[-2000:])
     result = json.loads(done.stdout.splitlines()[-1])  # its one turn ends in a (forced) call: "max turns", not an API error
     assert result["subtype"] == "error_max_turns" and result.get("api_error_status") is None, done.stdout[-2000:]
+
+
+def _codex(arguments: list[str], env: dict[str, str], cwd: Path) -> tuple[list[dict], list[dict]]:
+    """(events, calls run) of `codex exec --json ARGUMENTS`, stopped once two calls have run (their outputs then went
+    back in a request each) or its turn ended."""
+    codex = subprocess.Popen([str(CODEX), "exec", "--json", "--skip-git-repo-check", *arguments, "-m", "agent", "say hi"], cwd=cwd, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True,
+                             start_new_session=True)  # npm's `codex` is node running the native binary: stop them both
+
+    def stop() -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(codex.pid, signal.SIGKILL)
+
+    events: list[dict] = []
+    ran: list[dict] = []
+    timer = threading.Timer(120, stop)  # a bound, in case it hangs
+    timer.start()
+    try:
+        for line in codex.stdout:
+            if line.startswith("{"):
+                events.append(json.loads(line))
+            ran = [e for e in events if e.get("type") == "item.completed" and e["item"]["type"] not in ("error", "agent_message")]
+            if len(ran) >= 2 or events[-1:] and events[-1].get("type") in ("error", "turn.failed", "turn.completed"):
+                break
+    finally:
+        timer.cancel()
+        stop()
+        codex.wait()
+    time.sleep(0.5)  # the access log line of the request in flight
+    return events, ran
 
 
 def test_codex_runs_tool_round_trips(server, tmp_path):
@@ -97,28 +133,23 @@ def test_codex_runs_tool_round_trips(server, tmp_path):
     _installed(CODEX)
     env = {**_home(tmp_path), "OPENAI_API_KEY": "sk-unused"}
     provider = f'model_providers.ortinf={{name="ortinf", base_url="{server.url}/v1", wire_api="responses", env_key="OPENAI_API_KEY"}}'
-    since = len(server.log())
-    codex = subprocess.Popen([str(CODEX), "exec", "--json", "--skip-git-repo-check", "-c", "model_provider=ortinf", "-c", provider,
-                              "-m", "agent", "say hi"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                             stdin=subprocess.DEVNULL, text=True)
-    events: list[dict] = []
-    ran: list[dict] = []
-    timer = threading.Timer(120, codex.kill)  # a bound, in case it hangs
-    timer.start()
-    try:
-        for line in codex.stdout:  # until two calls have run (their outputs then went back in a request each)
-            if line.startswith("{"):
-                events.append(json.loads(line))
-            ran = [e for e in events if e.get("type") == "item.completed" and e["item"]["type"] not in ("error", "agent_message")]
-            if len(ran) >= 2 or events[-1:] and events[-1].get("type") in ("error", "turn.failed", "turn.completed"):
-                break
-    finally:
-        timer.cancel()
-        codex.kill()
-        codex.wait()
+    since = len(_log(server))
+    events, ran = _codex(["-c", "model_provider=ortinf", "-c", provider], env, tmp_path)
     output = "\n".join(map(json.dumps, events))
     assert not [e for e in events if e.get("type") in ("error", "turn.failed")], output[-3000:]
-    time.sleep(0.5)  # the access log line of the request in flight
     statuses = _statuses(server, "/v1/responses", since)
     assert ran and len(statuses) >= 2 and set(statuses) == {200}, (statuses, output[-3000:])
-    assert "/v1/responses: ignored request fields" in server.log()[since:]  # named in the log and X-Ignored-Fields
+    assert "/v1/responses: ignored request fields" in _log(server)[since:]  # named in the log and X-Ignored-Fields
+
+
+def test_codex_takes_ortinf_for_ollama(server, tmp_path):
+    """`codex --oss --local-provider ollama` checks /api/version (it needs Ollama >= 0.13.4; ortinf said 0.12.0 and
+    was refused) and /api/tags, then runs its turns on /v1/responses."""
+    _installed(CODEX)
+    env = {**_home(tmp_path), "CODEX_OSS_BASE_URL": f"{server.url}/v1"}
+    since = len(_log(server))
+    events, ran = _codex(["--oss", "--local-provider", "ollama"], env, tmp_path)
+    output = "\n".join(map(json.dumps, events))
+    assert not [e for e in events if e.get("type") in ("error", "turn.failed")], output[-3000:]
+    assert _statuses(server, "/api/version", since) == [200], _log(server)[since:][-3000:]
+    assert ran and set(_statuses(server, "/v1/responses", since)) == {200}, output[-3000:]
