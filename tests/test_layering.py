@@ -169,18 +169,22 @@ def test_only_tasks_call_the_engine_and_the_front_ends_stay_off_the_server():
 
 
 def test_routes_import_no_route_and_never_prepare_by_hand():
-    """serve/'s route modules (those with an APIRouter) import no other route module: what generating routes
-    share is in ortinf/serve/generation.py; and no server module prepares an engine request itself (LLMEngine.prepare
+    """serve/'s route modules (those with an APIRouter, in serve/api/<front-end>/) import no other route module: what
+    generating routes share is in ortinf/serve/generation.py; and no server module prepares an engine request itself (LLMEngine.prepare
     is called through ortinf/tasks/text.py, which fans out n samples and picks beams once for every caller)."""
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
     serve = root / "ortinf" / "serve"
-    routes = {f"ortinf.serve.{p.stem}" for p in serve.glob("*.py") if "APIRouter(" in p.read_text()}
-    assert {"ortinf.serve.chat", "ortinf.serve.completions", "ortinf.serve.responses_api"} <= routes
+
+    def name(path: Path) -> str:
+        return ".".join(path.relative_to(root).with_suffix("").parts)
+
+    routes = {name(p) for p in serve.rglob("*.py") if "APIRouter(" in p.read_text()}
+    assert {"ortinf.serve.api.openai.chat", "ortinf.serve.api.openai.responses", "ortinf.serve.api.anthropic.routes"} <= routes
     found = []
-    for path in sorted(serve.glob("*.py")):
-        module = f"ortinf.serve.{path.stem}"
+    for path in sorted(serve.rglob("*.py")):
+        module = name(path)
         if module in routes:
             found += [f"{module} -> {name}" for name in imported_modules(path) if name in routes and name != module]
         if ".prepare(" in path.read_text():

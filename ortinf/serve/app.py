@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import importlib.util
+import importlib
 import logging
 import time
 from pathlib import Path
@@ -19,7 +19,9 @@ from ortinf import extras
 from ortinf.errors import ConfigError
 from ortinf.manifest import Manifest
 from ortinf.runtime.engine.async_engine import AsyncEngine
-from ortinf.serve import anthropic_api, chat, completions, embeddings, lora_routes, ollama_api, preload, responses, responses_api, scoring, tokens
+from ortinf.serve import preload
+from ortinf.serve.api import front_ends
+from ortinf.serve.api.openai import schemas
 from ortinf.serve.config import ServerConfig, engine_options, model_names
 from ortinf.serve.errors import error_body, error_response, from_exception, install_error_handlers, respond
 from ortinf.serve.model_manager import Leases, ModelManager, resident_bytes
@@ -284,20 +286,9 @@ def build_app(config: ServerConfig, load_in_background: bool = True) -> FastAPI:
                   description="OpenAI-compatible API over ONNX Runtime with a paged KV cache.")
     app.state.ortinf = state
     install_error_handlers(app)
-    app.include_router(completions.router)
-    app.include_router(chat.router)
-    app.include_router(responses_api.router)
-    app.include_router(anthropic_api.router)
-    app.include_router(ollama_api.router)
-    app.include_router(embeddings.router)
-    app.include_router(scoring.router)
-    app.include_router(tokens.router)
-    if config.allow_runtime_lora_updates:
-        app.include_router(lora_routes.router)
-    if importlib.util.find_spec("multipart") is not None:  # FastAPI's form parsing (the audio extra)
-        from ortinf.serve import audio
-
-        app.include_router(audio.router)
+    for front in front_ends():  # each API front-end's routes (ortinf/serve/api)
+        for module in front.routes(config):
+            app.include_router(importlib.import_module(module).router)
 
     # the last added runs first: the API key is checked before a byte of the body is read
     app.add_middleware(Leases, state=state)
@@ -305,34 +296,33 @@ def build_app(config: ServerConfig, load_in_background: bool = True) -> FastAPI:
     listed = [entry.package for entry in state.models.catalog.values()] if state.models is not None else []
     vision = any(_has_vision(package) for package in [*config.packages, *listed])
     app.add_middleware(BodyLimit, limit=config.max_body_size, audio_limit=config.max_audio_body_size,
-                       media_paths=("/v1/chat/completions", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens", "/api/chat",
-                                    "/api/generate") if vision else ())
+                       media_paths=tuple(path for front in front_ends() for path in front.media_paths) if vision else ())
     app.add_middleware(Gate, state=state)
     app.add_middleware(ClientGone)
 
-    def card(m: ServedModel) -> responses.ModelCard:
+    def card(m: ServedModel) -> schemas.ModelCard:
         length = m.engine.engine.max_model_len if m.engine is not None else (m.manifest.decoder or m.manifest.encoder).max_model_len
         root = None
         if m.lora_name is not None and m.engine is not None and m.engine.engine.loras is not None:
             adapter = m.engine.engine.loras.adapters.get(m.lora_name)
             root = str(adapter.path) if adapter is not None else None
         modalities = ["audio"] if m.manifest.speech is not None else ["text", "image"] if m.manifest.vision is not None else ["text"]
-        return responses.ModelCard(id=m.name, created=m.created, task=m.manifest.task, max_model_len=length, root=root, parent=m.parent,
+        return schemas.ModelCard(id=m.name, created=m.created, task=m.manifest.task, max_model_len=length, root=root, parent=m.parent,
                                    input_modalities=modalities)
 
-    def unloaded_card(entry) -> responses.ModelCard:  # noqa: ANN001 - a --models-dir model not loaded now
+    def unloaded_card(entry) -> schemas.ModelCard:  # noqa: ANN001 - a --models-dir model not loaded now
         facts = entry.read()  # as surveyed (models_folder.py): no disk access here; `error` marks one that cannot serve
-        return responses.ModelCard(id=entry.name, created=int(facts.modified), task=facts.task, max_model_len=facts.max_model_len,
+        return schemas.ModelCard(id=entry.name, created=int(facts.modified), task=facts.task, max_model_len=facts.max_model_len,
                                    loaded=False, error=facts.error)
 
-    @app.get("/v1/models", response_model=responses.ModelList)
+    @app.get("/v1/models", response_model=schemas.ModelList)
     async def list_models():
         cards = [card(m) for m in (*state.registry.models.values(), *state.registry.adapters())]
         if state.models is not None:
             cards += [unloaded_card(entry) for entry in await state.models.listed()]
-        return responses.ModelList(data=sorted(cards, key=lambda c: c.id))
+        return schemas.ModelList(data=sorted(cards, key=lambda c: c.id))
 
-    @app.get("/v1/models/{model_id:path}", response_model=responses.ModelCard)
+    @app.get("/v1/models/{model_id:path}", response_model=schemas.ModelCard)
     async def retrieve_model(model_id: str):
         entry = next((e for e in await state.models.listed() if e.name == model_id), None) if state.models is not None else None
         if entry is not None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ortinf.config import option, parse_size
 
-RESPONSES_STORE_SIZE = 256 * 2**20  # ortinf/serve/response_store.py: bytes of stored Responses API responses
+RESPONSES_STORE_SIZE = 256 * 2**20  # ortinf/serve/api/openai/responses_store.py: bytes of stored Responses API responses
 from ortinf.tasks.chat.reasoning import PARSERS as REASONING_PARSERS
 from ortinf.tasks.chat.tool_parsers import PARSERS as TOOL_PARSERS
 

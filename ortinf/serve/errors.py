@@ -1,6 +1,6 @@
-"""Errors in the shape of the API a path speaks: OpenAI's `{"error": {"message", "type", "param", "code"}}`,
-Anthropic's `{"type": "error", "error": {"type", "message"}}` on /v1/messages, Ollama's `{"error": "..."}` on
-/api/. The only place that maps ortinf's errors onto HTTP statuses."""
+"""Errors in the shape of the API a path speaks (each front-end's record in ortinf/serve/api says how: OpenAI's
+`{"error": {"message", "type", "param", "code"}}`, Anthropic's `{"type": "error", "error": {"type", "message"}}` on
+/v1/messages, Ollama's `{"error": "..."}` on /api/). The only place that maps ortinf's errors onto HTTP statuses."""
 
 from __future__ import annotations
 
@@ -19,24 +19,6 @@ log = logging.getLogger(__name__)
 
 MAX_MESSAGE = 300  # messages never echo huge inputs back
 
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 413: "invalid_request_error",
-          429: "rate_limit_error", 500: "server_error", 503: "service_unavailable"}
-
-
-# Anthropic's error types by status (https://docs.anthropic.com/en/api/errors)
-_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
-                    413: "request_too_large", 429: "rate_limit_error", 500: "api_error", 503: "overloaded_error"}
-
-
-def dialect(path: str) -> str:
-    """The API a path speaks: "anthropic" (/v1/messages), "ollama" (/api/...) or "openai"."""
-    if path == "/v1/messages" or path.startswith("/v1/messages/"):
-        return "anthropic"
-    if path.startswith("/api/"):
-        return "ollama"
-    return "openai"
-
-
 class APIError(Exception):
     """An error the server answers with, raised from route code."""
 
@@ -49,18 +31,17 @@ class APIError(Exception):
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None, path: str = "",
                wording: dict[str, str] | None = None) -> dict:
-    """The error as the API of `path` shapes and words it (dialect; `wording`: a dialect's own words for the case)."""
-    message = (wording or {}).get(dialect(path), message)
+    """The error as the API of `path` shapes and words it (its front-end, ortinf/serve/api; `wording`: a front-end's own
+    words for the case, by its name)."""
+    from ortinf.serve.api import speaking  # the front-ends import this module
+
+    front = speaking(path)
+    message = (wording or {}).get(front.name, message)
     if len(message) > MAX_MESSAGE:
         message = message[: MAX_MESSAGE - 3] + "..."
     # a message may quote the request (a model name): lone surrogates cannot be written as UTF-8
     message = message.encode("utf-8", "backslashreplace").decode("utf-8")
-    kind = dialect(path)
-    if kind == "anthropic":
-        return {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(status, "api_error"), "message": message}}
-    if kind == "ollama":
-        return {"error": message}
-    return {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"), "param": param, "code": code}}
+    return front.error_body(status, message, param, code)
 
 
 def error_response(status: int, message: str, param: str | None = None, code: str | None = None,

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ortinf.errors import RequestError
 from ortinf.runtime.sample.sampling_params import MAX_BEAMS, MAX_LOGPROBS, SamplingParams
 from ortinf.runtime.sample.structured_output import StructuredOutput
-from ortinf.serve.field_policy import GUIDED
+from ortinf.serve.policy_rules import GUIDED
 from ortinf.tasks.chat.messages import (  # noqa: F401 - the request models name them
     IMAGE_PARTS,
     ChatMessage,

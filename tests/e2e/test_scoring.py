@@ -1,4 +1,4 @@
-"""POST /v1/rerank, /score and /classify (ortinf/serve/scoring.py) against a real server, by value: a tiny BERT
+"""POST /v1/rerank, /score and /classify (ortinf/serve/api/openai/scoring.py) against a real server, by value: a tiny BERT
 cross-encoder's scores equal sentence-transformers' CrossEncoder, a classifier's probabilities transformers'
 softmax, and an embedding model's scores sentence-transformers' cosine similarity."""
 

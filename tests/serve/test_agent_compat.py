@@ -14,8 +14,8 @@ from support.app_helpers import serving
 from support.recipes import TOOLS_CHAT_TEMPLATE
 from tokenizers import Tokenizer
 
+from ortinf.serve.api.openai.responses_tools import read_tools
 from ortinf.serve.errors import APIError
-from ortinf.serve.responses_tools import read_tools
 from ortinf.serve.state import ServerConfig
 from ortinf.tasks.chat.chat import Chat
 from ortinf.tasks.chat.messages import ChatMessage

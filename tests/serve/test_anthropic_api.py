@@ -1,4 +1,4 @@
-"""Anthropic's Messages API (ortinf/serve/anthropic_api.py) in process (the real app and engine, support/app_helpers.py)
+"""Anthropic's Messages API (ortinf/serve/api/anthropic/routes.py) in process (the real app and engine, support/app_helpers.py)
 and the official `anthropic` SDK over an ASGI transport:
 create and stream, stop reasons, a tool round trip, count_tokens, the same tokens as the chat completion the
 request means, and Anthropic-shaped errors (x-api-key with --api-key)."""

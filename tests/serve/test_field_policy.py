@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from ortinf.serve import field_policy
-from ortinf.serve.anthropic_api import CountTokensRequest, MessagesRequest
-from ortinf.serve.field_policy import IGNORED, IMPLEMENTED, MAPPED, POLICY, REFUSED
-from ortinf.serve.ollama_protocol import ChatRequest, EmbeddingsRequest, EmbedRequest, GenerateRequest, ModelRequest
+from ortinf.serve.api.anthropic.protocol import CountTokensRequest, MessagesRequest
+from ortinf.serve.api.ollama.protocol import ChatRequest, EmbeddingsRequest, EmbedRequest, GenerateRequest, ModelRequest
+from ortinf.serve.api.openai.responses import ResponsesRequest
+from ortinf.serve.field_policy import IGNORED, IMPLEMENTED, MAPPED, REFUSED, policy
 from ortinf.serve.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
-from ortinf.serve.responses_api import ResponsesRequest
 
 MODELS = {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatCompletionRequest, "/v1/embeddings": EmbeddingRequest,
           "/v1/responses": ResponsesRequest, "/v1/messages": MessagesRequest, "/v1/messages/count_tokens": CountTokensRequest,
@@ -22,7 +22,7 @@ MODELS = {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatComp
 
 @pytest.mark.parametrize("route", sorted(MODELS))
 def test_every_field_of_a_request_model_has_a_row(route):
-    rules = POLICY[route]
+    rules = policy()[route]
     fields = {info.alias or name for name, info in MODELS[route].model_fields.items()}
     missing = sorted(fields - set(rules))
     assert not missing, f"{route}: fields without a policy row: {missing}"
@@ -39,12 +39,12 @@ def test_the_docs_hold_the_policy_table():
 
 def test_the_fields_real_clients_send_are_never_unnamed():
     """What the issue's clients send (openai, the Agents SDK, LangChain, LiteLLM, instructor, vLLM clients)."""
-    chat = POLICY["/v1/chat/completions"]
+    chat = policy()["/v1/chat/completions"]
     for name in ("store", "metadata", "service_tier", "modalities", "prediction", "reasoning_effort", "best_of", "use_beam_search",
                  "priority", "add_special_tokens", "request_id", "cache_salt", "guided_json", "guided_choice", "guided_regex",
                  "guided_grammar", "parallel_tool_calls", "stream_options"):
         assert name in chat, name
-    assert POLICY["/v1/embeddings"]["dimensions"].kind == IMPLEMENTED
+    assert policy()["/v1/embeddings"]["dimensions"].kind == IMPLEMENTED
 
 
 def test_the_ignored_fields_header_is_printable_ascii():

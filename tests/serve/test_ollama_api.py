@@ -1,4 +1,4 @@
-"""Ollama's API (ortinf/serve/ollama_api.py) in process (the real app and engine, support/app_helpers.py)
+"""Ollama's API (ortinf/serve/api/ollama/routes.py) in process (the real app and engine, support/app_helpers.py)
 and the official `ollama` Python client over an ASGI transport: chat and
 generate, streamed and not, format json, tools, embeddings, tags/show/ps/version, the same tokens as the OpenAI
 route at temperature 0, and Ollama-shaped errors."""

@@ -1,4 +1,4 @@
-"""Audio files in, transcripts out: what speech needs at its edges, for the server (ortinf/serve/audio.py)
+"""Audio files in, transcripts out: what speech needs at its edges, for the server (ortinf/serve/api/openai/audio.py)
 and the CLI (`ortinf transcribe`) alike. Audio is decoded by libsndfile (soundfile: wav, flac, ogg, mp3
 and more), mixed to mono and resampled to 16 kHz with soxr; a file that is empty, not audio, or longer
 than MAX_AUDIO_SECONDS is a RequestError. Transcripts come in OpenAI's response formats."""

@@ -30,13 +30,7 @@ import ortinf
 from ortinf.manifest import FEATURE_EXTRACTION
 from ortinf.runtime.engine.outputs import RequestOutput
 from ortinf.serve import field_policy
-from ortinf.serve.encoding import embed
-from ortinf.serve.errors import APIError, from_exception
-from ortinf.serve.generation import Reply, chat_params, prepare_samples, render_prompt, tool_plan
-from ortinf.serve.logprobs import chat_logprobs
-from ortinf.serve.model_manager import load_wait
-from ortinf.serve.models import ServedModel
-from ortinf.serve.ollama_protocol import (
+from ortinf.serve.api.ollama.protocol import (
     ChatRequest,
     EmbeddingsRequest,
     EmbedRequest,
@@ -48,6 +42,12 @@ from ortinf.serve.ollama_protocol import (
     chat_request,
     keep_alive_seconds,
 )
+from ortinf.serve.encoding import embed
+from ortinf.serve.errors import APIError, from_exception
+from ortinf.serve.generation import Reply, chat_params, prepare_samples, render_prompt, tool_plan
+from ortinf.serve.logprobs import chat_logprobs
+from ortinf.serve.model_manager import load_wait
+from ortinf.serve.models import ServedModel
 from ortinf.serve.protocol import ChatCompletionRequest, CompletionRequest
 from ortinf.serve.state import ServerState
 from ortinf.serve.streaming import AdmittedStream, final_outputs, merged, prepare_off_loop, sequences, until_disconnected
@@ -158,14 +158,6 @@ def _clipped(prepared: list, limit: int | None) -> list:
     return [replace(p, params=replace(p.params, max_tokens=min(p.params.max_tokens, limit))) for p in prepared]
 
 
-def _headers(ignored: list[str], tools: ToolPlan) -> dict[str, str]:
-    """The ignored fields, and why tools were not offered to the model (no tool-call format), as on /v1/chat/completions."""
-    headers = field_policy.ignored_headers(ignored)
-    if tools.warning:
-        headers[field_policy.WARNING_HEADER] = tools.warning
-        field_policy.warn_once(tools.warning)
-    return headers
-
 
 Frame = Callable[..., dict]  # (thinking, text, calls, logprobs) -> a line's body, done aside
 
@@ -251,7 +243,7 @@ async def chat(body: ChatRequest, request: Request):
             message["tool_calls"] = calls
         return _line(model, logprobs, message=message)
 
-    return await _run(request, state, model, prepared, tools, frame, _headers(ignored, tools), body.logprobs)
+    return await _run(request, state, model, prepared, tools, frame, field_policy.response_headers(ignored, tools.warning), body.logprobs)
 
 
 def _completion(body: GenerateRequest) -> CompletionRequest:
@@ -294,7 +286,7 @@ async def generate(body: GenerateRequest, request: Request):
         line = _line(model, logprobs, response=text)
         return {**line, "thinking": thinking} if thinking else line
 
-    return await _run(request, state, model, prepared, tools, frame, _headers(ignored, tools), body.logprobs)
+    return await _run(request, state, model, prepared, tools, frame, field_policy.response_headers(ignored, tools.warning), body.logprobs)
 
 
 @router.post("/api/embed")

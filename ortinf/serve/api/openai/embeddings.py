@@ -13,7 +13,8 @@ import base64
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from ortinf.serve import field_policy, responses
+from ortinf.serve import field_policy
+from ortinf.serve.api.openai import schemas
 from ortinf.serve.encoding import embed
 from ortinf.serve.protocol import EmbeddingRequest
 from ortinf.serve.state import ServerState
@@ -21,7 +22,7 @@ from ortinf.serve.state import ServerState
 router = APIRouter()
 
 
-@router.post("/v1/embeddings", response_model=responses.EmbeddingList)
+@router.post("/v1/embeddings", response_model=schemas.EmbeddingList)
 async def create_embeddings(body: EmbeddingRequest, request: Request):
     state: ServerState = request.app.state.ortinf
     ignored = field_policy.apply("/v1/embeddings", body)
@@ -34,6 +35,6 @@ async def create_embeddings(body: EmbeddingRequest, request: Request):
     for index, vector in enumerate(vectors):
         embedding = base64.b64encode(vector.tobytes()).decode() if body.encoding_format == "base64" else vector.tolist()
         data.append({"object": "embedding", "index": index, "embedding": embedding})
-    return JSONResponse(responses.body(responses.EmbeddingList.model_validate(
+    return JSONResponse(schemas.body(schemas.EmbeddingList.model_validate(
         {"object": "list", "data": data, "model": model.name, "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens}})),
         headers=field_policy.ignored_headers(ignored))

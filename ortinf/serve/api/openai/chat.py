@@ -10,7 +10,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from ortinf.runtime.engine.llm_engine import PreparedRequest
-from ortinf.serve import field_policy, responses
+from ortinf.serve import field_policy
+from ortinf.serve.api.openai import schemas
 from ortinf.serve.generation import cached_tokens, chat_params, prepare_samples, render_prompt, request_ids, split_reasoning, tool_plan, usage
 from ortinf.serve.logprobs import chat_logprobs, prompt_logprobs
 from ortinf.serve.models import ServedModel
@@ -22,7 +23,7 @@ from ortinf.tasks.chat.tools import ToolPlan, held_back
 router = APIRouter()
 
 
-@router.post("/v1/chat/completions", response_model=responses.ChatCompletion,
+@router.post("/v1/chat/completions", response_model=schemas.ChatCompletion,
              responses={200: {"description": "a chat completion, or with stream=true server-sent events of chat completion chunks"}})
 async def create_chat_completion(body: ChatCompletionRequest, request: Request):
     state: ServerState = request.app.state.ortinf
@@ -46,7 +47,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
     stream = _stream(state, model, body, tools, prepared, request_id, engine_id, created) if body.stream else None
     outputs = await admit_and_run(request, state.admission, engine, prepared, engine_id, stream)
     if body.stream:
-        outputs.headers.update(_headers(ignored, tools))
+        outputs.headers.update(field_policy.response_headers(ignored, tools.warning))
         return outputs
     choices = []
     for index, output in enumerate(outputs):
@@ -72,16 +73,8 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
     }
     if body.prompt_logprobs is not None:
         response["prompt_logprobs"] = prompt_logprobs(model, outputs[0].prompt_logprobs)
-    return JSONResponse(responses.body(responses.ChatCompletion.model_validate(response)), headers=_headers(ignored, tools))
+    return JSONResponse(schemas.body(schemas.ChatCompletion.model_validate(response)), headers=field_policy.response_headers(ignored, tools.warning))
 
-
-def _headers(ignored: list[str], tools: ToolPlan) -> dict[str, str]:
-    """The ignored fields, and why tool_choice auto answered as text (when it did)."""
-    headers = field_policy.ignored_headers(ignored)
-    if tools.warning:
-        headers[field_policy.WARNING_HEADER] = tools.warning
-        field_policy.warn_once(tools.warning)
-    return headers
 
 
 def _finish_reason(reason: str | None, called: bool) -> str | None:

@@ -1,6 +1,6 @@
 """Ollama's request bodies (https://github.com/ollama/ollama/blob/main/docs/api.md) and what they mean as OpenAI chat
 completions: `options` as sampling fields, `keep_alive` as seconds, messages with base64 images and id-less tool calls
-as OpenAI's messages. The routes are ortinf/serve/ollama_api.py."""
+as OpenAI's messages. The routes are ortinf/serve/api/ollama/routes.py."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ class Options(BaseModel):
 
     def max_tokens(self) -> int | None:
         """num_predict as a limit, None for none (-1 or -2: as long as the context allows). Ollama stops at the
-        context's end whatever num_predict says, so the route clips it there (ollama_api._clipped), not a 400."""
+        context's end whatever num_predict says, so the route clips it there (routes._clipped), not a 400."""
         if self.num_predict is not None and self.num_predict > 0:
             return self.num_predict
         if self.num_predict is not None and self.num_predict not in (-1, -2):
@@ -116,7 +116,7 @@ class ModelRequest(BaseModel):
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
 _UNIT = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 # Ollama holds keep_alive as a Go time.Duration, whose longest is 2^63 ns (~292 years); a longer one means what its
-# negative does, forever, here (its expires_at in /api/ps is ollama_api.FOREVER), and never reaches a clock or a date
+# negative does, forever, here (its expires_at in /api/ps is routes.FOREVER), and never reaches a clock or a date
 LONGEST_KEEP_ALIVE = 2**63 * 1e-9
 
 

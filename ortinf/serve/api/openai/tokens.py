@@ -8,7 +8,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 
 from ortinf.runtime.sample.sampling_params import SamplingParams
-from ortinf.serve import responses
+from ortinf.serve.api.openai import schemas
 from ortinf.serve.errors import APIError
 from ortinf.serve.generation import render_prompt
 from ortinf.serve.models import ServedModel
@@ -61,7 +61,7 @@ def _max_model_len(model: ServedModel) -> int:
     return (model.manifest.decoder or model.manifest.encoder).max_model_len
 
 
-@router.post("/tokenize", response_model=responses.TokenizeResponse)
+@router.post("/tokenize", response_model=schemas.TokenizeResponse)
 async def tokenize(body: TokenizeRequest, request: Request):
     if (body.prompt is None) == (body.messages is None):
         raise APIError(400, "pass exactly one of prompt and messages", param="prompt")
@@ -89,10 +89,10 @@ async def tokenize(body: TokenizeRequest, request: Request):
     images = body.messages is not None and model.chat is not None and model.chat.has_images(body.messages)
     ids = await prepare_off_loop(state.admission, run, images, 1)
     strs = [tokenizer.id_to_token(i) for i in ids] if body.return_token_strs else None
-    return responses.TokenizeResponse(count=len(ids), max_model_len=_max_model_len(model), tokens=ids, token_strs=strs)
+    return schemas.TokenizeResponse(count=len(ids), max_model_len=_max_model_len(model), tokens=ids, token_strs=strs)
 
 
-@router.post("/detokenize", response_model=responses.DetokenizeResponse)
+@router.post("/detokenize", response_model=schemas.DetokenizeResponse)
 async def detokenize(body: DetokenizeRequest, request: Request):
     state: ServerState = request.app.state.ortinf
     model = await state.model(body.model, request)
@@ -101,4 +101,4 @@ async def detokenize(body: DetokenizeRequest, request: Request):
     bad = next((t for t in body.tokens if vocab is not None and t >= vocab), None)
     if bad is not None:
         raise APIError(400, f"token id {bad} is out of range: token ids must be in [0, {vocab})", param="tokens")
-    return responses.DetokenizeResponse(prompt=tokenizer.decode(body.tokens, skip_special_tokens=False))
+    return schemas.DetokenizeResponse(prompt=tokenizer.decode(body.tokens, skip_special_tokens=False))

@@ -8,7 +8,7 @@ a chat completion (the template, the tool-call parser, the engine). The reply's 
 become output items; streamed, they are the Responses events (`response.output_text.delta`, ...).
 
 Stored responses (`store`, default true as OpenAI's) live in an in-memory store bounded in bytes
-(ortinf/serve/response_store.py: immutable JSON snapshots, oldest evicted first, gone when the server
+(ortinf/serve/api/openai/responses_store.py: immutable JSON snapshots, oldest evicted first, gone when the server
 stops). `previous_response_id` continues a stored one's conversation (its input and output items; its
 instructions are not carried, as OpenAI's).
 """
@@ -26,12 +26,12 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ortinf.serve import field_policy
+from ortinf.serve.api.openai.responses_store import ResponseStore
+from ortinf.serve.api.openai.responses_tools import ResponsesTools, read_tools
 from ortinf.serve.errors import APIError, from_exception
 from ortinf.serve.generation import as_chat_request, chat_params, prepare_samples, render_prompt, split_reasoning, tool_plan
 from ortinf.serve.models import ServedModel
 from ortinf.serve.protocol import OPEN, ChatCompletionRequest, Finite, read_guided
-from ortinf.serve.response_store import ResponseStore
-from ortinf.serve.responses_tools import ResponsesTools, read_tools
 from ortinf.serve.state import ServerState
 from ortinf.serve.streaming import AdmittedStream, final_outputs, merged, prepare_off_loop, sse, until_disconnected
 from ortinf.tasks.chat.tools import ToolCall, ToolPlan, held_back
@@ -305,9 +305,7 @@ async def create_response(body: ResponsesRequest, request: Request):
 
     prepared = await prepare_off_loop(state.admission, prepare, model.chat is not None and model.chat.has_images(chat.messages), 1)
     run = Run(body, tools, model, prepared, f"resp_{uuid.uuid4().hex}", int(time.time()), messages, declared)
-    headers = field_policy.ignored_headers(ignored)
-    if tools.warning:
-        headers[field_policy.WARNING_HEADER] = tools.warning
+    headers = field_policy.response_headers(ignored, tools.warning)
     ticket = state.admission.acquire(1)
     if body.stream:
         stream = AdmittedStream(_events(run, store, engine), ticket)

@@ -11,7 +11,8 @@ from fastapi.responses import JSONResponse
 
 from ortinf.runtime.engine.llm_engine import PreparedRequest
 from ortinf.runtime.engine.outputs import RequestOutput
-from ortinf.serve import field_policy, responses
+from ortinf.serve import field_policy
+from ortinf.serve.api.openai import schemas
 from ortinf.serve.errors import APIError
 from ortinf.serve.generation import cached_tokens, prepare_samples, request_ids, usage
 from ortinf.serve.logprobs import completion_logprobs, echo_logprobs, prompt_logprobs
@@ -23,7 +24,7 @@ from ortinf.serve.streaming import admit_and_run, merged, sse_stream
 router = APIRouter()
 
 
-@router.post("/v1/completions", response_model=responses.Completion,
+@router.post("/v1/completions", response_model=schemas.Completion,
              responses={200: {"description": "a completion, or with stream=true server-sent events of completion chunks"}})
 async def create_completion(body: CompletionRequest, request: Request):
     state: ServerState = request.app.state.ortinf
@@ -48,7 +49,7 @@ async def create_completion(body: CompletionRequest, request: Request):
         return outputs
     choices = [_choice(model, body, p, o, i) for i, (p, o) in enumerate(zip(prepared, outputs))]
     completion_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-    return JSONResponse(responses.body(responses.Completion.model_validate({
+    return JSONResponse(schemas.body(schemas.Completion.model_validate({
         "id": request_id, "object": "text_completion", "created": created, "model": model.name,
         "system_fingerprint": model.fingerprint, "choices": choices,
         "usage": usage(prepared, body.n, completion_tokens, cached_tokens(outputs, body.n)),
