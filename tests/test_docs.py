@@ -106,15 +106,37 @@ def tools_options() -> set[str]:
     return found
 
 
+def agent_cli_options() -> dict[str, set[str] | None]:
+    """The options of the agent CLIs the docs show commands of (scripts/setup_agent_clis.sh installs them where node is
+    present): their --help and their exec's; None where one is not installed (its commands then go unchecked)."""
+    found: dict[str, set[str] | None] = {}
+    for name in ("claude", "codex"):
+        binary = ROOT / ".tools" / "agent-clis" / "node_modules" / ".bin" / name
+        if not binary.exists():
+            found[name] = None
+            continue
+        found[name] = set()
+        for command in ([str(binary), "--help"], [str(binary), "exec", "--help"] if name == "codex" else None):
+            if command is not None:
+                found[name] |= set(OPTION.findall(subprocess.run(command, capture_output=True, text=True, timeout=120).stdout))
+    return found
+
+
 def test_every_option_written_alone_exists_somewhere():
     known = set().union(*commands().values()) | script_options() | {"--dry-run", "--isolated", "--no-deps"}  # pip's
     known |= tools_options()
+    agents = agent_cli_options()
     wrong = []
     for doc in DOCS:
         text = re.sub(r"```.*?```", "", doc.read_text(encoding="utf-8"), flags=re.S)
         for span in re.findall(r"`([^`\n]+)`", text):
             if COMMAND.search(span):
                 continue  # checked against its own command above
+            agent = span.split()[0] if span.split() and span.split()[0] in agents else None
+            if agent is not None:
+                wrong += [f"{doc.name}: {option} (in `{span}`)" for option in OPTION.findall(span)
+                          if agents[agent] is not None and option not in agents[agent]]
+                continue
             wrong += [f"{doc.name}: {option} (in `{span}`)" for option in OPTION.findall(span) if option not in known]
     assert not wrong, "no such option:\n" + "\n".join(sorted(set(wrong)))
 

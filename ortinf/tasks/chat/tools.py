@@ -66,7 +66,8 @@ class ToolPlan:
     def parse(self, text: str, parser: str | None, cut: bool = False) -> tuple[str | None, list[ToolCall]]:
         """(content, tool calls) of a finished output. `cut`: max_tokens ended it; a call it ended inside is still a call,
         with the arguments produced so far closed into JSON (json_text.closings) and finish_reason "length" saying so,
-        never the call's half-written text as content (a call whose name was not finished is left out)."""
+        not the call's half-written text as content; only an output no call can be read from stays text (a name
+        still open between several tools, arguments nested past json_text's depth limit)."""
         content, calls = self._parse(text, parser)
         if calls or not cut or self.mode == "none":
             return content, calls
@@ -79,8 +80,9 @@ class ToolPlan:
         if self.mode == "required":  # cut before its name was written: the one tool the grammar still allowed, if one
             started = _PARTIAL_NAME.search(text)
             allowed = [name for name in names if name.startswith(started.group(1) if started else "")]
-            return None, [ToolCall(allowed[0], "{}", new_call_id())] if len(allowed) == 1 else []
-        return (None, []) if self.mode == "named" else (content, calls)  # the grammar's JSON is no reply
+            if len(allowed) == 1:
+                return None, [ToolCall(allowed[0], "{}", new_call_id())]
+        return content, calls  # no call can be read (several names still open; arguments nested past json_text's limit): text
 
     def _parse(self, text: str, parser: str | None) -> tuple[str | None, list[ToolCall]]:
         if self.mode == "named":
