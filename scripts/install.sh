@@ -39,7 +39,8 @@ if [ "${ORTINF_SKIP_BROWSER:-0}" != 1 ]; then
 fi
 if [ "${ORTINF_SKIP_AGENT_CLIS:-0}" != 1 ]; then
   echo "== Claude Code and Codex from npm for the agent CLI tests (scripts/setup_agent_clis.sh)"
-  bash scripts/setup_agent_clis.sh
+  # not fatal: without them (npm unreachable) the agent CLI tests skip and say why
+  bash scripts/setup_agent_clis.sh || echo "warning: Claude Code and Codex were not installed: tests/e2e/test_agent_clis.py will skip"
 fi
 if [ "${ORTINF_SKIP_OPENVINO:-0}" != 1 ]; then
   echo "== the OpenVINO environment (scripts/setup_openvino_env.sh)"
