@@ -122,10 +122,14 @@ def build(out_dir: Path = LIB_DIR, cache: Path | None = None, verbose: bool = Fa
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         objects = []
-        units = [(SOURCES / f"{name}.cc", []) for name in ("paged_attention", "qmatmul", "moe", "bmatmul", "panel_gemm", "quantize", "packed_store")]
+        dot = x86 and compiles(cxx, SOURCES / "panel_gemm_avx512bf16.cc", ISA_FLAGS["avx512"] + ["-mavx512bf16"], include, tmp)
+        units = [(SOURCES / f"{name}.cc", []) for name in ("paged_attention", "qmatmul", "moe", "bmatmul", "quantize", "packed_store")]
+        units.append((SOURCES / "panel_gemm.cc", [] if dot else ["-DORTINF_NO_BF16_DOT"]))  # a compiler without AVX512_BF16
         units += [(SOURCES / f"attention_{isa}.cc", MATH + ISA_FLAGS[isa]) for isa in isas]
         # no reassociation in the panel GEMMs: a row's sums must not depend on how many rows share its block
         units += [(SOURCES / f"panel_gemm_{isa}.cc", ISA_FLAGS[isa]) for isa in isas]
+        if dot:  # BMatMul on bf16 dot products (vdpbf16ps), picked at load where the CPU has AVX512_BF16
+            units.append((SOURCES / "panel_gemm_avx512bf16.cc", ISA_FLAGS["avx512"] + ["-mavx512bf16"]))
         units += [(SOURCES / f"qmatmul_{isa}.cc", MATH + QMATMUL_ISA_FLAGS[isa]) for isa in QMATMUL_ISA_FLAGS
                   if x86 or isa == "generic"]
         for source, flags in units:
@@ -142,6 +146,13 @@ def build(out_dir: Path = LIB_DIR, cache: Path | None = None, verbose: bool = Fa
         run([cxx, "-shared", "-pthread", "-o", str(partial), *objects])
         os.replace(partial, target)  # a reader never sees half a library
     return target
+
+
+def compiles(cxx: str, source: Path, flags: list[str], include: Path, tmp: str) -> bool:
+    """Whether this compiler builds `source` under `flags` (an older one may lack an instruction set's intrinsics)."""
+    done = subprocess.run([cxx, *COMMON, *flags, f"-I{include}", f"-I{SOURCES}", "-c", str(source), "-o", str(Path(tmp) / "probe.o")],
+                          capture_output=True, text=True)
+    return done.returncode == 0
 
 
 def check_no_shared_code(obj: Path, name: str) -> None:

@@ -48,7 +48,7 @@ struct Call {
 void run_job(void* data, size_t index) {
   const Call* call = static_cast<const Call*>(data);
   const Job& job = call->jobs[index];
-  panel_kernels().bgemm(call->g, job.m0, job.m1, job.n0, job.n1);
+  (call->g.xb != nullptr ? panel_kernels().bgemm_dot : panel_kernels().bgemm)(call->g, job.m0, job.m1, job.n0, job.n1);
 }
 
 OrtStatus* compute(const Kernel& k, OrtKernelContext* context) {
@@ -65,6 +65,12 @@ OrtStatus* compute(const Kernel& k, OrtKernelContext* context) {
   const int64_t M = a.size() / k.K;
   if (M == 0) return nullptr;
   Call call{{static_cast<const float*>(a.data), k.panel_data(), nullptr, out, M, k.K, k.N}, {}};
+  std::vector<uint16_t> rounded;  // ORTINF_BF16_MATH=bf16 on AVX512_BF16: A rounded to bf16 once, then vdpbf16ps
+  if (panel_kernels().bgemm_dot != nullptr && k.K % 2 == 0) {
+    rounded.resize(static_cast<size_t>(M * k.K));
+    panel_kernels().to_bf16(call.g.x, rounded.data(), M * k.K);
+    call.g.xb = rounded.data();
+  }
   for (int64_t m0 = 0; m0 < M; m0 += kJobRows)
     for (int64_t n0 = 0; n0 < k.N; n0 += kJobCols)
       call.jobs.push_back({m0, std::min(M, m0 + kJobRows), n0, std::min(k.N, n0 + kJobCols)});
