@@ -57,3 +57,15 @@ def test_bf16_dot_products_equal_float64_on_rounded_activations(monkeypatch):
                           env={**os.environ, **env})
     print(done.stdout)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout[-2000:] + done.stderr[-2000:]
+
+
+def test_an_export_under_bf16_math_is_refused_in_one_line(tmp_path):
+    """The export verifies fp32 arithmetic with the kernels of its own process: under ORTINF_BF16_MATH=bf16 it would
+    fail its verification (0.02 vs 1e-4) with a message about tolerances; it says what to change instead."""
+    from support.cli_helpers import ortinf_in_process
+
+    (tmp_path / "hf").mkdir()  # a folder with a config: the refusal comes before the model is read
+    (tmp_path / "hf" / "config.json").write_text("{\"model_type\": \"llama\"}")
+    done = ortinf_in_process("export", tmp_path / "hf", "-o", tmp_path / "pkg", env={"ORTINF_BF16_MATH": "bf16"})
+    assert done.returncode != 0 and "unset it for the export" in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "pkg").exists()
