@@ -51,7 +51,7 @@ def closings(text: str, tries: int = 32) -> list[str]:
     candidate its reader accepts. Empty when nothing is open."""
     stack: list[str] = []
     in_string = escaped = False
-    cuts: list[tuple[int, str, bool]] = []  # (end of the prefix, the closers open there, inside a string)
+    cuts: list[tuple[int, str]] = []  # (end of a prefix where a value may end, the closers open there)
     for index, char in enumerate(text):
         if in_string:
             if escaped:
@@ -64,23 +64,19 @@ def closings(text: str, tries: int = 32) -> list[str]:
         if not stack:
             if char in "{[":
                 stack.append("}" if char == "{" else "]")
-                cuts.append((index + 1, "".join(reversed(stack)), False))
+                cuts.append((index + 1, "".join(reversed(stack))))
             continue
         if char == '"':
             in_string = True
         elif char in "{[":
             stack.append("}" if char == "{" else "]")
-            cuts.append((index + 1, "".join(reversed(stack)), False))
+            cuts.append((index + 1, "".join(reversed(stack))))
         elif char in "}]":
             stack.pop()
         elif char == ",":
-            cuts.append((index, "".join(reversed(stack)), False))
+            cuts.append((index, "".join(reversed(stack))))
     if not stack:
         return []
     end = "".join(reversed(stack))
     whole = text[:-1] if escaped else text  # a lone backslash would escape the closing quote
-    candidates = [whole + ('"' if in_string else "") + end]
-    if in_string:
-        candidates.append(text + end)  # a key cut inside its quotes reads as a value with a missing key: try shorter too
-    candidates += [text[:at] + closers for at, closers, _ in reversed(cuts[-tries:])]
-    return candidates
+    return [whole + ('"' if in_string else "") + end] + [text[:at] + closers for at, closers in reversed(cuts[-tries:])]

@@ -17,6 +17,7 @@ checks that every field of every request model has its row.
 
 from __future__ import annotations
 
+import functools
 import logging
 
 from pydantic import BaseModel
@@ -31,6 +32,7 @@ WARNING_HEADER = "X-Ortinf-Warning"  # what the server did instead of what was a
 _warned: set[str] = set()
 
 
+@functools.cache
 def policy() -> dict[str, dict[str, Rule]]:
     """Every route's rows: each API front-end's own (its `policy` module, named by its record in ortinf/serve/api)."""
     from ortinf.serve.api import front_ends

@@ -88,7 +88,7 @@ class Chat:
             except TemplateError:
                 text = None
             if text is None or not all(content in text for content in later):
-                text = render(merged_system(rendered))  # the template refused or dropped it: into the leading system prompt
+                text = render(_merged_system(rendered))  # the template refused or dropped it: into the leading system prompt
         return self.tokenizer.encode(check_unicode(text, "messages"), add_special_tokens=add_special_tokens).ids
 
     def images(self, messages: Sequence[ChatMessage], policy: MediaPolicy | None = None) -> list[bytes]:
@@ -113,7 +113,7 @@ def _after_leading_system(messages: list[dict]) -> list[dict]:
     return messages[first:]
 
 
-def merged_system(messages: list[dict]) -> list[dict]:
+def _merged_system(messages: list[dict]) -> list[dict]:
     """The conversation with every system message after the first turn moved into the leading system prompt (joined by
     blank lines, in order): what a template that accepts a system prompt only first can still show the model."""
     leading = messages[:len(messages) - len(_after_leading_system(messages))]
@@ -122,4 +122,4 @@ def merged_system(messages: list[dict]) -> list[dict]:
     return [{"role": "system", "content": "\n\n".join(texts)}, *(m for m in rest if m["role"] != "system")]
 
 
-__all__ = ["Chat", "merged_system"]
+__all__ = ["Chat"]
