@@ -64,6 +64,9 @@ def test_messages_take_a_system_turn_and_a_text_document(anthropic_client, byte_
     document = {"type": "document", "title": "Notes", "source": {"type": "text", "media_type": "text/plain", "data": "the sky is green"}}
     read = anthropic_client.messages.count_tokens(model="tiny-bytes", messages=[{"role": "user", "content": [document]}]).input_tokens
     assert read >= len("Notes\nthe sky is green")
+    with pytest.raises(anthropic.BadRequestError, match="data must be a string"):
+        anthropic_client.messages.create(model="tiny-bytes", max_tokens=2, messages=[{"role": "user", "content": [
+            {"type": "document", "source": {"type": "text", "data": 7}}]}])
     pdf = {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0="}}
     with pytest.raises(anthropic.BadRequestError, match="send its text as a text source"):
         anthropic_client.messages.create(model="tiny-bytes", max_tokens=2, messages=[{"role": "user", "content": [pdf]}])

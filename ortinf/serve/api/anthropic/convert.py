@@ -47,7 +47,9 @@ def _document(block: dict, where: str) -> str:
     """A document block's text (a text source, or a content source of text blocks), after its title and context."""
     source = block.get("source")
     kind = source.get("type") if isinstance(source, dict) else None
-    if kind == "text" and isinstance(source.get("data"), str):
+    if kind == "text":
+        if not isinstance(source.get("data"), str):
+            raise APIError(400, f"{where}.source.data: a text document's data must be a string", param=where)
         text = source["data"]
     elif kind == "content":
         text = _text_of(source.get("content"), f"{where}.source.content")
