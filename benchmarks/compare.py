@@ -19,7 +19,7 @@ conversion runs in a forked child: wait4's ru_maxrss, its own children included)
 the load column is the time from opening the converted model to being ready to generate; the package column is the
 bytes of what the conversion made (ortinf's package folder, llama.cpp's GGUF file);
 the roofline column is a single-request step's weight bytes over the machine's measured streaming
-bandwidth (benchmarks/bandwidth.py), divided by the step's time.
+bandwidth (benchmarks/bandwidth.py's probe: its best read loop, 2 threads, measured after the rows), divided by the step's time.
 
 Each row runs in a fresh process of its engine's own environment (benchmarks/peers/run_*.py; the
 peers are installed by benchmarks/peers/install_*.sh and are benchmark dependencies only), one after
@@ -377,11 +377,12 @@ def main() -> None:
         rows.append(runs[len(runs) // 2])
     from bandwidth import measure
 
-    bandwidth = measure(THREADS)
+    bandwidth = measure(THREADS, *((16, 1) if args.tiny else (1024, 3)))
     head = (f"### Side by side: {'tiny 2-layer llama' if args.tiny else size.label}, {NUM_PROMPTS} prompts of 64+4i tokens, "
             f"{NEW_TOKENS} greedy tokens each (single mode: a {LONG_PROMPT}-token prompt first, for its TTFT), {THREADS} threads, "
             f"median of {args.passes} interleaved pass(es) ({time.strftime('%Y-%m-%d')})")
-    text = "\n".join([head, "", f"Machine: {machine()}; memory bandwidth {bandwidth / 1e9:.1f} GB/s (benchmarks/bandwidth.py, {THREADS} threads)",
+    probe = f"memory bandwidth {bandwidth / 1e9:.1f} GB/s (benchmarks/bandwidth.py's best read loop, {THREADS} threads)"
+    text = "\n".join([head, "", f"Machine: {machine()}; {probe}",
                       "", *table(rows, reference, config, bandwidth), "", *ratios(rows), ""])
     print(text)
     if args.record:

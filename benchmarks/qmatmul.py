@@ -12,8 +12,9 @@ usage: .venv/bin/python benchmarks/qmatmul.py [--sizes 0.5b 1.5b 7b] [--rows 1 2
 
 ggml is timed by benchmarks/peers/ggml_mul_mat.py in the llama.cpp benchmark environment (.venv-bench-llamacpp, made by
 benchmarks/peers/install_llama_cpp.sh); without it that column is "-". Each cell also gives ortinf's weight-read
-rate (the weight and scale bytes of one call over its time), the figure to hold against the machine's streaming
-bandwidth (benchmarks/bandwidth.py) at one row.
+rate (the weight and scale bytes of one call over its time); at one row also its share of the machine's streaming read
+rate, the probe's figure (benchmarks/bandwidth.py's measure: the best of its read loops, 2 threads), measured in the same
+run before and after the cells (the better of the two; --tiny: a 16 MiB buffer, in cache).
 
 Eight different weights per shape (one node each, in one graph) are run in turn so that the one-row case reads its weights from memory,
 not from a cache that holds them from the last call (the 0.5b MLP weights are 4.4 MB at int8). Also
@@ -32,6 +33,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import bandwidth
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -151,11 +153,14 @@ def activation_error(block: int, k: int = 896, n: int = 256) -> float:
     return float(np.linalg.norm(got - exact) / np.linalg.norm(exact))
 
 
-def cell(ours: float, mlas: float | None, ggml: float | None, rate: float) -> str:
+def cell(ours: float, mlas: float | None, ggml: float | None, rate: float, roof: float = 0.0) -> str:
+    """A cell: the three times, the best peer's over ours, ortinf's weight-read GB/s and, with `roof` (the probe's
+    bytes per second), that rate's share of it."""
     peers = [t for t in (mlas, ggml) if t is not None]
     ratio = f"{min(peers) / ours:.2f}x; " if peers else ""
     shown = " / ".join(f"{t:.3f}" if t is not None else "-" for t in (ours, mlas, ggml))
-    return f"{shown} ({ratio}{rate:.0f} GB/s)"
+    share = f", {rate * 1e9 / roof:.0%} of the probe" if roof else ""
+    return f"{shown} ({ratio}{rate:.0f} GB/s{share})"
 
 
 def main() -> None:
@@ -174,6 +179,8 @@ def main() -> None:
     rows = (1, 8) if args.tiny else tuple(args.rows)
     count = 2 if args.tiny else WEIGHTS
     chosen = [p for p in PRECISIONS if args.precisions is None or p.name.split(",")[0] in args.precisions]
+    probe_mib, probe_rounds = (16, 1) if args.tiny else (1024, 2)
+    probed = [bandwidth.measure(2, probe_mib, probe_rounds)]
     rng = np.random.default_rng(0)
     table = [(size, k, n) for size, dims in shapes.items() for k, n in dims]
     requests = [{"k": k, "n": n, "type": p.ggml, "rows": list(rows)} for _, k, n in table for p in chosen if p.ggml]
@@ -187,6 +194,7 @@ def main() -> None:
              "(block 32, whatever the int8 row's block).", "",
              "| size | K x N | weights | ggml buffer | " + " | ".join(f"{m} rows" for m in rows) + " |",
              "|---|---|---|---|" + "---:|" * len(rows)]
+    measured = []  # (row label, cells' figures)
     for size, k, n in table:
         for p in chosen:
             if p.bits:
@@ -196,16 +204,23 @@ def main() -> None:
             ours = session(weights, p.ours, k, n)
             mlas = session(weights, p.mlas, k, n) if p.mlas and p.mlas != p.ours else None
             theirs, buffer = next(ggml_of) if p.ggml else (None, None)
-            cells = []
+            figures = []
             for j, m in enumerate(rows):
                 a = rng.standard_normal((m, k)).astype(np.float32)
                 q = best_ms(ours, a, args.repeats, count)
                 o = best_ms(mlas, a, args.repeats, count) if mlas is not None else None
-                cells.append(cell(q, o, theirs[j] if theirs else None, p.weight_bytes(k, n) / (q * 1e-3) / 1e9))
-            lines.append(f"| {size} | {k} x {n} | {p.name} | {buffer or '-'} | " + " | ".join(cells) + " |")
-            print(lines[-1], file=sys.stderr, flush=True)
+                figures.append((q, o, theirs[j] if theirs else None, p.weight_bytes(k, n) / (q * 1e-3) / 1e9))
+            measured.append((f"| {size} | {k} x {n} | {p.name} | {buffer or '-'} | ", figures))
+            print(measured[-1][0] + " | ".join(cell(*f) for f in figures) + " |", file=sys.stderr, flush=True)
             del ours, mlas, weights
-    lines += ["", "Activation quantization error of QMatMul (per token and block, int8 weights; relative L2 error against "
+    probed.append(bandwidth.measure(2, probe_mib, probe_rounds))
+    roof = max(probed)
+    for label, figures in measured:
+        lines.append(label + " | ".join(cell(*f, roof if m == 1 else 0.0) for m, f in zip(rows, figures)) + " |")
+    lines += ["", f"The probe's figure (benchmarks/bandwidth.py, best read loop, 2 threads, {probe_mib} MiB): "
+              f"{probed[0] / 1e9:.1f} GB/s before the cells, {probed[1] / 1e9:.1f} after; one-row shares are of "
+              f"{roof / 1e9:.1f} GB/s.", ""]
+    lines += ["Activation quantization error of QMatMul (per token and block, int8 weights; relative L2 error against "
               "the exact product with the same quantized weights, 16 standard-normal rows, K = 896): "
               + ", ".join(f"block {b}: {activation_error(b):.2e}" for b in (32, 64, 128, 256))]
     finish(lines, args.record)

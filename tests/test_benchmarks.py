@@ -69,3 +69,23 @@ def test_benchmark_runs_in_tiny_mode(script, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert "### " in done.stdout and "|---" in done.stdout, done.stdout[-2000:]
     assert "failed" not in done.stdout.split("###", 1)[1].lower(), done.stdout[-2000:]
+
+
+def test_bandwidth_probe_reports_its_fastest_read_loop(monkeypatch):
+    """benchmarks/bandwidth.py's figure (the roofline qmatmul.py and compare.py state shares against) is the best of its
+    read loops at 2 threads, each loop's figure its best read; with a C compiler the compiled loops are among them."""
+    import importlib.util
+    import shutil
+
+    spec = importlib.util.spec_from_file_location("bandwidth", BENCHMARKS / "bandwidth.py")
+    bandwidth = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bandwidth", bandwidth)  # its dataclass looks its module up there
+    spec.loader.exec_module(bandwidth)
+    readings = bandwidth.probe((1, 2), mib=8, rounds=1)
+    assert all(r.rates and min(r.rates) > 0 and r.best == max(r.rates) for r in readings)
+    assert {r.threads for r in readings} == {1, 2}
+    top = bandwidth.best(readings)
+    assert top.threads == 2 and top.best == max(r.best for r in readings if r.threads == 2)
+    if shutil.which("gcc"):
+        assert bandwidth.KINDS[0] in {r.variant for r in readings}
+    assert bandwidth.measure(2, mib=8, rounds=1) > 0
