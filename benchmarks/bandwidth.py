@@ -32,7 +32,8 @@ import numpy as np
 
 SOURCE = Path(__file__).with_name("stream_read.c")
 KINDS = {0: "plain C, 8-byte loads", 1: "AVX2, 32-byte loads", 2: "AVX-512, 64-byte loads",
-         3: "AVX-512, non-temporal loads (vmovntdqa)", 4: "AVX-512, 64-byte loads + prefetchnta"}
+         3: "AVX-512, non-temporal loads (vmovntdqa)", 4: "AVX-512, 64-byte loads + prefetchnta",
+         5: "AVX-512, 64-byte loads, 4 streams per thread", 6: "AVX-512, 64-byte loads + prefetcht0"}
 NUMPY = "numpy add.reduce in Python threads (the old probe)"
 _library: ctypes.CDLL | None = None
 
