@@ -111,9 +111,6 @@ def export(model: str | os.PathLike[str], out: str | os.PathLike[str], config: E
     Raises ExportError (or a subclass) with a message that says what to change.
     """
     config = ExportConfig.of(config, **options).check()
-    if os.environ.get("ORTINF_BF16_MATH") == "bf16":  # read once per process by the kernels the verification runs
-        raise ExportError("ORTINF_BF16_MATH=bf16 is for running a package (serve, generate): the export verifies fp32 "
-                          "arithmetic on the weights; unset it for the export")
     if is_gguf(Path(model).expanduser()):
         return _export_gguf(Path(model).expanduser().resolve(), out, config)
     out_path = Path(out).expanduser().resolve()

@@ -146,7 +146,10 @@ def _verify_decoder(model: PreTrainedModel, package: Path, tolerance: float, pro
 def _parity_graph(package: Path, cpu_kernel: bool) -> tuple[DecoderGraph, int]:
     provider = verification_provider(package)
     block_size = max(BLOCK_SIZE, min_block_size(Manifest.load(package).decoder.kernel))
-    return DecoderGraph(package, num_blocks=NUM_BLOCKS, block_size=block_size, provider=provider, cpu_kernel=cpu_kernel), block_size
+    # fp32 arithmetic on a bf16 package's weights (the runtime's default rounds activations to bf16): parity holds the
+    # graph to the reference at fp32 tolerances, so a mis-bound tensor is not hidden in bf16's rounding
+    return DecoderGraph(package, num_blocks=NUM_BLOCKS, block_size=block_size, provider=provider, cpu_kernel=cpu_kernel,
+                        bf16_math="fp32"), block_size
 
 
 def _parity_run(graph: DecoderGraph, block_size: int, vocab: int, progress: bool) -> tuple[dict[int, np.ndarray], list[int], str]:

@@ -89,12 +89,26 @@ def _reported(symbol: str) -> str:
     return getattr(lib, symbol)().decode()
 
 
-def register(options: ort.SessionOptions) -> KernelLibrary | None:
-    """Registers the library into `options` when it loads; returns it (None: not registered)."""
+BF16_MATHS = ("bf16", "fp32")
+BF16_MATH_ENTRY = "ortinf.bf16_math"  # read by RegisterCustomOps (bmatmul.cc's read_bf16_math)
+
+
+def register(options: ort.SessionOptions, bf16_math: str = "bf16") -> KernelLibrary | None:
+    """Registers the library into `options` when it loads; returns it (None: not registered). `bf16_math`: the
+    arithmetic of BMatMul (bf16 weights) in sessions of these options: "bf16" rounds the activations to bf16 (vdpbf16ps
+    where the CPU has AVX512_BF16), "fp32" keeps them in fp32 (bmatmul.cc's header)."""
     library = load()
     if library is not None:
+        set_bf16_math(options, bf16_math)
         options.register_custom_ops_library(str(library.path))
     return library
+
+
+def set_bf16_math(options: ort.SessionOptions, bf16_math: str) -> None:
+    """The config entry the library reads when it is registered into `options` (so: before registering it)."""
+    if bf16_math not in BF16_MATHS:
+        raise ValueError(f"bf16_math must be one of {', '.join(BF16_MATHS)}, got {bf16_math!r}")
+    options.add_session_config_entry(BF16_MATH_ENTRY, bf16_math)
 
 
 def describe() -> str:

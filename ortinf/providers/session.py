@@ -50,7 +50,7 @@ class Placement:
 def create_session(model_path: Path, found: Found, intra_op_threads: int = 0, options: dict[str, str] | None = None,
                    allow_cpu_fallback: bool = False, custom_ops_library: Path | None = None,
                    profile_prefix: str | None = None, spin: bool = True,
-                   fold_constants: bool = True) -> tuple[ort.InferenceSession, Placement]:
+                   fold_constants: bool = True, bf16_math: str = "bf16") -> tuple[ort.InferenceSession, Placement]:
     """An InferenceSession on `found`'s provider (CPU for the nodes it lacks), and where its nodes run;
     `custom_ops_library` (ortinf's CPU kernels) is registered first when given.
 
@@ -61,6 +61,9 @@ def create_session(model_path: Path, found: Found, intra_op_threads: int = 0, op
     17.0 ms with MiniLM's spinning session beside it, 8.1 ms alone (benchmarks/two_models.py).
     One global ORT pool for every session would also fix it, but ORT then refuses every session
     in the process that has a pool of its own, the user's and other libraries' included.
+
+    `bf16_math`: the arithmetic of the kernel library's BMatMul (bf16 weights): "bf16" or "fp32"
+    (ortinf/kernels/cpu/bmatmul.cc; EngineConfig.bf16_math).
 
     `fold_constants`: False keeps ORT's ConstantFolding off, so that a bf16 weight's Cast to fp32 runs per call
     (the weight stays bf16 in memory) instead of becoming an fp32 copy at load (ortinf/exporter/bf16.py).
@@ -81,6 +84,7 @@ def create_session(model_path: Path, found: Found, intra_op_threads: int = 0, op
         session_options.enable_profiling = True
         session_options.profile_file_prefix = profile_prefix
     if custom_ops_library is not None:
+        library.set_bf16_math(session_options, bf16_math)
         session_options.register_custom_ops_library(str(custom_ops_library))
     provider_options = {**provider.options, **(options or {})}
     disabled = {}

@@ -129,6 +129,9 @@ inline OrtCustomOp make_op(const OpCallbacks& f) {
 // The quantized MatMul op (qmatmul.cc), added to the domain next to PagedAttention.
 OrtCustomOp* qmatmul_op();
 OrtCustomOp* moe_op();
-OrtCustomOp* bmatmul_op();
+// BMatMul's two arithmetics (bmatmul.cc): bf16 math (activations rounded to bf16) or fp32 math on the bf16 weights,
+// chosen per session by the config entry ortinf.bf16_math (RegisterCustomOps, paged_attention.cc).
+OrtCustomOp* bmatmul_op(bool bf16_math);
+OrtStatus* read_bf16_math(const OrtSessionOptions* options, bool* bf16_math);
 
 }  // namespace ortinf

@@ -438,12 +438,14 @@ extern "C" {
 __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
   ortinf::g_api = api_base->GetApi(ortinf::kApiVersion);
   if (g_api == nullptr) return nullptr;  // ORT older than 1.17: no API to report through; the ops stay unregistered
+  bool bf16_math = true;  // the session config entry ortinf.bf16_math: "bf16" (the default) or "fp32"
+  RETURN_IF_ERROR(ortinf::read_bf16_math(options, &bf16_math));
   OrtCustomOpDomain* domain = nullptr;
   RETURN_IF_ERROR(g_api->CreateCustomOpDomain("ortinf", &domain));
   RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, &g_paged_attention));
   RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, ortinf::qmatmul_op()));
   RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, ortinf::moe_op()));
-  RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, ortinf::bmatmul_op()));
+  RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, ortinf::bmatmul_op(bf16_math)));
   return g_api->AddCustomOpDomain(options, domain);
 }
 

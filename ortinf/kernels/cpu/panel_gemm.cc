@@ -16,12 +16,9 @@ PanelKernels pick() {
   if (!capped("avx2") && !capped("avxvnni") && !capped("generic") && __builtin_cpu_supports("avx512f") &&
       __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
   {
-    const char* math = std::getenv("ORTINF_BF16_MATH");  // "bf16": vdpbf16ps (activations rounded); else fp32 arithmetic
-#ifndef ORTINF_NO_BF16_DOT
-    const bool dot = math != nullptr && std::strcmp(math, "bf16") == 0 && __builtin_cpu_supports("avx512bf16");
-    if (dot) return PanelKernels{"avx512bf16", sgemm_avx512, bgemm_avx512, bgemm_dot_avx512bf16, to_bf16_avx512bf16};
-#else
-    (void)math;
+#ifndef ORTINF_NO_BF16_DOT  // vdpbf16ps for BMatMul under bf16 math (bmatmul.cc); ORTINF_KERNEL_ISA=avx512 leaves it out
+    if (!capped("avx512") && __builtin_cpu_supports("avx512bf16"))
+      return PanelKernels{"avx512bf16", sgemm_avx512, bgemm_avx512, bgemm_dot_avx512bf16, to_bf16_avx512bf16};
 #endif
     return PanelKernels{"avx512", sgemm_avx512, bgemm_avx512};
   }

@@ -45,7 +45,7 @@ ORTINF_PANEL_GEMM_DECLARE(generic)
 
 // The widest build this CPU runs, capped by ORTINF_KERNEL_ISA as the attention's is (panel_gemm.cc).
 // bf16 dot products (panel_gemm_avx512bf16.cc): activations rounded to bf16 (to_bf16, round to nearest even) into
-// BGemm::xb, then vdpbf16ps; K even. Null where the CPU has no AVX512_BF16 or ORTINF_BF16_MATH is not "bf16".
+// BGemm::xb, then vdpbf16ps; K even. Null where the CPU has no AVX512_BF16 (or ORTINF_KERNEL_ISA caps the pick).
 using ToBf16Fn = void (*)(const float* x, uint16_t* out, int64_t count);
 void bgemm_dot_avx512bf16(const BGemm& g, int64_t m0, int64_t m1, int64_t n0, int64_t n1);
 void to_bf16_avx512bf16(const float* x, uint16_t* out, int64_t count);

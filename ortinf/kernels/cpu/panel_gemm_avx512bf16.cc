@@ -2,8 +2,7 @@
 // inference rounds them), two k at a time against the checkpoint's bf16 weights, fp32 accumulation. Twice the
 // multiply rate of widening the weights to fp32 (panel_gemm_body.inc), for prefill and batches, where the GEMM is
 // compute-bound. Flags: ortinf/kernels/build.py (the avx512 set and -mavx512bf16); picked by panel_gemm.cc where
-// the CPU has AVX512_BF16 and ORTINF_BF16_MATH=bf16 (the widening path, fp32 arithmetic, stays the default until
-// --dtype bf16's parity is held to the bf16 reference: issue 57).
+// the CPU has AVX512_BF16, and run by BMatMul under bf16 math (the default; bmatmul.cc's header).
 //
 // The panels are the widening path's ([ceil(N / 16), K, 16]): rows k and k + 1 of a panel are 64 contiguous bytes,
 // one load, interleaved by one vpermw into the pairs vdpbf16ps reads (column c's w[k], w[k + 1] in dword c). The

@@ -44,12 +44,14 @@ class DraftProposer:
     """Greedy proposals from a draft package, batched over the requests that speculate."""
 
     def __init__(self, draft_dir: Path, target_dir: Path, num_speculative_tokens: int, num_blocks: int, block_size: int,
-                 provider: Found, intra_op_threads: int = 0, provider_options: dict[str, str] | None = None) -> None:
+                 provider: Found, intra_op_threads: int = 0, provider_options: dict[str, str] | None = None,
+                 bf16_math: str = "bf16") -> None:
         check_same_tokenizer(draft_dir, target_dir)
         self.k = num_speculative_tokens
         self.block_size = block_size
         # spin=False: the target's decoder steps right after the draft's calls, on the same cores
-        self.graph = DecoderGraph(draft_dir, num_blocks, block_size, provider, intra_op_threads, provider_options, spin=False)
+        self.graph = DecoderGraph(draft_dir, num_blocks, block_size, provider, intra_op_threads, provider_options, spin=False,
+                                  bf16_math=bf16_math)
         self.max_model_len = self.graph.spec.max_model_len
         self.kv_cache = KVCacheManager(num_blocks, block_size, enable_caching=False)
         self.history: dict[str, list[int]] = {}  # per request: the tokens whose K/V the draft pool holds

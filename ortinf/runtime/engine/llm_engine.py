@@ -89,7 +89,8 @@ class LLMEngine:
         cross_positions = self.speech.source_positions if self.speech else self.seq2seq.max_source_positions if self.seq2seq else 0
         num_blocks = resolve_num_blocks(config, pool_spec(manifest, kernels), self.max_model_len, found.provider, cross_positions)
         self.graph = DecoderGraph(config.package_dir, num_blocks, config.block_size, found, config.intra_op_threads,
-                                  config.provider_options, config.allow_cpu_fallback, config.shape_buckets, config.cpu_kernel)
+                                  config.provider_options, config.allow_cpu_fallback, config.shape_buckets, config.cpu_kernel,
+                                  bf16_math=config.bf16_math)
         self.loras = self._lora_slots(config)
         self.kv_cache = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
         if config.prefix_cache_dir is not None:  # the prefix cache's full blocks kept on disk too
@@ -173,7 +174,8 @@ class LLMEngine:
         if spec is None or spec.method != "draft_model":
             return None
         return DraftProposer(Path(spec.model), config.package_dir, spec.num_speculative_tokens, num_blocks,
-                             config.block_size, found, config.intra_op_threads, config.provider_options)
+                             config.block_size, found, config.intra_op_threads, config.provider_options,
+                             config.bf16_math)
 
     def _draft_proposals(self) -> dict[str, list[int]]:
         """The draft model's proposals for this step's decoding requests; none when it fails (the

@@ -102,12 +102,14 @@ class DecoderGraph:
         cpu_kernel: bool | None = None,
         profile_prefix: str | None = None,
         spin: bool = True,
+        bf16_math: str = "bf16",
     ) -> None:
         """`cpu_kernel`: run the package's graph for ortinf's CPU kernel library (model.cpu.onnx) on
         the CPU provider: None = when the package has it and the library loads, else the portable
         graph; True = required (ConfigError otherwise); False = never.
         `spin`: let the session's threads spin between calls (the engine's decoder); False for a
-        session that shares the cores with one that does (a draft model; ortinf/providers/session.py)."""
+        session that shares the cores with one that does (a draft model; ortinf/providers/session.py).
+        `bf16_math`: a bf16 package's matrix products on the kernel library, "bf16" or "fp32" (EngineConfig.bf16_math)."""
         self.manifest = Manifest.load(package_dir)
         if self.manifest.decoder is None:  # a text decoder, or an encoder-decoder's (Whisper) decoder
             raise ConfigError(f"{package_dir} holds a {self.manifest.task} model, not a text-generation decoder")
@@ -137,7 +139,7 @@ class DecoderGraph:
         self.session, self.placement = create_session(
             Path(package_dir) / graph_file, self.found, intra_op_threads, provider_options, allow_cpu_fallback,
             kernels.path if kernels is not None else None, profile_prefix, spin,
-            fold_constants=kernels is not None or fits_widened(self.manifest, Path(package_dir)))
+            fold_constants=kernels is not None or fits_widened(self.manifest, Path(package_dir)), bf16_math=bf16_math)
         self.block_size = block_size
         self.pool = KVPool(self.spec, num_blocks, block_size, self.provider)
         self.binding = self.session.io_binding()
