@@ -27,6 +27,12 @@ the graph alone (the weights are not read):
    8 nodes per layer. The bytes written are the same (float: the rotated keys and the values; float16: Cast's
    rounding to nearest even; int8: the op's own rows).
 
+7. residual: Add(P(A), r) with P a QMatMul of one projection (no activation) or a BMatMul whose product nothing else
+   reads becomes P with r as its residual input (the output and down projections and the residual stream: the
+   op adds r to the columns it wrote while they are in cache; qmatmul.cc, bmatmul.cc): 2 nodes per layer. The sum is
+   the Add's, bit for bit (one fp32 addition either way). The node takes the Add's place in the graph (r may be
+   computed after P's inputs) and P's name (its layer's scope).
+
 Every rewrite keeps the values bit for bit but the activation (silu is the kernel's own exp, ~1e-7 relative)
 and keeps node names inside their `/layers.N/` scope (verification windows cut the graph by them).
 Measured on the 1.5B int4 package: docs/performance.md, "Nodes per layer".
@@ -47,7 +53,9 @@ log = logging.getLogger(__name__)
 
 DOMAIN = "ortinf"
 QMATMUL = "QMatMul"
+BMATMUL = "BMatMul"
 MAX_PARTS = 3  # qmatmul.cc's kMaxParts
+RESIDUAL_INPUT = {QMATMUL: 1 + 3 * MAX_PARTS, BMATMUL: 2}  # qmatmul.cc's kResidual; bmatmul.cc's input 2
 
 
 class _Graph:
@@ -187,6 +195,35 @@ def _merge_parts(g: _Graph) -> int:
             plans.append((chunk, node))
     _apply(g.graph, plans)
     return sum(len(nodes) - 1 for nodes, _ in plans)
+
+
+def _residual(g: _Graph) -> int:
+    replaced: dict[int, onnx.NodeProto] = {}  # id(Add) -> the projection with the residual
+    removed: set[int] = set()
+    for add in g.graph.node:
+        if add.op_type != "Add" or add.domain not in ("", "ai.onnx") or len(add.input) != 2 or add.input[0] == add.input[1]:
+            continue
+        for side in (0, 1):
+            product, residual = g.producer.get(add.input[side]), add.input[1 - side]
+            if product is None or id(product) in removed or not g.only_consumer(product.output[0], add):
+                continue
+            if not (_plain_qmatmul(product) or (product.op_type == BMATMUL and product.domain == DOMAIN and len(product.input) == 2)):
+                continue
+            if residual in g.initializers or g.constant(residual) is not None:  # a constant is a bias (rewrite 1), not a residual
+                continue
+            node = onnx.NodeProto()
+            node.CopyFrom(product)
+            inputs = list(node.input) + [""] * (RESIDUAL_INPUT[node.op_type] - len(node.input))
+            del node.input[:]
+            node.input.extend([*inputs, residual])
+            node.output[0] = add.output[0]
+            replaced[id(add)] = node
+            removed.add(id(product))
+            break
+    keep = [replaced.get(id(node), node) for node in g.graph.node if id(node) not in removed]
+    del g.graph.node[:]
+    g.graph.node.extend(keep)
+    return len(replaced)
 
 
 def _fold_reshapes(g: _Graph) -> int:
@@ -373,17 +410,33 @@ def fuse(model: onnx.ModelProto) -> Counter:
     counts["reshapes"] = _fold_reshapes(_Graph(model.graph))
     counts["views"] = _attention_views(_Graph(model.graph))
     counts["kv_write"] = _kv_write(_Graph(model.graph))
+    counts["residual"] = _residual(_Graph(model.graph))
     counts["dead"] = _dead_code(model.graph)
     _unused_outputs(model.graph)
     return counts
 
 
 def unfuse(model: onnx.ModelProto) -> int:
-    """The inverse of rewrites 2 and 3, in place: one QMatMul per weight again (a node of several parts split, a
-    swiglu node as gate and up QMatMuls, Sigmoid, Mul, Mul), the graph as traced but for biases and Reshapes.
-    For measuring what the fusion gains (benchmarks/graph_nodes.py) and testing what it keeps; returns the nodes split."""
+    """The inverse of rewrites 2, 3 and 7, in place: one QMatMul per weight again (a node of several parts split, a
+    swiglu node as gate and up QMatMuls, Sigmoid, Mul, Mul), a residual input an Add again, the graph as traced but
+    for biases and Reshapes. For measuring what the fusion gains (benchmarks/graph_nodes.py) and testing what it
+    keeps; returns the nodes split."""
     nodes, split = [], 0
     for node in model.graph.node:
+        residual = RESIDUAL_INPUT.get(node.op_type) if node.domain == DOMAIN else None
+        if residual is not None and len(node.input) > residual and node.input[residual]:
+            split += 1
+            product = onnx.NodeProto()
+            product.CopyFrom(node)
+            inputs = list(node.input[:residual])
+            while inputs and inputs[-1] == "":
+                inputs.pop()
+            del product.input[:]
+            product.input.extend(inputs)
+            product.output[0] = node.output[0] + ".product"
+            nodes += [product, helper.make_node("Add", [product.output[0], node.input[residual]], [node.output[0]],
+                                                name=node.name + ".residual")]
+            continue
         attrs = _attrs(node)
         widths = [attrs["N"]] + [attrs[key] for key in ("N1", "N2") if attrs.get(key)] if node.op_type == QMATMUL else []
         if len(widths) < 2:

@@ -120,3 +120,48 @@ def test_attention_reads_the_projections_and_feeds_the_output_projection(tmp_pat
         readers = [n for n in graph.node if attention.output[0] in n.input]
         assert [r.op_type for r in readers] == [projection]
     assert not [n for n in graph.node if n.op_type in ("Shape", "Concat") and "/self_attn/" in n.name]
+
+
+def bmatmul(name: str, a: str, n: int, rng: np.random.Generator, initializers: list, k: int = K) -> onnx.NodeProto:
+    import ml_dtypes
+
+    w = rng.standard_normal((k, n)).astype(np.float32).astype(ml_dtypes.bfloat16)
+    initializers.append(numpy_helper.from_array(w, name + ".w"))
+    return helper.make_node("BMatMul", [a, name + ".w"], [name + ".y"], name=f"/model/layers.0/{name}", domain="ortinf", K=k, N=n)
+
+
+def test_the_residual_add_is_taken_into_the_projection_that_feeds_it():
+    """Rewrite 7: Add(projection, residual) on both sides, over QMatMul (with its folded bias) and BMatMul, and a
+    2-D A beside a 3-D residual (the Add's broadcast shape is kept): the same values bit for bit, in fewer nodes; a
+    product another node reads, and an Add of a constant, stay as they are."""
+    rng = np.random.default_rng(4)
+    inits: list = []
+    nodes = [qmatmul("o", "x", K, rng, inits)]
+    inits += [numpy_helper.from_array(rng.standard_normal(K).astype(np.float32), "o.bias"),
+              numpy_helper.from_array(np.array([-1, K], np.int64), "flat"),
+              numpy_helper.from_array(rng.standard_normal((1, 1, K)).astype(np.float32), "const")]
+    nodes[0].input.append("o.bias")
+    nodes += [helper.make_node("Add", ["x", "o.y"], ["h1"]),  # residual first
+              bmatmul("down", "h1", K, rng, inits), qmatmul("seen", "h1", K, rng, inits),  # one A each: no parts to merge
+              helper.make_node("Reshape", ["h1", "flat"], ["h1.2d"]),
+              helper.make_node("BMatMul", ["h1.2d", "down.w"], ["down2.y"], domain="ortinf", K=K, N=K, name="/model/layers.0/down2"),
+              helper.make_node("Add", ["down.y", "h1"], ["h2"]),  # product first
+              helper.make_node("Add", ["down2.y", "h2"], ["h3"]),  # a [T, K] product and a [1, T, K] residual
+              qmatmul("c", "h2", K, rng, inits),
+              helper.make_node("Add", ["seen.y", "h3"], ["h4"]), helper.make_node("Neg", ["seen.y"], ["seen.neg"]),
+              helper.make_node("Add", ["c.y", "const"], ["c.out"])]
+    original = model(nodes, inits, ["h4", "seen.neg", "c.out"])
+    fused = onnx.ModelProto()
+    fused.CopyFrom(original)
+    assert cpu_fusion.fuse(fused)["residual"] == 3
+    ops = [n.op_type for n in fused.graph.node]
+    assert ops.count("Add") == 2  # seen's (another reader) and the constant's
+    x = rng.standard_normal((1, 7, K)).astype(np.float32)
+    want, got = run(original, {"x": x}), run(fused, {"x": x})
+    assert want[0].shape == got[0].shape == (1, 7, K)
+    for w, g in zip(want, got, strict=True):
+        assert np.array_equal(w, g)
+    unfused = onnx.ModelProto()
+    unfused.CopyFrom(fused)
+    assert cpu_fusion.unfuse(unfused) == 3
+    assert all(np.array_equal(w, g) for w, g in zip(want, run(unfused, {"x": x}), strict=True))

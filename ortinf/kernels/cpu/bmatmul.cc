@@ -1,6 +1,8 @@
 // The custom op `ortinf.BMatMul`: Y = A x W with W in bf16 (a bf16 checkpoint's weights, exactly), A and Y float32.
 //
-//   A [..., K] f32, W [K, N] bf16 (a constant initializer: model.onnx's own, ortinf/exporter/bf16.py)
+//   A [..., K] f32, W [K, N] bf16 (a constant initializer: model.onnx's own, ortinf/exporter/bf16.py),
+//   residual [..., N] f32 (optional: Y = A x W + residual, the layer's residual Add taken in by
+//   ortinf/exporter/cpu_fusion.py; M x N values, and Y takes its shape where it has more axes than A's)
 //   K, N (int attributes)
 //   -> Y [..., N] f32
 //
@@ -51,12 +53,14 @@ struct Job {
 struct Call {
   BGemm g;
   std::vector<Job> jobs;
+  const float* residual = nullptr;  // [M, N] or null
 };
 
 void run_job(void* data, size_t index) {
   const Call* call = static_cast<const Call*>(data);
   const Job& job = call->jobs[index];
   (call->g.xb != nullptr ? panel_kernels().bgemm_dot : panel_kernels().bgemm)(call->g, job.m0, job.m1, job.n0, job.n1);
+  if (call->residual != nullptr) add_residual(call->g.out, call->residual, call->g.N, job.m0, job.m1, job.n0, job.n1);
 }
 
 // x rounded to the nearest bf16 (ties to even; NaN stays NaN), kept as float32.
@@ -80,13 +84,25 @@ OrtStatus* compute(const Kernel& k, OrtKernelContext* context) {
     return fail("BMatMul: A must be float32 [..., K] with K = " + std::to_string(k.K));
   std::vector<int64_t> out_shape = a.shape;
   out_shape.back() = k.N;
+  size_t given = 0;
+  RETURN_IF_ERROR(g_api->KernelContext_GetInputCount(context, &given));
+  Tensor residual;
+  const OrtValue* residual_value = nullptr;
+  if (given > 2) RETURN_IF_ERROR(g_api->KernelContext_GetInput(context, 2, &residual_value));
+  if (residual_value != nullptr) {
+    RETURN_IF_ERROR(read_input(context, 2, &residual));
+    if (residual.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || residual.shape.empty() || residual.shape.back() != k.N ||
+        residual.size() != a.size() / k.K * k.N)
+      return fail("BMatMul: the residual must be float32 [..., N] with A's rows");
+    if (residual.shape.size() > out_shape.size()) out_shape = residual.shape;
+  }
   OrtValue* output = nullptr;
   RETURN_IF_ERROR(g_api->KernelContext_GetOutput(context, 0, out_shape.data(), out_shape.size(), &output));
   float* out = nullptr;
   RETURN_IF_ERROR(g_api->GetTensorMutableData(output, reinterpret_cast<void**>(&out)));
   const int64_t M = a.size() / k.K;
   if (M == 0) return nullptr;
-  Call call{{static_cast<const float*>(a.data), k.panel_data(), nullptr, out, M, k.K, k.N}, {}};
+  Call call{{static_cast<const float*>(a.data), k.panel_data(), nullptr, out, M, k.K, k.N}, {}, static_cast<const float*>(residual.data)};
   // bf16 math: A rounded to bf16 once. The calling thread's buffers, kept between calls (a fresh one faulted in its
   // pages every call: 9 MB for a 512-row down projection at 1.5B).
   thread_local std::vector<uint16_t> rounded;
@@ -175,13 +191,15 @@ OrtStatus* ORT_API_CALL create_kernel(const OrtCustomOp* op, const OrtApi*, cons
 }
 
 const char* ORT_API_CALL op_name(const OrtCustomOp*) { return "BMatMul"; }
-size_t ORT_API_CALL input_count(const OrtCustomOp*) { return 2; }
+size_t ORT_API_CALL input_count(const OrtCustomOp*) { return 3; }
 size_t ORT_API_CALL output_count(const OrtCustomOp*) { return 1; }
 ONNXTensorElementDataType ORT_API_CALL input_type(const OrtCustomOp*, size_t index) {
   return index == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
 }
 ONNXTensorElementDataType ORT_API_CALL output_type(const OrtCustomOp*, size_t) { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
-OrtCustomOpInputOutputCharacteristic ORT_API_CALL required(const OrtCustomOp*, size_t) { return INPUT_OUTPUT_REQUIRED; }
+OrtCustomOpInputOutputCharacteristic ORT_API_CALL required(const OrtCustomOp*, size_t index) {
+  return index < 2 ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;
+}
 
 const OpCallbacks kCallbacks{op_name, input_type, input_count, output_type, output_count, required, required, create_kernel,
                              kernel_compute<Kernel>, kernel_destroy<Kernel>};

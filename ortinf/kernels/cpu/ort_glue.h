@@ -126,6 +126,14 @@ inline OrtCustomOp make_op(const OpCallbacks& f) {
   return op;
 }
 
+// out[m, n0:n1] += residual[m, n0:n1] for rows m0 <= m < m1 (n1 clipped to N): a projection's job adding the layer's
+// residual to what it wrote, while it is in cache (QMatMul's and BMatMul's residual input).
+inline void add_residual(float* out, const float* residual, int64_t N, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+  n1 = n1 < N ? n1 : N;
+  for (int64_t m = m0; m < m1; ++m)
+    for (int64_t n = n0; n < n1; ++n) out[m * N + n] += residual[m * N + n];
+}
+
 // The quantized MatMul op (qmatmul.cc), added to the domain next to PagedAttention.
 OrtCustomOp* qmatmul_op();
 OrtCustomOp* moe_op();

@@ -14,6 +14,11 @@
 // up, and has one output, silu(gate) * up (qmatmul_impl.h, QParts): an MLP's first half in one node.
 // ortinf/exporter/cpu_fusion.py writes these nodes.
 //
+// Residual (input 10, optional, one part without activation): Y = A x W (+ bias) + residual, the layer's residual Add
+// taken into the projection that feeds it (the output and down projections): each job adds the residual's rows to
+// the columns it wrote while they are in cache, and the step runs one node fewer. The residual holds M x N values; Y
+// takes its shape where it has more axes than A's [..., N] (the Add's broadcast shape, [1, T, N] for a [T, K] A).
+//
 // `layout` says how the weight inputs are stored:
 //   0 (packages before issue 42): packed_weight [bytes] in this op's layout, scales [tiles, blocks, 16];
 //   1: MatMulNBits' tensors, B [N, blocks, block * bits / 8] offset binary and scales [N * blocks], the
@@ -52,6 +57,7 @@ namespace ortinf {
 namespace {
 
 constexpr int64_t kJobRows = 64, kJobTiles = 4, kQuantizeRows = 16;
+constexpr size_t kResidual = 1 + 3 * kMaxParts;  // the residual's input index
 
 struct Isa {
   const char* name;
@@ -249,6 +255,7 @@ struct Call {
   const float* a;
   int64_t K;
   std::vector<Job> jobs;
+  const float* residual = nullptr;  // [M, N] or null
 };
 
 void quantize_one(void* data, size_t index) {
@@ -261,14 +268,16 @@ void gemm_one(void* data, size_t index) {
   const Call* call = static_cast<const Call*>(data);
   const Job& job = call->jobs[index];
   g_isa.gemm(call->g, job.m0, job.m1, job.t0, job.t1);
+  if (call->residual != nullptr) add_residual(call->g.out, call->residual, call->g.N, job.m0, job.m1, job.t0 * kTile, job.t1 * kTile);
 }
 
 OrtStatus* compute(const Kernel& k, OrtKernelContext* context) {
   size_t given = 0;
   RETURN_IF_ERROR(g_api->KernelContext_GetInputCount(context, &given));
   const size_t inputs = static_cast<size_t>(1 + 3 * k.parts);
-  Tensor t[1 + 3 * kMaxParts];
-  for (size_t i = 0; i < std::min(given, inputs); ++i) {
+  Tensor t[kResidual + 1];
+  for (size_t i = 0; i < given; ++i) {
+    if (i >= inputs && i != kResidual) continue;
     const OrtValue* value = nullptr;
     RETURN_IF_ERROR(g_api->KernelContext_GetInput(context, i, &value));
     if (value == nullptr) {
@@ -302,6 +311,13 @@ OrtStatus* compute(const Kernel& k, OrtKernelContext* context) {
     if (p >= outputs) continue;
     std::vector<int64_t> out_shape = a.shape;
     out_shape.back() = k.widths[p];
+    const Tensor& residual = t[kResidual];
+    if (residual.data != nullptr) {
+      if (k.parts > 1 || k.swiglu || residual.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || residual.shape.empty() ||
+          residual.shape.back() != k.N || residual.size() != a.size() / k.K * k.N)
+        return fail("QMatMul: the residual must be float32 [..., N] with A's rows (one part, no activation)");
+      if (residual.shape.size() > out_shape.size()) out_shape = residual.shape;
+    }
     OrtValue* output = nullptr;
     RETURN_IF_ERROR(g_api->KernelContext_GetOutput(context, p, out_shape.data(), out_shape.size(), &output));
     RETURN_IF_ERROR(g_api->GetTensorMutableData(output, reinterpret_cast<void**>(&parts.out[p])));
@@ -318,7 +334,7 @@ OrtStatus* compute(const Kernel& k, OrtKernelContext* context) {
   Call call{{xq.data(), xscale.data(), xsum.data(), static_cast<const uint8_t*>(weights),
              static_cast<const float*>(weight_scales), parts.bias[0], parts.out[0], M, k.N, k.Kp, k.blocks,
              k.block, k.bits, k.tile_part.empty() ? nullptr : &parts, k.packed.owner ? k.group : 1},
-            static_cast<const float*>(a.data), k.K, {}};
+            static_cast<const float*>(a.data), k.K, {}, static_cast<const float*>(t[kResidual].data)};
   const int64_t quantize_jobs = (M + kQuantizeRows - 1) / kQuantizeRows;
   if (quantize_jobs > 1) {
     RETURN_IF_ERROR(g_api->KernelContext_ParallelFor(context, quantize_one, static_cast<size_t>(quantize_jobs), 0, &call));
@@ -408,10 +424,10 @@ OrtStatus* ORT_API_CALL create_kernel(const OrtCustomOp*, const OrtApi*, const O
 }
 
 const char* ORT_API_CALL op_name(const OrtCustomOp*) { return "QMatMul"; }
-size_t ORT_API_CALL input_count(const OrtCustomOp*) { return 1 + 3 * kMaxParts; }
+size_t ORT_API_CALL input_count(const OrtCustomOp*) { return kResidual + 1; }
 size_t ORT_API_CALL output_count(const OrtCustomOp*) { return kMaxParts; }
 ONNXTensorElementDataType ORT_API_CALL input_type(const OrtCustomOp*, size_t index) {
-  return index % 3 == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  return index % 3 == 1 && index != kResidual ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
 }
 ONNXTensorElementDataType ORT_API_CALL output_type(const OrtCustomOp*, size_t) { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
 OrtCustomOpInputOutputCharacteristic ORT_API_CALL input_required(const OrtCustomOp*, size_t index) {
