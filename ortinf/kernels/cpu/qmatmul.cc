@@ -341,9 +341,11 @@ OrtStatus* compute(const Kernel& k, OrtKernelContext* context) {
   } else {
     quantize_one(&call, 0);
   }
-  // kJobTiles is even: a swiglu pair (tiles 2j, 2j + 1) never straddles two jobs
-  for (int64_t m0 = 0; m0 < M; m0 += kJobRows)
-    for (int64_t t0 = 0; t0 < k.tiles; t0 += kJobTiles)
+  // kJobTiles is even: a swiglu pair (tiles 2j, 2j + 1) never straddles two jobs. Tile-major: the jobs of one group of
+  // tiles follow each other, so its weights are read from memory once and stay in L2 while every row chunk passes
+  // over them (row-major jobs read all the weights again for each chunk of rows: 8 times at 512 rows)
+  for (int64_t t0 = 0; t0 < k.tiles; t0 += kJobTiles)
+    for (int64_t m0 = 0; m0 < M; m0 += kJobRows)
       call.jobs.push_back({m0, std::min(M, m0 + kJobRows), t0, std::min(k.tiles, t0 + kJobTiles)});
   if (call.jobs.size() == 1) {
     gemm_one(&call, 0);
