@@ -37,6 +37,7 @@ import bandwidth
 import numpy as np
 import onnx
 import onnxruntime as ort
+import peak
 from onnx import TensorProto, helper, numpy_helper
 from record import finish
 
@@ -153,14 +154,28 @@ def activation_error(block: int, k: int = 896, n: int = 256) -> float:
     return float(np.linalg.norm(got - exact) / np.linalg.norm(exact))
 
 
-def cell(ours: float, mlas: float | None, ggml: float | None, rate: float, roof: float = 0.0) -> str:
+def cell(ours: float, mlas: float | None, ggml: float | None, rate: float, roof: float = 0.0, ops: float = 0.0,
+         top: float = 0.0) -> str:
     """A cell: the three times, the best peer's over ours, ortinf's weight-read GB/s and, with `roof` (the probe's
-    bytes per second), that rate's share of it."""
+    bytes per second), that rate's share of it; with `top` (the instruction's measured peak, operations per second)
+    ortinf's rate (`ops` per call) and its share of that peak."""
     peers = [t for t in (mlas, ggml) if t is not None]
     ratio = f"{min(peers) / ours:.2f}x; " if peers else ""
     shown = " / ".join(f"{t:.3f}" if t is not None else "-" for t in (ours, mlas, ggml))
     share = f", {rate * 1e9 / roof:.0%} of the probe" if roof else ""
-    return f"{shown} ({ratio}{rate:.0f} GB/s{share})"
+    compute = f", {ops / (ours * 1e-3) / 1e9:.0f} GOP/s, {ops / (ours * 1e-3) / top:.0%} of peak" if top else ""
+    return f"{shown} ({ratio}{rate:.0f} GB/s{share}{compute})"
+
+
+def instruction(p: Precision, peaks: dict[str, float]) -> tuple[str, float]:
+    """The instruction a precision's GEMM runs on this CPU (ortinf's kernels) and its measured peak (0: unknown)."""
+    if p.bits:
+        name = "vpdpbusd" if library.qmatmul_isa() == "avx512vnni" else ""
+    elif p.ours == "BMatMul" and library.panel_gemm_isa() == "avx512bf16":
+        name = "vdpbf16ps"  # the default bf16 math (bmatmul.cc)
+    else:
+        name = "fp32 FMA, 512-bit" if "fp32 FMA, 512-bit" in peaks else "fp32 FMA, 256-bit"
+    return name, peaks.get(name, 0.0)
 
 
 def main() -> None:
@@ -179,7 +194,7 @@ def main() -> None:
     rows = (1, 8) if args.tiny else tuple(args.rows)
     count = 2 if args.tiny else WEIGHTS
     chosen = [p for p in PRECISIONS if args.precisions is None or p.name.split(",")[0] in args.precisions]
-    probe_mib, probe_rounds = (16, 1) if args.tiny else (1024, 2)
+    probe_mib, probe_rounds = (16, 1) if args.tiny else (1024, 4)
     probed = [bandwidth.measure(2, probe_mib, probe_rounds)]
     rng = np.random.default_rng(0)
     table = [(size, k, n) for size, dims in shapes.items() for k, n in dims]
@@ -215,11 +230,16 @@ def main() -> None:
             del ours, mlas, weights
     probed.append(bandwidth.measure(2, probe_mib, probe_rounds))
     roof = max(probed)
-    for label, figures in measured:
-        lines.append(label + " | ".join(cell(*f, roof if m == 1 else 0.0) for m, f in zip(rows, figures)) + " |")
+    peaks = peak.measure(2, 1 if args.tiny else 3)
+    for (label, figures), (_, k, n, p) in zip(measured, [(s, k, n, p) for s, k, n in table for p in chosen], strict=True):
+        top = instruction(p, peaks)[1]
+        lines.append(label + " | ".join(cell(*f, roof if m == 1 else 0.0, 2.0 * m * k * n, top if m >= 64 else 0.0)
+                                        for m, f in zip(rows, figures)) + " |")
     lines += ["", f"The probe's figure (benchmarks/bandwidth.py, best read loop, 2 threads, {probe_mib} MiB): "
               f"{probed[0] / 1e9:.1f} GB/s before the cells, {probed[1] / 1e9:.1f} after; one-row shares are of "
-              f"{roof / 1e9:.1f} GB/s.", ""]
+              f"{roof / 1e9:.1f} GB/s. Cells of 64 rows and more: ortinf's operations per second and their share of the "
+              f"instruction's peak (benchmarks/peak.py, 2 threads, measured after the cells: "
+              + ", ".join(f"{name} {rate / 1e9:.0f} G/s" for name, rate in peaks.items()) + ").", ""]
     lines += ["Activation quantization error of QMatMul (per token and block, int8 weights; relative L2 error against "
               "the exact product with the same quantized weights, 16 standard-normal rows, K = 896): "
               + ", ".join(f"block {b}: {activation_error(b):.2e}" for b in (32, 64, 128, 256))]
