@@ -3,7 +3,7 @@
 cores' issue limit for the instruction), on 1 and 2 threads, best of several rounds. A GEMM's share of its
 instruction's peak (benchmarks/qmatmul.py at 512 rows) is stated against these figures, measured in the same run.
 
-usage: .venv/bin/python benchmarks/peak.py [--rounds N]
+usage: .venv/bin/python benchmarks/peak.py [--rounds N] [--record] [--tiny]
 """
 
 from __future__ import annotations
@@ -11,10 +11,14 @@ from __future__ import annotations
 import argparse
 import ctypes
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from compiled import load_c  # noqa: E402
+from record import finish  # noqa: E402
+
+from ortinf.matrix import machine  # noqa: E402
 
 SOURCE = Path(__file__).with_name("peak.c")
 KINDS = {"fp32 FMA, 256-bit": 0, "fp32 FMA, 512-bit": 1, "vdpbf16ps": 2, "vpdpbusd": 3}
@@ -49,14 +53,19 @@ def measure(threads: int = 2, rounds: int = 3, seconds: float = 0.2) -> dict[str
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3, help="runs per instruction and thread count; the best is kept")
+    parser.add_argument("--record", action="store_true", help="append the table to benchmarks/RESULTS.md")
+    parser.add_argument("--tiny", action="store_true", help="one round of short runs (smoke test)")
     args = parser.parse_args()
-    one, two = measure(1, args.rounds), measure(2, args.rounds)
+    rounds, seconds = (1, 0.02) if args.tiny else (args.rounds, 0.2)
+    one, two = measure(1, rounds, seconds), measure(2, rounds, seconds)
     if not two:
         sys.exit("peak.py needs a C compiler ($CC or gcc)")
-    print("| instruction | 1 thread | 2 threads |\n|---|---:|---:|")
+    lines = [f"### Instruction peaks, 12 register chains per thread, best of {rounds} ({time.strftime('%Y-%m-%d')})", "",
+             f"Machine: {machine()}", "", "| instruction | 1 thread | 2 threads |", "|---|---:|---:|"]
     for name, rate in two.items():
         unit = UNITS[KINDS[name]]
-        print(f"| {name} | {one[name] / 1e9:.0f} {unit} | {rate / 1e9:.0f} {unit} |")
+        lines.append(f"| {name} | {one[name] / 1e9:.0f} {unit} | {rate / 1e9:.0f} {unit} |")
+    finish(lines, args.record)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ SCRIPTS = {
     "whisper_front_end.py": [],
     "qmatmul.py": ["--repeats", "1"],
     "bandwidth.py": [],
+    "peak.py": [],
     "kv_dtype.py": [],
     "onednn_matmul.py": ["--repeats", "1"],  # without benchmarks/peers/install_onednn.sh: ortinf's columns only
     "one_engine.py": [],  # issue 30's before/after: a worktree of the base revision beside this tree
@@ -54,7 +55,7 @@ SLOW = {"ray_serve.py", "compare.py", "moe.py", "export_memory.py", "encoder_bat
 
 
 def test_every_script_is_covered():
-    scripts = {p.name for p in BENCHMARKS.glob("*.py")} - {"record.py", "demo_tokenizer_models.py"}  # helpers, not scripts
+    scripts = {p.name for p in BENCHMARKS.glob("*.py")} - {"record.py", "demo_tokenizer_models.py", "compiled.py"}  # helpers, not scripts
     assert scripts == set(SCRIPTS)
 
 
