@@ -19,10 +19,6 @@ usage: .venv/bin/python benchmarks/bandwidth.py [--mib 1024] [--rounds 3] [--no-
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import subprocess
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -42,16 +38,11 @@ def helper() -> ctypes.CDLL | None:
     """stream_read.c built (once per source text) into the temp folder and loaded; None without a C compiler."""
     global _library
     if _library is None:
-        text = SOURCE.read_bytes()
-        target = Path(tempfile.gettempdir()) / f"ortinf_stream_read_{hashlib.sha256(text).hexdigest()[:12]}.so"
-        if not target.exists():
-            partial = target.with_suffix(f".{os.getpid()}.tmp")  # built aside and renamed: parallel runs never load half a file
-            done = subprocess.run([os.environ.get("CC", "gcc"), "-O2", "-shared", "-fPIC", "-pthread", "-o", str(partial), str(SOURCE)],
-                                  capture_output=True, text=True, check=False) if _has_compiler() else None
-            if done is None or done.returncode:
-                return None
-            partial.replace(target)
-        lib = ctypes.CDLL(str(target))
+        from compiled import load_c
+
+        lib = load_c(SOURCE)
+        if lib is None:
+            return None
         lib.stream_alloc.restype = ctypes.c_void_p
         lib.stream_alloc.argtypes = [ctypes.c_size_t]
         lib.stream_free.argtypes = [ctypes.c_void_p]
@@ -60,12 +51,6 @@ def helper() -> ctypes.CDLL | None:
                                     ctypes.POINTER(ctypes.c_double)]
         _library = lib
     return _library
-
-
-def _has_compiler() -> bool:
-    from shutil import which
-
-    return which(os.environ.get("CC", "gcc")) is not None
 
 
 @dataclass
@@ -165,7 +150,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tiny", action="store_true", help="16 MiB buffer, one round, no cross-check (smoke test)")
     parser.add_argument("--mib", type=int, default=1024, help="buffer size in MiB (default 1024: 32x this L3)")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds, variants interleaved in each (3 reads per variant per round)")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds, variants interleaved in each (3 reads per variant per round)")
     parser.add_argument("--no-check", action="store_true", help="skip the cross-check against ortinf's bf16 one-row GEMV")
     parser.add_argument("--record", action="store_true", help="append the table to benchmarks/RESULTS.md")
     args = parser.parse_args()
