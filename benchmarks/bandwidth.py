@@ -109,6 +109,20 @@ def probe(threads: tuple[int, ...] = (1, 2), mib: int = 1024, rounds: int = 3, r
     return list(readings.values())
 
 
+def l3_bytes() -> int:
+    """The last-level cache's size as Linux reports it for CPU 0 (0 where it does not)."""
+    folder = Path("/sys/devices/system/cpu/cpu0/cache")
+    sizes = []
+    for index in folder.glob("index*"):
+        try:
+            level, text = (index / "level").read_text().strip(), (index / "size").read_text().strip()
+        except OSError:
+            continue
+        scale = {"K": 2**10, "M": 2**20}.get(text[-1:], 1)
+        sizes.append((int(level), int(text.rstrip("KM")) * scale))
+    return max(sizes)[1] if sizes else 0
+
+
 def best(readings: list[Reading], threads: int = 2) -> Reading:
     """The fastest variant at `threads` threads: the probe's figure."""
     return max((r for r in readings if r.threads == threads), key=lambda r: r.best)

@@ -155,14 +155,15 @@ def activation_error(block: int, k: int = 896, n: int = 256) -> float:
 
 
 def cell(ours: float, mlas: float | None, ggml: float | None, rate: float, roof: float = 0.0, ops: float = 0.0,
-         top: float = 0.0) -> str:
+         top: float = 0.0, cached: bool = False) -> str:
     """A cell: the three times, the best peer's over ours, ortinf's weight-read GB/s and, with `roof` (the probe's
-    bytes per second), that rate's share of it; with `top` (the instruction's measured peak, operations per second)
+    bytes per second), that rate's share of it (`cached`: the graph's weights fit the last-level cache, so the share is
+    not of a read from memory); with `top` (the instruction's measured peak, operations per second)
     ortinf's rate (`ops` per call) and its share of that peak."""
     peers = [t for t in (mlas, ggml) if t is not None]
     ratio = f"{min(peers) / ours:.2f}x; " if peers else ""
     shown = " / ".join(f"{t:.3f}" if t is not None else "-" for t in (ours, mlas, ggml))
-    share = f", {rate * 1e9 / roof:.0%} of the probe" if roof else ""
+    share = f", {rate * 1e9 / roof:.0%} of the probe{', weights in L3' if cached else ''}" if roof else ""
     compute = f", {ops / (ours * 1e-3) / 1e9:.0f} GOP/s, {ops / (ours * 1e-3) / top:.0%} of peak" if top else ""
     return f"{shown} ({ratio}{rate:.0f} GB/s{share}{compute})"
 
@@ -233,11 +234,13 @@ def main() -> None:
     peaks = peak.measure(2, 1 if args.tiny else 3)
     for (label, figures), (_, k, n, p) in zip(measured, [(s, k, n, p) for s, k, n in table for p in chosen], strict=True):
         top = instruction(p, peaks)[1]
-        lines.append(label + " | ".join(cell(*f, roof if m == 1 else 0.0, 2.0 * m * k * n, top if m >= 64 else 0.0)
+        cached = count * p.weight_bytes(k, n) <= bandwidth.l3_bytes()
+        lines.append(label + " | ".join(cell(*f, roof if m == 1 else 0.0, 2.0 * m * k * n, top if m >= 64 else 0.0, cached)
                                         for m, f in zip(rows, figures)) + " |")
     lines += ["", f"The probe's figure (benchmarks/bandwidth.py, best read loop, 2 threads, {probe_mib} MiB): "
               f"{probed[0] / 1e9:.1f} GB/s before the cells, {probed[1] / 1e9:.1f} after; one-row shares are of "
-              f"{roof / 1e9:.1f} GB/s. Cells of 64 rows and more: ortinf's operations per second and their share of the "
+              f"{roof / 1e9:.1f} GB/s (\"weights in L3\": the {count} weights fit the {bandwidth.l3_bytes() / 2**20:.0f} MiB "
+              "last-level cache, not a read from memory). Cells of 64 rows and more: ortinf's operations per second and their share of the "
               f"instruction's peak (benchmarks/peak.py, 2 threads, measured after the cells: "
               + ", ".join(f"{name} {rate / 1e9:.0f} G/s" for name, rate in peaks.items()) + ").", ""]
     lines += ["Activation quantization error of QMatMul (per token and block, int8 weights; relative L2 error against "
