@@ -133,7 +133,7 @@ def measure(threads: int = 2, mib: int = 1024, rounds: int = 3) -> float:
     return best(probe((threads,), mib, rounds), threads).best
 
 
-def bf16_gemv_rate(repeats: int = 5) -> tuple[float, str]:
+def bf16_gemv_rate(repeats: int = 20) -> tuple[float, str]:
     """ortinf's bf16 one-row GEMV (BMatMul, the 1.5B up/gate and down projections, eight weights each read in turn):
     the faster shape's weight bytes per second, and that shape; (0, why) without the kernel library."""
     import qmatmul
