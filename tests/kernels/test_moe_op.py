@@ -2,7 +2,8 @@
 with ties to the lower expert index and renormalisation, both activations (SiLU-gated with [gate | up]
 columns, gpt-oss's clamped interleaved form with biases), fp32 and int8/int4 experts packed as
 QMatMul packs them, experts no token chose, a token's result independent of the batch and threads,
-and clear errors for bad inputs."""
+the single job list against the per-expert computation for k from 1 to E and 1-70 tokens, and clear errors for
+bad inputs."""
 
 from __future__ import annotations
 
@@ -139,6 +140,36 @@ def test_fp32_rows_do_not_depend_on_the_batch():
     batch = moe.run(None, {"hidden": hidden, "logits": logits})[0]
     for t in (0, 4, 8):
         assert np.array_equal(moe.run(None, {"hidden": hidden[t:t + 1], "logits": logits[t:t + 1]})[0][0], batch[t])
+
+
+@pytest.mark.parametrize("bits", [0, 8, 4], ids=["fp32", "int8", "int4"])
+@pytest.mark.parametrize("tokens", [1, 3, 32, 70])
+@pytest.mark.parametrize("E,k", [(8, 1), (8, 2), (6, 4), (4, 4)], ids=["k1", "k2", "k4", "k=E"])
+def test_one_job_list_equals_the_per_expert_computation(bits, tokens, E, k):
+    """The step's single job list (gather, every chosen expert's gate_up columns, every down; moe.cc) against each
+    token's experts computed one by one (float64; quantized: the dequantized experts, within the activations'
+    rounding), for k from 1 to E and 1-70 tokens (70 tokens x 4 of 4 experts: two row groups of 64 per expert);
+    bit for bit the same on one thread as on two, and a token alone as in the batch."""
+    rng = np.random.default_rng(100 * tokens + 10 * k + bits)
+    H, I = 96, 48  # gate_up 96 columns, down 96: six panels/tiles each, a job of 64 columns and one of 32
+    weights = list(experts(rng, E, H, I, bits == 0))
+    hidden = rng.standard_normal((tokens, H)).astype(np.float32)
+    logits = rng.standard_normal((tokens, E)).astype(np.float32)
+    feeds = {"hidden": hidden, "logits": logits}
+    moe = session(*weights, k, True, 0, bits=bits, block=32)
+    got = moe.run(None, feeds)[0]
+    if bits:
+        dequantized = [np.stack([quantize_weight(w[e], bits, 32).dequantized() for e in range(E)]) for w in weights[:2]]
+        want = reference(hidden, logits, *dequantized, *weights[2:], k, True, 0)
+        assert np.abs(got - want).max() / np.abs(want).max() < 0.03
+    else:
+        want = reference(hidden, logits, *weights, k, True, 0)
+        assert np.abs(got - want).max() < 1e-4
+    one_thread = session(*weights, k, True, 0, bits=bits, block=32, threads=1).run(None, feeds)[0]
+    assert np.array_equal(one_thread, got)
+    last = tokens - 1
+    alone = moe.run(None, {"hidden": hidden[last:], "logits": logits[last:]})[0]
+    assert np.array_equal(alone[0], got[last])
 
 
 def test_bad_inputs_are_errors():
