@@ -27,71 +27,32 @@ double peak_ops_per_instruction(int kind) {
   return ops[kind];
 }
 
-#define CHAINS(STEP) STEP(0) STEP(1) STEP(2) STEP(3) STEP(4) STEP(5) STEP(6) STEP(7) STEP(8) STEP(9) STEP(10) STEP(11)
-
-__attribute__((target("avx2,fma"))) static float run_fma256(long n) {
-  __m256 a[12], x = _mm256_set1_ps(1.0000001f), y = _mm256_set1_ps(0.9999999f);
-#define INIT(i) a[i] = _mm256_set1_ps((float)i);
-  CHAINS(INIT)
-  for (long i = 0; i < n; ++i) {
-#define STEP(i) a[i] = _mm256_fmadd_ps(a[i], x, y);
-    CHAINS(STEP)
-#undef STEP
-    __asm__ volatile("" : "+x"(x));
+// One runner per instruction: 12 accumulators of type VEC, each set by INIT(i), stepped by STEP(acc) n times (x and
+// y are the operands; the empty asm keeps the compiler from hoisting the loop), then one lane of each summed by LANE.
+#define RUNNER(NAME, TARGET, VEC, XTYPE, X, INIT, STEP, LANE)    \
+  __attribute__((target(TARGET))) static float NAME(long n) {    \
+    VEC a[12];                                                   \
+    XTYPE x = X, y = X;                                          \
+    _Pragma("GCC unroll 12") for (int i = 0; i < 12; ++i) a[i] = INIT(i); \
+    for (long r = 0; r < n; ++r) {                               \
+      _Pragma("GCC unroll 12") for (int i = 0; i < 12; ++i) a[i] = STEP(a[i], x, y); \
+      __asm__ volatile("" : "+v"(x));                            \
+    }                                                            \
+    float s = 0;                                                 \
+    for (int i = 0; i < 12; ++i) s += (float)LANE(a[i]);         \
+    return s;                                                    \
   }
-  float s = 0;
-  for (int i = 0; i < 12; ++i) s += a[i][0];
-  return s;
-}
 
-__attribute__((target("avx512f"))) static float run_fma512(long n) {
-  __m512 a[12], x = _mm512_set1_ps(1.0000001f), y = _mm512_set1_ps(0.9999999f);
-#undef INIT
-#define INIT(i) a[i] = _mm512_set1_ps((float)i);
-  CHAINS(INIT)
-  for (long i = 0; i < n; ++i) {
-#define STEP(i) a[i] = _mm512_fmadd_ps(a[i], x, y);
-    CHAINS(STEP)
-#undef STEP
-    __asm__ volatile("" : "+v"(x));
-  }
-  float s = 0;
-  for (int i = 0; i < 12; ++i) s += a[i][0];
-  return s;
-}
-
-__attribute__((target("avx512f,avx512bf16"))) static float run_dpbf16(long n) {
-  __m512 a[12];
-  __m512bh x = (__m512bh)_mm512_set1_epi16(0x3f80), y = (__m512bh)_mm512_set1_epi16(0x3f80);
-#undef INIT
-#define INIT(i) a[i] = _mm512_set1_ps((float)i);
-  CHAINS(INIT)
-  for (long i = 0; i < n; ++i) {
-#define STEP(i) a[i] = _mm512_dpbf16_ps(a[i], x, y);
-    CHAINS(STEP)
-#undef STEP
-    __asm__ volatile("" : "+v"(x));
-  }
-  float s = 0;
-  for (int i = 0; i < 12; ++i) s += a[i][0];
-  return s;
-}
-
-__attribute__((target("avx512f,avx512bw,avx512vnni"))) static float run_dpbusd(long n) {
-  __m512i a[12], x = _mm512_set1_epi8(1), y = _mm512_set1_epi8(1);
-#undef INIT
-#define INIT(i) a[i] = _mm512_set1_epi32(i);
-  CHAINS(INIT)
-  for (long i = 0; i < n; ++i) {
-#define STEP(i) a[i] = _mm512_dpbusd_epi32(a[i], x, y);
-    CHAINS(STEP)
-#undef STEP
-    __asm__ volatile("" : "+v"(x));
-  }
-  int s = 0;
-  for (int i = 0; i < 12; ++i) s += _mm512_cvtsi512_si32(a[i]);
-  return (float)s;
-}
+#define SET256(i) _mm256_set1_ps((float)(i))
+#define SET512(i) _mm512_set1_ps((float)(i))
+#define SETI512(i) _mm512_set1_epi32(i)
+#define LANE256(v) _mm256_cvtss_f32(v)
+#define LANE512(v) _mm512_cvtss_f32(v)
+RUNNER(run_fma256, "avx2,fma", __m256, __m256, _mm256_set1_ps(1.0000001f), SET256, _mm256_fmadd_ps, LANE256)
+RUNNER(run_fma512, "avx512f", __m512, __m512, _mm512_set1_ps(1.0000001f), SET512, _mm512_fmadd_ps, LANE512)
+RUNNER(run_dpbf16, "avx512f,avx512bf16", __m512, __m512bh, (__m512bh)_mm512_set1_epi16(0x3f80), SET512, _mm512_dpbf16_ps, LANE512)
+RUNNER(run_dpbusd, "avx512f,avx512bw,avx512vnni", __m512i, __m512i, _mm512_set1_epi8(1), SETI512, _mm512_dpbusd_epi32,
+       _mm512_cvtsi512_si32)
 
 typedef struct {
   int kind;
