@@ -416,27 +416,39 @@ def fuse(model: onnx.ModelProto) -> Counter:
     return counts
 
 
+def split_residuals(model: onnx.ModelProto) -> int:
+    """The inverse of rewrite 7, in place: each projection with a residual input as the projection and an Add again
+    (bit for bit the same values: tests/exporter/test_cpu_fusion.py); returns the nodes split."""
+    nodes, split = [], 0
+    for node in model.graph.node:
+        residual = RESIDUAL_INPUT.get(node.op_type) if node.domain == DOMAIN else None
+        if residual is None or len(node.input) <= residual or not node.input[residual]:
+            nodes.append(node)
+            continue
+        split += 1
+        product = onnx.NodeProto()
+        product.CopyFrom(node)
+        inputs = list(node.input[:residual])
+        while inputs and inputs[-1] == "":
+            inputs.pop()
+        del product.input[:]
+        product.input.extend(inputs)
+        product.output[0] = node.output[0] + ".product"
+        nodes += [product, helper.make_node("Add", [product.output[0], node.input[residual]], [node.output[0]],
+                                            name=node.name + ".residual")]
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return split
+
+
 def unfuse(model: onnx.ModelProto) -> int:
     """The inverse of rewrites 2, 3 and 7, in place: one QMatMul per weight again (a node of several parts split, a
     swiglu node as gate and up QMatMuls, Sigmoid, Mul, Mul), a residual input an Add again, the graph as traced but
     for biases and Reshapes. For measuring what the fusion gains (benchmarks/graph_nodes.py) and testing what it
     keeps; returns the nodes split."""
-    nodes, split = [], 0
+    split = split_residuals(model)
+    nodes = []
     for node in model.graph.node:
-        residual = RESIDUAL_INPUT.get(node.op_type) if node.domain == DOMAIN else None
-        if residual is not None and len(node.input) > residual and node.input[residual]:
-            split += 1
-            product = onnx.NodeProto()
-            product.CopyFrom(node)
-            inputs = list(node.input[:residual])
-            while inputs and inputs[-1] == "":
-                inputs.pop()
-            del product.input[:]
-            product.input.extend(inputs)
-            product.output[0] = node.output[0] + ".product"
-            nodes += [product, helper.make_node("Add", [product.output[0], node.input[residual]], [node.output[0]],
-                                                name=node.name + ".residual")]
-            continue
         attrs = _attrs(node)
         widths = [attrs["N"]] + [attrs[key] for key in ("N1", "N2") if attrs.get(key)] if node.op_type == QMATMUL else []
         if len(widths) < 2:

@@ -165,3 +165,19 @@ def test_the_residual_add_is_taken_into_the_projection_that_feeds_it():
     unfused.CopyFrom(fused)
     assert cpu_fusion.unfuse(unfused) == 3
     assert all(np.array_equal(w, g) for w, g in zip(want, run(unfused, {"x": x}), strict=True))
+
+
+@pytest.mark.parametrize("model_type,dtype,per_layer", [("llama", "int8", 2), ("llama", "int4", 2), ("llama", "bf16", 2),
+                                                         ("qwen2", "int4", 2), ("gpt_neox", "int4", 1)])
+def test_a_package_with_its_residuals_taken_in_equals_it_without(package_factory, tmp_path, model_type, dtype, per_layer):
+    """Rewrite 7 on exported packages (Pythia's parallel residual: one Add after both branches' projections): the
+    logits of every position, bit for bit, with the residual Adds taken into the projections and split out again."""
+    from test_one_weight_file import _logits, unfused_form
+
+    from ortinf.manifest import Manifest
+
+    package = package_factory.package("decoder", model_type=model_type, export={"dtype": dtype})
+    split = unfused_form(package, tmp_path / "split", undo=cpu_fusion.split_residuals)
+    assert split == per_layer * Manifest.load(package).decoder.num_layers
+    tokens = list(np.random.default_rng(2).integers(3, 250, 37))
+    assert np.array_equal(_logits(package, tokens), _logits(tmp_path / "split", tokens))

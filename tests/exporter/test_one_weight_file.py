@@ -57,14 +57,16 @@ def two_file_form(package: Path, out: Path) -> None:
                     location=CPU_MODEL_NAME + ".data", size_threshold=1024)
 
 
-def unfused_form(package: Path, out: Path) -> None:
-    """`package` with its CPU graph one QMatMul per weight (cpu_fusion.unfuse), its weights file hard-linked (ORT
-    refuses external data outside the package folder)."""
+def unfused_form(package: Path, out: Path, undo=cpu_fusion.unfuse) -> int:  # noqa: ANN001
+    """`package` with its CPU graph one QMatMul per weight (cpu_fusion.unfuse, or `undo`), its weights file hard-linked
+    (ORT refuses external data outside the package folder); returns the nodes split."""
     shutil.copytree(package, out, ignore=shutil.ignore_patterns(WEIGHTS_NAME))
     (out / WEIGHTS_NAME).hardlink_to(package / WEIGHTS_NAME)
     cpu = onnx.load(str(out / CPU_MODEL_NAME), load_external_data=False)
-    assert cpu_fusion.unfuse(cpu) > 0
+    split = undo(cpu)
+    assert split > 0
     onnx.save_model(cpu, str(out / CPU_MODEL_NAME))
+    return split
 
 
 def _logits(package: Path, tokens: list[int]) -> np.ndarray:
