@@ -116,6 +116,7 @@ def check_budget(config: EngineConfig, specs: list[DecoderSpec]) -> None:
 
 
 POPULATE_NOW = 1 << 30  # a host pool up to this size is mapped before the load returns; a larger one in the background
+POPULATE_CHUNK = 16 << 20  # bytes the background thread maps per call (see populate_in_background)
 MADV_POPULATE_WRITE = 23  # Linux 5.14+: fault a range in, writable, in the kernel
 
 
@@ -144,7 +145,11 @@ def populate_in_background(arrays: list[np.ndarray], what: str) -> threading.Thr
     thread at normal priority, 2.95-3.4 s at nice 19, 2.5-2.75 s with pages left to fault as used and 2.5 s after a
     load that waited for them (load 1.1-3.0 s against 5.2-8.6 s; one noisy 2-core VM). Leaving them to fault would
     not reserve the memory: a pool the box cannot hold would fail under load, not at start.
-    The thread holds the arrays: a pool freed meanwhile is unmapped when it is done."""
+    The thread holds the arrays: a pool freed meanwhile is unmapped when it is done.
+    In POPULATE_CHUNK pieces: a populating call holds the process's mmap lock, and every large allocation of the
+    engine's own thread (numpy's step arrays are mmapped: 16 rows of a 152K vocabulary's logits are 9.7 MB) waits
+    for it; one call per 82 MB layer tensor made a 1.5B int8 batch of 16 run at 23 tok/s for as long as the thread
+    ran (np.stack of the logits 48 ms a call) against 41 tok/s once it was done (issue 57)."""
     def run() -> None:
         started = time.perf_counter()
         try:  # the lowest priority: the kernel's work here is this thread's, and requests come first
@@ -153,9 +158,10 @@ def populate_in_background(arrays: list[np.ndarray], what: str) -> threading.Thr
             pass
         madvise = _libc_madvise()
         for array in arrays:
-            if madvise is None or madvise(ctypes.c_void_p(array.ctypes.data), ctypes.c_size_t(array.nbytes), MADV_POPULATE_WRITE) != 0:
-                flat = array.reshape(-1).view(np.uint8)
-                flat[::mmap.PAGESIZE] = 0
+            for start in range(0, array.nbytes, POPULATE_CHUNK):
+                size = min(POPULATE_CHUNK, array.nbytes - start)
+                if madvise is None or madvise(ctypes.c_void_p(array.ctypes.data + start), ctypes.c_size_t(size), MADV_POPULATE_WRITE) != 0:
+                    array.reshape(-1).view(np.uint8)[start:start + size:mmap.PAGESIZE] = 0
         log.debug("%s: %.2f GB of KV pool mapped in %.1f s", what, sum(a.nbytes for a in arrays) / 1e9, time.perf_counter() - started)
 
     thread = threading.Thread(target=run, name="ortinf-kv-populate", daemon=True)
