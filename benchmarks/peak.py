@@ -31,6 +31,8 @@ def _library() -> ctypes.CDLL | None:
         lib.peak_rate.restype = ctypes.c_double
         lib.peak_rate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long]
         lib.peak_supported.argtypes = [ctypes.c_int]
+        lib.peak_ops_per_instruction.restype = ctypes.c_double
+        lib.peak_ops_per_instruction.argtypes = [ctypes.c_int]
     return lib
 
 
@@ -43,8 +45,8 @@ def measure(threads: int = 2, rounds: int = 3, seconds: float = 0.2) -> dict[str
     for name, kind in KINDS.items():
         if not lib.peak_supported(kind):
             continue
-        n = 100_000
-        while lib.peak_rate(kind, 1, n) and n * 12 * 2 / lib.peak_rate(kind, 1, n) * 64 < seconds:  # about `seconds` a run
+        n = 100_000  # rounds of the 12 chains per thread, grown until one thread's run takes `seconds` / 4 to `seconds`
+        while n * 12 * lib.peak_ops_per_instruction(kind) / lib.peak_rate(kind, 1, n) < seconds / 4:
             n *= 4
         found[name] = max(lib.peak_rate(kind, threads, n) for _ in range(rounds))
     return found

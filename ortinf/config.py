@@ -100,6 +100,8 @@ class EngineConfig:
             object.__setattr__(self, "prefix_cache_disk", parse_size(self.prefix_cache_disk))
         if not isinstance(self.prefix_cache_disk, int) or isinstance(self.prefix_cache_disk, bool) or self.prefix_cache_disk < 1:
             raise ConfigError(f"prefix_cache_disk must be a positive number of bytes or a size such as 8GiB, got {self.prefix_cache_disk!r}")
+        if self.bf16_math not in ("bf16", "fp32"):
+            raise ConfigError(f"bf16_math must be bf16 or fp32, got {self.bf16_math!r}")
         if self.lora_modules and self.max_loras < len(self.lora_modules):
             object.__setattr__(self, "max_loras", len(self.lora_modules))
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_num_encoder_input_tokens", "max_lora_rank"):

@@ -69,6 +69,8 @@ def test_unknown_engine_option_is_a_config_error(decoder_package):
     _, package = decoder_package("llama")
     with pytest.raises(ConfigError, match="unknown engine option"):
         LLM(package, num_blokcs=3)
+    with pytest.raises(ConfigError, match="bf16_math must be bf16 or fp32, got 'fp16'"):  # before any session is made
+        LLM(package, bf16_math="fp16")
 
 
 def test_a_hugging_face_folder_is_exported_into_the_cache_once(decoder_package, tmp_path, monkeypatch):

@@ -181,3 +181,24 @@ def test_a_package_with_its_residuals_taken_in_equals_it_without(package_factory
     assert split == per_layer * Manifest.load(package).decoder.num_layers
     tokens = list(np.random.default_rng(2).integers(3, 250, 37))
     assert np.array_equal(_logits(package, tokens), _logits(tmp_path / "split", tokens))
+
+
+def test_a_residual_of_the_wrong_shape_is_an_error_not_a_stray_read():
+    """The ops' residual input (rewrite 7) holds exactly A's rows x N: a broadcast one, or one beside several parts, is
+    refused in one line (a graph that fused an Add it should not have fails its export's verification, not silently)."""
+    rng = np.random.default_rng(6)
+    inits: list = []
+    nodes = [qmatmul("o", "x", K, rng, inits), bmatmul("down", "x", K, rng, inits)]
+    nodes[0].input.extend([""] * 7 + ["r"])
+    nodes[1].input.append("r")
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "t", K]),
+                                           helper.make_tensor_value_info("r", TensorProto.FLOAT, None)],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("o.y", "down.y")], inits)
+    residual = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ortinf", 1)])
+    x = rng.standard_normal((1, 3, K)).astype(np.float32)
+    r = rng.standard_normal((1, 3, K)).astype(np.float32)
+    o, down = run(residual, {"x": x, "r": r})
+    assert o.shape == down.shape == (1, 3, K)
+    for bad in (r[:, :1], r[..., :-1]):  # one row broadcast over three; a row one column short
+        with pytest.raises(Exception, match="the residual must be float32 \\[..., N\\] with A's rows"):
+            run(residual, {"x": x, "r": np.ascontiguousarray(bad)})
