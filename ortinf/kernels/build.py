@@ -105,6 +105,14 @@ def fetch_debian_headers(cache: Path) -> Path:
     return headers
 
 
+def library_units(register: Path = SOURCES / "register.cc") -> list[str]:
+    """The units compiled once with the baseline flags: register.cc's "units:" line, where an op is registered."""
+    for line in register.read_text().splitlines():
+        if line.startswith("// units:"):
+            return line.split(":", 1)[1].split()
+    raise BuildError(f"{register} has no '// units:' line naming the library's units")
+
+
 def compiler() -> str:
     for name in (os.environ.get("CXX"), "g++", "clang++", "c++"):
         if name and shutil.which(name):
@@ -123,8 +131,8 @@ def build(out_dir: Path = LIB_DIR, cache: Path | None = None, verbose: bool = Fa
     with tempfile.TemporaryDirectory() as tmp:
         objects = []
         dot = x86 and compiles(cxx, SOURCES / "panel_gemm_avx512bf16.cc", ISA_FLAGS["avx512"] + ["-mavx512bf16"], include, tmp)
-        units = [(SOURCES / f"{name}.cc", []) for name in ("paged_attention", "qmatmul", "moe", "bmatmul", "quantize", "packed_store")]
-        units.append((SOURCES / "panel_gemm.cc", [] if dot else ["-DORTINF_NO_BF16_DOT"]))  # a compiler without AVX512_BF16
+        units = [(SOURCES / f"{name}.cc", ["-DORTINF_NO_BF16_DOT"] if name == "panel_gemm" and not dot else [])
+                 for name in library_units()]  # panel_gemm.cc without the bf16 dot products: a compiler without AVX512_BF16
         units += [(SOURCES / f"attention_{isa}.cc", MATH + ISA_FLAGS[isa]) for isa in isas]
         # no reassociation in the panel GEMMs: a row's sums must not depend on how many rows share its block
         units += [(SOURCES / f"panel_gemm_{isa}.cc", ISA_FLAGS[isa]) for isa in isas]

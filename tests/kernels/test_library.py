@@ -98,3 +98,17 @@ def test_cpu_kernel_on_a_package_without_the_graph_refuses(tmp_path, decoder_pac
     assert DecoderGraph(copy, num_blocks=16, block_size=16, provider="cpu").kernel_description == "portable"
     with pytest.raises(ConfigError, match="has no graph for ortinf's CPU kernel library"):
         DecoderGraph(copy, num_blocks=16, block_size=16, provider="cpu", cpu_kernel=True)
+
+
+def test_every_source_file_is_a_unit_the_build_compiles():
+    """register.cc's "units:" line and the ISA tables name every .cc in the folder (a file left out would be an op the
+    library silently lacks), and each unit named there exists."""
+    from ortinf.kernels import build
+
+    units = set(build.library_units())
+    for isa in build.ISA_FLAGS:
+        units |= {f"attention_{isa}", f"panel_gemm_{isa}"}
+    units |= {f"qmatmul_{isa}" for isa in build.QMATMUL_ISA_FLAGS} | {"panel_gemm_avx512bf16"}
+    files = {path.stem for path in build.SOURCES.glob("*.cc")}
+    assert files == units, f"in the folder, not built: {sorted(files - units)}; named, no file: {sorted(units - files)}"
+    assert "register" in build.library_units()

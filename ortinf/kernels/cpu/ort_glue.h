@@ -1,6 +1,6 @@
 // What every op of the library needs from ONNX Runtime's C API: the API table, errors, reading an
 // input's shape and data, attributes, and the parts of an OrtCustomOp that are the same for all ops.
-// (Why the C API and version 17: paged_attention.cc's header comment.)
+// (Why the C API and version 17: register.cc's header comment.)
 #pragma once
 
 #include <onnxruntime_c_api.h>
@@ -13,7 +13,7 @@
 namespace ortinf {
 
 constexpr uint32_t kApiVersion = 17;
-inline const OrtApi* g_api = nullptr;  // set once by RegisterCustomOps (paged_attention.cc)
+inline const OrtApi* g_api = nullptr;  // set once by RegisterCustomOps (register.cc)
 
 inline OrtStatus* fail(const std::string& message) { return g_api->CreateStatus(ORT_INVALID_ARGUMENT, message.c_str()); }
 
@@ -134,11 +134,13 @@ inline void add_residual(float* out, const float* residual, int64_t N, int64_t m
     for (int64_t n = n0; n < n1; ++n) out[m * N + n] += residual[m * N + n];
 }
 
-// The quantized MatMul op (qmatmul.cc), added to the domain next to PagedAttention.
-OrtCustomOp* qmatmul_op();
-OrtCustomOp* moe_op();
+// The library's ops, each defined in its own unit and registered together by register.cc.
+OrtCustomOp* paged_attention_op();  // paged_attention.cc
+const char* attention_isa();        // the instruction set PagedAttention's jobs run with (paged_attention.cc)
+OrtCustomOp* qmatmul_op();          // qmatmul.cc
+OrtCustomOp* moe_op();              // moe.cc
 // BMatMul's two arithmetics (bmatmul.cc): bf16 math (activations rounded to bf16) or fp32 math on the bf16 weights,
-// chosen per session by the config entry ortinf.bf16_math (RegisterCustomOps, paged_attention.cc).
+// chosen per session by the config entry ortinf.bf16_math (RegisterCustomOps, register.cc).
 OrtCustomOp* bmatmul_op(bool bf16_math);
 OrtStatus* read_bf16_math(const OrtSessionOptions* options, bool* bf16_math);
 

@@ -1,11 +1,5 @@
-// ortinf's kernel library for ONNX Runtime's CPU provider: the custom op `ortinf.PagedAttention`.
-//
-// Written against ORT's C API only (onnxruntime_c_api.h, one header) and not its C++ wrapper,
-// because the wrapper stamps every op with the headers' ORT_API_VERSION (21 for the Debian trixie
-// headers the build uses), which ORT 1.17-1.20 refuse ("Unsupported version '21'"). The library
-// asks for API 17 and sets OrtCustomOp::version to 17, so the one binary loads into every ORT from
-// 1.17 on (the C API is versioned and forward compatible). Nothing here needs a newer API:
-// KernelContext_ParallelFor, the last call it uses, is from 1.17.
+// ortinf.PagedAttention: attention over the paged KV pool, for ONNX Runtime's CPU provider (registered with the
+// library's other ops in register.cc, which also says why the library is written against ORT's C API only).
 //
 // The op, per layer (inputs, then attributes):
 //   query [T, H*D] f32, key [T, KVH*D] f32, value [T, KVH*D] f32   this step's tokens (or with leading dims
@@ -431,25 +425,7 @@ OrtCustomOp g_paged_attention = ortinf::make_op({op_name, input_type, input_coun
 
 }  // namespace
 
-extern "C" {
-
-// Called by SessionOptions.register_custom_ops_library. The domain is created per call and never
-// released: ORT keeps a pointer to it for the lifetime of every session built from these options.
-__attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
-  ortinf::g_api = api_base->GetApi(ortinf::kApiVersion);
-  if (g_api == nullptr) return nullptr;  // ORT older than 1.17: no API to report through; the ops stay unregistered
-  bool bf16_math = true;  // the session config entry ortinf.bf16_math: "bf16" (the default) or "fp32"
-  RETURN_IF_ERROR(ortinf::read_bf16_math(options, &bf16_math));
-  OrtCustomOpDomain* domain = nullptr;
-  RETURN_IF_ERROR(g_api->CreateCustomOpDomain("ortinf", &domain));
-  RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, &g_paged_attention));
-  RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, ortinf::qmatmul_op()));
-  RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, ortinf::moe_op()));
-  RETURN_IF_ERROR(g_api->CustomOpDomain_Add(domain, ortinf::bmatmul_op(bf16_math)));
-  return g_api->AddCustomOpDomain(options, domain);
-}
-
-// For `ortinf providers` / `inspect` (read with ctypes): the instruction set the jobs run with.
-__attribute__((visibility("default"))) const char* ortinf_kernels_isa() { return g_isa; }
-
-}  // extern "C"
+namespace ortinf {
+OrtCustomOp* paged_attention_op() { return &g_paged_attention; }
+const char* attention_isa() { return g_isa; }
+}  // namespace ortinf
