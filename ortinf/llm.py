@@ -39,7 +39,7 @@ class LLM:
 
     def __init__(self, package_dir: str | Path | None = None, provider: str = "auto", **options: Any) -> None:
         from ortinf.bundled import resolve_package
-        from ortinf.runtime.sample.speculative import SpeculativeConfig
+        from ortinf.config import SpeculativeConfig
 
         package_dir = resolve_package(package_dir)  # a Hugging Face folder is exported into the package cache once
         spec = SpeculativeConfig.parse(options.get("speculative_config"))

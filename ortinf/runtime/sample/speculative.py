@@ -20,69 +20,14 @@ min_tokens not yet reached.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ortinf.errors import ConfigError
+from ortinf.config import SpeculativeConfig
 from ortinf.runtime.sample.request_options import RequestOptions
 from ortinf.runtime.sample.sampling_params import SamplingParams
-
-METHODS = ("ngram", "draft_model")
-
-
-@dataclass(frozen=True, slots=True)
-class SpeculativeConfig:
-    """vLLM's speculative_config: "ngram" (prompt lookup), or "draft_model" with `model` (a package
-    folder, or a Hugging Face folder, with the target's tokenizer; vLLM infers the method from `model`)."""
-
-    method: str = "ngram"
-    model: str | None = None
-    num_speculative_tokens: int = 4
-    prompt_lookup_max: int = 4
-    prompt_lookup_min: int = 1
-    disable_by_batch_size: int | None = None  # no proposals while more requests than this are running (vLLM's option)
-
-    def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise ConfigError(f"speculative method '{self.method}' is not supported: use one of {', '.join(METHODS)}")
-        for name in ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"speculative_config.{name} must be a positive integer, got {value!r}")
-        if self.disable_by_batch_size is not None and (isinstance(self.disable_by_batch_size, bool)
-                                                       or not isinstance(self.disable_by_batch_size, int) or self.disable_by_batch_size < 1):
-            raise ConfigError(f"speculative_config.disable_by_batch_size must be a positive integer, got {self.disable_by_batch_size!r}")
-        if self.model is not None and (not isinstance(self.model, str) or not self.model):
-            raise ConfigError(f"speculative_config.model must be a package folder's path, got {self.model!r}")
-        if (self.method == "draft_model") != (self.model is not None):
-            raise ConfigError("speculative_config: the draft_model method needs `model` (a draft package folder), and only it takes one")
-        if self.prompt_lookup_min > self.prompt_lookup_max:
-            raise ConfigError("speculative_config.prompt_lookup_min must not exceed prompt_lookup_max")
-        if self.num_speculative_tokens > 16:
-            raise ConfigError("speculative_config.num_speculative_tokens must be at most 16")
-
-    @classmethod
-    def parse(cls, value: str | dict | SpeculativeConfig | None) -> SpeculativeConfig | None:
-        """From JSON text or a dict (vLLM's keys); None stays None."""
-        if value is None or isinstance(value, SpeculativeConfig):
-            return value
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except ValueError as exc:
-                raise ConfigError(f"speculative_config is not valid JSON: {exc}") from exc
-        if not isinstance(value, dict):
-            raise ConfigError("speculative_config must be a JSON object such as {\"method\": \"ngram\", \"num_speculative_tokens\": 4}")
-        known = {"method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "disable_by_batch_size"}
-        unknown = sorted(set(value) - known)
-        if unknown:
-            raise ConfigError(f"speculative_config: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-        if "model" in value and "method" not in value:
-            value = {**value, "method": "draft_model"}
-        return cls(**value)
 
 
 @dataclass(slots=True)

@@ -148,7 +148,7 @@ def test_a_request_without_a_verdict_only_advances():
 def test_speculative_tokens_count_as_computed_up_to_the_kept_ones():
     """With proposals, the accepted ones' K/V is computed; a verdict that keeps fewer (a stop in the
     middle) finishes the request with only those."""
-    from ortinf.runtime.sample.speculative import SpeculativeConfig
+    from ortinf.config import SpeculativeConfig
 
     scheduler = make(speculative=SpeculativeConfig(method="ngram", num_speculative_tokens=3, prompt_lookup_min=1, prompt_lookup_max=2))
     request = add(scheduler, "a", [5, 6, 7, 5, 6, 7, 5, 6], max_tokens=20)

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 from support.engine_helpers import GREEDY, drain, hf_greedy, make_engine, run_to_completion
 
+from ortinf.config import SpeculativeConfig
 from ortinf.errors import ConfigError
 from ortinf.runtime.sample.sampling_params import SamplingParams
-from ortinf.runtime.sample.speculative import SpeculativeConfig, draw, propose_ngram, verify
+from ortinf.runtime.sample.speculative import draw, propose_ngram, verify
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
 
