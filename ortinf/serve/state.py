@@ -6,11 +6,11 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ortinf.serve.admission import Admission
 from ortinf.serve.api.openai.responses_store import ResponseStore
 from ortinf.serve.config import ServerConfig
 from ortinf.serve.metrics import EngineMetrics
 from ortinf.serve.models import ModelRegistry, ServedModel
-from ortinf.serve.streaming import Admission
 
 log = logging.getLogger(__name__)
 

@@ -1,87 +1,21 @@
-"""Running a request's samples: merged streams, client-disconnect detection, SSE framing, admission."""
+"""Running a request's samples from a route: merged streams, final outputs, and client-disconnect detection
+(admission is ortinf/serve/admission.py, SSE framing ortinf/serve/sse.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Sequence
+from typing import TypeVar
 
 from starlette.requests import Request
-from starlette.responses import StreamingResponse
 
 from ortinf.runtime.engine.async_engine import AsyncEngine
 from ortinf.runtime.engine.llm_engine import PreparedRequest
 from ortinf.runtime.engine.outputs import RequestOutput
-from ortinf.serve.errors import APIError, error_body, from_exception
+from ortinf.serve.errors import APIError
 from ortinf.tasks import driver, text
-from ortinf.tasks.chat.media import in_media_pool
 
 T = TypeVar("T")
-
-
-class Ticket:
-    """`count` admitted samples; released exactly once, whichever path ends the request first."""
-
-    def __init__(self, admission: Admission, count: int) -> None:
-        self.admission, self.count, self.released = admission, count, False
-
-    def release(self) -> None:
-        if not self.released:
-            self.released = True
-            self.admission.in_flight -= self.count
-
-
-class Admission:
-    """Bounds the requests in the server: max_num_seqs running plus max_queued_requests waiting.
-
-    Past that, a request gets 429 with Retry-After at once; nothing admitted is ever dropped. A
-    request that could never fit (more samples than the capacity) gets 400.
-    """
-
-    def __init__(self, max_running: int, max_queued: int) -> None:
-        self.capacity = max_running + max_queued
-        self.in_flight = 0
-        self.closed: BaseException | None = None  # the drain deadline's error: what every request still preparing gets
-        self._closing = asyncio.Event()
-
-    def close(self, error: BaseException) -> None:
-        """The drain deadline (on the event loop): requests still preparing (rendering, fetching and decoding images) end
-        with `error` now, and nothing more is admitted."""
-        self.closed = error
-        self._closing.set()
-
-    async def until_closed(self) -> None:
-        await self._closing.wait()
-
-    def acquire(self, count: int) -> Ticket:
-        if self.closed is not None:
-            raise self.closed
-        if count > self.capacity:
-            raise APIError(400, f"the request asks for {count} sequences (prompts x n, or its beams: best_of); this server runs "
-                                f"at most {self.capacity} at once: split it, or ask for fewer", param="n")
-        if self.in_flight + count > self.capacity:
-            raise APIError(429, f"the server is at capacity ({self.capacity} requests in flight); retry shortly",
-                           code="server_overloaded", headers={"Retry-After": "1"})
-        self.in_flight += count
-        return Ticket(self, count)
-
-
-class AdmittedStream(StreamingResponse):
-    """A streaming response that releases its admission ticket however it ends, also when the
-    client is gone before the body generator ever starts (a never-started generator's `finally`
-    never runs)."""
-
-    def __init__(self, content: AsyncIterator[str], ticket: Ticket) -> None:
-        super().__init__(content, media_type="text/event-stream")
-        self.ticket = ticket
-
-    async def __call__(self, scope, receive, send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self.ticket.release()
-            await self.body_iterator.aclose()  # type: ignore[attr-defined] - aborts the engine requests
 
 
 def merged(engine: AsyncEngine, prepared: Sequence[PreparedRequest], request_id: str) -> AsyncIterator[tuple[int, RequestOutput]]:
@@ -120,82 +54,3 @@ async def until_disconnected(request: Request, work: Awaitable[T]) -> T:
 async def _disconnect(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
-
-
-def sequences(prepared: Sequence[PreparedRequest]) -> int:
-    """The sequences `prepared` runs at once: one per sample, a beam search's beams (its n samples share one search)."""
-    searches = {id(p): p.params.num_beams for p in prepared if p.params.num_beams > 1}
-    return sum(1 for p in prepared if p.params.num_beams <= 1) + sum(searches.values())
-
-
-async def prepare_off_loop(admission: Admission, prepare: Callable[[], T], images: bool, count: int) -> T:
-    """`prepare()` (rendering, tokenising, a vision request's image fetches and decodes) off the event loop. With
-    images it holds `count` of the admission's capacity while it runs (past capacity: 429 before any image is
-    fetched or decoded) and runs on the media pool (ortinf/tasks/chat/media.py), never the shared one."""
-    if not images:
-        return await _unless_closed(admission, asyncio.to_thread(prepare))
-    ticket = admission.acquire(count)
-    try:
-        return await _unless_closed(admission, in_media_pool(prepare))
-    finally:
-        ticket.release()
-
-
-async def _unless_closed(admission: Admission, work: Awaitable[T]) -> T:
-    """`work`, or the drain deadline's error if it comes first (the thread preparing goes on; its result is dropped)."""
-    task = asyncio.ensure_future(work)
-    closing = asyncio.ensure_future(admission.until_closed())
-    try:
-        await asyncio.wait({task, closing}, return_when=asyncio.FIRST_COMPLETED)
-        if task.done():
-            return task.result()
-        task.cancel()
-        raise admission.closed  # type: ignore[misc]
-    finally:
-        closing.cancel()
-
-
-async def admit_and_run(request: Request, admission: Admission, engine: AsyncEngine, prepared: Sequence[PreparedRequest],
-                        request_id: str, stream: AsyncIterator[str] | None) -> list[RequestOutput] | StreamingResponse:
-    """Admits the samples (429 past capacity; a beam search counts as its beams), then returns a streaming response
-    over `stream` (which releases them however it ends) or runs them to the end and returns their final outputs."""
-    ticket = admission.acquire(sequences(prepared))
-    if stream is not None:
-        return AdmittedStream(stream, ticket)
-    try:
-        return await until_disconnected(request, final_outputs(engine, prepared, request_id))
-    finally:
-        ticket.release()
-
-
-async def sse_stream(chunks: AsyncIterator[dict], last: Callable[[], dict | None]) -> AsyncIterator[str]:
-    """Frames a route's chunks as server-sent events: the chunks, then `last()` (the usage chunk, if
-    asked for), an error event if anything failed (headers are already sent), and [DONE]."""
-    try:
-        async for chunk in chunks:
-            yield sse(chunk)
-        final = last()
-        if final is not None:
-            yield sse(final)
-    except Exception as exc:  # noqa: BLE001 - reported in the stream, whose headers are already sent
-        yield sse_error(exc)
-    finally:
-        await chunks.aclose()  # type: ignore[attr-defined] - closing aborts the samples still running
-    yield SSE_DONE
-
-
-# Characters that JSON leaves raw but that line splitters other than SSE's (Python's str.splitlines,
-# JavaScript's old JSON-in-lines readers) treat as line ends: escaped, so an event is always one line.
-_LINE_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
-
-
-def sse(data: Any) -> str:
-    return f"data: {json.dumps(data, ensure_ascii=False).translate(_LINE_BREAKS)}\n\n"
-
-
-SSE_DONE = "data: [DONE]\n\n"
-
-
-def sse_error(exc: BaseException) -> str:
-    err = from_exception(exc)
-    return sse(error_body(err.status, err.message, err.param, err.code))

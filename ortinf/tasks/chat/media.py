@@ -4,7 +4,7 @@ default ports unless an entry names one, with a size limit, one time limit for t
 held to the same rules.
 
 A request with images is prepared (fetched, decoded, preprocessed) on a pool of its own (`in_media_pool`, MEDIA_THREADS
-threads) after admission (ortinf/serve/streaming.py `prepare_off_loop`): a slow host or a huge image then costs a
+threads) after admission (ortinf/serve/admission.py `prepare_off_loop`): a slow host or a huge image then costs a
 media thread and an admission slot, never the shared pool that tokenising, embeddings and rerank use (one outside
 attack held that pool with trickling hosts and 7000x7000 PNGs and made an unrelated /v1/rerank take 26-56 s)."""
 

@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse
 
 from ortinf.runtime.engine.outputs import RequestOutput
 from ortinf.serve import field_policy
+from ortinf.serve.admission import AdmittedStream, prepare_off_loop, sequences
 from ortinf.serve.api.anthropic.convert import chat_request
 from ortinf.serve.api.anthropic.protocol import CountTokensRequest, MessagesRequest
 from ortinf.serve.errors import APIError, error_body, from_exception
@@ -25,7 +26,7 @@ from ortinf.serve.generation import Reply, chat_params, count_prompt_tokens, pre
 from ortinf.serve.models import ServedModel
 from ortinf.serve.protocol import ChatCompletionRequest
 from ortinf.serve.state import ServerState
-from ortinf.serve.streaming import AdmittedStream, final_outputs, merged, prepare_off_loop, sequences, until_disconnected
+from ortinf.serve.streaming import final_outputs, merged, until_disconnected
 from ortinf.tasks.chat.tools import ToolCall, ToolPlan
 
 router = APIRouter()

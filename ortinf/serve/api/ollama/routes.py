@@ -30,6 +30,7 @@ import ortinf
 from ortinf.manifest import FEATURE_EXTRACTION
 from ortinf.runtime.engine.outputs import RequestOutput
 from ortinf.serve import field_policy
+from ortinf.serve.admission import AdmittedStream, prepare_off_loop, sequences
 from ortinf.serve.api.ollama.protocol import (
     ChatRequest,
     EmbeddingsRequest,
@@ -50,7 +51,7 @@ from ortinf.serve.model_manager import load_wait
 from ortinf.serve.models import ServedModel
 from ortinf.serve.protocol import ChatCompletionRequest, CompletionRequest
 from ortinf.serve.state import ServerState
-from ortinf.serve.streaming import AdmittedStream, final_outputs, merged, prepare_off_loop, sequences, until_disconnected
+from ortinf.serve.streaming import final_outputs, merged, until_disconnected
 from ortinf.tasks.chat.tools import ToolPlan
 
 

@@ -26,8 +26,9 @@ from fastapi import APIRouter, File, Form, Request, UploadFile
 from fastapi.responses import PlainTextResponse, StreamingResponse
 
 from ortinf.serve.errors import APIError
+from ortinf.serve.sse import SSE_DONE, sse, sse_error
 from ortinf.serve.state import ServerState
-from ortinf.serve.streaming import SSE_DONE, sse, sse_error, until_disconnected
+from ortinf.serve.streaming import until_disconnected
 from ortinf.tasks.speech.audio_features import SAMPLE_RATE
 from ortinf.tasks.speech.audio_file import FORMATS, decode_audio, transcript
 

@@ -11,13 +11,15 @@ from fastapi.responses import JSONResponse
 
 from ortinf.runtime.engine.llm_engine import PreparedRequest
 from ortinf.serve import field_policy
+from ortinf.serve.admission import admit_and_run, prepare_off_loop
 from ortinf.serve.api.openai import schemas
 from ortinf.serve.generation import cached_tokens, chat_params, prepare_samples, render_prompt, request_ids, split_reasoning, tool_plan, usage
 from ortinf.serve.logprobs import chat_logprobs, prompt_logprobs
 from ortinf.serve.models import ServedModel
 from ortinf.serve.protocol import ChatCompletionRequest
+from ortinf.serve.sse import sse_stream
 from ortinf.serve.state import ServerState
-from ortinf.serve.streaming import admit_and_run, merged, prepare_off_loop, sse_stream
+from ortinf.serve.streaming import merged
 from ortinf.tasks.chat.tools import ToolPlan, held_back
 
 router = APIRouter()

@@ -12,14 +12,16 @@ from fastapi.responses import JSONResponse
 from ortinf.runtime.engine.llm_engine import PreparedRequest
 from ortinf.runtime.engine.outputs import RequestOutput
 from ortinf.serve import field_policy
+from ortinf.serve.admission import admit_and_run
 from ortinf.serve.api.openai import schemas
 from ortinf.serve.errors import APIError
 from ortinf.serve.generation import cached_tokens, prepare_samples, request_ids, usage
 from ortinf.serve.logprobs import completion_logprobs, echo_logprobs, prompt_logprobs
 from ortinf.serve.models import ServedModel
 from ortinf.serve.protocol import CompletionRequest
+from ortinf.serve.sse import sse_stream
 from ortinf.serve.state import ServerState
-from ortinf.serve.streaming import admit_and_run, merged, sse_stream
+from ortinf.serve.streaming import merged
 
 router = APIRouter()
 

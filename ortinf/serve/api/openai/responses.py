@@ -26,14 +26,16 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ortinf.serve import field_policy
+from ortinf.serve.admission import AdmittedStream, prepare_off_loop
 from ortinf.serve.api.openai.responses_store import ResponseStore
 from ortinf.serve.api.openai.responses_tools import ResponsesTools, read_tools
 from ortinf.serve.errors import APIError, from_exception
 from ortinf.serve.generation import as_chat_request, chat_params, prepare_samples, render_prompt, split_reasoning, tool_plan
 from ortinf.serve.models import ServedModel
 from ortinf.serve.protocol import OPEN, ChatCompletionRequest, Finite, read_guided
+from ortinf.serve.sse import sse
 from ortinf.serve.state import ServerState
-from ortinf.serve.streaming import AdmittedStream, final_outputs, merged, prepare_off_loop, sse, until_disconnected
+from ortinf.serve.streaming import final_outputs, merged, until_disconnected
 from ortinf.tasks.chat.tools import ToolCall, ToolPlan, held_back
 
 router = APIRouter()

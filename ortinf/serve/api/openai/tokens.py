@@ -8,13 +8,13 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 
 from ortinf.runtime.sample.sampling_params import SamplingParams
+from ortinf.serve.admission import prepare_off_loop
 from ortinf.serve.api.openai import schemas
 from ortinf.serve.errors import APIError
 from ortinf.serve.generation import render_prompt
 from ortinf.serve.models import ServedModel
 from ortinf.serve.protocol import STRICT, ChatMessage, TokenId, Tool
 from ortinf.serve.state import ServerState
-from ortinf.serve.streaming import prepare_off_loop
 from ortinf.tasks.chat.tools import ToolPlan
 from ortinf.tasks.text import samples
 from ortinf.tokenizer import check_unicode
