@@ -108,12 +108,6 @@ def field_values(specs: list, given: dict) -> dict:
     return values
 
 
-def split_engine_values(given: dict) -> tuple[dict, dict]:
-    """(EngineConfig keyword arguments, the command's other arguments) of a command's keyword arguments."""
-    names = {spec.name for spec in engine_fields()}
-    return engine_values(given), {k: v for k, v in given.items() if k not in names}
-
-
 def check_port(host: str, port: int) -> None:
     """Refuses, in one line, a host that does not resolve or a port something already listens on."""
     import socket

@@ -23,7 +23,7 @@ class EncoderGraph:
         self.manifest = Manifest.load(folder)
         if self.manifest.speech is not None:
             raise ConfigError(f"{package_dir} holds a speech-recognition model (Whisper): transcribe with "
-                              "LLM(package).transcribe(audio); the /v1/audio routes are not built yet")
+                              "LLM(package).transcribe(audio), or serve it and use /v1/audio/transcriptions")
         if self.manifest.task == TEXT_GENERATION or self.manifest.encoder is None:
             raise ConfigError(f"{package_dir} holds a {self.manifest.task} model, not an encoder")
         self.spec: EncoderSpec = self.manifest.encoder
