@@ -10,6 +10,7 @@ import onnxruntime as ort
 import pytest
 from builds import rerun_under
 from onnx import TensorProto, helper
+from support.attention import attend, causal
 
 from ortinf.kernels import library
 
@@ -38,7 +39,6 @@ def reference(q, k, v, key_cache, value_cache, tables, ctx, qlens, num_heads, kv
     """Dense attention per sequence over [pool slots | new tokens], in float64; `sinks` [H]: one more
     logit per head in the softmax, with no value (gpt-oss)."""
     dim = key_cache.shape[3]
-    group = num_heads // kv_heads
     out = np.zeros((q.shape[0], num_heads, dim))
     start = 0
     for s, (c, n) in enumerate(zip(ctx, qlens)):
@@ -51,21 +51,8 @@ def reference(q, k, v, key_cache, value_cache, tables, ctx, qlens, num_heads, kv
         new_k = step_k[start:start + n].reshape(n, kv_heads, dim).transpose(1, 0, 2).astype(np.float64)
         new_v = step_v[start:start + n].reshape(n, kv_heads, dim).transpose(1, 0, 2).astype(np.float64)
         keys, values = np.concatenate([past_k, new_k], 1), np.concatenate([past_v, new_v], 1)
-        queries = q[start:start + n].reshape(n, num_heads, dim).astype(np.float64)
-        for h in range(num_heads):
-            scores = queries[:, h] @ keys[h // group].T * scale  # [n, c + n]
-            if softcap:
-                scores = softcap * np.tanh(scores / softcap)
-            qpos = c + np.arange(n)[:, None]
-            kpos = np.arange(c + n)[None, :]
-            visible = kpos <= qpos
-            if window:
-                visible &= qpos - kpos < window
-            scores = np.where(visible, scores, -np.inf)
-            top = scores.max(1, keepdims=True) if sinks is None else np.maximum(scores.max(1, keepdims=True), sinks[h])
-            probs = np.exp(scores - top)
-            total = probs.sum(1, keepdims=True) + (0.0 if sinks is None else np.exp(sinks[h] - top))
-            out[start:start + n, h] = (probs / total) @ values[h // group]
+        queries = q[start:start + n].reshape(n, num_heads, dim)
+        out[start:start + n] = attend(queries, keys, values, scale, causal(n, c, window), softcap, sinks)
         start += n
     return out.reshape(q.shape[0], -1)
 
@@ -246,16 +233,11 @@ def test_cross_attention_mode():
     got = session.run(None, dict(zip(INPUTS, (q, k, v, key_cache, value_cache, tables, ctx, qlens))))[0]
     want = np.zeros((q.shape[0], heads, dim))
     start = 0
-    for s, (c, n) in enumerate(zip(contexts, query_lens)):
+    for s, (c, n) in enumerate(zip(contexts, query_lens)):  # no mask: every cached key, none of the step's
         slots = np.arange(c)
         blocks = tables[s, slots // 16]
-        keys = key_cache[:, blocks, slots % 16].astype(np.float64)
-        values = value_cache[:, blocks, slots % 16].astype(np.float64)
-        queries = q[start:start + n].reshape(n, heads, dim).astype(np.float64)
-        for h in range(heads):
-            scores = queries[:, h] @ keys[h].T * dim**-0.5
-            probs = np.exp(scores - scores.max(1, keepdims=True))
-            want[start:start + n, h] = (probs / probs.sum(1, keepdims=True)) @ values[h]
+        keys, values = key_cache[:, blocks, slots % 16], value_cache[:, blocks, slots % 16]
+        want[start:start + n] = attend(q[start:start + n].reshape(n, heads, dim), keys, values, dim**-0.5)
         start += n
     assert np.abs(got - want.reshape(q.shape[0], -1)).max() < 2e-5
 

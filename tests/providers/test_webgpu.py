@@ -13,6 +13,7 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 from openai import OpenAI
+from support.attention import attend, causal
 from support.engine_helpers import GREEDY, hf_greedy, run_to_completion
 from support.server_helpers import running_server
 
@@ -191,12 +192,7 @@ def paged_attention_error(session, new_tokens: int, heads: int = 4, kv_heads: in
     feeds = dict(q=q.reshape(new_tokens, -1), k=k.reshape(new_tokens, -1), v=v.reshape(new_tokens, -1), kc=cache, vc=cache,
                  cu=np.array([0, new_tokens], np.int32), past=np.array([0], np.int32), bt=np.array([[1, 2, 3]], np.int32))
     out = session.run(["o"], feeds)[0].astype(np.float32).reshape(new_tokens, heads, head_dim)
-    group = heads // kv_heads
-    scores = np.einsum("thd,shd->hts", q.astype(np.float32), np.repeat(k, group, axis=1).astype(np.float32)) / np.sqrt(head_dim)
-    scores = np.where(np.tril(np.ones((new_tokens, new_tokens), bool)), scores, -np.inf)
-    probs = np.exp(scores - scores.max(-1, keepdims=True))
-    probs /= probs.sum(-1, keepdims=True)
-    expected = np.einsum("hts,shd->thd", probs, np.repeat(v, group, axis=1).astype(np.float32))
+    expected = attend(q, k.transpose(1, 0, 2), v.transpose(1, 0, 2), 1 / np.sqrt(head_dim), causal(new_tokens, 0))
     return float(np.abs(out - expected).max())
 
 
