@@ -6,7 +6,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -16,8 +16,12 @@ from ortinf.manifest import TEXT2TEXT
 from ortinf.runtime.engine.outputs import RequestOutput
 from ortinf.runtime.sample.sampling_params import SamplingParams
 from ortinf.tasks import driver, text
+from ortinf.tasks.kinds import PoolingTask, SpeechTask, TextTask
 from ortinf.tasks.package import open_package
 from ortinf.tasks.programs import Program
+
+if TYPE_CHECKING:
+    from ortinf.runtime.engine.llm_engine import LLMEngine
 
 Prompt = str | Sequence[int] | dict  # a dict: {"prompt": text or ids, "multi_modal_data": {"image": one or a list}} (vLLM's)
 
@@ -45,15 +49,16 @@ class LLM:
         spec = SpeculativeConfig.parse(options.get("speculative_config"))
         if spec is not None and spec.model is not None:  # so is a draft model's
             options["speculative_config"] = replace(spec, model=str(resolve_package(spec.model)))
-        opened = open_package(package_dir, {"provider": provider, **options})
-        self.manifest = opened.manifest
+        self.task = open_package(package_dir, {"provider": provider, **options})  # its kind (ortinf/tasks/kinds.py)
+        self.manifest = self.task.manifest
         self.package_dir = Path(package_dir)
         # generate() drives the engine's steps itself: calls from several threads take turns
         self._lock = threading.Lock()
-        self.transcriber = opened.transcriber  # Whisper (ortinf/tasks/speech/transcriber.py): its engine is the transcriber's
-        self.engine = opened.engine if opened.transcriber is None else None
-        self.encoder = opened.encoder
-        self.pooling = opened.pooling  # an encoder package's tasks (ortinf/tasks/pooling.py)
+
+    @property
+    def engine(self) -> LLMEngine | None:
+        """A text package's LLMEngine (None for the other kinds: Whisper's engine is its transcriber's)."""
+        return self.task.engine if isinstance(self.task, TextTask) else None
 
     def generate(
         self,
@@ -69,7 +74,7 @@ class LLM:
         An invalid request raises RequestError before anything runs. Thread-safe: concurrent calls
         run one after the other (batch the prompts in one call to run them together).
         """
-        if self.engine is None:
+        if not isinstance(self.task, TextTask):
             raise ConfigError(f"this package is a {self.manifest.task} model: use embed(), not generate()")
         with self._lock:
             return self._generate(prompts, sampling_params, use_tqdm, lora)
@@ -90,9 +95,9 @@ class LLM:
         An invalid conversation raises RequestError before anything runs."""
         from ortinf.tasks.chat.chat import Chat
 
-        if self.engine is None:
+        if not isinstance(self.task, TextTask):
             raise ConfigError(f"this package is a {self.manifest.task} model: use embed(), not chat()")
-        chat = Chat.load(self.package_dir, self.engine.tokenizer, self.manifest.vision)
+        chat = Chat.load(self.package_dir, self.task.tokenizer, self.manifest.vision)
         if chat.template is None or chat.tokenizer is None:
             raise ConfigError(f"{self.package_dir} has no chat template (or no tokenizer): use generate() for plain continuation")
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
@@ -106,13 +111,12 @@ class LLM:
 
     def _generate(self, prompts: Prompt | Sequence[Prompt], sampling_params: SamplingParams | Sequence[SamplingParams] | None,
                   use_tqdm: bool, lora: str | Sequence[str | None] | None) -> list[RequestOutput]:
-        assert self.engine is not None
         batch = _as_batch(prompts)
         params = _params_for(batch, sampling_params)
         loras = [lora] * len(batch) if lora is None or isinstance(lora, str) else list(lora)
         if len(loras) != len(batch):
             raise RequestError(f"{len(loras)} LoRA names for {len(batch)} prompts: pass one name, or one per prompt")
-        engine = self.engine
+        engine = self.task.engine
         programs: list[Program] = []
         for i, (prompt, p, adapter) in enumerate(zip(batch, params, loras)):  # every request checked before any runs
             prompt, images = _with_images(prompt)
@@ -127,24 +131,24 @@ class LLM:
 
     def transcribe(self, audios: np.ndarray | Sequence[np.ndarray], max_new_tokens: int | None = None) -> list[str]:
         """The text of each audio (16 kHz mono float samples) with a Whisper package; greedy, windows of 30 s."""
-        if self.transcriber is None:
+        if not isinstance(self.task, SpeechTask):
             raise ConfigError(f"this package is a {self.manifest.task} model: transcribe() needs a speech-recognition package")
         batch = [audios] if isinstance(audios, np.ndarray) and audios.ndim == 1 else list(audios)
         with self._lock:
-            return self.transcriber.transcribe(batch, max_new_tokens)
+            return self.task.transcriber.transcribe(batch, max_new_tokens)
 
     def text2text(self, inputs: str | Sequence[str] | Sequence[Sequence[int]],
                   max_new_tokens: int | None = None) -> list[str] | list[list[int]]:
         """A text encoder-decoder's (Marian, BART) greedy output for each input: texts give texts (the
         package's tokenizer), token-id lists give token-id lists; all inputs decode together."""
-        if self.engine is None or self.manifest.task != TEXT2TEXT:
+        if not isinstance(self.task, TextTask) or self.manifest.task != TEXT2TEXT:
             raise ConfigError(f"this package is a {self.manifest.task} model: text2text() needs a text2text-generation package")
         batch = [inputs] if isinstance(inputs, str) else list(inputs)
         texts = [isinstance(item, str) for item in batch]
         if any(texts) and not all(texts):
             raise RequestError("text2text() takes texts or token-id lists, not both in one call", param="prompt")
-        if batch and all(texts) and self.engine.tokenizer is None:
-            raise ConfigError(f"{self.engine.config.package_dir} has no tokenizer.json (Marian's SentencePiece tokenizer has "
+        if batch and all(texts) and self.task.tokenizer is None:
+            raise ConfigError(f"{self.package_dir} has no tokenizer.json (Marian's SentencePiece tokenizer has "
                               "no fast form): pass token ids")
         with self._lock:
             outputs = self._generate(batch, SamplingParams(max_tokens=max_new_tokens, temperature=0.0), False, None)
@@ -155,10 +159,11 @@ class LLM:
 
     def embed(self, texts: str | Sequence[str]) -> np.ndarray:
         """Embeddings [len(texts), dim] of a feature-extraction package."""
-        if self.encoder is None or self.manifest.encoder is None or self.manifest.encoder.pooling is None:
+        if not isinstance(self.task, PoolingTask) or self.manifest.encoder.pooling is None:
             raise ConfigError(f"this package is a {self.manifest.task} model: embed() needs a feature-extraction package")
+        pooling = self.task.pooling
         with self._lock:
-            return self.pooling.run(self.pooling.texts([texts] if isinstance(texts, str) else list(texts)))
+            return pooling.run(pooling.texts([texts] if isinstance(texts, str) else list(texts)))
 
 
 def _with_images(prompt: Prompt) -> tuple[str | Sequence[int], list]:

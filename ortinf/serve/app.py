@@ -18,7 +18,6 @@ import ortinf
 from ortinf import extras
 from ortinf.errors import ConfigError
 from ortinf.manifest import Manifest
-from ortinf.runtime.engine.async_engine import AsyncEngine
 from ortinf.serve import preload
 from ortinf.serve.api import front_ends
 from ortinf.serve.api.openai import schemas
@@ -28,7 +27,7 @@ from ortinf.serve.model_manager import Leases, ModelManager, resident_bytes
 from ortinf.serve.models import ServedModel
 from ortinf.serve.page import PAGE_FILES, add_page_routes
 from ortinf.serve.state import ServerState
-from ortinf.tasks.chat.chat import Chat
+from ortinf.tasks.kinds import PoolingTask, SpeechTask, TextTask
 from ortinf.tasks.package import open_package
 
 log = logging.getLogger(__name__)
@@ -190,7 +189,6 @@ def load_model(package: Path, name: str, config: ServerConfig, state: ServerStat
     """Builds one served model (blocking: runs in a worker thread) and warms it up. `lora_base`: the
     model that serves --lora-modules (and runtime loads); the others get no LoRA slots."""
     manifest = Manifest.load(package)
-    model = ServedModel(name=name, package_dir=package, manifest=manifest, created=int(time.time()))
     lacking = extras.needs("vision", f"reading images with {name}") if manifest.vision is not None else None
     if lacking:  # served text-only, as `ortinf generate` runs it: a request with images gets this line as its 400
         log.warning("%s; until then it serves text only", lacking)
@@ -202,26 +200,15 @@ def load_model(package: Path, name: str, config: ServerConfig, state: ServerStat
     started, resident = time.perf_counter(), resident_bytes()
     preloaded = preload.take(package, name, options)  # opened while the server's modules imported (serve/preload.py)
     if preloaded is not None:
-        opened, started, resident = preloaded
+        task, started, resident = preloaded
     else:
-        opened = open_package(package, options, explicit=False, warm_up=True, name=name)
-    if opened.transcriber is not None:  # the one engine: a window is an ordinary request of the model's AsyncEngine
-        from ortinf.tasks.speech.async_transcriber import AsyncTranscriber
-
-        if opened.transcriber.tokenizer is None:
-            raise ConfigError(f"{name} has no tokenizer.json: the audio routes answer with text; re-export it from a folder "
-                              "with the Whisper tokenizer")
-    if opened.engine is not None:
-        model.engine = AsyncEngine(opened.engine, on_step=state.metrics.hook(name),
-                                   on_dead=lambda exc: state.fatal(f"the engine of '{name}' died", exc))
-    if opened.transcriber is not None:
-        model.transcriber = AsyncTranscriber(opened.transcriber, model.engine, fallback=config.transcription_fallback)
-    elif opened.engine is not None:
-        model.chat = Chat.load(package, opened.engine.tokenizer, manifest.vision, config.tool_call_parser, config.reasoning_parser)
-    if opened.pooling is not None:  # an encoder: its inputs batched across requests on an engine thread of its own
-        model.pooling = opened.pooling
-        model.pooler = AsyncEngine(opened.pooling.engine, on_step=state.metrics.hook(name),
-                                   on_dead=lambda exc: state.fatal(f"the encoder engine of '{name}' died", exc))
+        task = open_package(package, options, explicit=False, warm_up=True, name=name)
+    if isinstance(task, SpeechTask) and task.transcriber.tokenizer is None:
+        raise ConfigError(f"{name} has no tokenizer.json: the audio routes answer with text; re-export it from a folder "
+                          "with the Whisper tokenizer")
+    which = "the encoder engine" if isinstance(task, PoolingTask) else "the engine"
+    model = ServedModel.start(name, task, config, on_step=state.metrics.hook(name),
+                              on_dead=lambda exc: state.fatal(f"{which} of '{name}' died", exc))
     model.load_seconds = time.perf_counter() - started
     log.info("loaded '%s' in %.2f s: %s of weights in the package, %s more resident in this process", name,
              model.load_seconds, _gigabytes(weight_bytes(package)), _gigabytes(max(resident_bytes() - resident, 0)))
@@ -279,8 +266,8 @@ def build_app(config: ServerConfig, load_in_background: bool = True) -> FastAPI:
             if task is not None:
                 task.cancel()
         for model in state.registry.models.values():
-            for engine in model.engines:  # a step still running (a long prefill) is not waited for past a second:
-                engine.shutdown(timeout=1.0)  # its thread is a daemon, and every client has had its answer
+            model.engine.shutdown(timeout=1.0)  # a step still running (a long prefill) is not waited for past a second:
+            # its thread is a daemon, and every client has had its answer
 
     app = FastAPI(title="ortinf", version=ortinf.__version__, lifespan=lifespan,
                   description="OpenAI-compatible API over ONNX Runtime with a paged KV cache.")
@@ -301,14 +288,10 @@ def build_app(config: ServerConfig, load_in_background: bool = True) -> FastAPI:
     app.add_middleware(ClientGone)
 
     def card(m: ServedModel) -> schemas.ModelCard:
-        length = m.engine.engine.max_model_len if m.engine is not None else (m.manifest.decoder or m.manifest.encoder).max_model_len
-        root = None
-        if m.lora_name is not None and m.engine is not None and m.engine.engine.loras is not None:
-            adapter = m.engine.engine.loras.adapters.get(m.lora_name)
-            root = str(adapter.path) if adapter is not None else None
-        modalities = ["audio"] if m.manifest.speech is not None else ["text", "image"] if m.manifest.vision is not None else ["text"]
-        return schemas.ModelCard(id=m.name, created=m.created, task=m.manifest.task, max_model_len=length, root=root, parent=m.parent,
-                                   input_modalities=modalities)
+        facts = m.task.card()
+        root = m.task.lora_path(m.lora_name) if m.lora_name is not None and isinstance(m.task, TextTask) else None
+        return schemas.ModelCard(id=m.name, created=m.created, task=facts.task, max_model_len=facts.max_model_len, root=root,
+                                   parent=m.parent, input_modalities=list(facts.modalities))
 
     def unloaded_card(entry) -> schemas.ModelCard:  # noqa: ANN001 - a --models-dir model not loaded now
         facts = entry.read()  # as surveyed (models_folder.py): no disk access here; `error` marks one that cannot serve

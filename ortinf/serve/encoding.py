@@ -28,7 +28,7 @@ async def embed(request: Request, state: ServerState, model: ServedModel, items:
     ticket = state.admission.acquire(1)
     try:
         token_ids = await asyncio.to_thread(pooling.embedding_inputs, items, truncate)
-        vectors = await until_disconnected(request, pooling.run_async(model.pooler, token_ids, request_id=f"embd-{uuid.uuid4().hex}"))
+        vectors = await until_disconnected(request, pooling.run_async(model.engine, token_ids, request_id=f"embd-{uuid.uuid4().hex}"))
     finally:
         ticket.release()
     if dimensions is not None and dimensions < vectors.shape[1]:

@@ -256,10 +256,7 @@ class ModelManager:
     def _open(self, entry: Entry) -> ServedModel:
         """Loads an entry's package (worker thread); a folder or a GGUF has been exported by then (_export)."""
         model = self.loader(entry.package, entry.name)
-        for engine in model.engines:  # its footprint is measured next: a large KV pool's pages mapped first
-            resident = getattr(engine.engine, "wait_until_resident", None)
-            if resident is not None:
-                resident()
+        model.task.wait_until_resident()  # its footprint is measured next: a large KV pool's pages mapped first
         return model
 
     def _cost(self, entry: Entry) -> int:
@@ -303,9 +300,8 @@ class ModelManager:
         self.state.metrics.model_loaded(name, False)
 
         def stop() -> None:
-            for engine in model.engines:
-                engine.shutdown(timeout=5.0)
-            model.engine = model.pooler = model.pooling = model.chat = model.transcriber = None
+            model.engine.shutdown(timeout=5.0)
+            model.drop()
             _trim()  # its sessions and KV pool are garbage now: their pages go back to the system
 
         await asyncio.to_thread(stop)

@@ -1,55 +1,77 @@
-"""The models a server serves, by name: a generating engine or an encoder, each with its tokenizer."""
+"""The models a server serves, by name: each one package's task (ortinf/tasks/kinds.py: text, speech or pooling) on a
+stepping thread of its own, with what its kind's routes use beside it."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tokenizers import Tokenizer
 
 from ortinf.manifest import FEATURE_EXTRACTION, Manifest
 from ortinf.runtime.engine.async_engine import AsyncEngine
-from ortinf.runtime.worker.encoder_graph import EncoderGraph
 from ortinf.serve.errors import APIError
 from ortinf.tasks.chat.chat import Chat
 from ortinf.tasks.chat.reasoning import HarmonyParser, ReasoningParser
 from ortinf.tasks.chat.template import ChatTemplate
+from ortinf.tasks.kinds import PoolingTask, SpeechTask, Task, TextTask
 from ortinf.tasks.pooling import Pooling
 from ortinf.tokenizer import TokenBytes
+
+if TYPE_CHECKING:
+    from ortinf.serve.config import ServerConfig
+    from ortinf.tasks.chat.media import MediaPolicy
+    from ortinf.tasks.chat.messages import ChatMessage
+    from ortinf.tasks.speech.async_transcriber import AsyncTranscriber
 
 
 @dataclass(slots=True)
 class ServedModel:
-    """One package behind the API."""
+    """One package behind the API: its task, that task's engine on its stepping thread (every request's inputs batched
+    there), and a text task's chat or a speech task's transcriber on that thread. Routes ask the task which kind it
+    is (`require_engine`, `require_embeddings`, `require_speech`, or isinstance on `task`)."""
 
     name: str
-    package_dir: Path
-    manifest: Manifest
-    engine: AsyncEngine | None = None
-    pooling: Pooling | None = None  # an encoder package's tasks (ortinf/tasks/pooling.py), over `pooler`
-    pooler: AsyncEngine | None = None  # the encoder's PoolingEngine on its own engine thread: inputs batched across requests
-    chat: Chat | None = None  # a generating package's conversation front-end (ortinf/tasks/chat/chat.py)
-    _token_bytes: TokenBytes | None = None
+    task: Task
+    engine: AsyncEngine  # the task's engine (an LLMEngine, or an encoder's PoolingEngine) on its own thread
+    chat: Chat | None = None  # a text task's conversation front-end (ortinf/tasks/chat/chat.py)
+    transcriber: AsyncTranscriber | None = None  # a speech task's jobs on `engine` (ortinf/tasks/speech/async_transcriber.py)
     created: int = 0
-    transcriber: object | None = None  # a speech-recognition package's runtime/async_transcriber.AsyncTranscriber
     lora_name: str | None = None  # set on the view of a LoRA adapter (its requests run with it)
     parent: str | None = None  # the base model's name, for an adapter
     load_seconds: float = 0.0  # opening the package until it was ready to serve (ortinf/serve/app.py load_model)
+    _token_bytes: TokenBytes | None = None
+
+    @classmethod
+    def start(cls, name: str, task: Task, config: ServerConfig, on_step: Callable | None = None,
+              on_dead: Callable[[BaseException], None] | None = None) -> ServedModel:
+        """`task` served as `name`: its engine started on a stepping thread (`on_step`, `on_dead`: AsyncEngine's), with
+        a text task's chat (the server's parsers) or a speech task's transcriber (the server's fallback rule)."""
+        engine = AsyncEngine(task.engine, on_step=on_step, on_dead=on_dead)
+        model = cls(name, task, engine, created=int(time.time()))
+        if isinstance(task, TextTask):
+            model.chat = Chat.load(task.package_dir, task.tokenizer, task.manifest.vision, config.tool_call_parser,
+                                   config.reasoning_parser)
+        elif isinstance(task, SpeechTask):  # the one engine: a window is an ordinary request of the model's AsyncEngine
+            from ortinf.tasks.speech.async_transcriber import AsyncTranscriber
+
+            model.transcriber = AsyncTranscriber(task.transcriber, engine, fallback=config.transcription_fallback)
+        return model
+
+    @property
+    def package_dir(self) -> Path:
+        return self.task.package_dir
+
+    @property
+    def manifest(self) -> Manifest:
+        return self.task.manifest
 
     @property
     def tokenizer(self) -> Tokenizer | None:
-        if self.engine is not None:
-            return self.engine.engine.tokenizer
-        return self.encoder.tokenizer if self.encoder is not None else None
-
-    @property
-    def engines(self) -> list[AsyncEngine]:
-        """Its stepping threads: the generating engine (text, text2text and speech alike) or the encoder's."""
-        return [engine for engine in (self.engine, self.pooler) if engine is not None]
-
-    @property
-    def encoder(self) -> EncoderGraph | None:
-        return self.pooling.encoder if self.pooling is not None else None
+        return self.task.tokenizer
 
     @property
     def chat_template(self) -> ChatTemplate | None:
@@ -67,6 +89,14 @@ class ServedModel:
     def image_placeholder(self) -> str | None:
         """The text of a vision-language model's image token (where an image part goes in the chat template), else None."""
         return self.chat.placeholder if self.chat is not None else None
+
+    def images(self, messages: Sequence[ChatMessage], policy: MediaPolicy | None = None) -> list[bytes]:
+        """A conversation's images, read (a vision-language model's; none for a model without a chat: a speech one)."""
+        return self.chat.images(messages, policy) if self.chat is not None else []
+
+    def has_images(self, messages: Sequence[ChatMessage]) -> bool:
+        """Whether a conversation carries images (it is then prepared on the media pool, under admission)."""
+        return self.chat is not None and self.chat.has_images(messages)
 
     def token_text(self, token_id: int) -> str:
         """How a token is shown in logprobs: its text, or `token_id:N` without a tokenizer."""
@@ -89,18 +119,29 @@ class ServedModel:
         """OpenAI's system_fingerprint: what produced the output (runtime version, provider, precision)."""
         from ortinf import __version__
 
-        provider = self.engine.engine.graph.provider.name if self.engine is not None else "encoder"
-        return f"ortinf-{__version__}-{provider}-{self.manifest.dtype}"
+        return f"ortinf-{__version__}-{self.task.provider}-{self.manifest.dtype}"
 
     def require_engine(self) -> AsyncEngine:
-        if self.engine is None:
+        """The generating engine (a text or a speech task's), else a 400."""
+        if isinstance(self.task, PoolingTask):
             raise APIError(400, f"model '{self.name}' is a {self.manifest.task} model: use /v1/embeddings", param="model")
         return self.engine
 
     def require_embeddings(self) -> Pooling:
-        if self.pooling is None or self.manifest.task != FEATURE_EXTRACTION:
+        if not isinstance(self.task, PoolingTask) or self.manifest.task != FEATURE_EXTRACTION:
             raise APIError(400, f"model '{self.name}' is a {self.manifest.task} model and does not embed", param="model")
-        return self.pooling
+        return self.task.pooling
+
+    def require_speech(self) -> AsyncTranscriber:
+        if not isinstance(self.task, SpeechTask):
+            raise APIError(400, f"model '{self.name}' is a {self.manifest.task} model, not speech recognition", param="model")
+        return self.transcriber  # type: ignore[return-value] - `start` gives every speech task its transcriber
+
+    def drop(self) -> None:
+        """Lets go of the task and everything over it once its engine has stopped (an unload), so that whatever still
+        holds this record (a finished request's frame) does not keep the sessions and the KV pool alive."""
+        for name in ("task", "engine", "chat", "transcriber", "_token_bytes"):
+            delattr(self, name)
 
 
 class ModelRegistry:

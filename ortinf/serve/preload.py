@@ -14,6 +14,10 @@ import threading
 import time
 from concurrent.futures import Future
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ortinf.tasks.kinds import Task
 
 _pending: dict[tuple[str, str], tuple[dict, Future]] = {}
 
@@ -38,7 +42,7 @@ def start(package: Path, name: str, options: dict) -> None:
     threading.Thread(target=run, name="ortinf-preload", daemon=True).start()
 
 
-def take(package: Path, name: str, options: dict) -> tuple[object, float, float] | None:
+def take(package: Path, name: str, options: dict) -> tuple[Task, float, float] | None:
     """The package `start` opened, with when it started and the resident bytes then; None when none was started for
     it with these options. Waits for it; its error is raised here."""
     entry = _pending.pop((str(package), name), None)
@@ -47,8 +51,6 @@ def take(package: Path, name: str, options: dict) -> tuple[object, float, float]
     wanted, future = entry
     opened = future.result()
     if wanted != options:  # not what the app asks for (never expected): the app opens it again
-        engine = getattr(opened[0], "engine", None)
-        if engine is not None:
-            engine.close()
+        opened[0].close()
         return None
     return opened

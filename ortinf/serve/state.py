@@ -58,10 +58,9 @@ class ServerState:
                                   f"{self.config.shutdown_timeout:g} s) ran out before this request finished; retry it")
         self.admission.close(error)  # requests still preparing (a vision request decoding its images) end too
         for model in self.registry.models.values():
-            for engine in model.engines:
-                if engine.num_unfinished:
-                    log.warning("drain time ran out: ending %d running request(s) of '%s'", engine.num_unfinished, model.name)
-                engine.fail_all(error)  # also with none open: a beam search between two steps must not start its next
+            if model.engine.num_unfinished:
+                log.warning("drain time ran out: ending %d running request(s) of '%s'", model.engine.num_unfinished, model.name)
+            model.engine.fail_all(error)  # also with none open: a beam search between two steps must not start its next
 
     def healthy(self) -> tuple[bool, str]:
         if self.load_error is not None:
@@ -69,7 +68,6 @@ class ServerState:
         if not self.ready:
             return False, "the model is loading"
         for model in self.registry.models.values():
-            for engine in model.engines:
-                if not engine.is_alive:
-                    return False, f"the engine of '{model.name}' has failed: {engine.error}"
+            if not model.engine.is_alive:
+                return False, f"the engine of '{model.name}' has failed: {model.engine.error}"
         return True, "ok"

@@ -25,8 +25,8 @@ def test_a_whisper_model_obeys_the_engine_options(tmp_path: Path):
     state = ServerState(config)
     model = load_model(tmp_path / "pkg", "whisper", config, state)
     try:
-        engine = model.engine.engine  # the AsyncEngine's LLMEngine: the text engine's scheduler and pool
-        assert model.transcriber.transcriber.engine is engine
+        engine = model.task.engine  # the speech task's LLMEngine: the text engine's scheduler and pool
+        assert model.transcriber.transcriber.engine is engine and model.transcriber.engine is model.engine
         assert engine.scheduler.config.max_num_seqs == 2 and engine.scheduler.config.max_num_batched_tokens == 512
         assert engine.scheduler.config.max_num_encoder_input_tokens == 3000
         used = engine.kv_cache.pool.num_blocks * block_bytes(engine.manifest.decoder, 16)
@@ -47,7 +47,7 @@ def test_a_preloaded_package_is_the_one_served(byte_package):
     opened, started, _ = preload._pending[(str(byte_package), "tiny-bytes")][1].result(timeout=120)
     model = load_model(byte_package, "tiny-bytes", config, ServerState(config))
     try:
-        assert model.engine.engine is opened.engine and model.load_seconds > 0
+        assert model.task is opened and model.load_seconds > 0
         assert preload.take(byte_package, "tiny-bytes", options) is None  # taken once
     finally:
         model.engine.shutdown()

@@ -73,11 +73,11 @@ async def _prepared(body: MessagesRequest, state: ServerState,
         raise APIError(400, "x-cache-salt: at most 256 characters", param="cache_salt")
 
     def prepare() -> list:  # rendering, tokenising and decoding images are CPU work: off the event loop
-        images = model.chat.images(chat.messages, state.config.media_policy) if model.chat is not None else []
+        images = model.images(chat.messages, state.config.media_policy)
         return prepare_samples(model, [render_prompt(model, chat, tools)], params, 1, body.stream, images=images,
                                cache_salt=salt)
 
-    prepared = await prepare_off_loop(state.admission, prepare, model.chat is not None and model.chat.has_images(chat.messages), 1)
+    prepared = await prepare_off_loop(state.admission, prepare, model.has_images(chat.messages), 1)
     return model, chat, tools, prepared, ignored
 
 
@@ -190,10 +190,10 @@ async def count_tokens(body: CountTokensRequest, request: Request):
     tools = tool_plan(model, chat, state.config.default_tool_choice)
 
     def count() -> int:
-        images = model.chat.images(chat.messages, state.config.media_policy) if model.chat is not None else []
+        images = model.images(chat.messages, state.config.media_policy)
         return count_prompt_tokens(model, render_prompt(model, chat, tools), images)
 
-    tokens = await prepare_off_loop(state.admission, count, model.chat is not None and model.chat.has_images(chat.messages), 1)
+    tokens = await prepare_off_loop(state.admission, count, model.has_images(chat.messages), 1)
     return {"input_tokens": tokens}
 
 

@@ -53,6 +53,7 @@ from ortinf.serve.protocol import ChatCompletionRequest, CompletionRequest
 from ortinf.serve.state import ServerState
 from ortinf.serve.streaming import final_outputs, merged, until_disconnected
 from ortinf.tasks.chat.tools import ToolPlan
+from ortinf.tasks.kinds import TextTask
 
 
 class JSONBodies(APIRoute):
@@ -213,11 +214,11 @@ async def _chat_prepared(state: ServerState, model: ServedModel, chat: ChatCompl
     params = chat_params(model, chat, tools, body.logprobs_count())
 
     def prepare() -> list:  # rendering, tokenising and decoding images are CPU work: off the event loop
-        images = model.chat.images(chat.messages, state.config.media_policy) if model.chat is not None else []
+        images = model.images(chat.messages, state.config.media_policy)
         prepared = prepare_samples(model, [render_prompt(model, chat, tools)], params, 1, body.stream, images=images, cache_salt=chat.cache_salt)
         return _clipped(prepared, body.options.max_tokens() if body.options else None)
 
-    return tools, await prepare_off_loop(state.admission, prepare, model.chat is not None and model.chat.has_images(chat.messages), 1)
+    return tools, await prepare_off_loop(state.admission, prepare, model.has_images(chat.messages), 1)
 
 
 def _line(model: ServedModel, logprobs: list | None, **fields: Any) -> dict:
@@ -332,11 +333,8 @@ def _card(model: ServedModel) -> dict:
             "size": _size(model.package_dir), "digest": digest, "details": _details(model)}
 
 
-def _context_length(model: ServedModel) -> int | None:
-    if model.engine is not None:
-        return model.engine.engine.max_model_len
-    spec = model.manifest.decoder or model.manifest.encoder
-    return spec.max_model_len if spec is not None else None
+def _context_length(model: ServedModel) -> int:
+    return model.task.max_model_len
 
 
 def _entry_card(entry) -> dict:  # noqa: ANN001 - a model_manager.Entry not loaded now
@@ -397,7 +395,7 @@ async def show(body: ModelRequest, request: Request):
     model = await _served(state, name, request)
     manifest = model.manifest
     capabilities = ["embedding"] if manifest.task == FEATURE_EXTRACTION else []
-    if model.engine is not None and model.transcriber is None:
+    if isinstance(model.task, TextTask):
         capabilities.append("completion")
         capabilities += ["tools"] if model.tool_parser is not None else []
         capabilities += ["thinking"] if model.reasoning_parser is not None else []

@@ -44,8 +44,7 @@ async def _run(request: Request, task: str, file: UploadFile, model: str | None,
         raise APIError(400, f"include[] ({', '.join(include)[:80]}) is not supported by this server: token logprobs of a "
                             "transcription are not returned; verbose_json gives each segment's avg_logprob", param="include[]")
     served = await state.model(model, request)
-    if served.transcriber is None:
-        raise APIError(400, f"model '{served.name}' is a {served.manifest.task} model, not speech recognition", param="model")
+    runner = served.require_speech()
     if response_format not in FORMATS:
         raise APIError(400, f"response_format must be one of {', '.join(FORMATS)}", param="response_format")
     if not 0 <= temperature <= 1:
@@ -58,14 +57,13 @@ async def _run(request: Request, task: str, file: UploadFile, model: str | None,
     words = "word" in granularities
     if words and (response_format != "verbose_json" or stream):
         raise APIError(400, "word timestamps come in response_format=verbose_json, not streamed", param="timestamp_granularities[]")
-    if words and not served.transcriber.transcriber.speech.alignment_graph:
+    if words and not runner.transcriber.speech.alignment_graph:
         raise APIError(400, "this package has no alignment graph for word timestamps: re-export it with this ortinf",
                        param="timestamp_granularities[]")
     data = await file.read(MAX_AUDIO_BYTES + 1)
     if len(data) > MAX_AUDIO_BYTES:
         raise APIError(413, f"the audio file is larger than {MAX_AUDIO_BYTES} bytes", param="file")
     samples = await asyncio.to_thread(decode_audio, data)
-    runner = served.transcriber
     duration = len(samples) / SAMPLE_RATE
     if stream:
         return _streamed(state, served.name, runner.stream(samples, language, task, temperature, prompt=prompt), duration,

@@ -10,11 +10,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, Field
 
-from ortinf.runtime.worker.lora import LoraAdapter
 from ortinf.serve.errors import APIError
 from ortinf.serve.models import ServedModel
 from ortinf.serve.protocol import STRICT
 from ortinf.serve.state import ServerState
+from ortinf.tasks.kinds import TextTask
 
 router = APIRouter()
 
@@ -33,7 +33,7 @@ class UnloadLoraAdapter(BaseModel):
 def lora_base(state: ServerState) -> ServedModel:
     """The generation model that serves adapters (the one whose engine has LoRA slots)."""
     for model in state.registry.models.values():
-        if model.engine is not None and model.engine.engine.loras is not None:
+        if isinstance(model.task, TextTask) and model.task.serves_loras:
             return model
     raise APIError(400, "no model here serves LoRA adapters: start the server with --max-loras (or --lora-modules) on a "
                         "package exported with --enable-lora")
@@ -47,7 +47,7 @@ async def load_lora_adapter(body: LoadLoraAdapter, request: Request):
     base = lora_base(state)
     engine = base.require_engine()
     # the file is read and checked here, off the engine thread; the engine thread only writes the slot
-    adapter = await asyncio.to_thread(LoraAdapter.load, body.lora_name, body.lora_path, engine.engine.graph.spec)
+    adapter = await asyncio.to_thread(base.task.read_lora, body.lora_name, body.lora_path)
     await engine.call(lambda e: e.add_lora(body.lora_name, adapter))
     state.registry.add_lora(body.lora_name, base.name)
     return f"Success: LoRA adapter '{body.lora_name}' added successfully."

@@ -301,11 +301,11 @@ async def create_response(body: ResponsesRequest, request: Request):
     tools = tool_plan(model, chat, state.config.default_tool_choice)
     params = chat_params(model, chat, tools, None)
     def prepare() -> list:  # rendering, tokenising and decoding images are CPU work: off the event loop
-        images = model.chat.images(chat.messages, state.config.media_policy) if model.chat is not None else []
+        images = model.images(chat.messages, state.config.media_policy)
         return prepare_samples(model, [render_prompt(model, chat, tools)], params, 1, body.stream, images=images,
                                cache_salt=body.cache_salt)
 
-    prepared = await prepare_off_loop(state.admission, prepare, model.chat is not None and model.chat.has_images(chat.messages), 1)
+    prepared = await prepare_off_loop(state.admission, prepare, model.has_images(chat.messages), 1)
     run = Run(body, tools, model, prepared, f"resp_{uuid.uuid4().hex}", int(time.time()), messages, declared)
     headers = field_policy.response_headers(ignored, tools.warning)
     ticket = state.admission.acquire(1)

@@ -30,6 +30,7 @@ from ortinf.serve.models import ServedModel
 from ortinf.serve.protocol import MAX_EMBEDDING_INPUTS
 from ortinf.serve.state import ServerState
 from ortinf.serve.streaming import until_disconnected
+from ortinf.tasks.kinds import PoolingTask
 from ortinf.tasks.pooling import Pooling
 
 router = APIRouter()
@@ -77,11 +78,11 @@ class ClassifyRequest(BaseModel):
 
 
 def _scorer(model: ServedModel) -> Pooling:
-    pooling = model.pooling
     task = model.manifest.task
-    if pooling is None or task not in (FEATURE_EXTRACTION, TEXT_CLASSIFICATION):
+    if not isinstance(model.task, PoolingTask) or task not in (FEATURE_EXTRACTION, TEXT_CLASSIFICATION):
         raise APIError(400, f"model '{model.name}' is a {task} model: scoring needs a cross-encoder (text-classification with one "
                             "label) or an embedding model", param="model")
+    pooling = model.task.pooling
     if task == TEXT_CLASSIFICATION and len(pooling.spec.labels) != 1:
         raise APIError(400, f"model '{model.name}' classifies into {len(pooling.spec.labels)} labels: scoring needs a "
                             "cross-encoder with one (a relevance logit); use /classify", param="model")
@@ -94,7 +95,7 @@ async def _pooled(request: Request, model: ServedModel, ids: list[list[int]], ty
     state: ServerState = request.app.state.ortinf
     ticket = state.admission.acquire(1)
     try:
-        return await until_disconnected(request, model.pooling.run_async(model.pooler, ids, types, f"score-{uuid.uuid4().hex}"))
+        return await until_disconnected(request, model.task.pooling.run_async(model.engine, ids, types, f"score-{uuid.uuid4().hex}"))
     finally:
         ticket.release()
 
@@ -149,10 +150,10 @@ async def score(body: ScoreRequest, request: Request):
 @router.post("/v1/classify")
 async def classify(body: ClassifyRequest, request: Request):
     model = await request.app.state.ortinf.model(body.model, request)
-    pooling = model.pooling
-    if pooling is None or model.manifest.task != TEXT_CLASSIFICATION:
+    if not isinstance(model.task, PoolingTask) or model.manifest.task != TEXT_CLASSIFICATION:
         raise APIError(400, f"model '{model.name}' is a {model.manifest.task} model: /classify needs a text-classification "
                             "package", param="model")
+    pooling = model.task.pooling
     texts = [body.input] if isinstance(body.input, str) else body.input
     ids = await asyncio.to_thread(pooling.texts, texts)
     probs, tokens = pooling.probabilities(await _pooled(request, model, ids)), sum(len(row) for row in ids)

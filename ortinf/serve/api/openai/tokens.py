@@ -86,7 +86,7 @@ async def tokenize(body: TokenizeRequest, request: Request):
             return ids
         return tokenizer.encode(check_unicode(body.prompt, "prompt"), add_special_tokens=body.add_special_tokens).ids
 
-    images = body.messages is not None and model.chat is not None and model.chat.has_images(body.messages)
+    images = body.messages is not None and model.has_images(body.messages)
     ids = await prepare_off_loop(state.admission, run, images, 1)
     strs = [tokenizer.id_to_token(i) for i in ids] if body.return_token_strs else None
     return schemas.TokenizeResponse(count=len(ids), max_model_len=_max_model_len(model), tokens=ids, token_strs=strs)
