@@ -49,19 +49,6 @@ class AsyncTranscriber:
         segments = self.transcriber.segments(job, duration)
         return segments, self.transcriber.words(job) if words else [], self.transcriber.details(job, duration)
 
-    async def transcribe_segments(self, samples: np.ndarray, language: str | None = None, task: str = "transcribe",
-                                  temperature: float = 0.0, seed: int | None = None, prompt: str | None = None) -> list[str]:
-        """The text of each 30-second window of `samples` (16 kHz mono), decoded side by side."""
-        job = await self._run(samples, language, task, temperature, seed, prompt, timed=False)
-        return [self.transcriber._text(ids) for ids in job.results]
-
-    async def transcribe_timed(self, samples: np.ndarray, language: str | None = None, task: str = "transcribe",
-                               temperature: float = 0.0, seed: int | None = None,
-                               prompt: str | None = None) -> list[tuple[float, float, str]]:
-        """(start, end, text) of each segment the model timestamps, window after window (ortinf/tasks/speech/longform.py)."""
-        job = await self._run(samples, language, task, temperature, seed, prompt, timed=True)
-        return self.transcriber.segments(job, len(samples) / SAMPLE_RATE)
-
     async def stream(self, samples: np.ndarray, language: str | None = None, task: str = "transcribe",
                      temperature: float = 0.0, seed: int | None = None, prompt: str | None = None) -> AsyncIterator[str]:
         """The text as it is kept: one piece per segment (timestamped models) or window, in order.
