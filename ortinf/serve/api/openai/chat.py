@@ -38,11 +38,11 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
     params = chat_params(model, body, tools, logprobs)
 
     def prepare() -> list[PreparedRequest]:  # rendering, tokenising, decoding images are CPU work: off the event loop
-        images = model.chat.images(body.messages, state.config.media_policy) if model.chat is not None else []
+        images = model.images(body.messages, state.config.media_policy)
         return prepare_samples(model, [render_prompt(model, body, tools, bool(body.add_special_tokens))], params, body.n, body.stream, body,
                                images=images)
 
-    images = model.chat is not None and model.chat.has_images(body.messages)
+    images = model.has_images(body.messages)
     prepared = await prepare_off_loop(state.admission, prepare, images, body.n)
     request_id, engine_id = request_ids("chatcmpl", body)
     created = int(time.time())
