@@ -229,7 +229,7 @@ class VisionSpec:
     image_size: int  # LLaVA's tower size (0 where images keep their own size)
     processor: dict[str, Any] = field(default_factory=dict)  # how the family's image processor prepares pixels
     max_abs_diff: float = float("nan")  # logits with an image, against transformers, at export
-    family: str = "llava"  # "llava" (fixed-size images) or "qwen2_vl" (patch grids, M-RoPE: ortinf/exporter/qwen_vl.py)
+    family: str = "llava"  # the runtime's record that serves its images (ortinf/runtime/worker/vision_families/)
     merge_size: int = 1  # patches merged into one token per side (Qwen2-VL: 2)
     image_start_id: int | None = None  # tokens around an image's placeholder in chat prompts (Qwen2-VL's vision start / end)
     image_end_id: int | None = None

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from ortinf.errors import UnsupportedArchitectureError
+from ortinf.exporter.vision import FAMILIES as VISION_FAMILIES
 from ortinf.manifest import FEATURE_EXTRACTION, IMAGE_TEXT_TO_TEXT, SPEECH_RECOGNITION, TEXT2TEXT, TEXT_CLASSIFICATION, TEXT_GENERATION
 
 
@@ -90,16 +91,9 @@ SEQ2SEQ: dict[str, str] = {
     "mt5": "mT5 (google/mt5-*)",
 }
 
-# Vision-language models: the language model's decoder package plus vision.onnx (ortinf/exporter/vision_language.py).
-VISION_LANGUAGE: dict[str, str] = {
-    "llava": "LLaVA 1.5 (llava-hf/llava-1.5-*): CLIP vision tower, MLP projector, Llama language model",
-    "llava_next": "LLaVA-NeXT / LLaVA 1.6 (llava-hf/llava-v1.6-*): any-resolution tiles with a newline per row",
-    "gemma3": "Gemma 3 4B/12B/27B (google/gemma-3-*-it): SigLIP at 896 px, 256 tokens an image attending both ways",
-    "idefics3": "Idefics3 (HuggingFaceM4/Idefics3-8B-Llama3) and SmolVLM (HuggingFaceTB/SmolVLM-*): images in tiles, pixel shuffle",
-    "smolvlm": "SmolVLM2 (HuggingFaceTB/SmolVLM2-*): Idefics3's layout with its own classes",
-    "qwen2_vl": "Qwen2-VL (Qwen/Qwen2-VL-*): images at their own resolution, M-RoPE",
-    "qwen2_5_vl": "Qwen2.5-VL (Qwen/Qwen2.5-VL-*): windowed vision attention, images at their own resolution, M-RoPE",
-}
+# Vision-language models: the language model's decoder package plus vision.onnx (ortinf/exporter/vision_language.py);
+# each family's record, with what it says of its model types, is its file in ortinf/exporter/vision/.
+VISION_LANGUAGE: dict[str, str] = {model_type: example for family in VISION_FAMILIES for model_type, example in family.examples.items()}
 
 # Decoders that also export as embedding models (`--task feature-extraction`: Qwen3-Embedding, gte-Qwen2, e5-mistral):
 # the base model, its sentence-transformers pooling (last token) and normalisation in one encoder graph.

@@ -145,7 +145,7 @@ IMAGE_SPANS_ATTRIBUTE = "ortinf_image_spans"
 
 
 def mrope_section(config: PretrainedConfig) -> tuple[int, ...] | None:
-    """Qwen2-VL's M-RoPE sections, kept in a text config's rope_scaling by ortinf/exporter/qwen_vl.py."""
+    """Qwen2-VL's M-RoPE sections, kept in a text config's rope_scaling by ortinf/exporter/vision/qwen2_vl.py."""
     section = (getattr(config, "rope_scaling", None) or {}).get("mrope_section")
     return tuple(int(s) for s in section) if section else None
 

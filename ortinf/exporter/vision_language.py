@@ -1,4 +1,5 @@
-"""Vision-language models (issue 33): LLaVA first. A package is the language model's ordinary decoder
+"""Vision-language models (issue 33): the frame every family shares; what differs is the family's record
+(ortinf/exporter/vision/, one file per family). A package is the language model's ordinary decoder
 package (every graph, dtype, kernel and check of a text decoder) plus:
 
     vision.onnx   pixel_values [N, 3, H, W] -> image_embeds [N, tokens_per_image, hidden]
@@ -15,14 +16,13 @@ graph after export (`add_image_inputs`), after the embedding lookup (and after a
 The language model is exported from a temporary Hugging Face folder holding the text model alone
 (LlavaForConditionalGeneration's language_model and lm_head), so quantization, the quality gate, the CPU
 kernel graph and verification are the text decoder's; the image path is verified here against
-transformers' LLaVA on a prompt with an image.
+transformers' model on a prompt with the family's example image.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import logging
 import shutil
 import tempfile
@@ -34,10 +34,12 @@ import torch
 from onnx import TensorProto, helper
 
 from ortinf.errors import ExportError
-from ortinf.exporter import idefics3, qwen_vl
 from ortinf.exporter.config import ExportConfig
 from ortinf.exporter.decoder import IMAGE_SPANS_ATTRIBUTE
-from ortinf.exporter.tracing import OPSET, quiet_tracing
+from ortinf.exporter.tracing import quiet_tracing
+from ortinf.exporter.vision import BY_MODEL_TYPE, VisionFamily
+from ortinf.exporter.vision.family import IMAGE_EMBEDS, IMAGE_ROWS
+from ortinf.exporter.vision.qwen2_vl import quiet_mrope_keys
 from ortinf.manifest import (
     ATTEND_UNTIL,
     CPU_MODEL_NAME,
@@ -52,45 +54,19 @@ from ortinf.manifest import (
 )
 
 log = logging.getLogger(__name__)
-VISION_LANGUAGE = {"llava": "LlavaForConditionalGeneration", "llava_next": "LlavaNextForConditionalGeneration",
-                   "gemma3": "Gemma3ForConditionalGeneration", **qwen_vl.FAMILIES,
-                   **idefics3.FAMILIES}
-IMAGE_EMBEDS, IMAGE_ROWS = "image_embeds", "image_rows"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "chat_template.json",
                    "generation_config.json", "tokenizer.model", "added_tokens.json")
 
 
-class VisionGraph(torch.nn.Module):
-    """pixel_values -> each image's embeddings in the language model's space."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        config, inner = self.model.config, self.model.model
-        if config.model_type == "gemma3":  # SigLIP, 4x4 average pooling, RMS norm, projection: already one tensor
-            return inner.get_image_features(pixel_values)
-        # transformers' get_image_features, without its split into a list (a traced Split keeps the example's count)
-        states = inner.vision_tower(pixel_values, output_hidden_states=True).hidden_states
-        layers = config.vision_feature_layer if isinstance(config.vision_feature_layer, list) else [config.vision_feature_layer]
-        features = torch.cat([states[i] for i in layers], dim=-1)
-        if config.vision_feature_select_strategy == "default":
-            features = features[:, 1:]
-        if config.model_type == "llava_next":  # and the newline embedding, which the host writes after each row of tiles
-            return inner.multi_modal_projector(features), inner.image_newline
-        return inner.multi_modal_projector(features)
-
-
-def text_folder(model: torch.nn.Module, source: Path, folder: Path) -> Path:
+def text_folder(family: VisionFamily, model: torch.nn.Module, source: Path, folder: Path) -> Path:
     """The language model alone as a Hugging Face folder (and the source's tokenizer files)."""
     import transformers
 
-    config = qwen_vl.text_config(model) if model.config.model_type in qwen_vl.FAMILIES else copy.deepcopy(model.config.text_config)
-    if model.config.model_type == "gemma3":  # its prefill's image tokens see their whole image (token_type_ids' mask)
+    config = family.text_config(model)
+    if family.image_spans:  # its prefill's image tokens see their whole image (token_type_ids' mask)
         setattr(config, IMAGE_SPANS_ATTRIBUTE, True)
     text = transformers.AutoModelForCausalLM.from_config(config)
-    language = model.model.text_model if model.config.model_type in idefics3.FAMILIES else model.model.language_model
+    language = family.language_model(model)
     state = {f"model.{k}": v for k, v in language.state_dict().items()}
     state["lm_head.weight"] = model.lm_head.weight
     missing, unexpected = text.load_state_dict(state, strict=False)
@@ -160,20 +136,6 @@ def add_image_inputs(path: Path, hidden: int) -> None:
     onnx.save_model(model, str(path))
 
 
-def image_processor(source: Path, model: torch.nn.Module) -> dict:
-    """The source's CLIP image processor settings (preprocessor_config.json), or CLIP's defaults at the tower's size."""
-    path = source / "preprocessor_config.json"
-    config = json.loads(path.read_text()) if path.is_file() else {}
-    size = model.config.vision_config.image_size
-    shortest = (config.get("size") or {}).get("shortest_edge", size)
-    crop = config.get("crop_size") or {"height": size, "width": size}
-    return {"resize_shortest_edge": int(shortest), "crop_height": int(crop["height"]), "crop_width": int(crop["width"]),
-            "do_center_crop": bool(config.get("do_center_crop", True)), "rescale_factor": float(config.get("rescale_factor", 1 / 255)),
-            "image_mean": list(config.get("image_mean", [0.48145466, 0.4578275, 0.40821073])),
-            "image_std": list(config.get("image_std", [0.26862954, 0.26130258, 0.27577711])),
-            "resample": int(config.get("resample", 3)), "do_convert_rgb": bool(config.get("do_convert_rgb", True))}
-
-
 def export_vision_language(source, out_path: Path, export_text, options: ExportConfig) -> Manifest:  # noqa: ANN001
     """A LLaVA package: the language model through the text decoder export (`export_text`: ortinf.exporter.api.export,
     with the same `options`), then the image inputs, vision.onnx and their verification."""
@@ -182,34 +144,38 @@ def export_vision_language(source, out_path: Path, export_text, options: ExportC
 
     from ortinf.exporter.package import staging
 
+    family = BY_MODEL_TYPE[source.model_type]
+    architecture = family.classes[source.model_type]
     try:
-        model = getattr(transformers, VISION_LANGUAGE[source.model_type]).from_pretrained(source.path, dtype=torch.float32).eval()
+        model = getattr(transformers, architecture).from_pretrained(source.path, dtype=torch.float32).eval()
     except Exception as exc:  # noqa: BLE001 - user-facing
         raise ExportError(f"cannot load {source.name}: {str(exc).strip().splitlines()[0] if str(exc).strip() else exc}") from exc
     config = model.config
     hidden = config.text_config.hidden_size
-    if config.model_type == "gemma3" and options.kernel != PORTABLE:  # bidirectional image attention
-        raise ExportError("Gemma 3's image tokens attend both ways, which the portable kernel and ortinf's CPU kernel draw: "
-                          "drop --kernel")
-    with tempfile.TemporaryDirectory(prefix="ortinf-vlm-") as tmp, qwen_vl.quiet_mrope_keys():
-        text = text_folder(model, Path(source.path), Path(tmp) / "text")
+    if family.image_spans and options.kernel != PORTABLE:  # bidirectional image attention
+        raise ExportError(f"{family.title}'s image tokens attend both ways, which the portable kernel and ortinf's CPU kernel "
+                          "draw: drop --kernel")
+    with tempfile.TemporaryDirectory(prefix="ortinf-vlm-") as tmp, quiet_mrope_keys():
+        text = text_folder(family, model, Path(source.path), Path(tmp) / "text")
         manifest = export_text(text, Path(tmp) / "pkg", dataclasses.replace(options, task="text-generation", overwrite=True,
                                                                             vision_dtype="fp32"))
         package = Path(tmp) / "pkg"
         graphs = [name for name in (MODEL_NAME, HOST_WRITE_MODEL_NAME, CPU_MODEL_NAME) if (package / name).is_file()]
         for name in graphs:
             add_image_inputs(package / name, hidden)
-        vision = export_vision_graph(model, Path(source.path), package / VISION_MODEL_NAME)
+        with torch.no_grad(), quiet_tracing():
+            family.trace(model, package / VISION_MODEL_NAME)
+        vision = family.spec(model, Path(source.path))
         if vision_dtype != "fp32":
-            vision = quantize_vision(package / VISION_MODEL_NAME, vision, vision_dtype, model, options)
-        worst = check_image_path(model, package, vision)
+            vision = quantize_vision(family, package / VISION_MODEL_NAME, vision, vision_dtype, model, options)
+        worst = check_image_path(family, model, package, vision)
         exact = manifest.dtype == "fp32" and vision_dtype == "fp32"
         limit = tolerance if tolerance is not None and exact else (1e-3 if exact else float("inf"))
         if not worst <= limit:
             raise ExportError(f"verification failed: with an image, the package's logits differ from transformers' "
-                              f"{VISION_LANGUAGE[source.model_type]} by {worst:.3g}, "
+                              f"{architecture} by {worst:.3g}, "
                               f"above {limit:g}; nothing was written")
-        manifest = dataclasses.replace(manifest, architecture=VISION_LANGUAGE[source.model_type], model_type=source.model_type,
+        manifest = dataclasses.replace(manifest, architecture=architecture, model_type=source.model_type,
                                        inputs=(*manifest.inputs, IMAGE_EMBEDS, IMAGE_ROWS), vision=dataclasses.replace(vision, max_abs_diff=worst),
                                        source=str(source.name))
         manifest.save(package)
@@ -219,76 +185,14 @@ def export_vision_language(source, out_path: Path, export_text, options: ExportC
     return manifest
 
 
-def export_vision_graph(model: torch.nn.Module, source: Path, path: Path) -> VisionSpec:
-    """Traces the family's vision graph to `path`; returns what the runtime needs to feed it."""
-    config = model.config
-    with torch.no_grad(), quiet_tracing():
-        if config.model_type in qwen_vl.FAMILIES:
-            axes = {name: {0: "num_patches"} for name in qwen_vl.VISION_INPUTS}
-            axes.update({name: {0: "num_windows", 1: "window_length"} for name in ("window_index", "window_mask")})
-            torch.onnx.export(qwen_vl.QwenVisionGraph(model.model.visual).eval(), qwen_vl.example_inputs(config.vision_config), str(path),
-                              dynamo=False, input_names=list(qwen_vl.VISION_INPUTS), output_names=[IMAGE_EMBEDS], opset_version=OPSET,
-                              dynamic_axes={**axes, IMAGE_EMBEDS: {0: "num_image_tokens"}})
-            return VisionSpec(image_token_id=int(config.image_token_id), tokens_per_image=0, image_size=0,
-                              processor=qwen_vl.processor_settings(source, model), family="qwen2_vl",
-                              merge_size=int(config.vision_config.spatial_merge_size), image_start_id=int(config.vision_start_token_id),
-                              image_end_id=int(config.vision_end_token_id))
-        size = config.vision_config.image_size
-        if config.model_type in idefics3.FAMILIES:
-            torch.onnx.export(idefics3.TileGraph(model).eval(), (torch.randn(2, 3, size, size),), str(path), dynamo=False,
-                              input_names=["pixel_values"], output_names=[IMAGE_EMBEDS], opset_version=OPSET,
-                              dynamic_axes={"pixel_values": {0: "num_tiles"}, IMAGE_EMBEDS: {0: "num_tiles"}})
-            per_tile = idefics3.tokens_per_tile(model)
-            return VisionSpec(image_token_id=int(config.image_token_id), tokens_per_image=per_tile, image_size=int(size),
-                              processor=idefics3.processor_settings(source, model, per_tile), family="idefics3")
-        outputs = [IMAGE_EMBEDS, "image_newline"] if config.model_type == "llava_next" else [IMAGE_EMBEDS]
-        torch.onnx.export(VisionGraph(model).eval(), (torch.randn(2, 3, size, size),), str(path), dynamo=False,
-                          input_names=["pixel_values"], output_names=outputs, opset_version=OPSET,
-                          dynamic_axes={"pixel_values": {0: "num_images"}, IMAGE_EMBEDS: {0: "num_images"}})
-    if config.model_type == "gemma3":
-        around = newlines(source)  # the processor writes "\n\n<start_of_image>" + image tokens + "<end_of_image>\n\n"
-        return VisionSpec(image_token_id=int(config.image_token_index), tokens_per_image=int(config.mm_tokens_per_image),
-                          image_size=int(size), processor=gemma_processor(source, model), placeholder_id=int(config.boi_token_index),
-                          image_prefix_ids=(*around, int(config.boi_token_index)), image_suffix_ids=(int(config.eoi_token_index), *around),
-                          whole_images=True)
-    if config.model_type == "llava_next":  # a tile's tokens; an image's own count follows its size (anyres_tiles)
-        processor = image_processor(source, model)
-        side = size // config.vision_config.patch_size
-        pinpoints = [list(p) for p in config.image_grid_pinpoints]
-        return VisionSpec(image_token_id=int(config.image_token_index), tokens_per_image=side * side, image_size=int(size),
-                          processor={**processor, "grid_pinpoints": pinpoints, "tokens_per_side": side}, family="llava_next")
-    return VisionSpec(image_token_id=int(config.image_token_index), tokens_per_image=int(config.image_seq_length),
-                      image_size=int(size), processor=image_processor(source, model))
-
-
-def newlines(source: Path) -> tuple[int, ...]:
-    """The ids of "\n\n" in the source's tokenizer (none without one)."""
-    if not (source / "tokenizer.json").is_file():
-        return ()
-    from tokenizers import Tokenizer
-
-    return tuple(Tokenizer.from_file(str(source / "tokenizer.json")).encode("\n\n", add_special_tokens=False).ids)
-
-
-def gemma_processor(source: Path, model: torch.nn.Module) -> dict:
-    """Gemma3ImageProcessor's settings: a plain resize to the tower's size (bilinear), rescale, normalise by 0.5."""
-    path = source / "preprocessor_config.json"
-    config = json.loads(path.read_text()) if path.is_file() else {}
-    size = config.get("size") or {}
-    side = model.config.vision_config.image_size
-    return {"resize_height": int(size.get("height", side)), "resize_width": int(size.get("width", side)), "do_center_crop": False,
-            "rescale_factor": float(config.get("rescale_factor", 1 / 255)), "image_mean": list(config.get("image_mean", [0.5] * 3)),
-            "image_std": list(config.get("image_std", [0.5] * 3)), "resample": int(config.get("resample", 2)),
-            "do_convert_rgb": bool(config.get("do_convert_rgb", True))}
-
-
 # Least cosine similarity of a quantized tower's image embeddings to fp32's, per embedding row, over random inputs. Measured
 # on the tests' tiny random towers (2-3 layers, 32 wide; block sizes 128 / 32): int8 0.99984-0.99995 (LLaVA, Qwen2.5-VL,
 # Gemma 3, Idefics3), int4 0.983-0.994; a broken quantization gives ~0.
 VISION_COSINE = {"int8": 0.99, "int4": 0.9}
 
 
-def quantize_vision(path: Path, vision: VisionSpec, dtype: str, model: torch.nn.Module, config: ExportConfig) -> VisionSpec:
+def quantize_vision(family: VisionFamily, path: Path, vision: VisionSpec, dtype: str, model: torch.nn.Module,
+                    config: ExportConfig) -> VisionSpec:
     """vision.onnx with its MatMul weights at `dtype` (MatMulNBits, ortinf/exporter/quantize.py), gated by the cosine
     similarity of its embeddings to the fp32 graph's on random inputs (--quality-gate record keeps a miss)."""
     import onnxruntime
@@ -311,7 +215,7 @@ def quantize_vision(path: Path, vision: VisionSpec, dtype: str, model: torch.nn.
         quantized = onnxruntime.InferenceSession(str(target), session_options, providers=["CPUExecutionProvider"])
         rng = np.random.default_rng(7)
         for _ in range(2):
-            feeds = random_vision_feeds(model, vision, rng)
+            feeds = family.random_feeds(model, vision, rng)
             feeds = {i.name: feeds[i.name] for i in fp32.get_inputs()}
             (a, *_), (b, *_) = fp32.run(None, feeds), quantized.run(None, feeds)
             a, b = a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1])
@@ -328,29 +232,14 @@ def quantize_vision(path: Path, vision: VisionSpec, dtype: str, model: torch.nn.
     return dataclasses.replace(vision, dtype=dtype, embedding_cosine=worst, cpu_graph=VISION_CPU_MODEL_NAME if kernels is not None else "")
 
 
-def random_vision_feeds(model: torch.nn.Module, vision: VisionSpec, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """The vision graph's inputs for two random images (Qwen2-VL: of 4x6 and 6x4 patches)."""
-    from ortinf.runtime.worker.vision_encoder import qwen_vision_feeds
-
-    if vision.family == "qwen2_vl":
-        config, merge = model.config.vision_config, vision.merge_size
-        width = config.in_channels * config.temporal_patch_size * config.patch_size ** 2
-        grids = [(2, 3), (3, 2)]
-        images = [(rng.standard_normal((r * c * merge * merge, width)).astype(np.float32), (r, c)) for r, c in grids]
-        return qwen_vision_feeds(images, merge, int(vision.processor.get("window_units", 0)))[0]
-    return {"pixel_values": rng.standard_normal((2, 3, vision.image_size, vision.image_size)).astype(np.float32)}
-
-
-def check_image_path(model: torch.nn.Module, package: Path, vision: VisionSpec) -> float:
+def check_image_path(family: VisionFamily, model: torch.nn.Module, package: Path, vision: VisionSpec) -> float:
     """The package's logits (host-write graph, one prefill of a prompt holding an image, then one decode step)
     against transformers' model on the same ids and pixels: the max abs difference. The image's embeddings come from
     the runtime's own VisionEncoder (its batching, window order, tile packing and placement), so the check covers them."""
     import onnxruntime
 
     from ortinf.providers.registry import resolve
-    from ortinf.runtime.worker.encoder_input import EncoderInput, PlacedImage
     from ortinf.runtime.worker.image_spans import attend_until
-    from ortinf.runtime.worker.images import anyres_layout, prompt_tokens
     from ortinf.runtime.worker.model_input import SequenceChunk, build_model_input
     from ortinf.runtime.worker.mrope import rope_deltas
     from ortinf.runtime.worker.vision_encoder import VisionEncoder
@@ -359,34 +248,8 @@ def check_image_path(model: torch.nn.Module, package: Path, vision: VisionSpec) 
     spec = manifest.decoder
     rng = np.random.default_rng(5)
     encoder = VisionEncoder(package, manifest, resolve("cpu"), 0, np.dtype(np.float32))
-    image_id, size = vision.image_token_id, vision.image_size
-    if vision.family == "idefics3":  # an image of one tile: <fake><global-img> its tokens <fake>
-        pixels = rng.standard_normal((1, 3, size, size)).astype(np.float32)
-        inputs = {"pixel_values": torch.from_numpy(pixels[None])}
-        tokens, rows = prompt_tokens(0, 0, image_id, vision.processor["expansion"])
-        ids = [5, 7, *tokens, 9, 11]
-        placed = PlacedImage(2 + rows[0], EncoderInput.of(pixels, len(rows), "image"), rows=tuple(r - rows[0] for r in rows),
-                             span=len(tokens) - rows[0])
-    elif vision.family == "llava_next":  # an image twice as high as wide: its whole and its tiles, packed with newlines
-        rows, cols, keep_rows, keep_cols = anyres_layout(2 * size, size, vision.processor)
-        pixels = rng.standard_normal((1 + rows * cols, 3, size, size)).astype(np.float32)
-        inputs = {"pixel_values": torch.from_numpy(pixels[None]), "image_sizes": torch.tensor([[2 * size, size]])}
-        count = vision.tokens_per_image + (keep_rows.stop - keep_rows.start) * (keep_cols.stop - keep_cols.start + 1)
-        ids = [5, 7] + [image_id] * count + [9, 11, 13]
-        placed = PlacedImage(2, EncoderInput.of(pixels, count, "image"), (2 * size, size))
-    elif vision.family == "llava":  # LLaVA, and Gemma 3 with its text around the image and its span
-        pixels = rng.standard_normal((1, 3, size, size)).astype(np.float32)
-        inputs = {"pixel_values": torch.from_numpy(pixels)}
-        ids = [5, 7, *vision.image_prefix_ids] + [image_id] * vision.tokens_per_image + [*vision.image_suffix_ids, 9, 11, 13]
-        placed = PlacedImage(ids.index(image_id), EncoderInput.of(pixels[0], vision.tokens_per_image, "image"), whole=vision.whole_images)
-    else:  # a 2 x 3-token image (rows x columns of merged patches) between Qwen2-VL's vision start and end tokens
-        merge, config = vision.merge_size, model.config
-        grid = (2, 3)
-        width = config.vision_config.in_channels * config.vision_config.temporal_patch_size * config.vision_config.patch_size ** 2
-        patches = rng.standard_normal((grid[0] * grid[1] * merge * merge, width)).astype(np.float32)
-        inputs = {"pixel_values": torch.from_numpy(patches), "image_grid_thw": torch.tensor([[1, grid[0] * merge, grid[1] * merge]])}
-        ids = [5, config.vision_start_token_id] + [image_id] * (grid[0] * grid[1]) + [config.vision_end_token_id, 9, 11]
-        placed = PlacedImage(2, EncoderInput.of(patches, grid[0] * grid[1], "image"), grid)
+    image_id = vision.image_token_id
+    ids, inputs, placed = family.example(model, vision, rng)
     encoder.prepare([placed])
     specials = {image_id, getattr(model.config, "vision_start_token_id", None), getattr(model.config, "vision_end_token_id", None),
                 *vision.image_prefix_ids, *vision.image_suffix_ids}
@@ -422,4 +285,4 @@ def check_image_path(model: torch.nn.Module, package: Path, vision: VisionSpec) 
     return worst
 
 
-__all__ = ["IMAGE_EMBEDS", "IMAGE_ROWS", "VISION_LANGUAGE", "add_image_inputs", "export_vision_language"]
+__all__ = ["IMAGE_EMBEDS", "IMAGE_ROWS", "add_image_inputs", "export_vision_language"]

@@ -1,5 +1,6 @@
 """Images in: decoding (Pillow) with limits, and each family's preprocessing in numpy, as transformers' image
-processor does it (no torch, no torchvision at serving time).
+processor does it (no torch, no torchvision at serving time); each family's record
+(ortinf/runtime/worker/vision_families/) says which it uses.
 
 CLIP's (LLaVA 1.5): RGB, resize so the shortest edge is `resize_shortest_edge` (Pillow, bicubic), center crop,
 rescale by 1/255, normalise by the mean and std, channels first. tests/runtime/worker/test_vision.py checks it against
@@ -96,43 +97,6 @@ def check_request_pixels(images: list, param: str = "images") -> None:
     if total > MAX_REQUEST_PIXELS:
         raise RequestError(f"the request's images are {total:,} pixels together: at most {MAX_REQUEST_PIXELS:,} per request "
                            "(send smaller images, or fewer)", param=param)
-
-
-def preprocess_image(source: Any, vision) -> tuple[np.ndarray, int, tuple[int, int] | None]:  # noqa: ANN001 - a VisionSpec
-    """An image decoded and prepared for the package's vision graph: (pixels, the tokens it becomes, its token grid
-    for M-RoPE or None)."""
-    image = load_image(source)
-    if vision.family == "llava":
-        return clip_pixels(image, vision.processor), vision.tokens_per_image, None
-    if vision.family == "llava_next":  # (the whole image and its tiles, its tokens, its size: the unpadding's)
-        return anyres_tiles(image, vision.processor)
-    if vision.family == "idefics3":  # (tiles, their tokens, (rows, cols) of tiles: the prompt's layout around them)
-        tiles, rows, cols = idefics_tiles(image, vision.processor)
-        return tiles, len(tiles) * vision.tokens_per_image, (rows, cols)
-    patches, (rows, cols) = qwen_patches(image, vision.processor)
-    merge = vision.merge_size
-    return patches, rows * cols // (merge * merge), (rows // merge, cols // merge)
-
-
-def image_layout(vision, count: int, grid: tuple[int, int] | None) -> tuple[list[int], list[int]]:  # noqa: ANN001 - a VisionSpec
-    """The tokens a placeholder becomes for an image of `count` tokens, and the offsets of its image tokens among them:
-    the family's prefix, the image tokens and its suffix; Idefics3's text around each tile (ortinf/exporter/idefics3.py)."""
-    if vision.family == "idefics3":
-        return prompt_tokens(grid[0], grid[1], vision.image_token_id, vision.processor["expansion"])
-    prefix, suffix = list(vision.image_prefix_ids), list(vision.image_suffix_ids)
-    return prefix + [vision.image_token_id] * count + suffix, list(range(len(prefix), len(prefix) + count))
-
-
-def prompt_tokens(rows: int, cols: int, image_token: int, expansion: dict) -> tuple[list[int], list[int]]:
-    """Idefics3's prompt tokens for an image of rows x cols tiles (0 x 0: unsplit), from the export's tokenization of
-    each layout (ortinf/exporter/idefics3.py), each tile's image token written `tokens_per_tile` times; and the offsets
-    of the image tokens (where the tiles' embeddings go, in order)."""
-    layout = expansion["layouts"].get(f"{rows},{cols}")
-    if layout is None:
-        raise RequestError(f"the image makes {rows}x{cols} tiles, more than this package's processor makes", param="image")
-    seq = expansion["tokens_per_tile"]
-    out = [t for token in layout for t in ([image_token] * seq if token == image_token else [token])]
-    return out, [i for i, t in enumerate(out) if t == image_token]
 
 
 def clip_pixels(image, processor: dict) -> np.ndarray:  # noqa: ANN001 - a PIL image
@@ -322,10 +286,7 @@ __all__ = [
     "check_request_pixels",
     "clip_pixels",
     "idefics_tiles",
-    "image_layout",
     "load_image",
-    "preprocess_image",
-    "prompt_tokens",
     "qwen_patches",
     "smart_resize",
 ]

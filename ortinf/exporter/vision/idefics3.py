@@ -1,4 +1,5 @@
-"""Idefics3 and SmolVLM (issue 33): the parts that differ from LLaVA's (ortinf/exporter/vision_language.py).
+"""Idefics3 and SmolVLM (issue 33): the family's export record and the parts that differ from LLaVA's
+(ortinf/exporter/vision/llava.py; the frame: ortinf/exporter/vision_language.py).
 
 The processor resizes an image (longest edge to `longest_edge`, then up to multiples of the tile size) and cuts it
 into tiles of the tower's size, row by row, plus the whole image at tile size (ortinf/runtime/worker/images.py
@@ -17,9 +18,17 @@ source's tokenizer at export (VisionSpec.processor["expansion"]); the engine wri
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import numpy as np
 import torch
 
-FAMILIES = {"idefics3": "Idefics3ForConditionalGeneration", "smolvlm": "SmolVLMForConditionalGeneration"}
+from ortinf.errors import ExportError
+from ortinf.exporter.vision.family import Example, VisionFamily, trace_images
+from ortinf.manifest import VisionSpec
+from ortinf.runtime.worker.encoder_input import EncoderInput, PlacedImage
+from ortinf.runtime.worker.vision_families.idefics3 import prompt_tokens
 
 
 class TileGraph(torch.nn.Module):
@@ -44,11 +53,7 @@ class TileGraph(torch.nn.Module):
         return self.connector(self.vision.post_layernorm(hidden))
 
 
-def text_model_state(model: torch.nn.Module) -> dict:
-    return model.model.text_model.state_dict()
-
-
-def expansion(source, tokens_per_tile: int, per_side: int) -> dict:  # noqa: ANN001 - the source folder (Path)
+def expansion(source: Path, tokens_per_tile: int, per_side: int) -> dict:
     """The prompt's tokens for an image of each tile layout ("rows,cols", "0,0" unsplit), from the source's tokenizer:
     get_image_prompt_string's text tokenized whole (a tokenizer may join its "\n\n"), with one image token per tile
     (the image tokens are special tokens, so the text between them tokenizes alike at any run length; the engine
@@ -57,8 +62,6 @@ def expansion(source, tokens_per_tile: int, per_side: int) -> dict:  # noqa: ANN
 
     path = source / "tokenizer.json"
     if not path.is_file():
-        from ortinf.errors import ExportError
-
         raise ExportError(f"{source} has no tokenizer.json: Idefics3's images are written into the prompt as text tokens")
     tokenizer = Tokenizer.from_file(str(path))
 
@@ -72,10 +75,8 @@ def expansion(source, tokens_per_tile: int, per_side: int) -> dict:  # noqa: ANN
             "layouts": {f"{r},{c}": tokenizer.encode(text(r, c), add_special_tokens=False).ids for r, c in layouts}}
 
 
-def processor_settings(source, model: torch.nn.Module, tokens_per_tile: int) -> dict:  # noqa: ANN001
+def processor_settings(source: Path, model: torch.nn.Module, tokens_per_tile: int) -> dict:
     """Idefics3ImageProcessor's settings (preprocessor_config.json) and the prompt expansion."""
-    import json
-
     path = source / "preprocessor_config.json"
     config = json.loads(path.read_text()) if path.is_file() else {}
     tile = int((config.get("max_image_size") or {}).get("longest_edge", model.config.vision_config.image_size))
@@ -92,4 +93,40 @@ def tokens_per_tile(model: torch.nn.Module) -> int:
     return (vision.image_size // vision.patch_size) ** 2 // model.config.scale_factor ** 2
 
 
-__all__ = ["FAMILIES", "TileGraph", "processor_settings", "text_model_state", "tokens_per_tile"]
+
+def trace(model: torch.nn.Module, path: Path) -> None:
+    trace_images(TileGraph(model), model.config.vision_config.image_size, path, count="num_tiles")
+
+
+def spec(model: torch.nn.Module, source: Path) -> VisionSpec:
+    """A tile's tokens; the prompt's text around each tile (processor["expansion"])."""
+    per_tile = tokens_per_tile(model)
+    return VisionSpec(image_token_id=int(model.config.image_token_id), tokens_per_image=per_tile,
+                      image_size=int(model.config.vision_config.image_size),
+                      processor=processor_settings(source, model, per_tile), family="idefics3")
+
+
+def language_model(model: torch.nn.Module) -> torch.nn.Module:
+    return model.model.text_model
+
+
+def example(model: torch.nn.Module, vision: VisionSpec, rng: np.random.Generator) -> Example:
+    """An image of one tile: <fake><global-img> its tokens <fake>."""
+    size = vision.image_size
+    pixels = rng.standard_normal((1, 3, size, size)).astype(np.float32)
+    tokens, rows = prompt_tokens(0, 0, vision.image_token_id, vision.processor["expansion"])
+    ids = [5, 7, *tokens, 9, 11]
+    placed = PlacedImage(2 + rows[0], EncoderInput.of(pixels, len(rows), "image"), rows=tuple(r - rows[0] for r in rows),
+                         span=len(tokens) - rows[0])
+    return ids, {"pixel_values": torch.from_numpy(pixels[None])}, placed
+
+
+FAMILY = VisionFamily(
+    "Idefics3", {"idefics3": "Idefics3ForConditionalGeneration", "smolvlm": "SmolVLMForConditionalGeneration"},
+    {"idefics3": "Idefics3 (HuggingFaceM4/Idefics3-8B-Llama3) and SmolVLM (HuggingFaceTB/SmolVLM-*): images in tiles, pixel shuffle",
+     "smolvlm": "SmolVLM2 (HuggingFaceTB/SmolVLM2-*): Idefics3's layout with its own classes"},
+    trace, spec, language_model=language_model, example=example,
+)
+
+
+__all__ = ["FAMILY", "TileGraph", "processor_settings", "tokens_per_tile"]

@@ -1,4 +1,5 @@
-"""Qwen2-VL and Qwen2.5-VL (issue 33): the parts that differ from LLaVA's (ortinf/exporter/vision_language.py).
+"""Qwen2-VL and Qwen2.5-VL (issue 33): the family's export record and the parts that differ from LLaVA's
+(ortinf/exporter/vision/llava.py; the frame: ortinf/exporter/vision_language.py).
 
 The vision tower takes a variable number of 14-px patches per image (its processor resizes each image to a
 multiple of 28 px and keeps its aspect ratio: ortinf/runtime/worker/images.py), gives each patch a 2-D rotary position,
@@ -6,7 +7,7 @@ attends within the image (Qwen2.5-VL: within windows of 4x4 merged tokens in mos
 patches window by window) and merges 2x2 patches into one token. transformers' forward builds the positions,
 the window order and the attention's sequence splits in Python loops over `grid_thw`, which a trace would freeze
 at the example's grid; the traced graph here takes them as inputs instead, computed on the host
-(ortinf/runtime/worker/vision_encoder.py `qwen_vision_feeds`):
+(ortinf/runtime/worker/vision_families/qwen2_vl.py `qwen_vision_feeds`):
 
     pixel_values  [N, C * T * P * P]  the processor's patches, in window order
     patch_positions [N, 2]            each patch's (row, column) in its image, for the 2-D rotary embedding
@@ -28,13 +29,21 @@ rope_scaling keeps `mrope_section`, and the decoder export (ortinf/exporter/deco
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
+import numpy as np
 import torch
 
-FAMILIES = {"qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration"}
+from ortinf.exporter.tracing import OPSET
+from ortinf.exporter.vision.family import IMAGE_EMBEDS, Example, VisionFamily
+from ortinf.manifest import VisionSpec
+from ortinf.runtime.worker.encoder_input import EncoderInput, PlacedImage
+from ortinf.runtime.worker.vision_families.qwen2_vl import qwen_vision_feeds
+
 VISION_INPUTS = ("pixel_values", "patch_positions", "image_ids", "window_index", "window_mask", "patch_slot")
 
 
@@ -144,10 +153,8 @@ def example_inputs(config) -> tuple[torch.Tensor, ...]:  # noqa: ANN001 - the vi
     return torch.randn(count, width), positions, images, torch.where(mask.bool(), index, 0), mask, torch.arange(count)
 
 
-def processor_settings(source, model: torch.nn.Module) -> dict:  # noqa: ANN001 - the source folder (Path)
+def processor_settings(source: Path, model: torch.nn.Module) -> dict:
     """The source's Qwen2-VL image processor settings (preprocessor_config.json), or its defaults."""
-    import json
-
     path = source / "preprocessor_config.json"
     config = json.loads(path.read_text()) if path.is_file() else {}
     vision = model.config.vision_config
@@ -165,4 +172,51 @@ def processor_settings(source, model: torch.nn.Module) -> dict:  # noqa: ANN001 
             if getattr(vision, "fullatt_block_indexes", None) is not None else 0}
 
 
-__all__ = ["FAMILIES", "VISION_INPUTS", "QwenVisionGraph", "example_inputs", "processor_settings", "text_config"]
+
+def trace(model: torch.nn.Module, path: Path) -> None:
+    axes = {name: {0: "num_patches"} for name in VISION_INPUTS}
+    axes.update({name: {0: "num_windows", 1: "window_length"} for name in ("window_index", "window_mask")})
+    torch.onnx.export(QwenVisionGraph(model.model.visual).eval(), example_inputs(model.config.vision_config), str(path),
+                      dynamo=False, input_names=list(VISION_INPUTS), output_names=[IMAGE_EMBEDS], opset_version=OPSET,
+                      dynamic_axes={**axes, IMAGE_EMBEDS: {0: "num_image_tokens"}})
+
+
+def spec(model: torch.nn.Module, source: Path) -> VisionSpec:
+    """Images keep their own size (tokens_per_image 0), between the vision start and end tokens."""
+    config = model.config
+    return VisionSpec(image_token_id=int(config.image_token_id), tokens_per_image=0, image_size=0,
+                      processor=processor_settings(source, model), family="qwen2_vl",
+                      merge_size=int(config.vision_config.spatial_merge_size), image_start_id=int(config.vision_start_token_id),
+                      image_end_id=int(config.vision_end_token_id))
+
+
+def patch_width(model: torch.nn.Module) -> int:
+    config = model.config.vision_config
+    return config.in_channels * config.temporal_patch_size * config.patch_size ** 2
+
+
+def random_feeds(model: torch.nn.Module, vision: VisionSpec, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """The vision graph's inputs for two random images, of 4x6 and 6x4 patches."""
+    merge = vision.merge_size
+    images = [(rng.standard_normal((r * c * merge * merge, patch_width(model))).astype(np.float32), (r, c)) for r, c in [(2, 3), (3, 2)]]
+    return qwen_vision_feeds(images, merge, int(vision.processor.get("window_units", 0)))[0]
+
+
+def example(model: torch.nn.Module, vision: VisionSpec, rng: np.random.Generator) -> Example:
+    """A 2 x 3-token image (rows x columns of merged patches) between the vision start and end tokens."""
+    merge, config, grid = vision.merge_size, model.config, (2, 3)
+    patches = rng.standard_normal((grid[0] * grid[1] * merge * merge, patch_width(model))).astype(np.float32)
+    inputs = {"pixel_values": torch.from_numpy(patches), "image_grid_thw": torch.tensor([[1, grid[0] * merge, grid[1] * merge]])}
+    ids = [5, config.vision_start_token_id] + [vision.image_token_id] * (grid[0] * grid[1]) + [config.vision_end_token_id, 9, 11]
+    return ids, inputs, PlacedImage(2, EncoderInput.of(patches, grid[0] * grid[1], "image"), grid)
+
+
+FAMILY = VisionFamily(
+    "Qwen2-VL", {"qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration"},
+    {"qwen2_vl": "Qwen2-VL (Qwen/Qwen2-VL-*): images at their own resolution, M-RoPE",
+     "qwen2_5_vl": "Qwen2.5-VL (Qwen/Qwen2.5-VL-*): windowed vision attention, images at their own resolution, M-RoPE"},
+    trace, spec, text_config=text_config, random_feeds=random_feeds, example=example,
+)
+
+
+__all__ = ["FAMILY", "VISION_INPUTS", "QwenVisionGraph", "example_inputs", "processor_settings", "quiet_mrope_keys", "text_config"]
