@@ -4,25 +4,8 @@ This is torch code that is traced into the exported graph (the exporter imports 
 never does). It is registered as a transformers attention function, so it receives q/k/v after RoPE
 (and after qk-norm, partial rotary, ...) from every supported architecture.
 
-Token layout. All scheduled tokens of all sequences arrive flattened, sequence after sequence:
-
-    flat tokens   t:  0 1 2 3 4 | 5 | 6 7          query_lens   = [5, 1, 2]
-    starts        s:  0         | 5 | 6            context_lens = [0, 9, 3]  (already in the pool)
-
-Attention is computed per sequence on a padded layout [num_seqs, max_query_len]:
-
-    pad_index[s, i] = starts[s] + i   (clamped; rows i >= query_lens[s] are padding, never read back)
-    keys of s       = [ pool blocks of s (P = max_blocks * block_size slots) | its new tokens (max_query_len) ]
-
-    key slot j < P  : valid when j < context_lens[s]               (absolute position j)
-    key slot P + j' : valid when j' <= i and j' < query_lens[s]    (absolute position context_lens[s] + j')
-
-The pool is [kv_heads, num_blocks, block_size, head_dim] per layer, so gathering a step's blocks
-along axis 1 yields [kv_heads, S, P, head_dim], the layout MatMul wants: the gather is the only copy
-of the cached K/V in the graph. Grouped-query attention folds each KV group into the query rows
-([kv_heads, S, group * Q, D]), so K/V are never repeated per query head, in the pool or the graph. The masks and indices
-depend only on the batch layout, so they are built once per step and shared by all layers.
-"""
+The design (the token layout, the padded rows, which key slots are valid, the pool's layout, GQA):
+docs/exporter.md, "The portable kernel's layout"."""
 
 from __future__ import annotations
 

@@ -3,27 +3,9 @@
 A traced fp32 decoder becomes a bf16 one by storing its large weights in bf16: every 2-D weight a MatMul
 multiplies by (the projections, the LM head) and the embedding table a Gather reads. Each is followed by
 one Cast to float32 that keeps the weight's original name, so every node after it is the fp32 graph's.
-Norm weights and biases stay fp32 (a bf16 value widens to fp32 exactly, and they are small), and so does
-the arithmetic: activations and accumulation are fp32, as llama.cpp's bf16 path accumulates in fp32.
-A bf16 checkpoint's weights are therefore the same numbers as the fp32 export's, and the package
-computes what transformers computes on those weights in fp32 (the parity check's reference); a wider
-checkpoint's weights are rounded to nearest even, once.
+Norm weights and biases stay fp32. Both graphs point at the same bf16 tensors in model.onnx.data.
 
-How each graph runs the Casts:
-- model.onnx (the portable graph; of the providers, only the CPU one lists bf16 packages so far): ORT
-  folds Cast(initializer) into an fp32 initializer when the session is made, so the portable graph holds
-  fp32 weights in memory (disk and download stay half). Where twice the weights would not fit (a 7B
-  model: 30 GB), the runtime turns that folding off and each Cast runs per step, one weight widened at a
-  time (ortinf/runtime/worker/decoder_graph.py: fits_widened).
-- model.cpu.onnx (the kernel library): `ortinf.BMatMul` reads the bf16 weight itself and widens it in
-  registers (ortinf/kernels/cpu/bmatmul.cc), so memory holds bf16 bytes and one token reads half of
-  fp32's.
-
-In both graphs the embedding table is gathered in bf16 and only the rows picked are widened (Gather, then Cast:
-a Cast of the table itself would be folded into an fp32 copy of it, 2.2 GB at 7B).
-
-Both graphs point at the same bf16 tensors in model.onnx.data (one weight file).
-"""
+The design (how each graph runs the Casts, the math, the tolerance): docs/exporter.md, "Reduced precision"."""
 
 from __future__ import annotations
 

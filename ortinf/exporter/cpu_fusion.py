@@ -1,42 +1,12 @@
 """Rewrites of the CPU kernel graph (model.cpu.onnx) that cut the nodes a one-token step runs.
 
-A one-token step of a 1.5B decoder on two cores is ~55 ms, and ORT dispatches every node of it one after
-another: at ~42 nodes per layer after ORT's own optimizer (1,184 for Qwen2.5-1.5B's 28 layers), the nodes
-that are not the weights' GEMVs cost ~10 ms of it (issue 43's profile, docs/performance.md). The exporter
-traces the graph from the modeling code, which writes a projection as MatMul + Add, SiLU as x * Sigmoid(x),
-and each view of q/k/v as a Reshape of a Reshape; ORT fuses none of these around a custom op. Here, on
-the graph alone (the weights are not read):
+On the graph alone (the weights are not read): a projection's bias Add into QMatMul (bias), SiLU-gated
+pairs into one QMatMul (swiglu), the QMatMuls that read the same activations into one node (parts),
+chained Reshapes into one (reshapes), the Reshapes around ortinf.PagedAttention dropped (attention views),
+the KV write into that op, and the residual Add into the projection before it (residual). Every rewrite
+keeps the values bit for bit but the activation, and keeps node names in their `/layers.N/` scope.
 
-1. bias: Add(QMatMul(A), b) with b a constant [N] becomes QMatMul's own bias input (Qwen2's q/k/v biases);
-2. swiglu: QMatMul(A, gate) -> x * Sigmoid(x) -> * QMatMul(A, up) becomes one QMatMul with activation 1
-   (silu(gate) * up computed as the pair's columns leave the registers; qmatmul.cc);
-3. parts: the QMatMuls left that read the same A (q, k and v) become one node with several outputs: A is
-   quantized once and one parallel loop covers all their columns (k and v alone were too narrow to keep
-   two threads busy);
-4. reshapes: Reshape(Reshape(x, s1), s2) with s2 a constant holding no 0 is Reshape(x, s2), and the shape
-   arithmetic (Shape -> Gather -> Unsqueeze -> Concat) that only fed the dropped Reshapes goes with them;
-5. attention views: ortinf.PagedAttention takes q, k and v with their leading dims ([1, T, width], rows the
-   product of all dims but the last), so the Reshapes to [-1, width] between the projections and it go; and its
-   output [T, H*D] feeds the output projection directly (every weight op reads A as rows of K), without the two
-   Reshapes back to [1, T, hidden] and the Shape/Gather/Unsqueeze/Concat computing their target, when only Adds
-   read the projection (the residual's [1, T, hidden] restores the shape by broadcasting): 11 nodes per layer;
-6. the KV write: the pool outputs `key_cache_out.{i}` / `value_cache_out.{i}` become PagedAttention's outputs 4 and 5
-   (with `slot_mapping` its input 12): the op writes the step's K and V into the pool it was given, in place (the
-   runtime binds those outputs to the pool's own buffers, as it did ScatterND's), instead of the graph's Reshape,
-   Cast, Transpose and ScatterND per tensor and the slot indices computed from slot_mapping (ortinf/exporter/kv_write.py):
-   8 nodes per layer. The bytes written are the same (float: the rotated keys and the values; float16: Cast's
-   rounding to nearest even; int8: the op's own rows).
-
-7. residual: Add(P(A), r) with P a QMatMul of one projection (no activation) or a BMatMul whose product nothing else
-   reads becomes P with r as its residual input (the output and down projections and the residual stream: the
-   op adds r to the columns it wrote while they are in cache; qmatmul.cc, bmatmul.cc): 2 nodes per layer. The sum is
-   the Add's, bit for bit (one fp32 addition either way). The node takes the Add's place in the graph (r may be
-   computed after P's inputs) and P's name (its layer's scope).
-
-Every rewrite keeps the values bit for bit but the activation (silu is the kernel's own exp, ~1e-7 relative)
-and keeps node names inside their `/layers.N/` scope (verification windows cut the graph by them).
-Measured on the 1.5B int4 package: docs/performance.md, "Nodes per layer".
-"""
+The design (each rewrite, why here and at export, what it saves): docs/exporter.md, "The CPU graph's rewrites"."""
 
 from __future__ import annotations
 

@@ -1,28 +1,12 @@
 """GGUF files in (llama.cpp's and Ollama's model files): `ortinf export model.gguf -o pkg`.
 
-transformers reads a GGUF (its `gguf_file` loading, with the `gguf` package): the architecture and the
-tokenizer from the file's metadata, the weights dequantized to fp32 (F32, F16, Q8_0, Q4_0 and the
-K-quants alike). That model is written as a Hugging Face folder in a temporary place and exported from
-there like any other, at the `--dtype` asked for, or by default at the file's own precision
-(`file_quantization`):
+transformers reads the GGUF (the architecture and tokenizer from its metadata, the weights dequantized to fp32);
+that model is written as a Hugging Face folder in a temporary place and exported from there like any other, at
+the `--dtype` asked for, or by default at the file's own precision (`file_quantization`: Q8_0 and Q4_0 files keep
+their values exactly at int8 / int4). Before transformers reads a file, `open_index` checks its header and tensor
+index, so a corrupt or hollow file is one ExportError line.
 
-- Q8_0 and Q4_0 files export at int8 / int4 with blocks of 32, and keep the file's values exactly: ortinf's
-  int8 rule (scale = max|w| / 127) and int4 rule (scale = the extreme / -8) are llama.cpp's Q8_0 and Q4_0
-  rules, so on weights that are already d * q (the dequantized file) they give back the same d and q, bit
-  for bit (fp16 scales, small integers: every product and quotient is exact in fp32). No second rounding;
-  the exporter checks it and says how many weights it kept exactly (ortinf/exporter/quantize.py).
-- K-quants (Q4_K_M's Q4_K and Q6_K, Q5_K, ...), Q4_1/Q5_0/Q5_1: their blocks (super-blocks of 256 with
-  6-bit sub-scales, or a minimum) have no MatMulNBits form here; they are re-quantized by ortinf's rule to
-  int4 (4-bit kinds) or int8 (5- and 6-bit kinds), through the quality gate.
-- F32, F16, BF16: fp32.
-
-Before transformers reads a file, its header and tensor index are checked here (`open_index`): a corrupt header
-(counts or lengths of 2^60, truncated tables) is one ExportError line, not numpy's IndexError; every tensor must lie
-inside the file; and the file must hold the weights its metadata declares (the token embedding, and attention and
-feed-forward weights for each of its `block_count` layers). transformers fills what a file lacks with fresh random
-weights and allocates the whole model the metadata describes: a 3 KB file that claims 64 layers of width 8192 would
-allocate gigabytes, and a file holding only `token_embd` exported as a random model with exit 0.
-"""
+The design (which GGML types export to what and why, the checks): docs/exporter.md, "GGUF files"."""
 
 from __future__ import annotations
 
@@ -62,8 +46,8 @@ class FileQuantization:
 
 
 def open_index(path: Path):  # noqa: ANN201 - a gguf.GGUFReader
-    """The GGUF's reader (header and tensor index, the weights memory-mapped, not read), checked as the module
-    docstring says; ExportError naming the fault otherwise."""
+    """The GGUF's reader (header and tensor index, the weights memory-mapped, not read), checked as docs/exporter.md
+    ("GGUF files") says; ExportError naming the fault otherwise."""
     try:
         import gguf
     except ModuleNotFoundError as exc:

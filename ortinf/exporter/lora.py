@@ -1,27 +1,13 @@
 """LoRA inputs in the decoder graph (`ortinf export --enable-lora`): any number of adapters of any
 rank, one per request, in one batch.
 
-Every target linear layer (the nn.Linear children of each layer's self_attn and mlp: q/k/v/o and
-gate/up/down, or Phi-3's fused qkv and gate_up) computes, in the graph,
+Every target linear layer (the nn.Linear children of each layer's self_attn and mlp) computes, in the graph,
 
     y = base(x) + ((x @ lora_a.{layer}.{target}) * lora_mask) @ lora_b.{layer}.{target}
 
-where the runtime (ortinf/runtime/worker/lora.py) lays the loaded adapters side by side in the width dimension W:
+with the loaded adapters side by side in a dynamic width W (ortinf/runtime/worker/lora.py lays them out).
 
-    lora_a.{layer}.{target}  [in, W]    adapter s's A^T in its own columns (zeros where it has none)
-    lora_b.{layer}.{target}  [W, out]   adapter s's B^T in the same rows
-    lora_mask                [num_tokens, W]  a token's row holds its adapter's scale on that
-                                              adapter's columns and 0 elsewhere; all 0 for the base
-
-One input per layer and target, not one per target with a layer axis: a Gather of the layer's slice
-from a graph input is a copy on every call (11 MB per step for 4 rank-16 adapters on an 8-layer,
-512-wide model), where per-layer inputs are bound once, by pointer, and read in place.
-
-so a token gets exactly its own adapter's delta (the other adapters' columns are multiplied by 0)
-and a batch mixes adapters and the base model freely. W is a dynamic dimension: the same package
-serves 1 adapter of rank 8 or 4 of rank 64; with no adapter the runtime binds W = 1 of zeros.
-The cost is two thin MatMuls per target (W columns), paid by every token while any adapter is loaded.
-"""
+The design (the inputs' shapes, why one input per layer and target, the cost): docs/lora.md, "How the graph does it"."""
 
 from __future__ import annotations
 

@@ -1,27 +1,12 @@
 """Mixture-of-experts blocks in the exported graph: top-k routing, and each expert's MLP run only on the
 tokens routed to it (never all experts on all tokens).
 
-transformers' sparse MoE blocks loop over the experts that a batch happens to hit (`expert_hit =
-...nonzero()`, then a Python loop): traced, that loop would bake in the experts of the trace's
-example. While exporting, `traceable_moe` gives each block this module's forward instead, which
-traces to, per expert e (an unrolled loop over all experts):
+While exporting, `traceable_moe` gives each sparse MoE block this module's forward instead of transformers'
+(whose Python loop over the experts a batch hits would bake in the trace's example): per expert, an unrolled
+NonZero picks its (token, slot) rows, its MLP runs on those rows, and a ScatterND with reduction "add" puts the
+weighted result back. `traceable_moe(model, fused=True)` gives the CPU kernel graph one `ortinf.MoE` node per block.
 
-    rows  = NonZero(top_k_ids == e)          [n_e, 2]: (token, slot) pairs routed to e, n_e >= 0
-    y     = expert_e(hidden[token]) * weight[token, slot]
-    out   = ScatterND(out, token, y, reduction="add")   (a token reaches e at most once)
-
-so the work is each expert's MLP on its own n_e tokens; an expert that no token chose costs a
-zero-row MatMul. Routing is the families' own: softmax over all experts, top-k, then (Mixtral, and
-where the config's norm_topk_prob says so) the k weights renormalised; Qwen2-MoE adds its gated
-shared expert. Ties in top-k go to the lower expert index (ONNX TopK's rule; `lower_index_ties`
-makes PyTorch's reference follow it).
-
-ONNX Runtime's `com.microsoft.MoE` op (CPU since 1.23) fuses this per layer; the portable form here
-runs on every provider and is what parity is proven on (docs/exporter.md has the measurements and
-the op's limits). The CPU kernel library's graph (model.cpu.onnx) instead gets one `ortinf.MoE` node
-per block (ortinf/kernels/cpu/moe.cc: the same routing, the experts' weights stacked [E, H, 2I] and
-[E, I, H]; `traceable_moe(model, fused=True)`), and the quantizer packs those per expert.
-"""
+The design (the traced form, routing and ties, ORT's MoE op, ortinf.MoE): docs/exporter.md, "Mixture of experts"."""
 
 from __future__ import annotations
 

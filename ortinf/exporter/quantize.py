@@ -1,39 +1,14 @@
 """Weight-only quantization of a traced decoder (int8 or int4), in numpy, for both of a package's graphs.
 
-Every MatMul whose weight is a constant 2-D initializer is quantized once, here, with symmetric
-block scales along K (one float scale per `block_size` rows of K and per column):
+Every MatMul whose weight is a constant 2-D initializer (the LM head included, mixture-of-experts routers not)
+and the token embedding are quantized once, with symmetric block scales along K (one float scale per
+`block_size` rows of K and per column):
 
   int8: scale = max|w| / 127, q = round(w / scale) in -127..127 (never -128: qmatmul_impl.h's sign trick)
-  int4: scale = w* / -8 where w* is the block's value of largest magnitude, q = round(w / scale)
-        clipped to -8..7 (llama.cpp's Q4_0 rule: the extreme lands exactly on -8, so all 16 levels
-        are used; max|w| / 7 wastes one)
+  int4: scale = w* / -8 where w* is the block's value of largest magnitude, q = round(w / scale) clipped to -8..7
 
-and written in two forms of the same numbers:
-
-- model.onnx (every provider): `com.microsoft.MatMulNBits` (B as offset-binary bytes, [N, blocks,
-  block * bits / 8], no zero points: ORT's default zero point 2^(bits-1) is the offset), whose CPU
-  kernel with `accuracy_level` 4 quantizes the activations to int8 as onnxruntime-genai's builder
-  does on CPU; the level is recorded in the manifest.
-- model.cpu.onnx (ortinf's kernel library): `ortinf.QMatMul` with `layout=1`, over the very same B and
-  scales initializers (one weight file: the op packs them into the layout its VNNI/AVX2 dot products
-  read, ortinf/kernels/cpu/qmatmul_impl.h, when the session creates it); activations quantized per token
-  and block inside the op. Packages before issue 42 stored that packed layout themselves (`layout` 0,
-  model.cpu.onnx.data), and still load; ortinf.MoE's stacked experts are still stored packed.
-
-Both dequantize to the same weights, so the two graphs differ only in how they round activations.
-The LM head is a MatMul too and is quantized with the rest; mixture-of-experts routers are not
-(`routers`); the KV pool keeps the export dtype. The token embedding is quantized too, per row in blocks of
-hidden (`com.microsoft.GatherBlockQuantized`, which dequantizes only the rows it gathers, on every provider
-ORT has it for): at fp32 it was half of a 1.5B int4 package (0.93 of 1.90 GB). Its rows are quantized as an
-LM head over the same table is, so a tied model's embedding is the LM head's B and scales, written once.
-
-The rounding runs in the kernel library where it is built (`nbits_tensors`: ortinf/kernels/cpu/quantize.cc, on every
-core, bit for bit numpy's; tests/kernels/test_quantize_native.py), numpy otherwise and for ortinf.MoE's packing.
-Why not ORT's `MatMulNBitsQuantizer`: that tool walks the graph and quantizes each weight
-through per-block Python and C++ calls; on a 0.4B llama it took minutes (issue 29's measurements),
-where the vectorised rounding below takes seconds. Quantization figures (measured, ortinf/exporter/verify.py
-and docs/performance.md) are recorded in each package's manifest.
-"""
+The same numbers serve `com.microsoft.MatMulNBits` (model.onnx) and `ortinf.QMatMul` (model.cpu.onnx). The design
+(the two forms, the rules' reasons, where the rounding runs, why not ORT's quantizer): docs/exporter.md, "Reduced precision"."""
 
 from __future__ import annotations
 

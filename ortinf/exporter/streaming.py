@@ -1,29 +1,13 @@
 """The streaming decoder export: memory that does not grow with the model's depth or vocabulary.
 
-Tracing a whole model holds its weights three times (the PyTorch model, the tracer's constants, the
-ONNX protobuf): a 1.5B int4 export peaked at 17.6 GB. Here nothing of the checkpoint is loaded to trace:
+Nothing of the checkpoint is loaded to trace: the model is built empty (parameters on the meta device), layer 0
+gets random stand-in weights that every other layer shares, and the wrapper is traced at full depth without
+constant folding; the graph is then rebound to per-layer placeholders (ortinf/exporter/rebind.py, lazy.py) that
+`lazy.write` fills from the checkpoint one piece at a time. Verification runs against `reference_model`, which
+holds one module's weights at a time. Families it does not cover export in memory (api.py), which the log says.
 
-1. The model is built empty (parameters on the meta device). Layer 0 gets random stand-in weights and
-   every other layer is handed the *same* parameter objects; the embedding and LM head get stand-ins of
-   a few rows. Values do not matter to the trace, only shapes; each parameter gets distinct random
-   values so that the tracer's deduplication of equal initializers merges only what is truly shared.
-2. The wrapper (ortinf/exporter/decoder.py) is traced as always, at full depth, without constant
-   folding: every parameter stays an initializer under its own name, and each layer's nodes carry the
-   layer's scope (`/model/layers.7/...`). The graph is the same graph as a full trace's, but its
-   initializers are one layer's.
-3. The graph is rebound (ortinf/exporter/rebind.py): each node that reads a shared parameter reads its own layer's instead
-   (a placeholder named for that layer's parameter, with the checkpoint tensor as its recipe:
-   ortinf/exporter/lazy.py); a Transpose of a weight folds into the recipe; the embedding and LM head
-   placeholders get the real vocabulary. The quantizer rewrites placeholders into placeholders.
-4. `lazy.write` fills the placeholders reading the checkpoint one tensor at a time (memory-mapped
-   safetensors), quantizing on the fly, straight into the package's weights files.
-
-Verification (ortinf/exporter/verify.py, unchanged) runs against `reference_model`: the same empty
-model whose modules load their own parameters from the checkpoint just before they run and drop them
-after, so the PyTorch side of the parity check holds one module's weights at a time too. Families this
-does not cover (mixture-of-experts blocks, whose fused op packs its experts while tracing; LoRA inputs;
-vision-language models) export through the in-memory path (api.py), which says so in the log.
-"""
+The design (each step, the measurements, what is not streamed and why): docs/exporter.md, "Streaming: memory
+that does not grow with the model"."""
 
 from __future__ import annotations
 

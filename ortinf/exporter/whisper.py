@@ -1,25 +1,14 @@
 """Whisper (encoder-decoder speech recognition) on the paged contract: two graphs.
 
-    encoder.onnx   input_features [B, mels, 2 * source_positions]
-                   -> cross_key.{i}, cross_value.{i} [B, source_positions, heads, head_dim] per decoder layer
-                      (the encoder's output already through each decoder layer's cross-attention k/v
-                      projections: computed once per request)
-    model.onnx     the text decoders' inputs (flattened tokens, positions, block tables, context and
-                   query lengths, logits indices, per layer the paged pool) plus
-                   cross_block_tables [S, cross_blocks] and cross_lens [S]
-                   -> logits [S, vocab] and the step's new self-attention K/V per layer
+    encoder.onnx   input_features -> cross_key.{i}, cross_value.{i} per decoder layer (once per window)
+    model.onnx     the text decoders' paged inputs plus cross_block_tables [S, cross_blocks] and cross_lens [S]
 
-Where the cross-attention K/V live: in the same per-layer paged pool as the self-attention K/V, in
-blocks of their own (a request's cross table). One allocator then accounts for everything a request
-holds, a request that finishes frees both, and the decoder reads both kinds the same way (a gather
-through a block table). The other option, a per-request cache beside the pool, would need its own
-accounting in the scheduler and its own binding per step; the pool costs the encoder's positions
-rounded up to whole blocks (1500 positions: 94 blocks of 16).
+The cross-attention K/V live in the same per-layer paged pool as the self-attention K/V, in blocks of their own.
+The paged decoder itself is ortinf/exporter/cross_decoder.py, which BART and Marian share; this module is
+Whisper's encoder graph, its export and its verification. The runtime runs windows as requests of the one engine
+(ortinf/tasks/speech/windows.py).
 
-The paged decoder itself is ortinf/exporter/cross_decoder.py, which BART and Marian share; this module
-is Whisper's encoder graph, its export and its verification. The runtime runs windows as requests of
-the one engine (ortinf/tasks/speech/windows.py).
-"""
+The design (the graphs' inputs and outputs, why the cross K/V live in the pool): docs/speech.md, "The package"."""
 
 from __future__ import annotations
 

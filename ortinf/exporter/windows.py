@@ -1,24 +1,12 @@
 """Verification in windows of layers: parity and quality within a memory bound that does not grow with depth.
 
-Verifying a package end to end loads it whole, and ONNX Runtime's MatMulNBits prepacks every weight while
-the pages it read are still resident: ~2x the int4 weights for a few seconds (7.5 GiB at 7B int4), more
-than the streaming writer needs (1.7 GiB). Where a package's layer weights exceed the verification budget
-(`--verify-memory`, default VERIFY_MEMORY), it is verified in windows of consecutive layers instead: each
-window is the package's own graph cut to the embedding, layers [first, stop) and the final norm and LM head
-(`cut`), over the same weight file (a hard link to it: nothing is rewritten), against the PyTorch model whose layer
-list is cut the same way (`reference_window`). So every layer's graph is compared with its PyTorch layer on the
-same hidden states, one window of weights in memory at a time, and the first window is the truncated model end to
-end. Layer a of a window reads the embedding where the model feeds it layer a-1's output: both sides compute
-that same function, so a wrong weight or a wrong op in any layer shows up in its window's logits
-(tests/exporter/test_windows.py perturbs one layer's weight).
+Where a package's layer weights exceed the verification budget (`--verify-memory`, default VERIFY_MEMORY), it is
+verified in windows of consecutive layers: each window is the package's own graph cut to the embedding, layers
+[first, stop) and the final norm and LM head (`cut`), over a hard link to the same weight file, against the
+PyTorch model whose layer list is cut the same way (`reference_window`). The cut is found from the graph (node
+names carry the layer's scope); a graph where it is not exactly one tensor is verified whole, with the reason logged.
 
-The cut is found from the graph, not assumed: node names carry the layer's module scope (`/model/layers.7/...`);
-a layer's output is the one tensor computed from the token ids that it hands to the next layer alone (the step's
-position and block metadata are not), the final norm's input the one such tensor of the last layer that the logits
-are computed from, and the embedding's output the tensor layer 0's nodes read where
-layer a's same-named nodes read layer a-1's output. A graph where any of these is not exactly one tensor is
-verified whole, with the reason in the log.
-"""
+The design (why, how the cut is found, what windows do not cover): docs/exporter.md, "Windows of layers"."""
 
 from __future__ import annotations
 
