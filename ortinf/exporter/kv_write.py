@@ -1,34 +1,13 @@
 """The in-graph KV write: the traced graph's new K/V outputs become ScatterND updates of the pool.
 
-The package keeps both forms: model.onnx (with the write) for providers that compute where the pool
-lives, and model.host-write.onnx (as traced: it outputs the new K/V) for host providers where numpy
-writes faster (OpenVINO copies every bound output, so a pool bound as an output costs a full copy
-per call; see docs/providers.md).
+This pass, run on the ONNX graph after tracing, adds one input, `slot_mapping` [num_tokens] (the pool slot of
+each scheduled token), and replaces the outputs `new_key.{i}` / `new_value.{i}` with `key_cache_out.{i}` /
+`value_cache_out.{i}`, one ScatterND per pool tensor, which the runtime binds to the very buffer it binds as
+`key_cache.{i}`, so the write happens in place. The package keeps both forms: model.onnx (with the write) and
+model.host-write.onnx (as traced, for host providers where numpy writes faster).
 
-The traced kernel reads the pool (`key_cache.{i}`) and outputs the step's new keys and values
-(`new_key.{i}`, [num_tokens, kv_heads, head_dim]). This pass, run on the ONNX graph after tracing,
-adds one input, `slot_mapping` [num_tokens] (the pool slot of each scheduled token), and replaces
-those outputs with
-
-    key_cache_out.{i} = ScatterND(key_cache.{i}, indices, Transpose(new_key.{i}, [1, 0, 2]))
-
-where indices [kv_heads, num_tokens, 3] = (head, slot // block_size, slot % block_size). The runtime
-binds `key_cache_out.{i}` to the very buffer it binds as `key_cache.{i}`: ScatterND sees its output
-aliasing its data input and writes only the updated rows (on ORT's CPU and WebGPU kernels the step
-time does not grow with the pool; docs/providers.md has the measurements). So the pool never
-leaves the device, and the new K/V never cross the bus.
-
-It is ONNX surgery rather than traced torch (index_put) so that the graph gets exactly one ScatterND
-per tensor on the unreshaped 4-d pool: any Reshape between the pool input and the bound output
-would make ORT copy the whole pool into the output buffer.
-
-In model.cpu.onnx the write does not stay ScatterND: ortinf/exporter/cpu_fusion.py (rewrite 6) hands it to
-ortinf.PagedAttention (its slot_mapping input and key_cache_out / value_cache_out outputs, bound the same way), 8
-nodes per layer fewer in a one-token step.
-
-Order does not matter: the kernel's gather may read the pool before or after the scatter wrote this
-step's slots, because those slots lie at positions >= context_lens and are masked out.
-"""
+The design (the indices, why ONNX surgery, why order does not matter, the measurements): docs/providers.md,
+"The graph writes K/V into its own pool" and "One package, two write paths"."""
 
 from __future__ import annotations
 

@@ -1,29 +1,14 @@
 """The paged KV pool: its size, its memory, its binding to the graph, and how K/V get written.
 
-One K and one V tensor per layer, [kv_heads, num_blocks + 1, block_size, head_dim] (the contrib
-paged kernel's: [num_blocks + 1, block_size, kv_heads, head_dim]; an int8 pool's rows are head_dim + 4
-bytes, the values and their scale, read by the CPU kernel graph only), allocated once where the provider
-computes:
+One K and one V tensor per layer, allocated once where the provider computes (a numpy array wrapped without a
+copy on HOST providers, an OrtValue in the provider's memory on DEVICE ones) and bound once as the graph's
+`key_cache.{i}`; the step's K/V get in by the provider's `kv_write`: GRAPH_WRITE (the graph writes in place) or
+HOST_WRITE (numpy writes the graph's new K/V). The last block is scratch, never handed out.
 
-- HOST providers (CPU, OpenVINO): a numpy array (pages touched at start-up) wrapped as an OrtValue
-  without a copy;
-- DEVICE providers (WebGPU, CUDA, DirectML, MIGraphX): an OrtValue in the provider's memory, zeroed
-  once from the host.
+Sizing: --num-blocks, else --kv-cache-memory, else (host memory only) a share of free RAM; capped at what
+max_num_seqs full-length sequences can use, and at the provider's largest tensor.
 
-Each tensor is bound once as the graph's `key_cache.{i}` input. How the step's K/V get in is the
-provider's choice (Provider.kv_write, measured per provider):
-
-- GRAPH_WRITE (model.onnx): the tensor is also bound as the `key_cache_out.{i}` output, and the
-  graph's ScatterND writes the step's K/V into it in place (ortinf/exporter/kv_write.py); the pool is never
-  fed, copied or fetched per step.
-- HOST_WRITE (model.host-write.onnx, host pools only): the graph returns the new K/V
-  ([num_tokens, kv_heads, head_dim] per layer) and `write` puts them into their slots with numpy.
-
-The last block is scratch, never handed out: the padding tokens of shape buckets write there.
-
-Sizing: --num-blocks, else --kv-cache-memory, else (host memory only) a share of free RAM; capped
-at what max_num_seqs full-length sequences can use, and at the provider's largest tensor.
-"""
+The design (the layouts, the two write paths, the measurements): docs/providers.md, "Where the pool lives"."""
 
 from __future__ import annotations
 
