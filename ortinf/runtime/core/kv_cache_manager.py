@@ -1,28 +1,13 @@
 """KVCacheManager: the scheduler's only view of KV memory. Maps requests to blocks.
 
-Prefix caching: a request's full blocks are hashed in a chain (each hash covers the parent's hash
-and the block's tokens), so one hash identifies a whole prefix. A hit is checked against the tokens
-and capped at num_tokens - 1, because the last token must be computed to produce logits.
+Prefix caching: a request's full blocks are hashed in a chain, checked against the tokens on a hit, and cached
+only after the step that wrote their K/V (`cache_blocks`). One-step requests (a beam search's steps) also leave
+their last, partly filled block cached for the next step of their beam. With --prefix-cache-dir, full blocks also
+go to disk and a miss is looked up there (ortinf/runtime/worker/prefix_store.py). Encoder-decoder requests also
+hold cross blocks, taken at admission all or nothing and cached as one unit under their input's digest.
 
-Blocks are cached only after the step that wrote their K/V (`cache_blocks`), never at allocation:
-the graph writes new K/V after it runs, so a request in the same step must not read them.
-
-One-step requests (RequestOptions.top_candidates: a beam search's steps, ortinf/tasks/beams.py) also leave their last, partly filled block
-cached when they end (`num_partial` slots of it computed), under its prefix: the next step's request
-that extends that beam takes it over whole (it is unhashed, so one request only; a second child of the
-same beam recomputes those tokens), instead of recomputing the tokens past the last full block.
-
-With --prefix-cache-dir, full blocks also go to disk (ortinf/runtime/worker/prefix_store.py) as they are cached, and
-a lookup that misses in memory reads the request's next blocks from there into free blocks, which are then cached
-as if the engine had computed them (a restart, or another server on the same folder, finds a long prompt's K/V; a
-block that cannot be read is a miss). Requests with a LoRA adapter and one-step
-requests are neither stored nor restored.
-
-Encoder-decoder requests (ortinf/runtime/worker/encoder_input.py) also hold cross blocks: the encoder's K/V of
-their input, taken with their first self blocks at admission, all or nothing. They are cached as one
-unit under the input's digest (a partial find is a miss, as the encoder writes them all), and the
-self blocks' chained keys start from the request's cache salt, which includes that digest.
-"""
+The design (the hash chain and its cap, why cache after the step, partial blocks, the disk, cross blocks):
+docs/runtime.md, "The KV cache manager"."""
 
 from __future__ import annotations
 

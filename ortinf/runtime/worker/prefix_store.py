@@ -1,33 +1,13 @@
 """PrefixStore: the prefix cache's full blocks on disk (`--prefix-cache-dir`), so that a restart, or a second server
 on the same folder, finds the K/V of a long prompt it has seen instead of prefilling it again.
 
-Keys. A block's key chains over the prompt as the in-memory cache's hashes do, but stably across processes (SHA-256,
-not Python's salted hash): the root covers the package's identity (what a block's contents depend on: the manifest and
-graph files, the graph and kernel the engine runs with its instruction set, the pool's dtype, a block's shape, the
-block size; never the pool's block count, which --kv-cache-memory or 20% of free RAM sets anew at each start) and the
-request's cache salt (its images' and encoder input's digests, the client's cache_salt); each block's key covers its
-parent's and its tokens. Requests with a LoRA adapter are not stored (an adapter's identity does not survive a restart).
+A block's key is a SHA-256 chain over the prompt, rooted at the package's identity and the request's cache salt.
+Files (DIR/<identity>/<key[:2]>/<key>.kv: a checksummed header and the block's rows of every layer's K and V) are
+written on a thread of their own under a temporary name and renamed; the budget (--prefix-cache-disk) bounds the
+whole folder in one least-recently-used order. The folder is not trusted: any bad file or disk error is a miss.
+On a prefix miss the KV cache manager asks here for the request's next blocks before it prefills.
 
-Files. DIR/<identity>/<key[:2]>/<key>.kv: a header (magic and version, payload length, CRC-32 of the payload) and the
-block's rows of every layer's K and V, as the pool holds them (any pool dtype: fp32, fp16, int8 rows with their
-scales). A file is written to a temporary name and renamed: a crash mid-write leaves no file under a key. Writes run
-on a thread of their own (the block's bytes are copied off the pool on the engine thread first, so the pool may be
-reused at once).
-
-The budget (--prefix-cache-disk) bounds the whole folder, every identity's blocks together: one least-recently-used
-order by file modification time (a restore touches its files), so the blocks of a package that was re-exported or is
-no longer served (a stale identity) go first, and its folder with its last block. Several servers may share a folder:
-a block missing from this server's index is looked up in the folder before it counts as a miss, and the writer
-re-reads the folder now and then so that the others' files count toward the budget.
-
-The folder is not trusted: a file that is not a regular file of the right size (a FIFO, a link, a directory), fails
-its checksum or cannot be read is a miss, and so is every disk error (a full or read-only disk); they cost one
-warning a minute in the log, never a request or the start. The checksum finds damage, not tampering: whoever can
-write the folder can change the replies of every server that reads it.
-
-Restoring. On a prefix miss the KV cache manager asks for the request's next blocks here before it prefills:
-each found is read into a free block, which is then cached like a block the engine computed.
-"""
+The design (keys, files, budget, sharing a folder, trust): docs/server.md, "--prefix-cache-dir"."""
 
 from __future__ import annotations
 
