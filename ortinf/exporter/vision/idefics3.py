@@ -2,10 +2,11 @@
 (ortinf/exporter/vision/llava.py; the frame: ortinf/exporter/vision_language.py).
 
 The processor resizes an image (longest edge to `longest_edge`, then up to multiples of the tile size) and cuts it
-into tiles of the tower's size, row by row, plus the whole image at tile size (ortinf/runtime/worker/images.py
-`idefics_tiles`). Every tile is full-size, so the tower's position ids are one constant vector and its patch mask is
-all ones: the graph here is transformers' vision model and connector (pixel shuffle, projection) for full tiles,
-batched over tiles, without its per-image Python loop (a trace would freeze the example's tile count).
+into tiles of the tower's size, row by row, plus the whole image at tile size
+(ortinf/runtime/worker/vision_families/idefics3.py `idefics_tiles`). Every tile is full-size, so the tower's
+position ids are one constant vector and its patch mask is all ones: the graph here is transformers' vision model
+and connector (pixel shuffle, projection) for full tiles, batched over tiles, without its per-image Python loop (a
+trace would freeze the example's tile count).
 
 The prompt writes each image as text and image tokens (Idefics3Processor's get_image_prompt_string):
 

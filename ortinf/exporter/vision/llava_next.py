@@ -12,7 +12,7 @@ import torch
 from ortinf.exporter.vision.family import IMAGE_EMBEDS, Example, VisionFamily, VisionGraph, image_processor, trace_images
 from ortinf.manifest import VisionSpec
 from ortinf.runtime.worker.encoder_input import EncoderInput, PlacedImage
-from ortinf.runtime.worker.images import anyres_layout
+from ortinf.runtime.worker.vision_families.llava_next import anyres_layout
 
 
 def trace(model: torch.nn.Module, path: Path) -> None:

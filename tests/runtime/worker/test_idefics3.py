@@ -15,7 +15,7 @@ from support.tiny_models import build_idefics3
 import ortinf
 from ortinf import LLM, SamplingParams
 from ortinf.errors import RequestError
-from ortinf.runtime.worker.images import idefics_tiles
+from ortinf.runtime.worker.vision_families.idefics3 import idefics_tiles
 
 Image = pytest.importorskip("PIL.Image")
 NEW = 8

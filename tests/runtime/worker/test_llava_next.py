@@ -15,7 +15,7 @@ from support.tiny_models import build_llava_next
 
 import ortinf
 from ortinf import LLM, SamplingParams
-from ortinf.runtime.worker.images import anyres_tiles
+from ortinf.runtime.worker.vision_families.llava_next import anyres_tiles
 
 Image = pytest.importorskip("PIL.Image")
 NEW = 8

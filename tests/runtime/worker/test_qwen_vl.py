@@ -16,8 +16,8 @@ import ortinf
 from ortinf import LLM, SamplingParams
 from ortinf.errors import RequestError
 from ortinf.runtime.worker.encoder_input import EncoderInput, PlacedImage
-from ortinf.runtime.worker.images import qwen_patches
 from ortinf.runtime.worker.mrope import rope_deltas
+from ortinf.runtime.worker.vision_families.qwen2_vl import qwen_patches
 
 Image = pytest.importorskip("PIL.Image")
 PAD, START, END = QWEN_VL_TOKENS["image_token_id"], QWEN_VL_TOKENS["vision_start_token_id"], QWEN_VL_TOKENS["vision_end_token_id"]

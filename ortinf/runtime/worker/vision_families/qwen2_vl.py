@@ -1,17 +1,22 @@
-"""Qwen2-VL's and Qwen2.5-VL's images: each at its own resolution, cut into patches (ortinf/runtime/worker/images.py
-`qwen_patches`); a call concatenates images up to QWEN_PATCHES patches, with the positions, image ids and window order
-the traced tower takes as inputs (ortinf/exporter/vision/qwen2_vl.py); an image's grid gives its M-RoPE positions
-(ortinf/runtime/worker/mrope.py)."""
+"""Qwen2-VL's and Qwen2.5-VL's images: each at its own resolution, cut into patches (`qwen_patches`: RGB, resized
+to the nearest multiple of patch x merge pixels on each side with the pixel count between min_pixels and
+max_pixels (smart_resize), rescaled, normalised, the frame repeated to the temporal patch, cut into patches in the
+processor's order, merged 2x2 groups each row-major; checked against transformers' Qwen2VLImageProcessor in
+tests/runtime/worker/test_qwen_vl.py). A call concatenates images up to QWEN_PATCHES patches, with the positions,
+image ids and window order the traced tower takes as inputs (ortinf/exporter/vision/qwen2_vl.py); an image's grid
+gives its M-RoPE positions (ortinf/runtime/worker/mrope.py)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
 
+from ortinf.errors import RequestError
 from ortinf.manifest import VisionSpec
 from ortinf.runtime.worker.encoder_input import PlacedImage
-from ortinf.runtime.worker.images import qwen_patches
+from ortinf.runtime.worker.images import normalized
 from ortinf.runtime.worker.vision_families.family import ImageFamily, Run
 
 # patches per call of a Qwen2-VL tower (more when one image has more): its full-attention layers cost N**2 per call, so
@@ -25,6 +30,40 @@ def preprocess(image, vision: VisionSpec) -> tuple[np.ndarray, int, tuple[int, i
     patches, (rows, cols) = qwen_patches(image, vision.processor)
     merge = vision.merge_size
     return patches, rows * cols // (merge * merge), (rows // merge, cols // merge)
+
+
+def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """transformers' Qwen2-VL smart_resize: both sides multiples of `factor`, the area within the bounds, the aspect kept."""
+    if max(height, width) / min(height, width) > 200:
+        raise RequestError(f"the image is {width}x{height}: its aspect ratio must be under 200", param="image")
+    h_bar, w_bar = round(height / factor) * factor, round(width / factor) * factor
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt((height * width) / max_pixels)
+        h_bar, w_bar = max(factor, math.floor(height / beta / factor) * factor), max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar, w_bar = math.ceil(height * beta / factor) * factor, math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+def qwen_patches(image, processor: dict) -> tuple[np.ndarray, tuple[int, int]]:  # noqa: ANN001 - a PIL image
+    """([patch_rows * patch_cols, C * T * P * P] float32 patches, (patch_rows, patch_cols)), as Qwen2VLImageProcessor."""
+    from PIL import Image
+
+    if processor.get("do_convert_rgb", True) and image.mode != "RGB":
+        image = image.convert("RGB")
+    patch, merge, temporal = processor["patch_size"], processor["merge_size"], processor["temporal_patch_size"]
+    height, width = smart_resize(image.size[1], image.size[0], patch * merge, processor["min_pixels"], processor["max_pixels"])
+    image = image.resize((width, height), resample=Image.Resampling(processor.get("resample", 3)))
+    pixels = np.asarray(image, dtype=np.uint8)
+    if pixels.ndim == 2:
+        pixels = pixels[:, :, None]
+    frame = normalized(pixels, processor).transpose(2, 0, 1)  # [C, H, W]
+    rows, cols = height // patch, width // patch
+    frames = np.broadcast_to(frame, (temporal, *frame.shape))
+    grid = frames.reshape(1, temporal, frame.shape[0], rows // merge, merge, patch, cols // merge, merge, patch)
+    patches = grid.transpose(0, 3, 6, 4, 7, 2, 1, 5, 8).reshape(rows * cols, frame.shape[0] * temporal * patch * patch)
+    return np.ascontiguousarray(patches), (rows, cols)
 
 
 def encode(run: Run, images: Sequence[PlacedImage], vision: VisionSpec) -> list[np.ndarray]:
@@ -96,4 +135,4 @@ def window_gather(window_ids: np.ndarray) -> dict[str, np.ndarray]:
 
 FAMILY = ImageFamily("qwen2_vl", "Qwen2-VL", preprocess, encode, call_limit=QWEN_PATCHES, keeps_grid=True)
 
-__all__ = ["FAMILY", "QWEN_PATCHES", "qwen_vision_feeds", "window_gather", "window_order"]
+__all__ = ["FAMILY", "QWEN_PATCHES", "qwen_patches", "qwen_vision_feeds", "smart_resize", "window_gather", "window_order"]
