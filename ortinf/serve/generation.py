@@ -10,8 +10,8 @@ from dataclasses import dataclass, field, replace
 
 from pydantic import ValidationError
 
-from ortinf.runtime.engine.llm_engine import PreparedRequest
 from ortinf.runtime.engine.outputs import RequestOutput
+from ortinf.runtime.engine.prepared import PreparedRequest
 from ortinf.runtime.sample.sampling_params import SamplingParams
 from ortinf.serve.errors import APIError
 from ortinf.serve.models import ServedModel

@@ -10,8 +10,8 @@ from typing import TypeVar
 from starlette.requests import Request
 
 from ortinf.runtime.engine.async_engine import AsyncEngine
-from ortinf.runtime.engine.llm_engine import PreparedRequest
 from ortinf.runtime.engine.outputs import RequestOutput
+from ortinf.runtime.engine.prepared import PreparedRequest
 from ortinf.serve.errors import APIError
 from ortinf.tasks import driver, text
 

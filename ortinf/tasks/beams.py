@@ -30,7 +30,8 @@ from ortinf.runtime.sample.beam_search import BeamSearch, Hypothesis
 from ortinf.tasks.programs import Handed, Program
 
 if TYPE_CHECKING:
-    from ortinf.runtime.engine.llm_engine import LLMEngine, PreparedRequest
+    from ortinf.runtime.engine.llm_engine import LLMEngine
+    from ortinf.runtime.engine.prepared import PreparedRequest
 
 
 class BeamRun:

@@ -15,8 +15,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ortinf.runtime.engine.llm_engine import PreparedRequest
     from ortinf.runtime.engine.outputs import RequestOutput
+    from ortinf.runtime.engine.prepared import PreparedRequest
 
 Handed = list[tuple[Any, "RequestOutput"]]
 

@@ -9,7 +9,8 @@ from dataclasses import replace
 from typing import Any
 
 from ortinf.runtime.engine.async_engine import AsyncEngine
-from ortinf.runtime.engine.llm_engine import LLMEngine, PreparedRequest
+from ortinf.runtime.engine.llm_engine import LLMEngine
+from ortinf.runtime.engine.prepared import PreparedRequest
 from ortinf.runtime.sample.sampling_params import SamplingParams
 from ortinf.tasks.beams import BeamSearches
 from ortinf.tasks.programs import Program, Samples

@@ -26,8 +26,9 @@ from dataclasses import replace
 from typing import TypeVar
 
 from ortinf.errors import RequestError
-from ortinf.runtime.engine.llm_engine import LLMEngine, PreparedRequest
+from ortinf.runtime.engine.llm_engine import LLMEngine
 from ortinf.runtime.engine.outputs import EngineStats, RequestOutput
+from ortinf.runtime.engine.prepared import PreparedRequest
 from ortinf.runtime.sample.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,6 @@
-"""LLMEngine: the synchronous engine. One step is three calls: schedule, execute, update."""
+"""LLMEngine: the synchronous engine. One step is three calls: schedule, execute, update. What a request needs
+before it is added is input_processor.py's (prepare, tokenize); what the engine is built of, engine_builder.py's;
+this module holds the loop and its state: add_request, step, abort, the failure isolation, LoRA loads, stats."""
 
 from __future__ import annotations
 
@@ -6,60 +8,23 @@ import itertools
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
-
 from ortinf.config import EngineConfig
-from ortinf.errors import ConfigError, ContextLengthError, RequestError, StepFailedError
-from ortinf.manifest import SPEECH_RECOGNITION, TEXT2TEXT, TEXT_GENERATION, Manifest
-from ortinf.providers.registry import resolve
-from ortinf.runtime.core.kv_cache_manager import KVCacheManager
+from ortinf.errors import ConfigError, RequestError, StepFailedError
 from ortinf.runtime.core.request import FinishReason, Request
-from ortinf.runtime.core.scheduler import Scheduler, SchedulerConfig, check_fits
 from ortinf.runtime.core.stopping import Verdict, judge
-from ortinf.runtime.engine.draft_proposer import DraftProposer
+from ortinf.runtime.engine.engine_builder import build
 from ortinf.runtime.engine.output_processor import OutputProcessor
 from ortinf.runtime.engine.outputs import CompletionOutput, EngineStats, RequestOutput
-from ortinf.runtime.sample.decoder_rules import DecoderRules
-from ortinf.runtime.sample.request_options import DEFAULT, RequestOptions
+from ortinf.runtime.engine.prepared import PreparedRequest
 from ortinf.runtime.sample.sampling_params import SamplingParams
-from ortinf.runtime.sample.structured_output import GrammarCompiler, one_line
-from ortinf.runtime.sample.whisper_rules import SpeechRules
-from ortinf.runtime.worker.cross_encoder import CrossEncoder
-from ortinf.runtime.worker.decoder_graph import DecoderGraph, cpu_kernels, pool_spec
-from ortinf.runtime.worker.encoder_input import EncoderInput, PlacedImage
-from ortinf.runtime.worker.kv_pool import check_context, resolve_num_blocks
-from ortinf.runtime.worker.lora import LoraAdapter, LoraSlots
-from ortinf.runtime.worker.model_runner import ModelRunner
-from ortinf.runtime.worker.prefix_store import open_store
+from ortinf.runtime.sample.structured_output import one_line
+from ortinf.runtime.worker.lora import LoraAdapter
 from ortinf.runtime.worker.scheduler_output import ModelRunnerOutput, SchedulerOutput
-from ortinf.runtime.worker.vision_encoder import VisionEncoder
-from ortinf.tokenizer import bad_words_ids, check_unicode, checked_tokenizer
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class PreparedRequest:
-    """A tokenised, validated request, ready for add_request."""
-
-    text: str | None
-    token_ids: list[int]
-    params: SamplingParams
-    lora_name: str | None = None  # a loaded LoRA adapter, None for the base model
-    encoder_input: EncoderInput | None = None  # an encoder-decoder's (the source; `token_ids` are the decoder's)
-    priority: int = 0  # lower runs first under the priority scheduling policy (vLLM's)
-    cache_salt: str | None = None  # a client's prefix-cache salt: blocks are shared only under the same salt
-    output_token_ids: tuple[int, ...] = ()  # tokens already generated (a beam's, ortinf/tasks/beams.py): computed as the prompt is
-    images: tuple[PlacedImage, ...] = ()  # a vision-language request's images and where their placeholders are
-    options: RequestOptions = DEFAULT  # what the front-end asks of the engine beside the client's params
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        """What usage counts as the prompt: the source's tokens for an encoder-decoder, else the prompt's."""
-        return self.encoder_input.num_positions if self.encoder_input is not None else len(self.token_ids)
 
 
 class LLMEngine:
@@ -67,64 +32,15 @@ class LLMEngine:
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        manifest = Manifest.load(config.package_dir)
-        if manifest.task not in (TEXT_GENERATION, TEXT2TEXT, SPEECH_RECOGNITION) or manifest.decoder is None:
-            raise ConfigError(f"{config.package_dir} holds a {manifest.task} model; generation needs a text-generation, "
-                              "text2text-generation or speech-recognition package")
-        self.manifest = manifest
-        self.seq2seq = manifest.seq2seq  # Marian, BART: a request's prompt is the encoder's source (ortinf/runtime/worker/encoder_input.py)
-        # Whisper: requests come from ortinf/tasks/speech/transcriber.py, a window's log-mel as their encoder input
-        self.speech = manifest.speech
-        self.encoder_decoder = self.seq2seq is not None or self.speech is not None
-        if self.encoder_decoder and (config.speculative_config is not None or config.max_loras):
-            raise ConfigError("speculative decoding and LoRA adapters are for text-generation packages, not encoder-decoders")
-        spec = manifest.decoder
-        self.tokenizer, vocab = checked_tokenizer(config.package_dir, spec.vocab_size) if manifest.has_tokenizer else (None, None)
-        self.max_model_len = check_context(config, spec)
-        # Marian and BART packages have no encoder graph that writes a device pool (Whisper's do): "auto"
-        # keeps them on the CPU, where the pool is host memory
-        found = resolve("cpu" if self.seq2seq is not None and config.provider == "auto" else config.provider)
-        kernels = cpu_kernels(manifest, config.package_dir, found.provider.name, config.cpu_kernel)
-        # an encoder-decoder's request holds cross blocks for its whole encoder input beside its own
-        cross_positions = self.speech.source_positions if self.speech else self.seq2seq.max_source_positions if self.seq2seq else 0
-        num_blocks = resolve_num_blocks(config, pool_spec(manifest, kernels), self.max_model_len, found.provider, cross_positions)
-        self.graph = DecoderGraph(config.package_dir, num_blocks, config.block_size, found, config.intra_op_threads,
-                                  config.provider_options, config.allow_cpu_fallback, config.shape_buckets, config.cpu_kernel,
-                                  bf16_math=config.bf16_math)
-        self.loras = self._lora_slots(config)
-        self.kv_cache = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
-        if config.prefix_cache_dir is not None:  # the prefix cache's full blocks kept on disk too
-            self.kv_cache.store = open_store(config, self.graph, self.encoder_decoder)
-        scheduler_config = SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len,
-                                           self.graph.max_query_len or 0, config.max_num_encoder_input_tokens,
-                                           speculative=config.speculative_config, policy=config.scheduling_policy)
-        self.scheduler = Scheduler(scheduler_config, self.kv_cache)
-        self.grammars = GrammarCompiler(self.tokenizer, spec.vocab_size, manifest.eos_token_ids) if self.tokenizer else None
-        encoder = rules = None
-        if self.encoder_decoder:
-            encoder = CrossEncoder(config.package_dir, manifest, self.graph.pool, found, config.intra_op_threads)
-        if self.seq2seq is not None:  # Marian, BART: every request's; Whisper's are chosen by request data (timestamps)
-            rules = DecoderRules.load(config.package_dir, spec.vocab_size)
-        speech_rules = SpeechRules.load(config.package_dir, spec.vocab_size, manifest.eos_token_ids) if self.speech is not None else None
-        vision = None
-        if manifest.vision is not None:  # image embeddings in the graph's type (ortinf/exporter/vision_language.py)
-            embeds_type = next(i.type for i in self.graph.session.get_inputs() if i.name == "image_embeds")
-            vision = VisionEncoder(config.package_dir, manifest, found, config.intra_op_threads,
-                                   np.dtype(np.float16 if "float16" in embeds_type else np.float32), config.cpu_kernel)
-        self.runner = ModelRunner(self.graph, seed=config.seed, grammars=self.grammars, encoder=encoder, rules=rules, vision=vision,
-                                 speech_rules=speech_rules)
-        self.draft = self._draft_proposer(config, num_blocks, found)
+        parts = build(config)
+        self.manifest, self.tokenizer, self.max_model_len = parts.manifest, parts.tokenizer, parts.max_model_len
+        self.graph, self.loras, self.kv_cache, self.scheduler = parts.graph, parts.loras, parts.kv_cache, parts.scheduler
+        self.grammars, self.runner, self.draft, self.inputs = parts.grammars, parts.runner, parts.draft, parts.inputs
         self.num_failed_steps_in_a_row = 0
         self._lora_loads = 0
         self._lora_keys = {name: f"{name}#0" for name in self.lora_names()}  # name -> its identity in prefix-cache keys
         self.outputs = OutputProcessor(self.tokenizer)
         self._ids = itertools.count()
-        # A text prompt longer than this many characters cannot fit the context in any tokenization:
-        # it is refused before the tokenizer spends seconds on megabytes (2x the longest vocabulary
-        # entry per token, for normalizers that expand text).
-        longest = vocab.longest if vocab is not None else 16
-        self.max_prompt_tokens = self.seq2seq.max_source_positions if self.seq2seq is not None else self.max_model_len
-        self.max_prompt_chars = self.max_prompt_tokens * 2 * max(longest, 1)
 
     def wait_until_resident(self) -> None:
         """Returns once the KV pool's memory is mapped (a large pool is mapped in the background: kv_pool.py)."""
@@ -134,16 +50,6 @@ class LLMEngine:
         """Writes out what the prefix store still has queued (the engine's thread has stopped)."""
         if self.kv_cache.store is not None:
             self.kv_cache.store.close()
-
-    def _lora_slots(self, config: EngineConfig) -> LoraSlots | None:
-        """The adapters' slots, with --lora-modules loaded; None when no adapter may load."""
-        if config.max_loras == 0:
-            return None
-        slots = LoraSlots(self.graph.spec, config.max_loras, config.max_lora_rank, self.graph.lora_dtype)
-        for name, path in config.lora_modules.items():
-            slots.add(LoraAdapter.load(name, path, self.graph.spec))
-        self.graph.lora = slots
-        return slots
 
     def add_lora(self, name: str, path: str | Path | LoraAdapter) -> None:
         """Loads a PEFT LoRA folder under `name`, or an adapter already read with LoraAdapter.load (the
@@ -166,16 +72,7 @@ class LLMEngine:
         self._lora_keys.pop(name, None)
 
     def lora_names(self) -> list[str]:
-        return list(self.loras.adapters) if self.loras is not None else []
-
-    @staticmethod
-    def _draft_proposer(config: EngineConfig, num_blocks: int, found) -> DraftProposer | None:
-        spec = config.speculative_config
-        if spec is None or spec.method != "draft_model":
-            return None
-        return DraftProposer(Path(spec.model), config.package_dir, spec.num_speculative_tokens, num_blocks,
-                             config.block_size, found, config.intra_op_threads, config.provider_options,
-                             config.bf16_math)
+        return self.inputs.lora_names()
 
     def _draft_proposals(self) -> dict[str, list[int]]:
         """The draft model's proposals for this step's decoding requests; none when it fails (the
@@ -190,119 +87,15 @@ class LLMEngine:
             return {}
 
     def tokenize(self, prompt: str | Sequence[int], add_special_tokens: bool = True) -> tuple[str | None, list[int]]:
-        """(prompt text or None, token ids); every id is checked against the graph's vocabulary."""
-        vocab = self.manifest.decoder.vocab_size
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise RequestError("this package has no tokenizer: pass token ids instead of text")
-            # the tokenizer's ids were checked against the vocabulary at load (load_checked_tokenizer)
-            return prompt, self.tokenizer.encode(check_unicode(prompt, "prompt"), add_special_tokens=add_special_tokens).ids
-        if any(isinstance(t, bool) or not isinstance(t, (int, np.integer)) for t in prompt):
-            raise RequestError("a token-id prompt must hold integers", param="prompt")
-        ids = [int(t) for t in prompt]
-        bad = next((t for t in ids if t < 0 or t >= vocab), None)
-        if bad is not None:
-            raise RequestError(f"token id {bad} is out of range: token ids must be in [0, {vocab})", param="prompt")
-        return None, ids
+        """(prompt text or None, token ids): InputProcessor.tokenize."""
+        return self.inputs.tokenize(prompt, add_special_tokens)
 
     def prepare(self, prompt: str | Sequence[int], params: SamplingParams | None = None, lora_name: str | None = None, *,
                 add_special_tokens: bool = True, priority: int = 0, cache_salt: str | None = None,
                 images: Sequence[object] = (), output_kind: str = "cumulative") -> PreparedRequest:
-        """Tokenises and validates a request without touching engine state (safe from any thread).
-        `lora_name`: a loaded LoRA adapter to run the request with (None: the base model);
-        `priority`: lower runs first (only under the priority scheduling policy; 0 otherwise);
-        `cache_salt`: prefix-cache blocks are shared only between requests with the same salt;
-        `images` (a vision-language package's: PIL images, encoded bytes, paths or uint8 arrays): one per image
-        placeholder token of the prompt, which becomes the image's tokens (ortinf/runtime/worker/images.py);
-        `output_kind`: what each of its outputs holds (RequestOptions)."""
-        if priority and self.config.scheduling_policy != "priority":
-            raise RequestError("priority needs the priority scheduling policy: serve with --scheduling-policy priority "
-                               "(or send priority 0)", param="priority")
-        options = RequestOptions(output_kind=output_kind) if output_kind != DEFAULT.output_kind else DEFAULT
-        prepared = self._prepare(prompt, params or SamplingParams(), lora_name, add_special_tokens, options)
-        if images or (self.manifest.vision is not None and self.manifest.vision.image_token_id in prepared.token_ids):
-            prepared = self._place_images(prepared, list(images))
-        return replace(prepared, priority=priority, cache_salt=cache_salt) if priority or cache_salt else prepared
-
-    def _place_images(self, prepared: PreparedRequest, images: list[object]) -> PreparedRequest:
-        """Each image preprocessed, and the prompt's placeholders for it expanded to its tokens (or found expanded)."""
-        from ortinf.runtime.worker.image_prompt import place_images
-
-        vision = self.manifest.vision
-        if vision is None:
-            raise RequestError(f"{self.manifest.architecture} reads text: send the prompt without images", param="images")
-        step = min(self.config.max_num_batched_tokens, self.graph.max_query_len or self.config.max_num_batched_tokens)
-        ids, placed = place_images(list(prepared.token_ids), images, vision, step)
-        params = prepared.params
-        if len(ids) >= self.max_model_len:
-            raise ContextLengthError(f"the prompt has {len(ids)} tokens with its images; the context length is {self.max_model_len}",
-                                     len(ids), None, self.max_model_len, param="prompt")
-        if params.max_tokens is not None and len(ids) + params.max_tokens > self.max_model_len:
-            params = replace(params, max_tokens=self.max_model_len - len(ids))
-        check_fits(len(ids), params.max_tokens, self.max_model_len)
-        return replace(prepared, token_ids=ids, params=params, images=placed, text=None)
-
-    def _prepare(self, prompt: str | Sequence[int], params: SamplingParams, lora_name: str | None, add_special_tokens: bool,
-                 options: RequestOptions) -> PreparedRequest:
-        if lora_name is not None and lora_name not in self.lora_names():
-            loaded = ", ".join(self.lora_names()) or "none"
-            raise RequestError(f"no LoRA adapter named '{lora_name}' is loaded (loaded: {loaded})", param="model")
-        vocab = self.manifest.decoder.vocab_size
-        bad = next((t for t in params.token_ids_to_check if t >= vocab), None)
-        if bad is not None:
-            param = "stop_token_ids" if bad in params.stop_token_ids else "logit_bias, allowed_token_ids or bad_words"
-            raise RequestError(f"token id {bad} is out of range: token ids must be in [0, {vocab})", param=param)
-        if params.structured_output is not None:
-            if self.grammars is None:
-                raise RequestError("structured output needs the package's tokenizer", param=params.structured_output.param)
-            self.grammars.compile(params.structured_output)  # compiled (or found cached) here, off the engine loop
-        if params.bad_words:
-            options = replace(options, bad_words_ids=bad_words_ids(self.tokenizer, params.bad_words))
-        if isinstance(prompt, str) and params.truncate_prompt_tokens is None and len(prompt) > self.max_prompt_chars:
-            if self.seq2seq is not None:
-                raise RequestError(f"a source must hold 1 to {self.max_prompt_tokens} tokens: {len(prompt)} characters are more "
-                                   "than that many tokens can hold", param="prompt")
-            raise ContextLengthError(f"the prompt has {len(prompt)} characters, more than {self.max_model_len} tokens (the context "
-                                     f"length) can hold: shorten it, or pass truncate_prompt_tokens", None, None, self.max_model_len,
-                                     param="prompt")
-        if self.speech is not None:
-            raise RequestError("a speech-recognition model takes audio: transcribe it (LLM.transcribe, ortinf transcribe, "
-                               "/v1/audio/transcriptions)", param="prompt")
-        if self.seq2seq is not None:
-            return replace(self._prepare_source(prompt, params), options=options)
-        text, token_ids = self.tokenize(prompt, add_special_tokens)
-        if params.truncate_prompt_tokens is not None and len(token_ids) > params.truncate_prompt_tokens:
-            text, token_ids = None, token_ids[-params.truncate_prompt_tokens:]  # the prompt's end is what the model continues
-        if params.max_tokens is None:  # as many as the context length leaves
-            if len(token_ids) >= self.max_model_len:
-                raise ContextLengthError(f"the prompt has {len(token_ids)} tokens; the context length is {self.max_model_len}",
-                                         len(token_ids), None, self.max_model_len, param="prompt")
-            params = replace(params, max_tokens=self.max_model_len - len(token_ids))
-        check_fits(len(token_ids), params.max_tokens, self.max_model_len)
-        return PreparedRequest(text, token_ids, params, lora_name, options=options)
-
-    def _prepare_source(self, prompt: str | Sequence[int], params: SamplingParams) -> PreparedRequest:
-        """An encoder-decoder's request: the prompt is the encoder's source; the decoder starts from its
-        start token."""
-        if params.prompt_logprobs is not None or params.truncate_prompt_tokens is not None:
-            raise RequestError("echo, prompt_logprobs and truncate_prompt_tokens are for text-generation models: a "
-                               "text2text-generation model's prompt is its encoder's source", param="prompt_logprobs")
-        rules = self.runner.rules
-        if params.structured_output is not None and rules is not None and (rules.forced_bos is not None or rules.forced_eos is not None):
-            raise RequestError("this model's generation config forces its first and last tokens (forced_bos_token_id, "
-                               "forced_eos_token_id), which a grammar would reject: remove response_format / the structured "
-                               "output for this model", param=params.structured_output.param)
-        text, source = self.tokenize(prompt)
-        limit = self.seq2seq.max_source_positions
-        if not 0 < len(source) <= limit:
-            raise RequestError(f"a source must hold 1 to {limit} tokens, not {len(source)}", param="prompt")
-        token_ids = [self.seq2seq.decoder_start_token_id]
-        if params.max_tokens is None:
-            params = replace(params, max_tokens=self.max_model_len - 1)
-        if params.max_tokens < 1:
-            raise RequestError("max_tokens must be at least 1 for text2text-generation models", param="max_tokens")
-        check_fits(1, params.max_tokens, self.max_model_len)
-        return PreparedRequest(text, token_ids, params, None, EncoderInput.of(np.asarray(source, dtype=np.int64), len(source), "source"))
+        """A tokenised, validated request, engine state untouched (safe from any thread): InputProcessor.prepare."""
+        return self.inputs.prepare(prompt, params, lora_name, add_special_tokens=add_special_tokens, priority=priority,
+                                   cache_salt=cache_salt, images=images, output_kind=output_kind)
 
     def add_request(self, prompt: str | Sequence[int] | PreparedRequest, params: SamplingParams | None = None, request_id: str | None = None,
                     lora_name: str | None = None) -> str:
@@ -310,7 +103,7 @@ class LLMEngine:
         prepared = prompt if isinstance(prompt, PreparedRequest) else self.prepare(prompt, params, lora_name)
         if prepared.lora_name is not None and prepared.lora_name not in self._lora_keys:  # unloaded since prepare()
             raise RequestError(f"no LoRA adapter named '{prepared.lora_name}' is loaded", param="model")
-        if prepared.options.whisper_timestamps is not None and self.speech is None:
+        if prepared.options.whisper_timestamps is not None and self.manifest.speech is None:
             raise RequestError("Whisper's decoding rules are for speech-recognition packages", param="prompt")
         request = Request(
             request_id=request_id if request_id is not None else str(next(self._ids)),

@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 
 from ortinf.errors import RequestError
-from ortinf.runtime.engine.llm_engine import PreparedRequest
 from ortinf.runtime.engine.outputs import RequestOutput
+from ortinf.runtime.engine.prepared import PreparedRequest
 from ortinf.runtime.sample.request_options import RequestOptions
 from ortinf.runtime.sample.sampling_params import GREEDY_BELOW, SEED_RANGE, SamplingParams
 from ortinf.runtime.worker.encoder_input import EncoderInput

@@ -9,7 +9,7 @@ from dataclasses import replace
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from ortinf.runtime.engine.llm_engine import PreparedRequest
+from ortinf.runtime.engine.prepared import PreparedRequest
 from ortinf.serve import field_policy
 from ortinf.serve.admission import admit_and_run, prepare_off_loop
 from ortinf.serve.api.openai import schemas

@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from ortinf.runtime.engine.llm_engine import PreparedRequest
 from ortinf.runtime.engine.outputs import RequestOutput
+from ortinf.runtime.engine.prepared import PreparedRequest
 from ortinf.serve import field_policy
 from ortinf.serve.admission import admit_and_run
 from ortinf.serve.api.openai import schemas
