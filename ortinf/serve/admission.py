@@ -11,8 +11,8 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
 from ortinf.runtime.engine.async_engine import AsyncEngine
-from ortinf.runtime.engine.llm_engine import PreparedRequest
 from ortinf.runtime.engine.outputs import RequestOutput
+from ortinf.runtime.engine.prepared import PreparedRequest
 from ortinf.serve.errors import APIError
 from ortinf.serve.streaming import final_outputs, until_disconnected
 from ortinf.tasks.chat.media import in_media_pool
