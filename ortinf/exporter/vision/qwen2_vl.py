@@ -1,13 +1,9 @@
 """Qwen2-VL and Qwen2.5-VL (issue 33): the family's export record and the parts that differ from LLaVA's
-(ortinf/exporter/vision/llava.py; the frame: ortinf/exporter/vision_language.py).
+(ortinf/exporter/vision/llava.py; the frame: ortinf/exporter/vision_language.py; the design: docs/runtime.md, Images).
 
-The vision tower takes a variable number of 14-px patches per image (its processor resizes each image to a
-multiple of 28 px and keeps its aspect ratio: ortinf/runtime/worker/images.py), gives each patch a 2-D rotary position,
-attends within the image (Qwen2.5-VL: within windows of 4x4 merged tokens in most layers, after reordering the
-patches window by window) and merges 2x2 patches into one token. transformers' forward builds the positions,
-the window order and the attention's sequence splits in Python loops over `grid_thw`, which a trace would freeze
-at the example's grid; the traced graph here takes them as inputs instead, computed on the host
-(ortinf/runtime/worker/vision_families/qwen2_vl.py `qwen_vision_feeds`):
+transformers' vision forward builds the patches' 2-D rotary positions, Qwen2.5-VL's window order and the attention's
+splits in Python loops over `grid_thw`, which a trace would freeze at the example's grid; the traced graph takes
+them as inputs, computed on the host (ortinf/runtime/worker/vision_families/qwen2_vl.py `qwen_vision_feeds`):
 
     pixel_values  [N, C * T * P * P]  the processor's patches, in window order
     patch_positions [N, 2]            each patch's (row, column) in its image, for the 2-D rotary embedding
@@ -17,13 +13,9 @@ at the example's grid; the traced graph here takes them as inputs instead, compu
     patch_slot    [N]                 each patch's place in the flattened [W * L] windows
     -> image_embeds [N / merge**2, hidden], in window order (the host puts them back in raster order)
 
-Full-attention layers attend within an image as a masked softmax over all N patches of the call (N**2: the host
-batches images only while small); windowed layers gather each window's patches and attend within it ([W, L, L]:
-a 448-px image's 16 windows of 64 patches cost 1/16 of the full layers' scores). Both give transformers'
-per-segment attention's values.
-
-The language model is Qwen2's, with multimodal RoPE (M-RoPE): the text folder is a Qwen2 config whose
-rope_scaling keeps `mrope_section`, and the decoder export (ortinf/exporter/decoder.py) then takes `rope_deltas`.
+Full-attention layers attend within an image as a masked softmax over the call's N patches (N**2: the host batches
+images only while small); windowed layers attend within each gathered window ([W, L, L]). Both give transformers'
+per-segment attention's values. The language model is Qwen2's with M-RoPE: its text config keeps `mrope_section`.
 """
 
 from __future__ import annotations
