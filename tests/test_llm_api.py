@@ -62,7 +62,7 @@ def test_embed_with_an_encoder_package(minilm_package):
         LLM(package, provider="cpu", block_size=32)  # issue 30: never silently dropped
     batched = LLM(package, provider="cpu", max_num_seqs=2, max_num_batched_tokens=64)  # an encoder step's budget (issue 44)
     np.testing.assert_allclose(batched.embed(["a cat on a mat", "a kitten on a rug", "stock markets fell"]), vectors, atol=1e-5)
-    assert batched.pooling.engine.num_steps == 2  # 3 inputs at most 2 rows a step
+    assert batched.task.engine.num_steps == 2  # 3 inputs at most 2 rows a step (the pooling task's PoolingEngine)
 
 
 def test_unknown_engine_option_is_a_config_error(decoder_package):

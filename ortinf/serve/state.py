@@ -5,12 +5,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ortinf.serve.admission import Admission
 from ortinf.serve.api.openai.responses_store import ResponseStore
 from ortinf.serve.config import ServerConfig
 from ortinf.serve.metrics import EngineMetrics
 from ortinf.serve.models import ModelRegistry, ServedModel
+
+if TYPE_CHECKING:
+    from ortinf.serve.model_manager import ModelManager
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +30,7 @@ class ServerState:
     load_error: str | None = None
     fatal_error: str | None = None  # an engine died: the process exits non-zero (ortinf/serve/server.py)
     request_exit: Callable[[], None] | None = None  # set by the server: begins a graceful stop
-    models: object | None = None  # --models-dir's ModelManager (ortinf/serve/model_manager.py), set by the app
+    models: ModelManager | None = None  # --models-dir's (ortinf/serve/model_manager.py), set by the app
 
     async def model(self, name: str | None, request) -> ServedModel:  # noqa: ANN001 - a starlette Request
         """The served model a request names: with --models-dir, loaded if it is not and leased to the request until its
