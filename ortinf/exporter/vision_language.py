@@ -39,7 +39,6 @@ from ortinf.exporter.decoder import IMAGE_SPANS_ATTRIBUTE
 from ortinf.exporter.tracing import quiet_tracing
 from ortinf.exporter.vision import BY_MODEL_TYPE, VisionFamily
 from ortinf.exporter.vision.family import IMAGE_EMBEDS, IMAGE_ROWS
-from ortinf.exporter.vision.qwen2_vl import quiet_mrope_keys
 from ortinf.manifest import (
     ATTEND_UNTIL,
     CPU_MODEL_NAME,
@@ -155,7 +154,7 @@ def export_vision_language(source, out_path: Path, export_text, options: ExportC
     if family.image_spans and options.kernel != PORTABLE:  # bidirectional image attention
         raise ExportError(f"{family.title}'s image tokens attend both ways, which the portable kernel and ortinf's CPU kernel "
                           "draw: drop --kernel")
-    with tempfile.TemporaryDirectory(prefix="ortinf-vlm-") as tmp, quiet_mrope_keys():
+    with tempfile.TemporaryDirectory(prefix="ortinf-vlm-") as tmp, family.quiet():
         text = text_folder(family, model, Path(source.path), Path(tmp) / "text")
         manifest = export_text(text, Path(tmp) / "pkg", dataclasses.replace(options, task="text-generation", overwrite=True,
                                                                             vision_dtype="fp32"))

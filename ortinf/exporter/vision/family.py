@@ -10,6 +10,7 @@ of the tower's size, CLIP's processor settings, and the defaults a family keeps 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 from collections.abc import Callable
@@ -67,6 +68,8 @@ class VisionFamily:
     # a prefill's image tokens attend to each other both ways: the decoder takes image spans (portable kernel only)
     image_spans: bool = False
     random_feeds: Callable[[torch.nn.Module, VisionSpec, np.random.Generator], dict[str, np.ndarray]] = pixel_feeds
+    # around the whole export: what it expects transformers to log and keeps quiet (Qwen2-VL's M-RoPE config keys)
+    quiet: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
     example: Callable[[torch.nn.Module, VisionSpec, np.random.Generator], Example] = one_image
 
 

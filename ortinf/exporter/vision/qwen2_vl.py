@@ -207,7 +207,7 @@ FAMILY = VisionFamily(
     "Qwen2-VL", {"qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration"},
     {"qwen2_vl": "Qwen2-VL (Qwen/Qwen2-VL-*): images at their own resolution, M-RoPE",
      "qwen2_5_vl": "Qwen2.5-VL (Qwen/Qwen2.5-VL-*): windowed vision attention, images at their own resolution, M-RoPE"},
-    trace, spec, text_config=text_config, random_feeds=random_feeds, example=example,
+    trace, spec, text_config=text_config, random_feeds=random_feeds, example=example, quiet=quiet_mrope_keys,
 )
 
 
