@@ -38,7 +38,8 @@ class Card:
 
 
 class Task:
-    """One opened package of one kind. `name`: the served name (the server's), else the package folder's."""
+    """One opened package of one kind. `name`: the served name (the server's), else the package folder's. The answers
+    here are an LLMEngine's (text and speech alike); PoolingTask gives an encoder's."""
 
     engine: LLMEngine | PoolingEngine  # the one engine the kind steps (a server runs it on a stepping thread of its own)
     modalities: tuple[str, ...] = ("text",)  # what a request may carry
