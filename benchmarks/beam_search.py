@@ -67,7 +67,7 @@ def main() -> None:
                 out.append(rows[:, len(prompt):].tolist())
         return out
 
-    def ortinf(block: int, params: SamplingParams):  # noqa: ANN202
+    def ortinf(block: int, params: SamplingParams):
         return lambda: [[c.token_ids for c in o.outputs] for o in engines[block].generate(prompt_set, params)]
 
     rows = {"transformers generate(num_beams=4), one prompt at a time": hf,

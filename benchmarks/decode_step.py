@@ -28,12 +28,12 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from export_llama import TINY, build  # noqa: E402
-from record import finish  # noqa: E402
+from export_llama import TINY, build
+from record import finish
 
-import ortinf  # noqa: E402
-from ortinf.runtime.worker.decoder_graph import DecoderGraph  # noqa: E402
-from ortinf.runtime.worker.model_input import SequenceChunk, build_model_input  # noqa: E402
+import ortinf
+from ortinf.runtime.worker.decoder_graph import DecoderGraph
+from ortinf.runtime.worker.model_input import SequenceChunk, build_model_input
 
 BLOCK_SIZE, NUM_BLOCKS, THREADS = 16, 1024, 2
 KERNELS = {"portable": False, "cpu kernel": True}

@@ -29,9 +29,9 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from decode_step import cpu_flags  # noqa: E402
-from record import finish  # noqa: E402
-from serve import free_port  # noqa: E402
+from decode_step import cpu_flags
+from record import finish
+from serve import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 BASELINE = "3ebe123"  # the programs commit: embeddings and rerank on a thread per request

@@ -23,17 +23,17 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare import SIZES, TINY  # noqa: E402
-from decode_step import time_ms  # noqa: E402
-from export_llama import build  # noqa: E402
-from record import finish  # noqa: E402
+from compare import SIZES, TINY
+from decode_step import time_ms
+from export_llama import build
+from record import finish
 
-import ortinf  # noqa: E402
-from ortinf.bundled import DEMO_LLAMA  # noqa: E402
-from ortinf.manifest import Manifest  # noqa: E402
-from ortinf.matrix import machine  # noqa: E402
-from ortinf.runtime.worker.decoder_graph import DecoderGraph  # noqa: E402
-from ortinf.runtime.worker.model_input import SequenceChunk, build_model_input  # noqa: E402
+import ortinf
+from ortinf.bundled import DEMO_LLAMA
+from ortinf.manifest import Manifest
+from ortinf.matrix import machine
+from ortinf.runtime.worker.decoder_graph import DecoderGraph
+from ortinf.runtime.worker.model_input import SequenceChunk, build_model_input
 
 BLOCK_SIZE, THREADS = 16, 2
 POOLS = ("fp16", "int8")

@@ -25,11 +25,11 @@ import torch
 import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from decode_step import cpu_flags  # noqa: E402
-from record import finish  # noqa: E402
+from decode_step import cpu_flags
+from record import finish
 
-import ortinf  # noqa: E402
-from ortinf import LLM, SamplingParams  # noqa: E402
+import ortinf
+from ortinf import LLM, SamplingParams
 
 SHAPE = dict(vocab_size=8192, hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
              num_key_value_heads=4, head_dim=64, max_position_embeddings=1024, bos_token_id=1, eos_token_id=2)

@@ -27,8 +27,8 @@ import onnxruntime as ort
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from decode_step import cpu_flags  # noqa: E402
-from record import finish  # noqa: E402
+from decode_step import cpu_flags
+from record import finish
 
 LAYERS, HIDDEN, ADAPTERS, RANK = 8, 1024, 4, 16
 

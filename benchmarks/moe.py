@@ -34,11 +34,11 @@ import torch
 import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare import Engine, run  # noqa: E402
-from decode_step import cpu_flags  # noqa: E402
-from record import finish  # noqa: E402
+from compare import Engine, run
+from decode_step import cpu_flags
+from record import finish
 
-from ortinf.matrix import machine  # noqa: E402
+from ortinf.matrix import machine
 
 SHAPE = dict(vocab_size=8192, hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4, head_dim=64,
              max_position_embeddings=1024, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)

@@ -34,11 +34,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent / "peers"))
-from export_llama import TINY, build, report  # noqa: E402
-from run_hf import StepClock  # noqa: E402
+from export_llama import TINY, build, report
+from run_hf import StepClock
 
-import ortinf  # noqa: E402
-from ortinf import LLM, SamplingParams  # noqa: E402
+import ortinf
+from ortinf import LLM, SamplingParams
 
 NUM_REQUESTS, NEW_TOKENS, THREADS = 32, 128, 2
 REPEATS = 5

@@ -27,12 +27,12 @@ import numpy as np
 import onnxruntime as ort
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from qmatmul import SHAPES, session  # noqa: E402
-from record import finish  # noqa: E402
+from qmatmul import SHAPES, session
+from record import finish
 
-from ortinf.exporter.quantize import quantize_weight  # noqa: E402
-from ortinf.kernels import library  # noqa: E402
-from ortinf.matrix import machine  # noqa: E402
+from ortinf.exporter.quantize import quantize_weight
+from ortinf.kernels import library
+from ortinf.matrix import machine
 
 HARNESS = Path(__file__).resolve().parent.parent / ".venv-bench-onednn" / "bin" / "onednn_matmul"
 ROWS = (1, 8, 32, 512)

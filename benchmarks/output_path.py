@@ -24,14 +24,14 @@ from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from decode_step import cpu_flags  # noqa: E402
-from export_llama import TINY, build  # noqa: E402
-from record import finish  # noqa: E402
+from decode_step import cpu_flags
+from export_llama import TINY, build
+from record import finish
 
-import ortinf  # noqa: E402
-from ortinf.config import EngineConfig  # noqa: E402
-from ortinf.runtime.engine.llm_engine import LLMEngine  # noqa: E402
-from ortinf.runtime.sample.sampling_params import SamplingParams  # noqa: E402
+import ortinf
+from ortinf.config import EngineConfig
+from ortinf.runtime.engine.llm_engine import LLMEngine
+from ortinf.runtime.sample.sampling_params import SamplingParams
 
 KINDS = ("cumulative", "delta")
 
@@ -45,7 +45,7 @@ def overheads(package: Path, kind: str, streams: int, tokens: int, max_len: int)
     graph_time = [0.0]
     run = engine.graph.run
 
-    def timed(model_input):  # noqa: ANN001, ANN202
+    def timed(model_input):
         start = time.perf_counter()
         try:
             return run(model_input)

@@ -24,13 +24,13 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from decode_step import BLOCK_SIZE, NUM_BLOCKS, THREADS, chunks_for, cpu_flags, time_ms  # noqa: E402
-from export_llama import TINY, build  # noqa: E402
-from record import finish  # noqa: E402
+from decode_step import BLOCK_SIZE, NUM_BLOCKS, THREADS, chunks_for, cpu_flags, time_ms
+from export_llama import TINY, build
+from record import finish
 
-import ortinf  # noqa: E402
-from ortinf.runtime.worker.decoder_graph import DecoderGraph  # noqa: E402
-from ortinf.runtime.worker.model_input import build_model_input  # noqa: E402
+import ortinf
+from ortinf.runtime.worker.decoder_graph import DecoderGraph
+from ortinf.runtime.worker.model_input import build_model_input
 
 DEFAULT_FORMS = ["fp32:0:fp32", "int8:32:fp32", "int8:128:fp32", "int8:128:fp16", "int4:32:fp32", "int4:32:fp16"]
 

@@ -15,10 +15,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from compiled import load_c  # noqa: E402
-from record import finish  # noqa: E402
+from compiled import load_c
+from record import finish
 
-from ortinf.matrix import machine  # noqa: E402
+from ortinf.matrix import machine
 
 SOURCE = Path(__file__).with_name("peak.c")
 KINDS = {"fp32 FMA, 256-bit": 0, "fp32 FMA, 512-bit": 1, "vdpbf16ps": 2, "vpdpbusd": 3}

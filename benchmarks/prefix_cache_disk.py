@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def ttft(engine, prompt: list[int]) -> float:  # noqa: ANN001 - an LLMEngine
+def ttft(engine, prompt: list[int]) -> float:  # an LLMEngine
     """Seconds from adding a greedy one-token request to its output."""
     from ortinf.runtime.sample.sampling_params import SamplingParams
 

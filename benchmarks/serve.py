@@ -23,10 +23,10 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from export_llama import TINY, build, report  # noqa: E402
+from export_llama import TINY, build, report
 
-import ortinf  # noqa: E402
-from ortinf.cli.bench import BenchConfig, run_bench  # noqa: E402
+import ortinf
+from ortinf.cli.bench import BenchConfig, run_bench
 
 LEVELS = (1, 8, 32, 64)
 

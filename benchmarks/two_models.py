@@ -32,12 +32,12 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ray_serve import free_port, wait_healthy  # noqa: E402
-from record import finish  # noqa: E402
+from ray_serve import free_port, wait_healthy
+from record import finish
 
-from ortinf.bundled import ensure_exported  # noqa: E402
-from ortinf.cli.bench import BenchConfig, run_bench  # noqa: E402
-from ortinf.matrix import machine  # noqa: E402
+from ortinf.bundled import ensure_exported
+from ortinf.cli.bench import BenchConfig, run_bench
+from ortinf.matrix import machine
 
 STEP = r"""
 import json, statistics, sys, time

@@ -131,12 +131,12 @@ def main() -> None:
     pictures = [Image.fromarray(rng.integers(0, 256, (side + 28 * (i % 2), side, 3), dtype=np.uint8)) for i in range(8)]
     texts = [rng.integers(3, config.text_config.vocab_size - 5, TEXT_TOKENS).tolist() for _ in range(8)]
 
-    def tokens_of(picture) -> int:  # noqa: ANN001
+    def tokens_of(picture) -> int:
         if not qwen:
             return per_image
         return int(processor(picture, return_tensors="np")["image_grid_thw"].prod() // 4)
 
-    def pixel_inputs(picture) -> dict:  # noqa: ANN001
+    def pixel_inputs(picture) -> dict:
         out = processor(picture, return_tensors="pt")
         return {"pixel_values": out["pixel_values"], **({"image_grid_thw": out["image_grid_thw"]} if qwen else {})}
     llm = LLM(work / "pkg", provider="cpu", intra_op_threads=2, enable_prefix_caching=False)
@@ -144,7 +144,7 @@ def main() -> None:
     session_run = vision.session.run
     vision_seconds = [0.0]
 
-    def timed(*a, **k):  # noqa: ANN002, ANN003, ANN202
+    def timed(*a, **k):
         begin = time.monotonic()
         try:
             return session_run(*a, **k)

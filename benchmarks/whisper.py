@@ -25,12 +25,12 @@ import torch
 import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from decode_step import cpu_flags  # noqa: E402
-from record import finish  # noqa: E402
+from decode_step import cpu_flags
+from record import finish
 
-import ortinf  # noqa: E402
-from ortinf.tasks.speech.audio_features import SAMPLE_RATE  # noqa: E402
-from ortinf.tasks.speech.transcriber import Transcriber  # noqa: E402
+import ortinf
+from ortinf.tasks.speech.audio_features import SAMPLE_RATE
+from ortinf.tasks.speech.transcriber import Transcriber
 
 SHAPE = dict(vocab_size=51865, num_mel_bins=80, d_model=384, encoder_layers=4, decoder_layers=4, encoder_attention_heads=6,
              decoder_attention_heads=6, encoder_ffn_dim=1536, decoder_ffn_dim=1536, max_source_positions=1500,

@@ -19,13 +19,13 @@ import transformers
 from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from decode_step import cpu_flags  # noqa: E402
-from record import finish  # noqa: E402
+from decode_step import cpu_flags
+from record import finish
 
-from ortinf.tasks.speech.audio_features import HOP_LENGTH, N_FFT, log_mel  # noqa: E402
+from ortinf.tasks.speech.audio_features import HOP_LENGTH, N_FFT, log_mel
 
 
-def onnx_front_end(filters: np.ndarray):  # noqa: ANN201
+def onnx_front_end(filters: np.ndarray):
     """A function computing the features through an ONNX graph (the padding and clamp in numpy)."""
     window = (0.5 - 0.5 * np.cos(2 * np.pi * np.arange(N_FFT) / N_FFT)).astype(np.float32)
     nodes = [

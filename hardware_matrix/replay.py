@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -38,7 +39,7 @@ def scenario(vocab_size: int, seed: int = 7) -> tuple[dict, list[list[int]], lis
 
 def main() -> None:
     package, calls_path, out_path, provider = sys.argv[1:5]
-    spec = json.loads(open(calls_path).read())
+    spec = json.loads(Path(calls_path).read_text())
     graph = DecoderGraph(package, num_blocks=spec["num_blocks"], block_size=spec["block_size"], provider=provider)
     results = {}
     for i, call in enumerate(spec["calls"]):

@@ -122,7 +122,7 @@ def lora_b_name(layer: int, target: str) -> str:
     return f"lora_b.{layer}.{target}"  # [lora_width, out_features]
 
 
-def lora_input_names(num_layers: int, targets) -> list[str]:  # noqa: ANN001 - any iterable of target names
+def lora_input_names(num_layers: int, targets) -> list[str]:  # any iterable of target names
     """The mask, then per layer, per target, A and B (one input each: bound once, never gathered)."""
     return [LORA_MASK, *(n for layer in range(num_layers) for t in targets for n in (lora_a_name(layer, t), lora_b_name(layer, t)))]
 

@@ -173,7 +173,7 @@ def run_row(python: str, package: Path, provider: str, threads: int, reference: 
     return json.loads(out.read_text()), "", rss
 
 
-def run_matrix(packages: list[Path], pythons: list[str], output: Path, threads: int, progress=print,  # noqa: ANN001
+def run_matrix(packages: list[Path], pythons: list[str], output: Path, threads: int, progress=print,
                only: list[str] | None = None) -> list[Row]:
     from ortinf.manifest import Manifest
     from ortinf.providers.registry import PROVIDERS

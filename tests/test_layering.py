@@ -44,7 +44,7 @@ FLOORS = {"errors": 0, "manifest": 0, "json_text": 0, "tokenizer": 0, "kernels":
 EXPORTER_USERS = {"ortinf", "ortinf.bundled", "ortinf.cli.export"}
 
 
-def room(parts) -> str:  # noqa: ANN001
+def room(parts) -> str:
     """The floor a module stands on: ortinf.x.* is x's, and the runtime's floors are its subpackages
     (ortinf.runtime.engine.* is the engine's)."""
     if len(parts) > 2 and parts[1] == "runtime":
@@ -52,7 +52,7 @@ def room(parts) -> str:  # noqa: ANN001
     return parts[1] if len(parts) > 1 else ""
 
 
-def imports(path) -> list[str]:  # noqa: ANN001
+def imports(path) -> list[str]:
     import ast
 
     found = []
@@ -85,7 +85,7 @@ def test_imports_point_down_the_floors():
     assert not upward, "imports that run back up: " + ", ".join(upward)
 
 
-def imported_modules(path) -> list[str]:  # noqa: ANN001
+def imported_modules(path) -> list[str]:
     """Every ortinf name an import statement may bring in: `from ortinf.x import y` gives ortinf.x.y (a
     module, when it is one) and ortinf.x."""
     import ast

@@ -113,7 +113,7 @@ def run_chat(package: Path, system: str | None, engine_options: dict, params: di
     return messages
 
 
-def _line_reader(stdin: TextIO, stdout: TextIO, interactive: bool):  # noqa: ANN202 - a function of the prompt
+def _line_reader(stdin: TextIO, stdout: TextIO, interactive: bool):  # a function of the prompt
     """A function that reads one line (None at the end): readline's input() in a terminal (editing, history kept
     across sessions, bracketed paste), the stream's own lines otherwise."""
     if interactive and stdin is sys.stdin:

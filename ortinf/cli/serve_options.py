@@ -23,7 +23,7 @@ def engine_fields(exclude: frozenset[str] = frozenset()) -> list:
     return [f for f in dataclasses.fields(EngineConfig) if "cli" in f.metadata and f.name not in exclude]
 
 
-def engine_options(exclude: frozenset[str] = frozenset()):  # noqa: ANN201 - a click decorator factory
+def engine_options(exclude: frozenset[str] = frozenset()):  # a click decorator factory
     """Adds one option per EngineConfig field (but `exclude`), generated from the field: its name
     (`--max-num-seqs`), type, default, help and section, an environment variable ORTINF_<NAME>. Every
     command that builds an engine (serve, generate, chat, transcribe) takes them the same way, and
@@ -38,18 +38,18 @@ def server_fields() -> list:
     return [f for f in dataclasses.fields(ServerConfig) if "cli" in f.metadata]
 
 
-def server_options():  # noqa: ANN201 - a click decorator
+def server_options():  # a click decorator
     """Adds one option per ServerConfig field, generated from it as the engine's are."""
     return fields_as_options(server_fields(), sections=False)
 
 
-def fields_as_options(specs: list, sections: bool):  # noqa: ANN201 - a click decorator factory
+def fields_as_options(specs: list, sections: bool):  # a click decorator factory
     """One click option per dataclass field declared with `ortinf.config.option`: the flag (`--max-num-seqs`, or
     metadata `flag`), the type from the default (bool: a --x/--no-x pair; int: a range from `minimum`/`maximum`;
     float: the same; `choices`: a choice of words; `multiple`: repeatable), the default (`shown` when the field's
     default is the parsed form of a text, e.g. 2MiB), the help (with its [section]) and ORTINF_<NAME>."""
 
-    def decorate(command):  # noqa: ANN001, ANN202
+    def decorate(command):
         for spec in reversed(specs):
             meta = spec.metadata
             flag = meta.get("flag") or "--" + spec.name.replace("_", "-")

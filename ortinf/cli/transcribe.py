@@ -54,7 +54,7 @@ def transcribe_files(package: Path, files: tuple[Path, ...], output_format: str,
             click.echo(result)
 
 
-def _decode(path: Path):  # noqa: ANN202
+def _decode(path: Path):
     from ortinf.tasks.speech.audio_file import decode_audio
 
     return decode_audio(path.read_bytes())

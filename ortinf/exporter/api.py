@@ -191,7 +191,7 @@ def _plan(source: ModelSource, config: ExportConfig) -> Plan:
     return Plan(source, task, config, kv_dtype, cpu_kv_dtype, tolerance, config.block_size)
 
 
-def _family_exporter(plan: Plan):  # noqa: ANN202 - a callable out_path -> Manifest, or None
+def _family_exporter(plan: Plan):  # a callable out_path -> Manifest, or None
     """The exporter of a model kind with graphs of its own (speech, text-to-text, vision-language), or None."""
     source, config = plan.source, replace(plan.config, quant_block_size=plan.quant_block_size)
     if plan.task == SPEECH_RECOGNITION:
@@ -282,7 +282,7 @@ def _trace_and_write(plan: Plan, built: Built, skeleton: streaming.Skeleton | No
         cpu_fusion.fuse_file(stage / CPU_MODEL_NAME)  # fewer nodes per one-token step (cpu_fusion.py)
 
 
-def _write_decoder(plan: Plan, trace_dir: Path, stage: Path, spec, cpu_traced: Path | None) -> tuple[list, list]:  # noqa: ANN001
+def _write_decoder(plan: Plan, trace_dir: Path, stage: Path, spec, cpu_traced: Path | None) -> tuple[list, list]:
     """The in-memory path's write: the traced graphs' weights loaded, quantized or rounded, and saved into one
     model.onnx.data that both graphs share, whatever the threshold."""
     transform = cpu_transform = None
@@ -427,7 +427,7 @@ def _load(source: ModelSource, task: str) -> torch.nn.Module:
     }[task]
     try:
         model = loader.from_pretrained(source.path, dtype=torch.float32, attn_implementation="eager")
-    except Exception as exc:  # noqa: BLE001 - weights may fail in many ways; all are user-facing
+    except Exception as exc:  # weights may fail in many ways; all are user-facing
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ExportError(f"cannot load the weights in {source.path}: {first_line}") from exc
     return model.eval()

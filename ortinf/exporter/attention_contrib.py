@@ -56,11 +56,11 @@ class PagedAttentionOp(torch.autograd.Function):
     """Traces to one com.microsoft.PagedAttention node; its forward only gives the tracer shapes."""
 
     @staticmethod
-    def forward(ctx, query, key, value, key_cache, value_cache, cumulative, past, table, num_heads, kv_num_heads, scale):  # noqa: ANN001
+    def forward(ctx, query, key, value, key_cache, value_cache, cumulative, past, table, num_heads, kv_num_heads, scale):
         return torch.zeros_like(query), key_cache.clone(), value_cache.clone()
 
     @staticmethod
-    def symbolic(g, query, key, value, key_cache, value_cache, cumulative, past, table, num_heads, kv_num_heads, scale):  # noqa: ANN001
+    def symbolic(g, query, key, value, key_cache, value_cache, cumulative, past, table, num_heads, kv_num_heads, scale):
         out, key_out, value_out = g.op("com.microsoft::PagedAttention", query, key, value, key_cache, value_cache, cumulative,
                                        past, table, num_heads_i=num_heads, kv_num_heads_i=kv_num_heads, scale_f=scale, outputs=3)
         for output, like in ((out, query), (key_out, key_cache), (value_out, value_cache)):

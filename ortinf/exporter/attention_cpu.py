@@ -85,13 +85,13 @@ class Int8PagedAttentionOp(torch.autograd.Function):
     in RotaryPagedAttentionOp when given."""
 
     @staticmethod
-    def forward(ctx, query, key, value, key_cache, value_cache, tables, context_lens, query_lens, cos, sin, sinks,  # noqa: ANN001
+    def forward(ctx, query, key, value, key_cache, value_cache, tables, context_lens, query_lens, cos, sin, sinks,
                 num_heads, kv_num_heads, scale, sliding_window, softcap):
         rows = torch.zeros(key.shape[0], kv_num_heads * key_cache.shape[3], dtype=torch.int8)
         return torch.zeros_like(query), torch.zeros_like(key), rows, rows.clone()
 
     @staticmethod
-    def symbolic(g, query, key, value, key_cache, value_cache, tables, context_lens, query_lens, cos, sin, sinks,  # noqa: ANN001
+    def symbolic(g, query, key, value, key_cache, value_cache, tables, context_lens, query_lens, cos, sin, sinks,
                  num_heads, kv_num_heads, scale, sliding_window, softcap):
         extra = tuple(x for x in (cos, sin, sinks) if x is not None)
         out, rotated, key_rows, value_rows = g.op(
@@ -109,12 +109,12 @@ class PagedAttentionOp(torch.autograd.Function):
     """Traces to one ortinf::PagedAttention node; its forward only gives the tracer a shape."""
 
     @staticmethod
-    def forward(ctx, query, key, value, key_cache, value_cache, tables, context_lens, query_lens,  # noqa: ANN001
+    def forward(ctx, query, key, value, key_cache, value_cache, tables, context_lens, query_lens,
                 num_heads, kv_num_heads, scale, sliding_window, softcap):
         return torch.zeros_like(query)
 
     @staticmethod
-    def symbolic(g, query, key, value, key_cache, value_cache, tables, context_lens, query_lens,  # noqa: ANN001
+    def symbolic(g, query, key, value, key_cache, value_cache, tables, context_lens, query_lens,
                  num_heads, kv_num_heads, scale, sliding_window, softcap):
         out = g.op(f"{DOMAIN}::{OP}", query, key, value, key_cache, value_cache, tables, context_lens, query_lens,
                    num_heads_i=num_heads, kv_num_heads_i=kv_num_heads, scale_f=scale, sliding_window_i=sliding_window,
@@ -128,12 +128,12 @@ class RotaryPagedAttentionOp(torch.autograd.Function):
     with gpt-oss's attention sinks [num_heads] as an eleventh input when the model has them."""
 
     @staticmethod
-    def forward(ctx, query, key, value, key_cache, value_cache, tables, context_lens, query_lens, cos, sin, sinks,  # noqa: ANN001
+    def forward(ctx, query, key, value, key_cache, value_cache, tables, context_lens, query_lens, cos, sin, sinks,
                 num_heads, kv_num_heads, scale, sliding_window, softcap):
         return torch.zeros_like(query), torch.zeros_like(key)
 
     @staticmethod
-    def symbolic(g, query, key, value, key_cache, value_cache, tables, context_lens, query_lens, cos, sin, sinks,  # noqa: ANN001
+    def symbolic(g, query, key, value, key_cache, value_cache, tables, context_lens, query_lens, cos, sin, sinks,
                  num_heads, kv_num_heads, scale, sliding_window, softcap):
         extra = () if sinks is None else (sinks,)
         out, rotated = g.op(f"{DOMAIN}::{OP}", query, key, value, key_cache, value_cache, tables, context_lens, query_lens,

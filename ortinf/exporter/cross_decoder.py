@@ -24,7 +24,7 @@ ATTENTION_NAME = "ortinf_whisper_paged"
 CROSS_INPUTS = ("cross_block_tables", "cross_lens")
 
 
-def self_attention(module, query, key, value, attention_mask, **kwargs):  # noqa: ANN001, ANN201
+def self_attention(module, query, key, value, attention_mask, **kwargs):
     """Whisper's decoder self-attention calls this with no way to pass the batch: it comes from
     CURRENT_BATCH. The encoder (the same config, no batch) keeps transformers' eager attention."""
     batch = CURRENT_BATCH.get(None)
@@ -61,11 +61,11 @@ class PagedCrossDecoder(torch.nn.Module):
         self.heads = model.config.decoder_attention_heads
         self.head_dim = model.config.d_model // self.heads
 
-    def forward(self, input_ids, positions, block_tables, context_lens, query_lens, logits_indices,  # noqa: ANN001, ANN201
+    def forward(self, input_ids, positions, block_tables, context_lens, query_lens, logits_indices,
                 cross_block_tables, cross_lens, *caches):
         batch = self.make_batch(block_tables, context_lens, query_lens, list(caches[0::2]), list(caches[1::2]))
 
-        def cross_forward(attention, hidden_states, key_value_states=None, **kwargs):  # noqa: ANN001, ANN202
+        def cross_forward(attention, hidden_states, key_value_states=None, **kwargs):
             out = self.cross(attention, hidden_states, batch, cross_block_tables, cross_lens, query_lens)
             return attention.out_proj(out.reshape(1, -1, self.heads * self.head_dim)), None
 
@@ -83,13 +83,13 @@ class PagedCrossDecoder(torch.nn.Module):
         logits = self.logits(hidden[logits_indices])
         return (logits, *[t for pair in zip(batch.new_keys, batch.new_values) for t in pair])
 
-    def make_batch(self, block_tables, context_lens, query_lens, key_caches, value_caches):  # noqa: ANN001, ANN201
+    def make_batch(self, block_tables, context_lens, query_lens, key_caches, value_caches):
         """The per-step batch the self-attention function reads (the portable kernel's)."""
         return portable.PagedBatch(block_tables=block_tables, context_lens=context_lens, query_lens=query_lens,
                                    key_caches=key_caches, value_caches=value_caches, num_kv_heads=self.heads, group=1,
                                    head_dim=self.head_dim, default_scaling=lambda module, dim: dim**-0.5)
 
-    def cross(self, attention, hidden_states, batch, tables, lens, query_lens):  # noqa: ANN001, ANN201
+    def cross(self, attention, hidden_states, batch, tables, lens, query_lens):
         """One layer's cross-attention output [T, H, D] over each sequence's cross blocks."""
         query = (attention.q_proj(hidden_states) * attention.scaling).reshape(-1, self.heads, self.head_dim)
         layer = attention.layer_idx
@@ -104,14 +104,14 @@ class PagedCrossDecoder(torch.nn.Module):
         return self.model.proj_out(hidden)
 
 
-def decoder_dims(config) -> tuple[int, int, int]:  # noqa: ANN001
+def decoder_dims(config) -> tuple[int, int, int]:
     """(decoder layers, heads, head size) of an encoder-decoder's config (T5's names or BART's)."""
     if getattr(config, "d_kv", None) is not None:  # T5, mT5
         return config.num_decoder_layers, config.num_heads, config.d_kv
     return config.decoder_layers, config.decoder_attention_heads, config.d_model // config.decoder_attention_heads
 
 
-def trace_decoder(module: torch.nn.Module, config, path: Path, custom_opsets: dict | None = None) -> None:  # noqa: ANN001
+def trace_decoder(module: torch.nn.Module, config, path: Path, custom_opsets: dict | None = None) -> None:
     """Traces a paged cross-attention decoder step (PagedCrossDecoder or a subclass) to `path`:
     the paged contract's inputs plus CROSS_INPUTS, logits and each layer's new K/V out."""
     layers, heads, head_dim = decoder_dims(config)

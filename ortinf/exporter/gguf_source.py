@@ -45,7 +45,7 @@ class FileQuantization:
         return f"its matrices are {mix}: exporting at {self.dtype} in blocks of {self.block_size}, {how}"
 
 
-def open_index(path: Path):  # noqa: ANN201 - a gguf.GGUFReader
+def open_index(path: Path):  # a gguf.GGUFReader
     """The GGUF's reader (header and tensor index, the weights memory-mapped, not read), checked as docs/exporter.md
     ("GGUF files") says; ExportError naming the fault otherwise."""
     try:
@@ -56,14 +56,14 @@ def open_index(path: Path):  # noqa: ANN201 - a gguf.GGUFReader
         reader = gguf.GGUFReader(str(path))
     except OSError as exc:
         raise ExportError(f"cannot read the GGUF file {path}: {exc.strerror or exc}") from exc
-    except Exception as exc:  # noqa: BLE001 - a corrupt header raises whatever numpy and struct raise on it
+    except Exception as exc:  # a corrupt header raises whatever numpy and struct raise on it
         raise ExportError(f"cannot read the GGUF file {path}: its header is corrupt or truncated ({type(exc).__name__}); "
                           "download or convert it again") from exc
     check_weights(reader, path)
     return reader
 
 
-def _field(reader, key: str):  # noqa: ANN001, ANN202 - a GGUFReader; the field's value or None
+def _field(reader, key: str):  # a GGUFReader; the field's value or None
     field = reader.fields.get(key)
     try:
         return field.contents() if field is not None else None
@@ -71,7 +71,7 @@ def _field(reader, key: str):  # noqa: ANN001, ANN202 - a GGUFReader; the field'
         return None
 
 
-def check_weights(reader, path: Path) -> None:  # noqa: ANN001 - a GGUFReader
+def check_weights(reader, path: Path) -> None:  # a GGUFReader
     """ExportError unless every tensor lies inside the file and the file holds the weights its metadata declares."""
     size = path.stat().st_size
     names = set()
@@ -131,7 +131,7 @@ def gguf_to_folder(path: Path, folder: Path) -> Path:
     return folder
 
 
-def _keep_token_ids(tokenizer, path: Path) -> None:  # noqa: ANN001 - a transformers fast tokenizer
+def _keep_token_ids(tokenizer, path: Path) -> None:  # a transformers fast tokenizer
     """The file's control and user-defined tokens keep the ids the file gives them. transformers' converter re-adds
     a family's special tokens (Qwen2: <|endoftext|>, <|im_start|>, <|im_end|>) in its own order after the BPE
     vocabulary, which left the file's ids as holes and shifted the tokens (the manifest's EOS id, read from the file,
@@ -166,7 +166,7 @@ def _keep_token_ids(tokenizer, path: Path) -> None:  # noqa: ANN001 - a transfor
 
 
 @contextlib.contextmanager
-def without_vocab_hole_warnings():  # noqa: ANN202
+def without_vocab_hole_warnings():
     """The tokenizers library prints "The OrderedVocab you are attempting to save contains holes ..., your vocabulary
     could be corrupted!" straight to the process's stdout (fd 1, Rust's println) at every save of a vocabulary with holes, which a GGUF
     file's leaves where it repeats a special token past the tokenizer (the ids are the file's, checked by

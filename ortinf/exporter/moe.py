@@ -106,12 +106,12 @@ class MoEOp(torch.autograd.Function):
     fp32 experts: the scales inputs are empty tensors (the quantizer replaces weights and scales)."""
 
     @staticmethod
-    def forward(ctx, hidden, logits, gate_up, down, gate_up_bias, down_bias, top_k, normalize, activation, alpha, limit,  # noqa: ANN001
+    def forward(ctx, hidden, logits, gate_up, down, gate_up_bias, down_bias, top_k, normalize, activation, alpha, limit,
                 hidden_size, intermediate_size):
         return torch.zeros_like(hidden)
 
     @staticmethod
-    def symbolic(g, hidden, logits, gate_up, down, gate_up_bias, down_bias, top_k, normalize, activation, alpha, limit,  # noqa: ANN001
+    def symbolic(g, hidden, logits, gate_up, down, gate_up_bias, down_bias, top_k, normalize, activation, alpha, limit,
                  hidden_size, intermediate_size):
         empty = g.op("Constant", value_t=torch.zeros(0))
         biases = () if gate_up_bias is None else (gate_up_bias, down_bias)

@@ -132,7 +132,7 @@ def write_tokenizer(source: ModelSource, stage: Path, vocab_size: int | None) ->
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(source.path)
-    except Exception as exc:  # noqa: BLE001 - any tokenizer failure is reported, not raised through
+    except Exception as exc:  # any tokenizer failure is reported, not raised through
         raise ExportError(f"the tokenizer in {source.path} cannot be loaded ({exc}); fix or remove its files") from exc
     tokenizer.save_pretrained(stage)
     if not (stage / "tokenizer.json").exists():

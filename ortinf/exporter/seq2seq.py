@@ -136,7 +136,7 @@ def check_text_pool(encoder: object, decoder: object, model: torch.nn.Module, so
     return worst
 
 
-def export_seq2seq(source, out_path: Path, config: ExportConfig, tolerance: float):  # noqa: ANN001, ANN201
+def export_seq2seq(source, out_path: Path, config: ExportConfig, tolerance: float):
     """A text2text-generation package (Marian, BART): encoder.onnx, the paged decoder (model.onnx with
     the KV write, and the host-write graph), tokenizer, generation config, and a manifest with the
     parity of a ragged batch against transformers. fp32. Options: `config` (ortinf/exporter/config.py)."""
@@ -167,7 +167,7 @@ def export_seq2seq(source, out_path: Path, config: ExportConfig, tolerance: floa
         try:
             model_class = getattr(transformers, SEQ2SEQ_CLASSES[source.model_type])
             model = model_class.from_pretrained(source.path, dtype=torch.float32, attn_implementation="eager").eval()
-        except Exception as exc:  # noqa: BLE001 - user-facing
+        except Exception as exc:  # user-facing
             raise ExportError(f"cannot load {source.name}: {str(exc).strip().splitlines()[0] if str(exc).strip() else exc}") from exc
         bar = tqdm(total=3, desc="tracing", disable=not progress)  # after loading: a load error is the only line
         config = model.config

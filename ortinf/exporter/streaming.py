@@ -76,7 +76,7 @@ def skeleton(source: ModelSource) -> Skeleton:
     try:
         with parameters_on_meta():
             model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32)
-    except Exception as exc:  # noqa: BLE001 - an architecture transformers cannot build from its config
+    except Exception as exc:  # an architecture transformers cannot build from its config
         raise NotStreamable(f"transformers cannot build it empty ({exc})") from exc
     model.eval()
     output, embedding = model.get_output_embeddings(), model.get_input_embeddings()
@@ -184,7 +184,7 @@ def unfolded() -> Iterator[None]:
     subgraphs are left when it loads the graph."""
     export = torch.onnx.export
 
-    def patched(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+    def patched(*args, **kwargs):
         kwargs["do_constant_folding"] = False
         kwargs["export_params"] = False
         return export(*args, **kwargs)
@@ -291,7 +291,7 @@ class Traced:
     names: dict[str, str]  # traced initializer name -> parameter name
 
 
-def trace(source: ModelSource, spec, trace_dir: Path, dtype: torch.dtype, cpu_spec=None) -> Traced:  # noqa: ANN001 - DecoderSpecs
+def trace(source: ModelSource, spec, trace_dir: Path, dtype: torch.dtype, cpu_spec=None) -> Traced:  # DecoderSpecs
     """Traces the portable graph (and with `cpu_spec` the CPU kernel library's) of a model that shares one layer's weights."""
     from ortinf.exporter.decoder import CPU_PAGED, PagedDecoder, trace_decoder
     from ortinf.manifest import MODEL_NAME
@@ -310,7 +310,7 @@ def trace(source: ModelSource, spec, trace_dir: Path, dtype: torch.dtype, cpu_sp
     return Traced(skel, portable, cpu, names)
 
 
-def place(traced: Traced, stage: Path, spec, dtype: str, quantization: tuple[int, int] | None,  # noqa: ANN001 - a DecoderSpec
+def place(traced: Traced, stage: Path, spec, dtype: str, quantization: tuple[int, int] | None,  # a DecoderSpec
           progress: bool) -> tuple[list[str], list[str]]:
     """Writes the package's decoder graphs and their weights, reading the checkpoint one tensor at a time:
     model.host-write.onnx and model.onnx (with the KV write) over model.onnx.data, and model.cpu.onnx over

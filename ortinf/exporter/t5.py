@@ -66,7 +66,7 @@ class PagedT5Decoder(torch.nn.Module):
                                                   max_distance=table.relative_attention_max_distance)
         return table.relative_attention_bias(buckets).permute(3, 0, 1, 2)
 
-    def forward(self, input_ids, positions, block_tables, context_lens, query_lens, logits_indices,  # noqa: ANN001, ANN201
+    def forward(self, input_ids, positions, block_tables, context_lens, query_lens, logits_indices,
                 cross_block_tables, cross_lens, *caches):
         batch = portable.PagedBatch(block_tables=block_tables, context_lens=context_lens, query_lens=query_lens,
                                     key_caches=list(caches[0::2]), value_caches=list(caches[1::2]), num_kv_heads=self.heads, group=1,

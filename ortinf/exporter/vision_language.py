@@ -135,7 +135,7 @@ def add_image_inputs(path: Path, hidden: int) -> None:
     onnx.save_model(model, str(path))
 
 
-def export_vision_language(source, out_path: Path, export_text, options: ExportConfig) -> Manifest:  # noqa: ANN001
+def export_vision_language(source, out_path: Path, export_text, options: ExportConfig) -> Manifest:
     """A LLaVA package: the language model through the text decoder export (`export_text`: ortinf.exporter.api.export,
     with the same `options`), then the image inputs, vision.onnx and their verification."""
     overwrite, tolerance, vision_dtype = options.overwrite, options.tolerance, options.vision_dtype
@@ -147,7 +147,7 @@ def export_vision_language(source, out_path: Path, export_text, options: ExportC
     architecture = family.classes[source.model_type]
     try:
         model = getattr(transformers, architecture).from_pretrained(source.path, dtype=torch.float32).eval()
-    except Exception as exc:  # noqa: BLE001 - user-facing
+    except Exception as exc:  # user-facing
         raise ExportError(f"cannot load {source.name}: {str(exc).strip().splitlines()[0] if str(exc).strip() else exc}") from exc
     config = model.config
     hidden = config.text_config.hidden_size

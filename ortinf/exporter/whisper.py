@@ -123,7 +123,7 @@ def step_through_pool(encoder: object, decoder: object, model: torch.nn.Module, 
     return worst
 
 
-def pool_write_encoder(encoder, layers: int, heads: int, head_dim: int):  # noqa: ANN001, ANN201 - onnx ModelProto in and out
+def pool_write_encoder(encoder, layers: int, heads: int, head_dim: int):  # onnx ModelProto in and out
     """encoder.onnx with the in-graph KV write (ortinf/exporter/kv_write.py): the pool tensors in, each layer's
     cross K/V scattered into the slots `slot_mapping` names (the windows' cross blocks, window after
     window, position after position), the pools out, bound in place. For providers whose pool is
@@ -146,7 +146,7 @@ def pool_write_encoder(encoder, layers: int, heads: int, head_dim: int):  # noqa
     return encoder
 
 
-def speech_quality(pairs: list, dtype: str):  # noqa: ANN201 - a Manifest Quality
+def speech_quality(pairs: list, dtype: str):  # a Manifest Quality
     """Quality of a quantized package from step_through_pool's logits (teacher-forced by the fp32
     reference): top-1 agreement and mean KL per step, and per request the share of steps before its
     first argmax difference (greedy agreement)."""
@@ -173,7 +173,7 @@ def speech_quality(pairs: list, dtype: str):  # noqa: ANN201 - a Manifest Qualit
                                "by the fp32 model), on cpu")
 
 
-def export_whisper(source, out_path: Path, config: ExportConfig, tolerance: float):  # noqa: ANN001, ANN201
+def export_whisper(source, out_path: Path, config: ExportConfig, tolerance: float):
     """A Whisper package: encoder.onnx, the paged decoder (model.onnx with the KV write, and the
     host-write graph), the mel filter bank, the tokenizer and generation config, and a manifest with
     the parity of a ragged two-request batch against transformers. `dtype` int8/int4: the encoder's
@@ -217,7 +217,7 @@ def export_whisper(source, out_path: Path, config: ExportConfig, tolerance: floa
         try:
             model = transformers.WhisperForConditionalGeneration.from_pretrained(source.path, dtype=torch.float32,
                                                                                  attn_implementation="eager").eval()
-        except Exception as exc:  # noqa: BLE001 - user-facing
+        except Exception as exc:  # user-facing
             raise ExportError(f"cannot load {source.name} as Whisper: {str(exc).strip().splitlines()[0] if str(exc).strip() else exc}") from exc
         config = model.config
         trace = stage / ".trace"

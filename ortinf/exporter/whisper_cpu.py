@@ -27,7 +27,7 @@ from ortinf.exporter.tracing import quiet_tracing
 ATTENTION_NAME = "ortinf_whisper_cpu_paged"
 
 
-def _self_attention(module, query, key, value, attention_mask, **kwargs):  # noqa: ANN001, ANN201
+def _self_attention(module, query, key, value, attention_mask, **kwargs):
     batch = CURRENT_BATCH.get(None)
     if batch is None:  # the encoder keeps transformers' eager attention
         from transformers.models.whisper.modeling_whisper import eager_attention_forward
@@ -40,11 +40,11 @@ class CrossAttentionOp(torch.autograd.Function):
     """One ortinf::PagedAttention node with cross=1: key and value are not read (the query is passed)."""
 
     @staticmethod
-    def forward(ctx, query, key_cache, value_cache, tables, lens, query_lens, num_heads, scale):  # noqa: ANN001
+    def forward(ctx, query, key_cache, value_cache, tables, lens, query_lens, num_heads, scale):
         return torch.zeros_like(query)
 
     @staticmethod
-    def symbolic(g, query, key_cache, value_cache, tables, lens, query_lens, num_heads, scale):  # noqa: ANN001
+    def symbolic(g, query, key_cache, value_cache, tables, lens, query_lens, num_heads, scale):
         out = g.op(f"{cpu_paged.DOMAIN}::{cpu_paged.OP}", query, query, query, key_cache, value_cache, tables, lens, query_lens,
                    num_heads_i=num_heads, kv_num_heads_i=num_heads, scale_f=scale, cross_i=1)
         out.setType(query.type())
@@ -54,12 +54,12 @@ class CrossAttentionOp(torch.autograd.Function):
 class CpuWhisperDecoder(PagedCrossDecoder):
     """PagedCrossDecoder's inputs and outputs, with the CPU kernel's attention."""
 
-    def make_batch(self, block_tables, context_lens, query_lens, key_caches, value_caches):  # noqa: ANN001, ANN201
+    def make_batch(self, block_tables, context_lens, query_lens, key_caches, value_caches):
         return cpu_paged.CpuBatch(block_tables=block_tables, context_lens=context_lens, query_lens=query_lens, key_caches=key_caches,
                                   value_caches=value_caches, num_heads=self.heads, num_kv_heads=self.heads, head_dim=self.head_dim,
                                   default_scaling=lambda module, dim: dim**-0.5)
 
-    def cross(self, attention, hidden_states, batch, tables, lens, query_lens):  # noqa: ANN001, ANN201
+    def cross(self, attention, hidden_states, batch, tables, lens, query_lens):
         query = attention.q_proj(hidden_states).reshape(-1, self.heads * self.head_dim)  # the op scales
         layer = attention.layer_idx
         return CrossAttentionOp.apply(query, batch.key_caches[layer], batch.value_caches[layer], tables, lens, query_lens,

@@ -34,7 +34,7 @@ PER_LAYER = re.compile(r"^(key_cache|value_cache|key_cache_out|value_cache_out|n
 LOGITS = "logits"
 
 
-class NotWindowable(Exception):
+class NotWindowable(Exception):  # noqa: N818 - a verdict the caller acts on (verify whole), not a failure
     """The graph's layer boundaries are not one tensor each: verify the package whole."""
 
 

@@ -101,7 +101,7 @@ def create_session(model_path: Path, found: Found, intra_op_threads: int = 0, op
             if provider.ort_name != CPU:
                 providers.append((CPU, {}))
             session = ort.InferenceSession(str(model_path), sess_options=session_options, providers=providers, **disabled)
-    except Exception as exc:  # noqa: BLE001 - ORT raises bare Fail/InvalidArgument for bad options
+    except Exception as exc:  # ORT raises bare Fail/InvalidArgument for bad options
         if "No such file" in str(exc) or "Load model" in str(exc):
             raise
         if DAMAGED_STORE in str(exc):  # packed_store.cc's one line: the package is at fault, not the provider

@@ -105,7 +105,7 @@ class CatchAll:
 
         try:
             await self.app(scope, receive, watch)
-        except Exception as exc:  # noqa: BLE001 - every error leaves as an OpenAI-shaped answer
+        except Exception as exc:  # every error leaves as an OpenAI-shaped answer
             if started:
                 raise
             await respond(from_exception(exc), scope["path"])(scope, receive, send)
@@ -137,7 +137,7 @@ class ClientGone:
 
         try:
             await self.app(scope, receive, guarded)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             if not gone:
                 raise
             log.debug("the client closed the connection before its answer was written (%s)", exc)
@@ -293,7 +293,7 @@ def build_app(config: ServerConfig, load_in_background: bool = True) -> FastAPI:
         return schemas.ModelCard(id=m.name, created=m.created, task=facts.task, max_model_len=facts.max_model_len, root=root,
                                    parent=m.parent, input_modalities=list(facts.modalities))
 
-    def unloaded_card(entry) -> schemas.ModelCard:  # noqa: ANN001 - a --models-dir model not loaded now
+    def unloaded_card(entry) -> schemas.ModelCard:  # a --models-dir model not loaded now
         facts = entry.read()  # as surveyed (models_folder.py): no disk access here; `error` marks one that cannot serve
         return schemas.ModelCard(id=entry.name, created=int(facts.modified), task=facts.task, max_model_len=facts.max_model_len,
                                    loaded=False, error=facts.error)

@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ortinf.config import option, parse_size
-
-RESPONSES_STORE_SIZE = 256 * 2**20  # ortinf/serve/api/openai/responses_store.py: bytes of stored Responses API responses
 from ortinf.tasks.chat.reasoning import PARSERS as REASONING_PARSERS
 from ortinf.tasks.chat.tool_parsers import PARSERS as TOOL_PARSERS
+
+RESPONSES_STORE_SIZE = 256 * 2**20  # ortinf/serve/api/openai/responses_store.py: bytes of stored Responses API responses
 
 
 def _limit_mm(value: str) -> int:
@@ -108,7 +108,7 @@ class ServerConfig:
                                        "before a 503; the load goes on.", "server", minimum=0.1)
     engine_options: dict = field(default_factory=dict)  # EngineConfig's keyword arguments (but package_dir)
 
-    def engine_setting(self, name: str):  # noqa: ANN201
+    def engine_setting(self, name: str):
         """An engine setting as the engines get it: given, or EngineConfig's default."""
         import dataclasses
 
@@ -120,7 +120,7 @@ class ServerConfig:
         return spec.default_factory() if spec.default is dataclasses.MISSING else spec.default
 
     @property
-    def media_policy(self):  # noqa: ANN201 - a MediaPolicy
+    def media_policy(self):  # a MediaPolicy
         from ortinf.tasks.chat.media import MediaPolicy
 
         return MediaPolicy(max_images=self.limit_mm_per_prompt, allowed_domains=self.allowed_media_domains,

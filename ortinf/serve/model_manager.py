@@ -88,7 +88,7 @@ def load_wait(request: Request) -> float:
 class ModelManager:
     """Loads, leases and unloads the --models-dir models of a server (ServerState.models)."""
 
-    def __init__(self, state, loader: Callable[[Path, str], ServedModel]) -> None:  # noqa: ANN001 - the ServerState
+    def __init__(self, state, loader: Callable[[Path, str], ServedModel]) -> None:  # the ServerState
         config = state.config
         self.state, self.loader = state, loader
         self.folder = ModelsFolder(Path(config.models_dir)) if config.models_dir is not None else None
@@ -246,7 +246,7 @@ class ModelManager:
                 log.info("'%s' takes %.2f GB of this process's resident memory", entry.name, self.slots[entry.name].footprint / 1e9)
         except APIError:
             raise
-        except Exception as exc:  # noqa: BLE001 - this model's requests get it; the others go on
+        except Exception as exc:  # this model's requests get it; the others go on
             message = str(exc).splitlines()[0][:240] if str(exc) else type(exc).__name__
             self.failed[entry.name] = (time.monotonic(), message)
             log.error("model '%s' failed to load: %s", entry.name, message)
@@ -347,10 +347,10 @@ class Leases:
     """Pure ASGI middleware: the models a request leased (ModelManager.use) are released once its response has been
     sent (a stream's last byte included: the app's call returns only then)."""
 
-    def __init__(self, app, state) -> None:  # noqa: ANN001
+    def __init__(self, app, state) -> None:
         self.app, self.state = app, state
 
-    async def __call__(self, scope, receive, send) -> None:  # noqa: ANN001
+    async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http" or self.state.models is None:
             return await self.app(scope, receive, send)
         try:

@@ -110,7 +110,7 @@ def structured_output(response_format: ResponseFormat | None, structured: Struct
     return StructuredOutput.json_schema(response_format.json_schema.json_schema, param="response_format.json_schema")
 
 
-def read_guided(data):  # noqa: ANN001, ANN201 - a request body before validation
+def read_guided(data):  # a request body before validation
     """vLLM's older guided_json / guided_regex / guided_choice / guided_grammar, read as structured_outputs."""
     if not isinstance(data, dict):
         return data

@@ -33,7 +33,7 @@ def header_deadline(base: type, seconds: float) -> type:
     forever (each a socket and a protocol object). Idle kept-alive connections are uvicorn's keep-alive timeout's."""
 
     class Protocol(base):  # type: ignore[misc, valid-type]
-        def connection_made(self, transport) -> None:  # noqa: ANN001
+        def connection_made(self, transport) -> None:
             self._header_timer = None
             super().connection_made(transport)
             self._arm()
@@ -85,7 +85,7 @@ class _Server(uvicorn.Server):
     drain_seconds: float = 0.0
     _loop: asyncio.AbstractEventLoop | None = None
 
-    async def serve(self, sockets=None) -> None:  # noqa: ANN001 - uvicorn's signature
+    async def serve(self, sockets=None) -> None:  # uvicorn's signature
         self._loop = asyncio.get_running_loop()
         await super().serve(sockets)
 

@@ -32,7 +32,7 @@ class ServerState:
     request_exit: Callable[[], None] | None = None  # set by the server: begins a graceful stop
     models: ModelManager | None = None  # --models-dir's (ortinf/serve/model_manager.py), set by the app
 
-    async def model(self, name: str | None, request) -> ServedModel:  # noqa: ANN001 - a starlette Request
+    async def model(self, name: str | None, request) -> ServedModel:  # a starlette Request
         """The served model a request names: with --models-dir, loaded if it is not and leased to the request until its
         response has been sent; otherwise the registry's."""
         if self.models is None:

@@ -45,7 +45,7 @@ def server(package_factory, tmp_path_factory):
         yield server
 
 
-def _log(server) -> str:  # noqa: ANN001 - the whole log (Server.log() keeps its last 4,000 characters)
+def _log(server) -> str:  # the whole log (Server.log() keeps its last 4,000 characters)
     return server.log_path.read_text(errors="replace")
 
 
@@ -96,7 +96,7 @@ def test_claude_code_retries_a_max_tokens_beyond_the_context(server, tmp_path):
     assert result["subtype"] == "error_max_turns" and result.get("api_error_status") is None, done.stdout[-2000:]
 
 
-def _codex(arguments: list[str], env: dict[str, str], cwd: Path, server, since: int) -> list[dict]:  # noqa: ANN001
+def _codex(arguments: list[str], env: dict[str, str], cwd: Path, server, since: int) -> list[dict]:
     """The events of `codex exec --json ARGUMENTS`, stopped once it has sent three requests to /v1/responses (each after
     the first carries the outputs of the calls before it: round trips, whatever tools the random model picked, some of
     which Codex answers without an event) or its turn ended."""

@@ -101,7 +101,7 @@ def rendered(browser, text: str) -> str:
     return browser.execute_script("const d = document.createElement('div'); Render.into(d, arguments[0]); return d.innerHTML", text)
 
 
-def conversation(*turns: tuple[str, str | None], id: str = "c1") -> dict:
+def conversation(*turns: tuple[str, str | None], id: str = "c1") -> dict:  # noqa: A002 - the page's own key
     """A stored conversation of (question, answer) turns, in the page's shape (store.js)."""
     messages = []
     for question, answer in turns:

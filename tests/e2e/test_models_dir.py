@@ -45,7 +45,7 @@ def loaded(url: str) -> set[str]:
     return {card["id"] for card in httpx.get(f"{url}/v1/models").json()["data"] if card["loaded"]}
 
 
-def rss(server) -> int:  # noqa: ANN001
+def rss(server) -> int:
     for line in Path(f"/proc/{server.process.pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024

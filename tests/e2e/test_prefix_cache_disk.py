@@ -57,7 +57,7 @@ def wait_for(files: list[Path], timeout: float = 30) -> None:
         time.sleep(0.05)
 
 
-def pool_size(server) -> str:  # noqa: ANN001 - a support.server_helpers.Server
+def pool_size(server) -> str:  # a support.server_helpers.Server
     return re.search(r"KV cache: (\d+) blocks", server.log_path.read_text()).group(1)
 
 

@@ -58,7 +58,7 @@ def image_host():
     import time
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - http.server's name
+        def do_GET(self):  # http.server's name
             if self.path == "/cat.png":
                 self._send(png(5, (60, 80, 3)))
             elif self.path == "/big.png":
@@ -97,7 +97,7 @@ def image_host():
             except (BrokenPipeError, ConnectionResetError):
                 pass
 
-        def log_message(self, *args):  # noqa: ANN002
+        def log_message(self, *args):
             pass
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -171,7 +171,7 @@ def test_image_urls_from_allowed_hosts(client, image_host):
     body over 20 MiB, a fetch past --media-fetch-timeout (a slow answer, or a body trickled a byte at a time: the
     timeout bounds the whole fetch), a 404, a redirect to a host not named, to ftp:// or to another port, and any other
     port of the host are 400s, which never say why a connection failed."""
-    def ask(url: str):  # noqa: ANN202
+    def ask(url: str):
         return client.chat.completions.create(model="qwen", messages=[{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "hi"}]}], max_tokens=6, temperature=0)
 

@@ -57,7 +57,7 @@ def two_file_form(package: Path, out: Path) -> None:
                     location=CPU_MODEL_NAME + ".data", size_threshold=1024)
 
 
-def unfused_form(package: Path, out: Path, undo=cpu_fusion.unfuse) -> int:  # noqa: ANN001
+def unfused_form(package: Path, out: Path, undo=cpu_fusion.unfuse) -> int:
     """`package` with its CPU graph one QMatMul per weight (cpu_fusion.unfuse, or `undo`), its weights file hard-linked
     (ORT refuses external data outside the package folder); returns the nodes split."""
     shutil.copytree(package, out, ignore=shutil.ignore_patterns(WEIGHTS_NAME))

@@ -149,7 +149,7 @@ def test_verification_sees_one_perturbed_layer(tmp_path):
     assert verify_decoder(perturbed, tmp_path / "pkg", 1e-3, progress=False).max_abs_diff > 1e-3
 
 
-def _refused(source: Path, out: Path, *fragments: str, preexec=None) -> None:  # noqa: ANN001
+def _refused(source: Path, out: Path, *fragments: str, preexec=None) -> None:
     done = subprocess.run([ORTINF, "export", str(source), "-o", str(out)], capture_output=True, text=True, timeout=600,
                           preexec_fn=preexec)
     assert done.returncode == 2, (done.returncode, done.stderr[-2000:])

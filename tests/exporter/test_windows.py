@@ -33,7 +33,7 @@ def _package(tmp_path: Path, model_type: str = "llama", dtype: str = "fp32") -> 
     return source, tmp_path / "pkg"
 
 
-def _reference(source: Path):  # noqa: ANN202
+def _reference(source: Path):
     return reference_model(skeleton(resolve_model(str(source))))
 
 

@@ -7,6 +7,8 @@ bad inputs."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -186,6 +188,6 @@ def test_bad_inputs_are_errors():
 
 @pytest.mark.parametrize("isa", ["avx2", "generic"])
 def test_every_build_the_machine_runs(isa):
-    if isa == "avx2" and "avx2" not in open("/proc/cpuinfo").read():
+    if isa == "avx2" and "avx2" not in Path("/proc/cpuinfo").read_text():
         pytest.skip("this CPU has no AVX2")
     rerun_under(isa, __file__, "library.load().isa")

@@ -5,6 +5,8 @@ queries. The worst absolute error of every case is printed (pytest -s) and bound
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -375,6 +377,6 @@ def test_the_op_writes_the_pool_in_place(kind):
 @pytest.mark.parametrize("isa", ["avx2", "generic"])
 def test_every_build_the_machine_runs(isa):
     """The op tests again under the narrower builds this CPU can run."""
-    if isa == "avx2" and "avx2" not in open("/proc/cpuinfo").read():
+    if isa == "avx2" and "avx2" not in Path("/proc/cpuinfo").read_text():
         pytest.skip("this CPU has no AVX2")
     rerun_under(isa, __file__, "library.load().isa")

@@ -6,6 +6,8 @@ no other row, bit for bit); and every narrower build the machine can run (ORTINF
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -345,7 +347,7 @@ def test_every_build_the_machine_runs(isa):
     best = library.qmatmul_isa()
     if isa not in NARROWER.get(best, []):
         pytest.skip(f"this CPU's best build is {best}: {isa} is not a narrower one it runs")
-    flags = next((line for line in open("/proc/cpuinfo") if line.startswith("flags")), "").split()
+    flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "").split()
     if isa == "avxvnni" and "avx_vnni" not in flags:  # AVX-512 VNNI CPUs without the VEX form (Zen 4, Ice Lake)
         pytest.skip("this CPU has no AVX-VNNI")
     rerun_under(isa, __file__, "library.qmatmul_isa()")

@@ -56,7 +56,7 @@ def test_a_fetch_connects_to_the_resolved_address_and_a_hung_lookup_meets_the_de
     from ortinf.tasks.chat import media
 
     class Image(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
+        def do_GET(self):
             self.send_response(200)
             self.send_header("Content-Length", "4")
             self.end_headers()

@@ -271,7 +271,7 @@ def test_keep_alive_is_checked_where_it_is_read(byte_package, tmp_path):
     shutil.copytree(byte_package, tmp_path / "tiny")
     config = ServerConfig(packages=(), models_dir=str(tmp_path), engine_options={"kv_cache_memory": "16MiB"})
     with serving(config) as server:
-        def chat(keep_alive) -> dict:  # noqa: ANN001 - any JSON value
+        def chat(keep_alive) -> dict:  # any JSON value
             body = json.dumps({"model": "tiny", "messages": ASK, "stream": False, "options": {"num_predict": 1}})
             body = body[:-1] + f', "keep_alive": {keep_alive}}}'  # as sent: NaN and Infinity are not JSON a client library writes
             answer = server.http.post("/api/chat", content=body, headers={"content-type": "application/json"})

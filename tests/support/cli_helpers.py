@@ -12,7 +12,8 @@ import sys
 from click.testing import CliRunner
 
 
-def ortinf_in_process(*args: object, env: dict[str, str] | None = None, input: str | None = None) -> subprocess.CompletedProcess[str]:
+def ortinf_in_process(*args: object, env: dict[str, str] | None = None,
+                      input: str | None = None) -> subprocess.CompletedProcess[str]:  # noqa: A002 - subprocess.run's name
     """Runs `ortinf ARGS` here: its exit code, stdout and stderr (as text)."""
     from ortinf.cli.exit_codes import run
     from ortinf.cli.main import cli

@@ -44,7 +44,7 @@ class FaultInjection:
 
         return faulty
 
-    def _poisoned(self, scheduled) -> bool:  # noqa: ANN001 - a ScheduledRequest
+    def _poisoned(self, scheduled) -> bool:  # a ScheduledRequest
         encoder = scheduled.encoder_input
         return self.token_id in scheduled.token_ids or (encoder is not None and self.token_id in encoder.data)
 

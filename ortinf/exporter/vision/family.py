@@ -29,7 +29,7 @@ IMAGE_EMBEDS, IMAGE_ROWS = "image_embeds", "image_rows"
 Example = tuple[list[int], dict[str, torch.Tensor], PlacedImage]
 
 
-def text_config(model: torch.nn.Module):  # noqa: ANN201 - a transformers config
+def text_config(model: torch.nn.Module):  # a transformers config
     """The language model's config, as the source holds it."""
     return copy.deepcopy(model.config.text_config)
 

@@ -100,7 +100,7 @@ def segment_attention(attn: torch.nn.Module, hidden: torch.Tensor, cos: torch.Te
     return attn.proj(out.transpose(0, 1).reshape(length, -1))
 
 
-def text_config(model: torch.nn.Module):  # noqa: ANN201 - a transformers Qwen2Config
+def text_config(model: torch.nn.Module):  # a transformers Qwen2Config
     """The language model as a Qwen2 config, its rope_scaling keeping the M-RoPE sections."""
     import transformers
 
@@ -131,7 +131,7 @@ def quiet_mrope_keys() -> Iterator[None]:
         logger.removeFilter(quiet)
 
 
-def example_inputs(config) -> tuple[torch.Tensor, ...]:  # noqa: ANN001 - the vision config
+def example_inputs(config) -> tuple[torch.Tensor, ...]:  # the vision config
     """Two images of 4x4 and 4x6 patches (16 + 24), in raster order (tracing needs shapes, not the real order)."""
     merge = config.spatial_merge_size
     width = config.in_channels * config.temporal_patch_size * config.patch_size ** 2

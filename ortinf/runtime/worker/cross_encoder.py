@@ -29,7 +29,7 @@ ENCODER_BATCH = 4
 class CrossEncoder:
     """Runs the encoder of a speech-recognition (Whisper) or text2text (Marian, BART) package."""
 
-    def __init__(self, package_dir: str | Path, manifest: Manifest, pool, found, intra_op_threads: int) -> None:  # noqa: ANN001
+    def __init__(self, package_dir: str | Path, manifest: Manifest, pool, found, intra_op_threads: int) -> None:
         package = Path(package_dir)
         self.pool = pool
         self.device_pool = not pool.arrays

@@ -66,7 +66,7 @@ def place_images(ids: list[int], images: Sequence[object], vision: VisionSpec, s
     return ids, placed
 
 
-def placeholder_text(vision: VisionSpec, tokenizer) -> str:  # noqa: ANN001 - a tokenizers.Tokenizer
+def placeholder_text(vision: VisionSpec, tokenizer) -> str:  # a tokenizers.Tokenizer
     """The text that marks an image in a prompt (chat templates, `ortinf chat`): the placeholder token's, between
     Qwen2-VL's vision start and end tokens (as its template writes an image); Gemma 3's is <start_of_image>."""
     marker = vision.placeholder_id if vision.placeholder_id is not None else vision.image_token_id

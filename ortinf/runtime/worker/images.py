@@ -25,7 +25,7 @@ MAX_SIDE = 16_384
 MAX_REQUEST_PIXELS = 64_000_000  # all of a request's images together: 8 images of 49M pixels decoded to 1.6 GB before
 
 
-def load_image(source: Any, param: str = "image"):  # noqa: ANN201 - a PIL image
+def load_image(source: Any, param: str = "image"):  # a PIL image
     """A decoded RGB-able PIL image from a PIL image, encoded bytes, a file path or an HxWxC uint8 array;
     RequestError naming what is wrong otherwise (not an image, truncated, empty, too large)."""
     try:
@@ -94,7 +94,7 @@ def check_request_pixels(images: list, param: str = "images") -> None:
                            "(send smaller images, or fewer)", param=param)
 
 
-def clip_pixels(image, processor: dict) -> np.ndarray:  # noqa: ANN001 - a PIL image
+def clip_pixels(image, processor: dict) -> np.ndarray:  # a PIL image
     """[3, crop_height, crop_width] float32 pixel values, as CLIPImageProcessor computes them (or [3, H, W] as
     Gemma3ImageProcessor does, with resize_height / resize_width and no crop)."""
     from PIL import Image

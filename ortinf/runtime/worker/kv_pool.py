@@ -154,7 +154,7 @@ def populate_in_background(arrays: list[np.ndarray], what: str) -> threading.Thr
     return thread
 
 
-def _libc_madvise():  # noqa: ANN202 - a ctypes function or None
+def _libc_madvise():  # a ctypes function or None
     try:
         madvise = ctypes.CDLL(None, use_errno=True).madvise
     except (OSError, AttributeError):

@@ -60,7 +60,7 @@ def package_identity(package_dir: Path, block: Sequence[int], num_tensors: int, 
     return digest.hexdigest()[:32]
 
 
-def open_store(config, graph, encoder_decoder: bool) -> PrefixStore:  # noqa: ANN001 - an EngineConfig, a DecoderGraph
+def open_store(config, graph, encoder_decoder: bool) -> PrefixStore:  # an EngineConfig, a DecoderGraph
     """An engine's store (--prefix-cache-dir), or a ConfigError that says why its package or provider cannot have one."""
     from ortinf.errors import ConfigError
 

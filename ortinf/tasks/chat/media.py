@@ -191,7 +191,7 @@ def _resolve(host: str, port: int, deadline: float) -> list[tuple]:
 
 def _connector(addresses: list[tuple], deadline: float) -> Callable:
     """http.client's create_connection, over addresses already resolved (each tried in turn, as the standard one does)."""
-    def connect(_address, _timeout=None, source_address=None):  # noqa: ANN001, ANN202 - http.client's signature
+    def connect(_address, _timeout=None, source_address=None):  # http.client's signature
         error: OSError | None = None
         for family, kind, proto, _, sockaddr in addresses:
             sock = socket.socket(family, kind, proto)

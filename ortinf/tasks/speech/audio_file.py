@@ -46,7 +46,7 @@ def decode_audio(data: bytes) -> np.ndarray:
                 pieces.append(stream.resample_chunk(np.zeros(0, np.float32), last=True))
     except RequestError:
         raise
-    except Exception as exc:  # noqa: BLE001 - libsndfile's many refusals are all "not audio we read"
+    except Exception as exc:  # libsndfile's many refusals are all "not audio we read"
         reason = re.sub(r"<_io\.BytesIO object at 0x[0-9a-fA-F]+>", "the upload", str(exc))[:120] or type(exc).__name__
         raise RequestError(f"the file is not audio this server reads (wav, flac, ogg, mp3): {reason}", param="file") from exc
     samples = np.concatenate(pieces).astype(np.float32, copy=False) if pieces else np.zeros(0, np.float32)

@@ -20,7 +20,7 @@ from ortinf.runtime.sample.sampling_params import SamplingParams
 MAX_TOKENS = 12
 
 
-def hf_beams(model, prompt: list[int], k: int, n: int, stop_ids: list[int], **options) -> list[list[int]]:  # noqa: ANN001
+def hf_beams(model, prompt: list[int], k: int, n: int, stop_ids: list[int], **options) -> list[list[int]]:
     """transformers' n best continuations, each cut after its first stop id (the rest is padding)."""
     with torch.no_grad():
         out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long), num_beams=k,

@@ -48,7 +48,7 @@ def seq2seq(request, tmp_path_factory):
     return request.param, model, root / "pkg"
 
 
-def reference(model, sources: list[list[int]], max_new_tokens: int) -> list[list[int]]:  # noqa: ANN001
+def reference(model, sources: list[list[int]], max_new_tokens: int) -> list[list[int]]:
     out = []
     for source in sources:
         with torch.no_grad():

@@ -57,7 +57,7 @@ class _Bytes:
     tokens = [bytes([b]) for b in range(256)] + [b"<eos>"]
     special_token_ids = [256]
 
-    def __call__(self, text) -> list[int]:  # noqa: ANN001
+    def __call__(self, text) -> list[int]:
         return list(text.encode() if isinstance(text, str) else text)
 
 

@@ -46,11 +46,11 @@ def images(seed: int = 0) -> list:
     return [Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8)) for shape in ((40, 60, 3), (56, 56, 3), (61, 29, 3))]
 
 
-def expand(ids: list[int], vision) -> list[int]:  # noqa: ANN001 - Gemma3Processor's expansion of <start_of_image>
+def expand(ids: list[int], vision) -> list[int]:  # Gemma3Processor's expansion of <start_of_image>
     return [t for token in ids for t in ([*vision.image_prefix_ids, *[IMAGE] * 16, *vision.image_suffix_ids] if token == BOI else [token])]
 
 
-def reference(model, processor, ids: list[int], pictures: list, vision) -> tuple[list[int], list[float]]:  # noqa: ANN001
+def reference(model, processor, ids: list[int], pictures: list, vision) -> tuple[list[int], list[float]]:
     """transformers' greedy tokens and their log-probabilities (greedy tokens alone would miss a causal image: on a
     random model its logits move by ~1e-3, rarely enough to flip a token)."""
     ids = expand(ids, vision)
@@ -64,7 +64,7 @@ def reference(model, processor, ids: list[int], pictures: list, vision) -> tuple
     return tokens, [float(torch.log_softmax(score[0], -1)[t]) for score, t in zip(out.logits, tokens)]
 
 
-def check(outputs, expected) -> None:  # noqa: ANN001
+def check(outputs, expected) -> None:
     assert [o.outputs[0].token_ids for o in outputs] == [tokens for tokens, _ in expected]
     for output, (_, logprobs) in zip(outputs, expected):
         np.testing.assert_allclose([p.logprob for p in output.outputs[0].logprobs], logprobs, atol=2e-5)
@@ -132,7 +132,7 @@ def test_every_build_the_machine_runs(isa):
 
     if library.load() is None:
         pytest.skip("ortinf's CPU kernel library is not built here")
-    if isa == "avx2" and "avx2" not in open("/proc/cpuinfo").read():
+    if isa == "avx2" and "avx2" not in Path("/proc/cpuinfo").read_text():
         pytest.skip("this CPU has no AVX2")
     spec = importlib.util.spec_from_file_location("builds", Path(__file__).parents[2] / "kernels" / "builds.py")
     builds = importlib.util.module_from_spec(spec)

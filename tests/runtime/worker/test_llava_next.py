@@ -36,11 +36,11 @@ def llava_next(tmp_path_factory):
     return model, processor, root / "pkg"
 
 
-def picture(seed: int, shape: tuple[int, ...]):  # noqa: ANN201
+def picture(seed: int, shape: tuple[int, ...]):
     return Image.fromarray(np.random.default_rng(seed).integers(0, 256, shape, dtype=np.uint8))
 
 
-def reference(model, processor, text: str, pictures: list) -> tuple[list[int], list[int]]:  # noqa: ANN001
+def reference(model, processor, text: str, pictures: list) -> tuple[list[int], list[int]]:
     inputs = processor(text=[text], images=pictures or None, return_tensors="pt")
     inputs.pop("token_type_ids", None)
     with torch.no_grad():

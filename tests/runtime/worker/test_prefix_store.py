@@ -25,13 +25,13 @@ GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 PROMPT = np.random.default_rng(3).integers(3, 250, 100).tolist()  # 6 full blocks of 16 and 4 tokens
 
 
-def run(engine, prompt=PROMPT):  # noqa: ANN001
+def run(engine, prompt=PROMPT):
     request_id = engine.add_request(prompt, GREEDY)
     output = drain(engine, [request_id])[request_id]
     return output.outputs[0].token_ids, output.num_cached_tokens
 
 
-def packages(tmp_path_factory) -> dict[str, tuple]:  # noqa: ANN001
+def packages(tmp_path_factory) -> dict[str, tuple]:
     root = tmp_path_factory.mktemp("store")
     build_decoder("llama", root / "hf")
     made = {"fp32": (ortinf.export(root / "hf", root / "fp32", progress=False), root / "fp32", {"cpu_kernel": False}),
@@ -217,7 +217,7 @@ def test_a_folder_that_cannot_be_created_or_written_is_a_miss(exported, tmp_path
             folder.chmod(0o755)
 
 
-def _request(prompt):  # noqa: ANN001, ANN202
+def _request(prompt):
     from ortinf.runtime.core.request import Request
 
     return Request("probe", list(prompt), GREEDY)

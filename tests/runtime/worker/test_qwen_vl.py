@@ -41,7 +41,7 @@ def images(seed: int = 0) -> list:
     return [Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8)) for shape in ((60, 80, 3), (56, 50, 3), (90, 55, 3))]
 
 
-def reference(model, processor, ids: list[int], pictures: list) -> list[int]:  # noqa: ANN001
+def reference(model, processor, ids: list[int], pictures: list) -> list[int]:
     extra = {}
     if pictures:
         out = processor(pictures, return_tensors="pt")

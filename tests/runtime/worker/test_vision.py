@@ -42,7 +42,7 @@ def images(seed: int = 0) -> list:
     return [Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8)) for shape in ((40, 60, 3), (28, 28, 3), (61, 29, 3))]
 
 
-def reference(model, processor, ids: list[int], pictures: list) -> list[int]:  # noqa: ANN001
+def reference(model, processor, ids: list[int], pictures: list) -> list[int]:
     expanded = [t for token in ids for t in ([IMAGE_TOKEN] * TOKENS_PER_IMAGE if token == IMAGE_TOKEN else [token])]
     extra = {"pixel_values": torch.from_numpy(processor(pictures, return_tensors="np")["pixel_values"])} if pictures else {}
     with torch.no_grad():

@@ -42,7 +42,7 @@ def audio(seconds: float, seed: int) -> np.ndarray:
     return (0.4 * np.sin(2 * np.pi * (200 + 100 * seed) * t) * (t % 7 < 4) + 0.1 * rng.standard_normal(t.shape)).astype(np.float32)
 
 
-def hf_segments(model, samples: np.ndarray, **options) -> list[tuple[float, list[int]]]:  # noqa: ANN001
+def hf_segments(model, samples: np.ndarray, **options) -> list[tuple[float, list[int]]]:
     extractor = transformers.WhisperFeatureExtractor(feature_size=80)
     features = extractor(samples, sampling_rate=SAMPLE_RATE, truncation=len(samples) <= 30 * SAMPLE_RATE,
                          padding="longest" if len(samples) > 30 * SAMPLE_RATE else "max_length", return_attention_mask=True,

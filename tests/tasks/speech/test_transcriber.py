@@ -30,7 +30,7 @@ def audio(seconds: float, seed: int) -> np.ndarray:
     return (0.4 * np.sin(2 * np.pi * (200 + 100 * seed) * t) + 0.1 * rng.standard_normal(t.shape)).astype(np.float32)
 
 
-def hf_greedy(model, samples: np.ndarray, prefix: list[int], steps: int, processor=None) -> list[list[int]]:  # noqa: ANN001
+def hf_greedy(model, samples: np.ndarray, prefix: list[int], steps: int, processor=None) -> list[list[int]]:
     """transformers' greedy loop on each 30-second window of `samples` (its feature extractor, its model,
     `processor` applied to the logits as generate would, and the generation config's begin-suppressed
     tokens at the first step as generate does): the tokens after `prefix`, to EOS (2) or `steps`."""
@@ -101,7 +101,7 @@ def test_concurrent_requests_decode_together(whisper):
 
     poisoned = EncoderInput.of(transcriber.windows(audio(2, 9))[0], transcriber.source_positions, "audio").digest
 
-    def recorded(scheduler_output):  # noqa: ANN001, ANN202
+    def recorded(scheduler_output):
         widths.append(len(scheduler_output.scheduled))
         if any(s.encoder_input is not None and s.encoder_input.digest == poisoned for s in scheduler_output.scheduled):
             raise RuntimeError("injected fault")

@@ -16,13 +16,13 @@ from ortinf.runtime.worker.images import normalized
 from ortinf.runtime.worker.vision_families.family import VISION_BATCH, ImageFamily, Run, concatenated
 
 
-def preprocess(image, vision: VisionSpec) -> tuple[np.ndarray, int, tuple[int, int]]:  # noqa: ANN001 - a PIL image
+def preprocess(image, vision: VisionSpec) -> tuple[np.ndarray, int, tuple[int, int]]:  # a PIL image
     """(tiles, their tokens, (rows, cols) of tiles: the prompt's layout around them)."""
     tiles, rows, cols = idefics_tiles(image, vision.processor)
     return tiles, len(tiles) * vision.tokens_per_image, (rows, cols)
 
 
-def idefics_tiles(image, processor: dict) -> tuple[np.ndarray, int, int]:  # noqa: ANN001 - a PIL image
+def idefics_tiles(image, processor: dict) -> tuple[np.ndarray, int, int]:  # a PIL image
     """([tiles, 3, S, S] float32, rows, cols) as Idefics3ImageProcessor computes them: the longest edge resized to
     `longest_edge`, then both sides up to multiples of the tile size S, cut into rows x cols tiles (row by row) and
     followed by the whole image at S x S; an image that fits one tile is that tile alone (rows = cols = 0).

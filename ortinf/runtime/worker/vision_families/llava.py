@@ -14,7 +14,7 @@ from ortinf.runtime.worker.images import clip_pixels
 from ortinf.runtime.worker.vision_families.family import VISION_BATCH, ImageFamily, Run
 
 
-def preprocess(image, vision: VisionSpec) -> tuple[np.ndarray, int, None]:  # noqa: ANN001 - a PIL image
+def preprocess(image, vision: VisionSpec) -> tuple[np.ndarray, int, None]:  # a PIL image
     return clip_pixels(image, vision.processor), vision.tokens_per_image, None
 
 

@@ -15,12 +15,12 @@ from ortinf.runtime.worker.images import clip_pixels
 from ortinf.runtime.worker.vision_families.family import VISION_BATCH, ImageFamily, Run, concatenated
 
 
-def preprocess(image, vision: VisionSpec) -> tuple[np.ndarray, int, tuple[int, int]]:  # noqa: ANN001 - a PIL image
+def preprocess(image, vision: VisionSpec) -> tuple[np.ndarray, int, tuple[int, int]]:  # a PIL image
     """(the whole image and its tiles, its tokens, its (height, width): the unpadding's)."""
     return anyres_tiles(image, vision.processor)
 
 
-def select_best_resolution(height: int, width: int, pinpoints) -> tuple[int, int]:  # noqa: ANN001 - [[h, w], ...]
+def select_best_resolution(height: int, width: int, pinpoints) -> tuple[int, int]:  # [[h, w], ...]
     """transformers' select_best_resolution: the (h, w) keeping the most of the image, then wasting the least."""
     best, most, least = None, 0, float("inf")
     for h, w in pinpoints:
@@ -46,7 +46,7 @@ def anyres_layout(height: int, width: int, processor: dict) -> tuple[int, int, s
     return rows, cols, slice(0, current_h), slice(padding, current_w - padding)
 
 
-def anyres_tiles(image, processor: dict) -> tuple[np.ndarray, int, tuple[int, int]]:  # noqa: ANN001 - a PIL image
+def anyres_tiles(image, processor: dict) -> tuple[np.ndarray, int, tuple[int, int]]:  # a PIL image
     """([1 + tiles, 3, S, S] float32, the image's tokens, its (height, width)) as LlavaNextImageProcessor computes them:
     the whole image resized to S x S, then the image resized into the best grid resolution (aspect kept, centred on
     black) cut into S x S tiles row by row; each CLIP-normalised."""

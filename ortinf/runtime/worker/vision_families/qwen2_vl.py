@@ -25,7 +25,7 @@ from ortinf.runtime.worker.vision_families.family import ImageFamily, Run
 QWEN_PATCHES = 1024
 
 
-def preprocess(image, vision: VisionSpec) -> tuple[np.ndarray, int, tuple[int, int]]:  # noqa: ANN001 - a PIL image
+def preprocess(image, vision: VisionSpec) -> tuple[np.ndarray, int, tuple[int, int]]:  # a PIL image
     """(patches, the tokens they merge into, the tokens as rows x columns: the M-RoPE grid)."""
     patches, (rows, cols) = qwen_patches(image, vision.processor)
     merge = vision.merge_size
@@ -46,7 +46,7 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
     return h_bar, w_bar
 
 
-def qwen_patches(image, processor: dict) -> tuple[np.ndarray, tuple[int, int]]:  # noqa: ANN001 - a PIL image
+def qwen_patches(image, processor: dict) -> tuple[np.ndarray, tuple[int, int]]:  # a PIL image
     """([patch_rows * patch_cols, C * T * P * P] float32 patches, (patch_rows, patch_cols)), as Qwen2VLImageProcessor."""
     from PIL import Image
 

@@ -337,7 +337,7 @@ def _context_length(model: ServedModel) -> int:
     return model.task.max_model_len
 
 
-def _entry_card(entry) -> dict:  # noqa: ANN001 - a model_manager.Entry not loaded now
+def _entry_card(entry) -> dict:  # a model_manager.Entry not loaded now
     """An unloaded --models-dir model as /api/tags lists it: its facts as surveyed (models_folder.py: no disk access
     here), `error` on one that cannot be served."""
     facts = entry.read()

@@ -17,7 +17,7 @@ def error_body(status: int, message: str, param: str | None, code: str | None) -
     return {"error": {"message": message, "type": TYPES.get(status, "invalid_request_error"), "param": param, "code": code}}
 
 
-def routes(config) -> list[str]:  # noqa: ANN001 - a ServerConfig
+def routes(config) -> list[str]:  # a ServerConfig
     mounted = [f"{__name__}.{name}" for name in ("completions", "chat", "responses", "embeddings", "scoring", "tokens")]
     if config.allow_runtime_lora_updates:
         mounted.append(f"{__name__}.lora")

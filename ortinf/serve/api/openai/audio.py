@@ -82,13 +82,13 @@ async def _run(request: Request, task: str, file: UploadFile, model: str | None,
 
 
 def render(segments: list[tuple[float, float, str]], response_format: str, task: str, duration: float,
-           words: list[tuple[str, float, float]] | None = None, details: dict | None = None):  # noqa: ANN201
+           words: list[tuple[str, float, float]] | None = None, details: dict | None = None):
     """The transcript as the route answers it: JSON formats as they are, text formats as text/plain."""
     body = transcript(segments, response_format, task, duration, words, details)
     return PlainTextResponse(body) if isinstance(body, str) else body
 
 
-def windows_at_once(state: ServerState, runner, duration: float) -> int:  # noqa: ANN001
+def windows_at_once(state: ServerState, runner, duration: float) -> int:
     """Admission tickets for one audio, weighted by its work in flight: window after window (timestamped
     models) is one sequence at a time; fixed windows decode side by side, one sequence each (at most the
     server's capacity: a longer audio waits in the engine's queue rather than being refused)."""
@@ -97,12 +97,12 @@ def windows_at_once(state: ServerState, runner, duration: float) -> int:  # noqa
     return max(1, min(math.ceil(duration / runner.transcriber.window_seconds), state.admission.capacity))
 
 
-def _streamed(state: ServerState, name: str, pieces, duration: float, stats) -> StreamingResponse:  # noqa: ANN001
+def _streamed(state: ServerState, name: str, pieces, duration: float, stats) -> StreamingResponse:
     """OpenAI's transcription stream: a `transcript.text.delta` event per kept segment (or window), then
     `transcript.text.done` with the whole text; an error after the headers is an error event."""
     ticket = state.admission.acquire(1)
 
-    async def events():  # noqa: ANN202
+    async def events():
         started, failed, texts = time.monotonic(), True, []
         try:
             async for text in pieces:

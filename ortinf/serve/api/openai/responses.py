@@ -323,7 +323,7 @@ async def create_response(body: ResponsesRequest, request: Request):
     return JSONResponse(response, headers=headers)
 
 
-async def _events(run: Run, store: ResponseStore, engine) -> AsyncIterator[str]:  # noqa: ANN001 - the AsyncEngine
+async def _events(run: Run, store: ResponseStore, engine) -> AsyncIterator[str]:  # the AsyncEngine
     """The Responses stream: created, in_progress, the thinking of a reasoning item (with a reasoning
     parser), the text deltas of one message item, the function calls once the reply is read, then
     completed (or incomplete; an error event and failed if anything went wrong)."""

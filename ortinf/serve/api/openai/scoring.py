@@ -89,7 +89,7 @@ def _scorer(model: ServedModel) -> Pooling:
     return pooling
 
 
-async def _pooled(request: Request, model: ServedModel, ids: list[list[int]], types: list[list[int]] | None = None):  # noqa: ANN202
+async def _pooled(request: Request, model: ServedModel, ids: list[list[int]], types: list[list[int]] | None = None):
     """The encoder's rows for `ids`, batched by the model's engine with every other request's, under one admission
     ticket; a client that goes away aborts its inputs still waiting."""
     state: ServerState = request.app.state.ortinf
