@@ -13,19 +13,18 @@ the running request preempted is the least urgent one (the highest (priority, ar
 from __future__ import annotations
 
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import dataclass
 
 from ortinf.config import SpeculativeConfig
 from ortinf.errors import ContextLengthError, RequestError
+from ortinf.runtime.core.encoder_cache import EncoderCache, covered
 from ortinf.runtime.core.kv_cache_manager import KVCacheManager
 from ortinf.runtime.core.request import FinishReason, Request, RequestStatus
 from ortinf.runtime.core.stopping import Verdict
 from ortinf.runtime.sample.speculative import SpecStats, can_speculate, propose_ngram
 from ortinf.runtime.worker.image_spans import whole_image_chunk
 from ortinf.runtime.worker.scheduler_output import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
-
-ENCODED_IMAGES = 256  # image digests taken as encoded (the model runner keeps as many embeddings: worker/vision_encoder.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +71,7 @@ class Scheduler:
         self.spec_stats = SpecStats()
         self.drafts: dict[str, list[int]] = {}  # this step's proposals per request id
         self.proposals: dict[str, list[int]] = {}  # a draft model's proposals for the next schedule() (the engine's)
-        self.encoded: OrderedDict[str, None] = OrderedDict()  # image digests whose embeddings the runner has (as far as known)
+        self.encoder_cache = EncoderCache()  # the image embeddings the runner holds: this scheduler decides them
 
     @property
     def num_unfinished(self) -> int:
@@ -99,28 +98,42 @@ class Scheduler:
             self.waiting.append(request)
 
     def _image_budget(self, request: Request, start: int, num_new: int, encoder_budget: int) -> tuple[int, int]:
-        """A vision-language chunk within the step's encoder budget (--max-num-encoder-input-tokens): cut before the first
-        image whose embeddings are not kept and do not fit what is left (an image larger than a whole budget runs in a
-        step of its own); returns (num_new, the image tokens the chunk makes the vision graph run)."""
-        cost = 0
-        for placed in sorted(request.images, key=lambda p: p.offset):
-            if placed.offset >= start + num_new or placed.end <= start or placed.image.digest in self.encoded:
-                continue
-            size = placed.image.num_positions
-            if cost + size > encoder_budget and not (cost == 0 and encoder_budget == self.config.max_num_encoder_input_tokens):
-                return max(placed.offset - start, 0), cost
-            cost += size
+        """A vision-language chunk within the step's encoder budget (--max-num-encoder-input-tokens) and the encoder cache:
+        cut before the first image that is not held and does not fit what is left of the budget (an image larger than a
+        whole budget runs in a step of its own), or before the first image the cache has no room for beside the images
+        this step uses; returns (num_new, the image tokens the chunk makes the vision graph run)."""
+        cost, held, new = 0, set(), set()
+        for placed in sorted(covered(request.images, start, start + num_new), key=lambda p: p.offset):
+            digest, cut = placed.image.digest, max(placed.offset - start, 0)
+            if self.encoder_cache.has(digest):
+                if len(new) > self.encoder_cache.room(held | {digest}):
+                    return cut, cost
+                held.add(digest)
+            elif digest not in new:
+                size = placed.image.num_positions
+                if cost + size > encoder_budget and not (cost == 0 and encoder_budget == self.config.max_num_encoder_input_tokens):
+                    return cut, cost
+                if len(new) + 1 > self.encoder_cache.room(held):
+                    return cut, cost
+                new.add(digest)
+                cost += size
         return num_new, cost
 
-    def _encode_images(self, request: Request, start: int, num_new: int, cost: int) -> int:
-        """Marks the images a scheduled chunk covers as encoded (the runner keeps their embeddings); returns `cost`."""
-        for placed in request.images:
-            if placed.offset < start + num_new and placed.end > start:
-                self.encoded[placed.image.digest] = None
-                self.encoded.move_to_end(placed.image.digest)
-        while len(self.encoded) > ENCODED_IMAGES:
-            self.encoded.popitem(last=False)
+    def _use_images(self, request: Request, start: int, num_new: int, cost: int) -> int:
+        """Holds the images a scheduled chunk covers through the step, allocating those not held (the runner encodes
+        them this step); returns `cost`."""
+        images = covered(request.images, start, start + num_new)
+        for placed in images:
+            if self.encoder_cache.has(placed.image.digest):
+                self.encoder_cache.use(placed.image.digest)
+        for placed in images:
+            if not self.encoder_cache.has(placed.image.digest):
+                self.encoder_cache.allocate(placed, self._still_needed)
         return cost
+
+    def _still_needed(self) -> set[str]:
+        """The digests of the images unfinished requests have unprocessed tokens over."""
+        return {p.image.digest for r in (*self.running, *self.waiting) for p in r.images if p.end > r.num_computed_tokens}
 
     @staticmethod
     def _whole_images(request: Request, start: int, num_new: int) -> int:
@@ -139,6 +152,7 @@ class Scheduler:
 
         index = 0
         self.drafts = {}
+        self.encoder_cache.begin_step()
         encoder_budget = self.config.max_num_encoder_input_tokens
         while index < len(self.running) and budget > 0:
             request = self.running[index]
@@ -151,6 +165,7 @@ class Scheduler:
             drafts = self._propose(request, budget) if num_new == 1 else []
             if drafts and self.kv_cache.allocate_slots(request, 1 + len(drafts)) is not None:
                 self.drafts[request.request_id] = drafts
+                encoder_budget -= self._use_images(request, start, 1, image_cost)
                 chosen.append((request, 1))
                 budget -= 1 + len(drafts)
                 index += 1
@@ -158,7 +173,7 @@ class Scheduler:
             if self.kv_cache.allocate_slots(request, num_new) is not None:
                 chosen.append((request, num_new))
                 budget -= num_new
-                encoder_budget -= self._encode_images(request, start, num_new, image_cost)
+                encoder_budget -= self._use_images(request, start, num_new, image_cost)
                 index += 1
                 continue
             victim = self._victim()
@@ -182,7 +197,7 @@ class Scheduler:
             num_new, image_cost = self._image_budget(request, num_hit_tokens, num_new, encoder_budget)
             if num_new == 0 or self.kv_cache.allocate_slots(request, num_new, hits) is None:
                 break
-            encoder_budget -= self._encode_images(request, num_hit_tokens, num_new, image_cost)
+            encoder_budget -= self._use_images(request, num_hit_tokens, num_new, image_cost)
             if request.request_id in self.kv_cache.to_encode:
                 encoder_budget -= encoder.num_positions
             self.waiting.popleft()
@@ -198,11 +213,15 @@ class Scheduler:
 
         finished, self.finished_ids = frozenset(self.finished_ids), set()
         self.stats.num_steps += 1
+        in_use = {p.image.digest for r, n in chosen for p in covered(r.images, r.num_computed_tokens, r.num_computed_tokens + n)}
+        encode_images, free_image_digests = self.encoder_cache.end_step(in_use)
         return SchedulerOutput(
             scheduled=tuple(self._scheduled(request, num_new) for request, num_new in chosen),
             num_scheduled_tokens=self.config.max_num_batched_tokens - budget,
             finished_request_ids=finished,
             preempted_request_ids=tuple(preempted),
+            encode_images=encode_images,
+            free_image_digests=free_image_digests,
         )
 
     def _propose(self, request: Request, budget: int) -> list[int]:
@@ -281,6 +300,9 @@ class Scheduler:
         produced a token or finished this step. A sampled request without a verdict (its format
         cannot continue, or judging it failed) only advances: the engine fails it."""
         changed = []
+        self.encoder_cache.confirm(p.image.digest for s in scheduler_output.scheduled for p in
+                                   covered(s.images, s.num_computed_tokens, s.num_computed_tokens + len(s.token_ids)))
+        self.encoder_cache.settle()  # images allocated for chunks that did not run (failed alone) are freed
         for scheduled in scheduler_output.scheduled:
             request = self.requests.get(scheduled.request_id)
             if request is None or request.is_finished:

@@ -54,6 +54,8 @@ class ModelRunner:
         for request_id in scheduler_output.finished_request_ids:
             self.matchers.pop(request_id, None)
             self.allowed_ids.pop(request_id, None)
+        if self.vision is not None:  # the scheduler's encoder cache decides what is held (ortinf/runtime/core/encoder_cache.py)
+            self.vision.free(scheduler_output.free_image_digests)
         scheduled = scheduler_output.scheduled
         if not scheduled:
             return ModelRunnerOutput()
@@ -66,9 +68,10 @@ class ModelRunner:
         to_encode = [(s.encoder_input, s.cross_block_ids) for s in scheduled if s.encoder_input is not None]
         if to_encode:
             self.encoder.encode(to_encode, self.graph.block_size)
-        if self.vision is not None:  # the images this step's chunks cover, in one batched call where not kept
-            self.vision.prepare([p for s in scheduled for p in s.images
-                                 if p.offset < s.num_computed_tokens + len(s.token_ids) and p.end > s.num_computed_tokens])
+        if self.vision is not None and scheduler_output.encode_images:  # in batched calls; of those this run's chunks cover
+            needed = {p.image.digest for s in scheduled for p in s.images  # (all but when the engine re-runs a step one by one)
+                      if p.offset < s.num_computed_tokens + len(s.token_ids) and p.end > s.num_computed_tokens}
+            self.vision.prepare([p for p in scheduler_output.encode_images if p.image.digest in needed])
         try:
             for group in plan_calls(query_lens, [s.num_computed_tokens for s in scheduled], self.graph.block_size):
                 self._run_group(scheduled, group, last_rows, prompt_rows)

@@ -55,6 +55,10 @@ class SchedulerOutput:
     num_scheduled_tokens: int
     finished_request_ids: frozenset[str] = frozenset()
     preempted_request_ids: tuple[str, ...] = ()
+    # the scheduler's encoder cache (ortinf/runtime/core/encoder_cache.py) decides the image embeddings the runner holds:
+    # it drops `free_image_digests` first, then encodes `encode_images` (images this step's chunks cover, not held)
+    encode_images: tuple[PlacedImage, ...] = ()
+    free_image_digests: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

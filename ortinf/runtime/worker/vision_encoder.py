@@ -1,15 +1,16 @@
 """VisionEncoder: a vision-language package's vision.onnx, run by the model runner for the images a step needs.
 
-Each image's embeddings are kept by digest (the newest `CACHE_IMAGES`), so the same image in another
-request, another turn or a preempted request's second admission costs no second call; the images a step
-needs that are not kept run in batched calls, as the package's family says (ortinf/runtime/worker/vision_families/):
-how many images, tiles or patches one call takes, and how a call's outputs become each image's embeddings.
+It holds image embeddings by digest, and holds exactly what the scheduler decides (its encoder cache:
+ortinf/runtime/core/encoder_cache.py): each step it frees the digests it is told, then encodes the images it is told,
+so the same image in another request, another turn or a preempted request's second admission costs no second
+call while the scheduler keeps it. The images run in batched calls, as the package's family says
+(ortinf/runtime/worker/vision_families/): how many images, tiles or patches one call takes, and how a call's outputs
+become each image's embeddings.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -20,11 +21,9 @@ from ortinf.providers.session import create_session
 from ortinf.runtime.worker.encoder_input import PlacedImage
 from ortinf.runtime.worker.vision_families import family_of
 
-CACHE_IMAGES = 256  # embeddings kept: a 576-token image of a 4096-wide model is 9 MiB in fp32
-
 
 class VisionEncoder:
-    def __init__(self, package_dir: str | Path, manifest: Manifest, found, intra_op_threads: int, dtype: np.dtype,  # noqa: ANN001
+    def __init__(self, package_dir: str | Path, manifest: Manifest, found, intra_op_threads: int, dtype: np.dtype,
                  cpu_kernel: bool | None = None) -> None:
         graph, kernels = VISION_MODEL_NAME, None
         if manifest.vision.cpu_graph and found.provider.name == "cpu" and cpu_kernel is not False:  # a quantized tower's QMatMul graph
@@ -38,12 +37,18 @@ class VisionEncoder:
         self.family = family_of(manifest.vision)
         self.hidden = manifest.decoder.hidden_size
         self.dtype = dtype  # the decoder graph's image_embeds type
-        self.cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self.cache: dict[str, np.ndarray] = {}  # digest -> embeddings, as the scheduler's encoder cache decides
         self.num_encoded = 0  # images run through the vision graph (the others were kept)
         self.num_calls = 0  # calls of the vision graph
 
+    def free(self, digests: Iterable[str]) -> None:
+        """Drops the embeddings of `digests` (the scheduler's encoder cache freed them)."""
+        for digest in digests:
+            self.cache.pop(digest, None)
+
     def prepare(self, images: Sequence[PlacedImage]) -> None:
-        """Runs the vision graph for those of `images` whose embeddings are not kept."""
+        """Runs the vision graph for `images` and holds their embeddings (one the engine's re-run of a failed step
+        finds held already is not run again)."""
         missing = list({p.image.digest: p for p in images if p.image.digest not in self.cache}.values())
         for batch in self._batches(missing):
             self.num_calls += 1
@@ -51,10 +56,6 @@ class VisionEncoder:
             for placed, rows in zip(batch, embeds):
                 self.cache[placed.image.digest] = rows.astype(self.dtype, copy=False)
                 self.num_encoded += 1
-        for placed in images:
-            self.cache.move_to_end(placed.image.digest)
-        while len(self.cache) > max(CACHE_IMAGES, len(images)):
-            self.cache.popitem(last=False)
 
     def _run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         return self.session.run(None, {k: v for k, v in feeds.items() if k in self.input_names})
@@ -74,13 +75,15 @@ class VisionEncoder:
 
     def chunk(self, images: Sequence[PlacedImage], start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
         """The embeddings of the image positions in [start, end) of a sequence, and their rows from `start`
-        (after `prepare` for these images)."""
+        (after they were encoded)."""
         embeds, rows = [], []
         for placed in images:
             low, high = max(start, placed.offset), min(end, placed.end)
             if low >= high:
                 continue
-            kept = self.cache[placed.image.digest]
+            kept = self.cache.get(placed.image.digest)
+            if kept is None:
+                raise RuntimeError(f"image {placed.image.digest} has no embeddings: the scheduler's encoder cache did not have it encoded")
             if placed.rows is None:
                 embeds.append(kept[low - placed.offset : high - placed.offset])
                 rows.append(np.arange(low - start, high - start, dtype=np.int64))
