@@ -6,6 +6,7 @@ bad images are RequestErrors that name the problem and leave the engine serving.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import struct
 import zlib
@@ -19,6 +20,7 @@ from support.tiny_models import add_tokenizer, build_llava
 import ortinf
 from ortinf import LLM, SamplingParams
 from ortinf.errors import RequestError
+from ortinf.runtime.core.encoder_cache import EncoderCache
 from ortinf.runtime.worker.images import clip_pixels, load_image
 
 Image = pytest.importorskip("PIL.Image")
@@ -73,6 +75,37 @@ def test_ragged_batches_of_images_and_text_equal_transformers(llava):
     tight = LLM(package, max_num_seqs=2, num_blocks=14, block_size=8, max_model_len=112, max_num_batched_tokens=24)
     assert [o.outputs[0].token_ids for o in tight.generate(prompts, GREEDY)] == expected
     assert tight.engine.scheduler.stats.num_preemptions > 0 and tight.engine.runner.vision.num_encoded == 3
+
+
+def test_a_small_encoder_cache_decides_what_the_runner_holds(llava):
+    """The scheduler's encoder cache at 2 images (ortinf/runtime/core/encoder_cache.py) and three requests with four different
+    images whose prefills interleave (8 tokens a request a step, so each image spans two steps): the runner holds exactly
+    the images the scheduler decides, never more than 2, never encodes one it holds, never lacks one a step needs (its
+    chunk would raise), and the tokens are those of the default cache."""
+    _, _, package = llava
+    a, b, c = images()
+    d = images(1)[0]
+    prompts = [{"prompt_token_ids": [5, IMAGE_TOKEN, 9, 10, IMAGE_TOKEN, 11], "multi_modal_data": {"image": [a, d]}},
+               {"prompt_token_ids": [6, 7, IMAGE_TOKEN, 12, 13], "multi_modal_data": {"image": b}},
+               {"prompt_token_ids": [IMAGE_TOKEN, 14, 15], "multi_modal_data": {"image": c}}]
+    expected = [o.outputs[0].token_ids for o in LLM(package).generate(prompts, GREEDY)]
+    small = LLM(package, max_num_batched_tokens=24)
+    scheduler, runner, vision = small.engine.scheduler, small.engine.runner, small.engine.runner.vision
+    scheduler.encoder_cache = EncoderCache(2)
+    scheduler.config = dataclasses.replace(scheduler.config, long_prefill_token_threshold=8)
+    execute, most_in_use = runner.execute, [0]
+
+    def checked(out):
+        assert not {p.image.digest for p in out.encode_images} & (set(vision.cache) - set(out.free_image_digests))
+        result = execute(out)
+        assert len(vision.cache) <= 2 and set(vision.cache) == set(scheduler.encoder_cache.held)
+        most_in_use[0] = max(most_in_use[0], len({p.image.digest for s in out.scheduled for p in s.images
+                                                  if p.offset < s.num_computed_tokens + len(s.token_ids) and p.end > s.num_computed_tokens}))
+        return result
+
+    runner.execute = checked
+    assert [o.outputs[0].token_ids for o in small.generate(prompts, GREEDY)] == expected
+    assert vision.num_encoded >= 4 and most_in_use[0] == 2
 
 
 def test_an_image_sent_again_costs_no_vision_call_and_hits_the_prefix_cache(llava):
