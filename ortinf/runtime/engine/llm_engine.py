@@ -28,7 +28,8 @@ log = logging.getLogger(__name__)
 
 
 class LLMEngine:
-    """Owns the scheduler, the KV cache manager, the model runner and the output processor."""
+    """Owns the scheduler, the KV cache manager, the model runner and the output processor (each made by
+    engine_builder.build, kept here under the names the tasks, the server and the tests read), and steps them."""
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
