@@ -108,6 +108,32 @@ def test_a_small_encoder_cache_decides_what_the_runner_holds(llava):
     assert vision.num_encoded >= 4 and most_in_use[0] == 2
 
 
+def test_a_failed_vision_call_fails_its_request_alone_and_leaves_the_cache_in_step(llava):
+    """A vision call that raises for one image: the engine's one-by-one re-run fails that request alone; the scheduler frees
+    the image it had allocated (the runner never held it), so the same image later is encoded again, not taken as held."""
+    _, _, package = llava
+    a, b, _ = images()
+    llm = LLM(package)
+    vision = llm.engine.runner.vision
+    encode, broken = vision.family.encode, [llm.engine.prepare([5, IMAGE_TOKEN], GREEDY, images=[b]).images[0].image.digest]
+
+    def failing(run, batch, spec):
+        if any(p.image.digest in broken for p in batch):
+            raise RuntimeError("the vision graph failed")
+        return encode(run, batch, spec)
+
+    vision.family = dataclasses.replace(vision.family, encode=failing)
+    ids = [llm.engine.add_request(llm.engine.prepare([5, IMAGE_TOKEN, 9], GREEDY, images=[picture])) for picture in (a, b)]
+    final = {}
+    while llm.engine.has_unfinished_requests():
+        final.update({o.request_id: o for o in llm.engine.step() if o.finished})
+    assert len(final[ids[0]].outputs[0].token_ids) == NEW and final[ids[0]].error is None and final[ids[1]].error is not None
+    assert broken[0] not in llm.engine.scheduler.encoder_cache.held and broken[0] not in vision.cache
+    broken.clear()
+    prompt = {"prompt_token_ids": [5, IMAGE_TOKEN, 9], "multi_modal_data": {"image": b}}
+    assert llm.generate(prompt, GREEDY)[0].outputs[0].token_ids == LLM(package).generate(prompt, GREEDY)[0].outputs[0].token_ids
+
+
 def test_an_image_sent_again_costs_no_vision_call_and_hits_the_prefix_cache(llava):
     model, processor, package = llava
     a, b, _ = images()
