@@ -16,7 +16,7 @@ _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb"
           "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12, "tib": 2**40}
 
 
-def option(default, help: str, section: str, **cli):  # noqa: A002, ANN001, ANN201 - a dataclass field
+def option(default, help: str, section: str, **cli):  # noqa: A002 - a dataclass field
     """A field that is also a command-line option: `help` its text, `section` where `--help` lists it
     (cache, scheduler, speculative, lora, device), `cli` how the CLI spells and reads it when it is not the
     field's own name and type: flag, multiple, metavar, choices ({word: value}), parse (a function of the
@@ -197,13 +197,13 @@ def available_memory() -> int:
     return found if found is not None else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def _provider_options(values) -> dict[str, str]:  # noqa: ANN001
+def _provider_options(values) -> dict[str, str]:
     from ortinf.providers.registry import parse_options
 
     return parse_options(values)
 
 
-def parse_lora_modules(values) -> dict[str, str]:  # noqa: ANN001
+def parse_lora_modules(values) -> dict[str, str]:
     """NAME=PATH ... (--lora-modules) -> {name: path}; a malformed or repeated NAME, or a PATH that is no
     folder, is a ConfigError."""
     modules: dict[str, str] = {}

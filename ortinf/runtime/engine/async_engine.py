@@ -231,7 +231,7 @@ class AsyncEngine:
                             self._streams.pop(request_id, None)
                         continue
                     self._report([output])
-            except Exception as exc:  # noqa: BLE001 - handed to the caller's stream; the loop goes on
+            except Exception as exc:  # handed to the caller's stream; the loop goes on
                 if kind == "abort":
                     log.exception("aborting request %s failed", request_id)
                 self._deliver(request_id, exc)
@@ -261,7 +261,7 @@ class AsyncEngine:
                 with self._lock:
                     in_flight = len(self._streams)
                 self._on_step(replace(stats, num_running=max(stats.num_running, in_flight - stats.num_waiting)), outputs)
-            except Exception:  # noqa: BLE001 - metrics must never stop the engine
+            except Exception:  # metrics must never stop the engine
                 log.exception("the on_step hook failed")
         for output in outputs:
             self._deliver(output.request_id, output)
@@ -283,7 +283,7 @@ class AsyncEngine:
                 if self.engine.num_failed_steps_in_a_row >= MAX_FAILED_STEPS:
                     raise EngineDeadError(f"{self.engine.num_failed_steps_in_a_row} engine steps in a row failed, "
                                           "each with different requests: the engine, not a request, is at fault")
-        except BaseException as exc:  # noqa: BLE001 - a dead loop must reach every waiting client
+        except BaseException as exc:  # a dead loop must reach every waiting client
             log.critical("engine loop failed: %s", exc, exc_info=exc)
             self._die(exc, EngineDeadError(f"the engine failed: {exc}"))
             if self._on_dead is not None:

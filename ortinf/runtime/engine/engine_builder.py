@@ -115,7 +115,7 @@ def lora_slots(config: EngineConfig, graph: DecoderGraph) -> LoraSlots | None:
     return slots
 
 
-def draft_proposer(config: EngineConfig, num_blocks: int, found) -> DraftProposer | None:  # noqa: ANN001 - a resolved provider
+def draft_proposer(config: EngineConfig, num_blocks: int, found) -> DraftProposer | None:  # found: a resolved provider
     """A draft model's proposer (speculative_config's draft_model method); None for n-gram lookup or none."""
     spec = config.speculative_config
     if spec is None or spec.method != "draft_model":

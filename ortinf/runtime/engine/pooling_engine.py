@@ -109,7 +109,7 @@ class PoolingEngine:
                 out = self.encoder.run([r.token_ids for r in part], [r.type_ids or (0,) * len(r.token_ids) for r in part] if has_types else None)
                 for i, row in zip(order[start : start + SUB_BATCH], np.asarray(out, dtype=np.float32)):
                     rows[i] = row
-        except Exception as exc:  # noqa: BLE001 - this batch's requests fail; the next step runs the others
+        except Exception as exc:  # this batch's requests fail; the next step runs the others
             log.exception("an encoder step failed for %d request(s)", len(batch))
             self.num_failed_steps_in_a_row += 1
             error = StepFailedError(f"the encoder failed: {exc}")
