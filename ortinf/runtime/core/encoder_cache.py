@@ -88,7 +88,9 @@ class EncoderCache:
         for digest in [d for d in self.to_encode if d not in covered]:
             del self.to_encode[digest], self.held[digest]
             self.unconfirmed.discard(digest)
-        freed, self.freed = tuple(self.freed), []
+        # an image freed and allocated again in the same step (evicted for another, or settled after a failed step, then
+        # sent again) is not freed: the runner keeps it if it has it and encodes it if not
+        freed, self.freed = tuple(d for d in self.freed if d not in self.to_encode), []
         return tuple(self.to_encode.values()), freed
 
     def confirm(self, digests: Iterable[str]) -> None:

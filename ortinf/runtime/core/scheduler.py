@@ -214,9 +214,10 @@ class Scheduler:
         finished, self.finished_ids = frozenset(self.finished_ids), set()
         self.stats.num_steps += 1
         in_use = {p.image.digest for r, n in chosen for p in covered(r.images, r.num_computed_tokens, r.num_computed_tokens + n)}
-        encode_images, free_image_digests = self.encoder_cache.end_step(in_use)
+        scheduled = tuple(self._scheduled(request, num_new) for request, num_new in chosen)
+        encode_images, free_image_digests = self.encoder_cache.end_step(in_use)  # last: the frees are taken only here
         return SchedulerOutput(
-            scheduled=tuple(self._scheduled(request, num_new) for request, num_new in chosen),
+            scheduled=scheduled,
             num_scheduled_tokens=self.config.max_num_batched_tokens - budget,
             finished_request_ids=finished,
             preempted_request_ids=tuple(preempted),

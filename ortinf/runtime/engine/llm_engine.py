@@ -181,7 +181,10 @@ class LLMEngine:
         kept, failed = [], []
         for item in scheduled if len(scheduled) > 1 else ():
             try:
-                output = self.runner.execute(replace(scheduler_output, scheduled=(item,), finished_request_ids=frozenset()))
+                # the step's frees were applied by the batched call (before anything in it can fail): a solo call that
+                # freed them again would drop an image an earlier solo call encoded for the same step
+                output = self.runner.execute(replace(scheduler_output, scheduled=(item,), finished_request_ids=frozenset(),
+                                                     free_image_digests=()))
             except Exception as alone:  # noqa: BLE001
                 failed.append((item.request_id, alone))
                 continue

@@ -145,3 +145,38 @@ def test_a_failed_step_leaves_no_image_taken_as_held():
     scheduler.finish_request("c", FinishReason.ABORT)
     out = scheduler.schedule()
     assert out.free_image_digests == ("image:z",) and set(scheduler.encoder_cache.held) == {"image:x"}
+
+
+def test_an_image_freed_and_allocated_again_in_one_step_stays_with_the_runner():
+    """A step that fails as a whole settles its image X; the next step sends X again (S) beside a text request (T).
+    The step's output must not both free and encode X; the batched call fails, and the engine re-runs S and T one by
+    one (LLMEngine._execute_one_by_one: the step's frees applied once, by the batched call). X then stays held on
+    both sides, and a later request with X finds its embeddings."""
+    held: set[str] = set()
+
+    def execute(out: SchedulerOutput, frees: bool = True) -> None:  # the runner's vision part (model_runner.execute)
+        for digest in out.free_image_digests if frees else ():
+            held.discard(digest)
+        needed = {p.image.digest for s in out.scheduled
+                  for p in covered(s.images, s.num_computed_tokens, s.num_computed_tokens + len(s.token_ids))}
+        held.update(p.image.digest for p in out.encode_images if p.image.digest in needed)
+        assert needed <= held, f"no embeddings for {needed - held}"
+
+    scheduler = make(8)
+    add(scheduler, "R", 16, (image("X", 2),))
+    scheduler.schedule()  # fails as a whole: no update_from_output
+    scheduler.finish_request("R", FinishReason.ABORT)
+    add(scheduler, "S", 16, (image("X", 2),))
+    add(scheduler, "T", 16, ())
+    out = scheduler.schedule()
+    assert "image:X" not in out.free_image_digests and [p.image.digest for p in out.encode_images] == ["image:X"]
+    for digest in out.free_image_digests:  # the batched call: frees first, then it fails
+        held.discard(digest)
+    for item in out.scheduled:
+        execute(replace(out, scheduled=(item,), finished_request_ids=frozenset()), frees=False)
+    scheduler.update_from_output(out, ModelRunnerOutput(), {})
+    assert scheduler.encoder_cache.has("image:X") and held == {"image:X"}
+    add(scheduler, "U", 16, (image("X", 2),))
+    later = scheduler.schedule()
+    assert not later.encode_images
+    execute(later)
