@@ -16,7 +16,7 @@ not have encoded them), which the next step passes on.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 
 from ortinf.runtime.worker.encoder_input import PlacedImage
 
@@ -103,9 +103,4 @@ class EncoderCache:
             self.free(digest)
 
 
-def covered(images: Sequence[PlacedImage], start: int, end: int) -> list[PlacedImage]:
-    """The images with a position in [start, end) of their sequence."""
-    return [p for p in images if p.offset < end and p.end > start]
-
-
-__all__ = ["ENCODER_CACHE_IMAGES", "EncoderCache", "covered"]
+__all__ = ["ENCODER_CACHE_IMAGES", "EncoderCache"]

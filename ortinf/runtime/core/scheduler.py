@@ -18,11 +18,12 @@ from dataclasses import dataclass
 
 from ortinf.config import SpeculativeConfig
 from ortinf.errors import ContextLengthError, RequestError
-from ortinf.runtime.core.encoder_cache import EncoderCache, covered
+from ortinf.runtime.core.encoder_cache import EncoderCache
 from ortinf.runtime.core.kv_cache_manager import KVCacheManager
 from ortinf.runtime.core.request import FinishReason, Request, RequestStatus
 from ortinf.runtime.core.stopping import Verdict
 from ortinf.runtime.sample.speculative import SpecStats, can_speculate, propose_ngram
+from ortinf.runtime.worker.encoder_input import covered
 from ortinf.runtime.worker.image_spans import whole_image_chunk
 from ortinf.runtime.worker.scheduler_output import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 

@@ -11,6 +11,7 @@ tokens over another input never match (the decoder's K/V depend on the input thr
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,3 +55,8 @@ class PlacedImage:
 
 
 __all__ = ["EncoderInput", "PlacedImage"]
+
+
+def covered(images: Sequence[PlacedImage], start: int, end: int) -> list[PlacedImage]:
+    """The images with a position in [start, end) of their sequence (what a chunk of those positions needs)."""
+    return [p for p in images if p.offset < end and p.end > start]

@@ -24,6 +24,7 @@ from ortinf.runtime.sample.whisper_rules import SpeechRules
 from ortinf.runtime.worker.call_planner import plan_calls
 from ortinf.runtime.worker.cross_encoder import CrossEncoder
 from ortinf.runtime.worker.decoder_graph import DecoderGraph
+from ortinf.runtime.worker.encoder_input import covered
 from ortinf.runtime.worker.image_spans import attend_until
 from ortinf.runtime.worker.model_input import SequenceChunk, build_model_input
 from ortinf.runtime.worker.mrope import rope_deltas
@@ -69,8 +70,8 @@ class ModelRunner:
         if to_encode:
             self.encoder.encode(to_encode, self.graph.block_size)
         if self.vision is not None and scheduler_output.encode_images:  # in batched calls; of those this run's chunks cover
-            needed = {p.image.digest for s in scheduled for p in s.images  # (all but when the engine re-runs a step one by one)
-                      if p.offset < s.num_computed_tokens + len(s.token_ids) and p.end > s.num_computed_tokens}
+            # (all but when the engine re-runs a step one by one)
+            needed = {p.image.digest for s in scheduled for p in covered(s.images, s.num_computed_tokens, s.num_computed_tokens + len(s.token_ids))}
             self.vision.prepare([p for p in scheduler_output.encode_images if p.image.digest in needed])
         try:
             for group in plan_calls(query_lens, [s.num_computed_tokens for s in scheduled], self.graph.block_size):

@@ -10,13 +10,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from ortinf.runtime.core.encoder_cache import EncoderCache, covered
+from ortinf.runtime.core.encoder_cache import EncoderCache
 from ortinf.runtime.core.kv_cache_manager import KVCacheManager
 from ortinf.runtime.core.request import FinishReason, Request, RequestStatus
 from ortinf.runtime.core.scheduler import Scheduler, SchedulerConfig
 from ortinf.runtime.core.stopping import Verdict
 from ortinf.runtime.sample.sampling_params import SamplingParams
-from ortinf.runtime.worker.encoder_input import EncoderInput, PlacedImage
+from ortinf.runtime.worker.encoder_input import EncoderInput, PlacedImage, covered
 from ortinf.runtime.worker.scheduler_output import ModelRunnerOutput, SchedulerOutput
 
 
